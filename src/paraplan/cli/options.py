@@ -1,0 +1,136 @@
+"""Shared typer options and the translation of CLI flags into specs and a layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import typer
+
+from paraplan.errors import SpecError
+from paraplan.layout import RECOMPUTE_MODULES, ParallelLayout, layout_for_world
+from paraplan.specs.cluster import ClusterSpec, make_cluster
+from paraplan.specs.load import load_gpu, load_model, override_gpu
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+
+class OutputFormat(StrEnum):
+    """Output formats."""
+
+    table = "table"
+    json = "json"
+
+
+class RecomputeChoice(StrEnum):
+    """Recompute granularity."""
+
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class PrecisionChoice(StrEnum):
+    """GEMM precision."""
+
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+
+MODEL_HELP = "Preset name (paraplan models), a Hugging Face config.json, or a Megatron-args JSON/YAML."
+GPU_HELP = "GPU preset (paraplan gpus) or a YAML file describing a custom GPU/cluster."
+
+
+def positive(name: str, value: int | None) -> int | None:
+    """Reject zero/negative integers with one line naming the flag."""
+    if value is not None and value < 1:
+        raise SpecError(f"--{name} must be a positive integer, got {value}")
+    return value
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``--gpu-set key=value`` pairs (values parsed as YAML scalars; efficiency.x for nested)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SpecError(f"--gpu-set expects key=value, got '{item}'")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw)
+        if key.startswith("efficiency."):
+            out.setdefault("efficiency", {})[key.split(".", 1)[1]] = value
+        else:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """The resolved specs of one command."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+
+
+def resolve_inputs(
+    *, model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
+    precision: str, gpu_set: list[str] | None = None, profile: str | None = None,
+) -> Inputs:
+    """Load model and GPU, apply overrides and a calibrated profile, build the specs."""
+    positive("num-gpus", num_gpus)
+    positive("gpus-per-node", gpus_per_node)
+    positive("seq-len", seq_len)
+    positive("gbs", gbs)
+    model_spec = load_model(model)
+    gpu_spec = load_gpu(gpu)
+    if profile:
+        from paraplan.specs.profile import load_profile
+
+        gpu_spec = override_gpu(gpu_spec, {"efficiency": load_profile(profile, gpu_spec.name)})
+    gpu_spec = override_gpu(gpu_spec, parse_overrides(gpu_set))
+    cluster = make_cluster(gpu_spec, num_gpus, gpus_per_node)
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=gbs, precision=precision)  # type: ignore[arg-type]
+    return Inputs(model=model_spec, cluster=cluster, training=training)
+
+
+def build_layout(
+    *, num_gpus: int, tp: int, pp: int, vp: int, cp: int, ep: int, etp: int | None, mbs: int,
+    recompute: str, recompute_modules: list[str] | None, recompute_num_layers: int,
+    sequence_parallel: bool, distributed_optimizer: bool, fsdp: bool, overlap_grad_reduce: bool,
+    overlap_param_gather: bool, tp_comm_overlap: bool, first_stage_layers: int | None,
+    last_stage_layers: int | None, account_for_embedding: bool, account_for_loss: bool,
+) -> ParallelLayout:
+    """A ParallelLayout from CLI flags (DP = num_gpus / (TP x PP x CP))."""
+    for name, value in (("tp", tp), ("pp", pp), ("vp", vp), ("cp", cp), ("ep", ep), ("etp", etp),
+                        ("mbs", mbs), ("recompute-num-layers", recompute_num_layers)):
+        positive(name, value)
+    modules = tuple(recompute_modules) if recompute_modules else ("core_attn",)
+    for mod in modules:
+        if mod not in RECOMPUTE_MODULES:
+            raise SpecError(f"--recompute-modules: unknown '{mod}' (allowed: {', '.join(RECOMPUTE_MODULES)})")
+    return layout_for_world(
+        num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp or 0, mbs=mbs, recompute=recompute,
+        recompute_modules=modules, recompute_num_layers=recompute_num_layers,
+        sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer, fsdp=fsdp,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather and (distributed_optimizer or fsdp),
+        tp_comm_overlap=tp_comm_overlap, first_stage_layers=first_stage_layers or 0,
+        last_stage_layers=last_stage_layers or 0, account_for_embedding=account_for_embedding,
+        account_for_loss=account_for_loss,
+    )
+
+
+# Reusable option declarations -------------------------------------------------------------
+ModelOpt = typer.Option(..., "--model", "-m", help=MODEL_HELP)
+GpuOpt = typer.Option(..., "--gpu", "-g", help=GPU_HELP)
+NumGpusOpt = typer.Option(..., "--num-gpus", "-n", help="World size (GPUs).")
+GpusPerNodeOpt = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the GPU preset's).")
+SeqLenOpt = typer.Option(..., "--seq-len", "-s", help="Sequence length (tokens).")
+GbsOpt = typer.Option(..., "--gbs", help="Global batch size (sequences).")
+PrecisionOpt = typer.Option(PrecisionChoice.bf16, "--precision", help="GEMM precision.")
+FormatOpt = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.")
+GpuSetOpt = typer.Option(None, "--gpu-set", help="Override a GPU field: key=value (e.g. network_gbit_per_s=200, efficiency.gemm_max_frac=0.7).")
+ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")

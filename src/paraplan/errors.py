@@ -1,0 +1,46 @@
+"""Exceptions raised by paraplan.
+
+    PlannerError(Exception)                 base of everything paraplan raises on purpose
+    ├── SpecError(PlannerError, ValueError)  bad user input or preset: names the field and allowed values
+    │   └── LayoutError(SpecError)           a layout breaks a Megatron rule (message mirrors Megatron's)
+    ├── NoFeasiblePlanError                  the search found no layout that fits (carries the rejections)
+    └── IngestError                          a log could not be read at all
+
+The CLI maps SpecError -> exit 1, NoFeasiblePlanError -> exit 3; it prints one line, no traceback
+unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class PlannerError(Exception):
+    """Base class for errors paraplan raises deliberately."""
+
+
+class SpecError(PlannerError, ValueError):
+    """Invalid input: a model, cluster, training or layout field has a value we cannot accept."""
+
+
+class LayoutError(SpecError):
+    """A parallel layout violates one of Megatron-LM's validation rules.
+
+    ``reason`` is the rejection code (see ``paraplan.layout.Reason``).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NoFeasiblePlanError(PlannerError):
+    """No candidate layout satisfies the constraints; ``rejections`` counts them per reason."""
+
+    def __init__(self, message: str, *, rejections: Mapping[str, int]) -> None:
+        super().__init__(message)
+        self.rejections = dict(rejections)
+
+
+class IngestError(PlannerError):
+    """A run log could not be read (missing file, unknown format)."""

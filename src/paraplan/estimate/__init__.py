@@ -1,0 +1,1 @@
+"""The analytic model: pure, vectorisable formulas, one physical effect per module."""

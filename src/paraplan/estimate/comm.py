@@ -1,0 +1,82 @@
+"""Collective communication times (alpha-beta model) and which network tier each group uses.
+
+Alpha-beta costs of ring collectives (Thakur, Rabenseifner & Gropp 2005, IJHPCA 19(1)), with
+NCCL's bus-bandwidth convention (nccl-tests ``doc/PERFORMANCE.md``; ecosystem.md section 4.3):
+    all-reduce      t = 2(n-1)/n * S / busbw + 2(n-1) * alpha
+    all-gather,
+    reduce-scatter  t =  (n-1)/n * S / busbw +  (n-1) * alpha
+    all-to-all      t =  (n-1)/n * S / busbw +  (n-1) * alpha     (S = bytes each rank holds)
+    send/recv       t =            S / bw    +          alpha
+S is the full (unsharded) buffer size, busbw the per-GPU bus bandwidth of the tier the group
+runs on: NVLink when the group's ranks lie in one NVLink domain, else the network.
+
+Placement follows Megatron-Core's default rank order ``tp-cp-ep-dp-pp`` (TP fastest): a group
+whose members are spaced ``stride`` ranks apart spans ``stride * size`` consecutive ranks.
+All functions are vectorised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from paraplan.specs.cluster import ClusterSpec
+
+Num = Any
+
+
+def span_in_domain(span: Num, domain: int) -> Num:
+    """True where a group spanning ``span`` consecutive ranks stays inside one NVLink domain."""
+    span = np.asarray(span)
+    fits = (span <= domain) & ((domain % np.maximum(span, 1)) == 0)
+    return fits | (span <= 1)
+
+
+def tier_busbw(cluster: ClusterSpec, span: Num) -> Num:
+    """Per-GPU bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks."""
+    eff = cluster.gpu.efficiency
+    nvlink = cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac
+    network = cluster.gpu.network_bytes_per_s * eff.network_bus_frac
+    return np.where(span_in_domain(span, cluster.nvlink_domain_size), nvlink, network)
+
+
+def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
+    """Ring all-reduce time; 0 for a group of one."""
+    n = np.asarray(n)
+    t = 2.0 * (n - 1) / np.maximum(n, 1) * size_bytes / busbw + 2.0 * (n - 1) * alpha_s
+    return np.where(n > 1, t, 0.0)
+
+
+def all_gather_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
+    """Ring all-gather (or reduce-scatter) time of an S-byte full buffer; 0 for a group of one."""
+    n = np.asarray(n)
+    t = (n - 1) / np.maximum(n, 1) * size_bytes / busbw + (n - 1) * alpha_s
+    return np.where(n > 1, t, 0.0)
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_to_all_s(
+    cluster: ClusterSpec, size_bytes: Num, n: Num, stride: Num, alpha_s: float
+) -> Num:
+    """All-to-all of S bytes per rank over a group of n ranks spaced ``stride`` apart.
+
+    Peers inside the same NVLink domain are reached over NVLink, the rest over the network:
+    t = S*(n_intra/n)/bw_nvlink + S*(n_inter/n)/bw_network + (n-1)*alpha.
+    """
+    eff = cluster.gpu.efficiency
+    nvlink = cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac
+    network = cluster.gpu.network_bytes_per_s * eff.network_bus_frac
+    n = np.asarray(n)
+    per_domain = np.clip(cluster.nvlink_domain_size // np.maximum(stride, 1), 1, None)
+    intra = np.minimum(n, per_domain) - 1
+    inter = n - 1 - intra
+    t = size_bytes * (intra / np.maximum(n, 1) / nvlink + inter / np.maximum(n, 1) / network)
+    return np.where(n > 1, t + (n - 1) * alpha_s, 0.0)
+
+
+def p2p_s(size_bytes: Num, bw: Num, alpha_s: float) -> Num:
+    """Point-to-point send (or receive) time."""
+    return size_bytes / bw + alpha_s

@@ -1,0 +1,120 @@
+"""FLOPs: Megatron's reported model FLOPs, and the per-GPU GEMM shapes that set compute time.
+
+Model FLOPs per global batch mirror ``num_floating_point_operations`` in Megatron-LM's
+``megatron/training/training.py`` at d98e8a6 (megatron-formulas.md section 6): every GEMM counted
+3x (forward, dgrad, wgrad) x 2 (multiply-add), attention scores with the causal half
+(S2 = B*s^2 term), MLA projections, MTP layers counted as extra layers, logits once per
+prediction head. No recomputation: this is the MFU numerator (PaLM, Chowdhery et al. 2022,
+arXiv:2204.02311 App. B). Hardware FLOPs add the recomputed forward passes (HFU numerator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paraplan.estimate.params import padded_vocab
+from paraplan.specs.model import ModelSpec
+
+Num = Any
+
+
+def _layer_counts(model: ModelSpec) -> tuple[int, int, int]:
+    """(dense layers, MoE layers, MTP layers), MTP layers typed like the last main layer."""
+    pattern = model.moe_layer_pattern()
+    n_moe = sum(pattern)
+    mtp = model.mtp_num_layers
+    n_moe_total = n_moe + (mtp if model.mtp_layer_is_moe else 0)
+    n_dense_total = model.num_layers - n_moe + (0 if model.mtp_layer_is_moe else mtp)
+    return n_dense_total, n_moe_total, mtp
+
+
+def attention_projection_params(model: ModelSpec) -> int:
+    """Weights of the attention GEMMs of one layer (FLOPs per token = 2x this, forward).
+
+    Standard: h*(q + 2*d*g) + q*h. MLA: q (h*c_q + c_q*a*(d_qk+d_rope), or h*a*(d_qk+d_rope)),
+    kv_down h*(c_kv + d_rope), kv_up c_kv*a*(d_qk + d_v), out a*d_v*h.
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.multi_latent_attention:
+        dq = model.qk_head_dim + model.qk_pos_emb_head_dim
+        q = h * a * dq if model.q_lora_rank is None else h * model.q_lora_rank + model.q_lora_rank * a * dq
+        kv = h * (model.kv_lora_rank + model.qk_pos_emb_head_dim)
+        kv += model.kv_lora_rank * a * (model.qk_head_dim + model.v_head_dim)
+        return q + kv + a * model.v_head_dim * h
+    return h * (model.query_width + 2 * model.kv_width) + model.query_width * h
+
+
+def attention_score_width(model: ModelSpec) -> float:
+    """Per-token width w of the two attention-score GEMMs: forward FLOPs per query token =
+    2*s_kv*w (QK^T at the qk width plus AV at the v width, halved... see callers)."""
+    if model.multi_latent_attention:
+        a = model.num_attention_heads
+        return (a * (model.qk_head_dim + model.qk_pos_emb_head_dim) + a * model.v_head_dim) / 2
+    return float(model.query_width)
+
+
+def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int, tp: Num = 1) -> Num:
+    """Megatron's model FLOPs for one global batch (causal attention counted at half).
+
+    F = 6*T*[ h*mu*(f*N_dense + (f_e*k + f_s)*N_moe) + P_attn*N + M*(3h + 2h^2) + h*V*(M+1) ]
+        + 6*B*s^2*w*N
+    T = B*s tokens, mu = 3 (SwiGLU) or 2, N = all layers incl. MTP, V = padded vocab,
+    w = q for standard attention (QK^T + AV, causal halves 2 GEMMs -> 1 x q).
+    """
+    h, s, b = model.hidden_size, seq_len, global_batch_size
+    tokens = b * s
+    mu = 3 if model.swiglu else 2
+    n_dense, n_moe, mtp = _layer_counts(model)
+    n_all = n_dense + n_moe
+    mlp = h * mu * (model.ffn * n_dense + (model.moe_ffn * model.moe_router_topk + model.shared_ffn) * n_moe)
+    attn = attention_projection_params(model) * n_all
+    vpad = padded_vocab(model, tp)
+    per_token = mlp + attn + mtp * (3 * h + 2 * h * h) + h * vpad * (mtp + 1)
+    score = 6.0 * b * s * s * attention_score_width(model) * n_all
+    return 6.0 * tokens * per_token + score
+
+
+def recompute_flops_per_step(
+    model: ModelSpec, *, seq_len: int, global_batch_size: int, recompute_code: Num,
+    recompute_modules: tuple[str, ...],
+) -> Num:
+    """Forward FLOPs redone by activation recomputation (added to model FLOPs for HFU).
+
+    full: one extra forward of every layer = (model FLOPs of the layers) / 3.
+    selective core_attn: the attention-score forward = 2*B*s^2*w*N (causal half);
+    selective mlp/moe/shared_experts: those blocks' forward GEMMs.
+    """
+    h, s, b = model.hidden_size, seq_len, global_batch_size
+    tokens = b * s
+    mu = 3 if model.swiglu else 2
+    n_dense, n_moe, _ = _layer_counts(model)
+    n_all = n_dense + n_moe
+    attn_proj = 2.0 * tokens * attention_projection_params(model) * n_all
+    score = 2.0 * b * s * s * attention_score_width(model) * n_all
+    dense_mlp = 2.0 * tokens * h * mu * model.ffn * n_dense
+    routed = 2.0 * tokens * h * mu * model.moe_ffn * model.moe_router_topk * n_moe
+    shared = 2.0 * tokens * h * mu * model.shared_ffn * n_moe
+    full = attn_proj + score + dense_mlp + routed + shared
+    selective = score * ("core_attn" in recompute_modules)
+    selective += dense_mlp * ("mlp" in recompute_modules)
+    selective += (routed + shared) * ("moe" in recompute_modules)
+    selective += shared * ("shared_experts" in recompute_modules and "moe" not in recompute_modules)
+    return np.where(recompute_code == 2, full, np.where(recompute_code == 1, selective, 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """A GEMM of shape (m x k) @ (k x n) on one GPU, repeated ``count`` times per micro-batch."""
+
+    m: Num
+    n: Num
+    k: Num
+    count: Num = 1
+
+    @property
+    def flops(self) -> Num:
+        """2*m*n*k*count (forward)."""
+        return 2.0 * self.m * self.n * self.k * self.count

@@ -1,0 +1,176 @@
+"""Per-GPU memory of one pipeline stage: weights, gradients, optimizer, activations, other.
+
+Bytes per parameter (Megatron mixed-precision Adam, ``docs/user-guide/features/
+dist_optimizer.md``): bf16 weights 2, fp32 main grads 4, fp32 master + Adam m, v 12. With the
+distributed optimizer the 12 B are sharded over the DP x CP group for dense parameters
+(``intra_dp_cp_group`` in ``megatron/core/optimizer/__init__.py``) and over expert-DP for expert
+parameters; Megatron's own estimator divides by DP only (docs/model.md). Megatron-FSDP
+(optim_grads_params) shards all 18 B and all-gathers two layers' weights at a time.
+
+Activations: ``paraplan.estimate.activations``, multiplied by the micro-batches each rank holds in
+flight (``paraplan.estimate.pipeline.in_flight_units``). Other: logits on the last stage, FP8
+weight copies, FSDP gather buffers, and a configurable workspace and fragmentation allowance.
+Vectorised over candidates like the rest of ``estimate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from paraplan.estimate import activations as act
+from paraplan.estimate.params import StageLayers, StageParams, padded_vocab, stage_params
+from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, TrainingSpec
+
+Num = Any
+
+FP8_WEIGHT_CACHE_BYTES = 2.0
+"""Transformer Engine keeps an FP8 copy of each GEMM weight and its transpose (1 B each) under FP8."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryOptions:
+    """Allowances not derived from the model; documented in docs/model.md ("Other memory")."""
+
+    workspace_bytes: float = 0.125 * 2**30
+    """cuBLAS/TE workspaces and small buffers counted in torch's allocated memory (fit to
+    megatron_golden.csv: 0.125 GiB gives the lowest median error, see CHANGELOG.md)."""
+    fragmentation_frac: float = 0.05
+    """Extra share of activation-sized (dynamic) allocations lost to fragmentation."""
+    backward_working_frac: float = 0.0
+    """Activation gradients alive during one layer's backward beyond the activations it frees,
+    in layers' worth (0: gradients reuse what backward frees; fit to megatron_golden.csv)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Bytes per GPU for one pipeline stage. Terms sum to ``total_bytes``; fields may be arrays."""
+
+    weights_bytes: Num
+    grads_bytes: Num
+    optimizer_bytes: Num
+    activations_bytes: Num
+    other_bytes: Num
+
+    @property
+    def total_bytes(self) -> Num:
+        """Sum of the five terms."""
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.other_bytes)
+
+    def as_dict(self) -> dict[str, float]:
+        """Scalar breakdown with the total."""
+        out = {f.name: float(getattr(self, f.name)) for f in fields(self)}
+        out["total_bytes"] = float(self.total_bytes)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Memory and parameters of one stage (scalar path keeps both for reporting)."""
+
+    memory: MemoryBreakdown
+    params: StageParams
+    in_flight: Num
+    """Micro-batch chunks whose activations the stage holds at its peak."""
+
+
+def model_state_bytes(params: StageParams, layout: Any) -> tuple[Num, Num, Num]:
+    """(weights, grads, optimizer) bytes per GPU.
+
+    no sharding:           2P, 4P, 12P
+    distributed optimizer: 2P, 4P, 12*P_dense/(dp*cp) + 12*P_expert/edp
+    Megatron-FSDP:         all three divided by the same groups.
+    """
+    dense_shards = np.where(layout.dist_opt, layout.dp * layout.cp, 1)
+    expert_shards = np.where(layout.dist_opt, layout.edp, 1)
+    state_shards_dense = np.where(layout.fsdp, dense_shards, 1)
+    state_shards_expert = np.where(layout.fsdp, expert_shards, 1)
+    weights = PARAM_BYTES * (params.dense / state_shards_dense + params.expert / state_shards_expert)
+    grads = GRAD_BYTES * (params.dense / state_shards_dense + params.expert / state_shards_expert)
+    optimizer = OPTIMIZER_BYTES * (params.dense / dense_shards + params.expert / expert_shards)
+    return weights, grads, optimizer
+
+
+def activation_context(
+    model: ModelSpec, training: TrainingSpec, layout: Any
+) -> act.ActivationContext:
+    """The activation-formula inputs for a layout (or a table of layouts)."""
+    del model
+    return act.ActivationContext(
+        seq_len=training.seq_len, mbs=layout.mbs, tp=layout.tp, cp=layout.cp, sp=layout.sp,
+        ep=layout.ep, etp=layout.etp, recompute_code=layout.recompute_code,
+        recompute_modules=tuple(layout.recompute_modules),
+        recompute_num_layers=int(layout.recompute_num_layers),
+        fp8=training.precision == "fp8", flash=training.attention_backend == "flash",
+    )
+
+
+def stage_activation_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, *,
+    rank: Num, num_microbatches: Num, options: MemoryOptions,
+) -> tuple[Num, Num]:
+    """(activation bytes, in-flight chunk count) for one pipeline rank at its peak.
+
+    layers:     units * (n_dense*a_dense + n_moe*a_moe) / vp   (units from in_flight_units)
+    embedding:  first-chunk micro-batches in flight * embedding_bytes (rank 0)
+    transient:  full-recompute working group + backward working set (one layer, one micro-batch)
+    """
+    ctx = activation_context(model, training, layout)
+    per_mb = stage.num_dense_layers * act.layer_bytes(model, ctx, moe=False)
+    if model.is_moe:
+        per_mb = per_mb + stage.num_moe_layers * act.layer_bytes(model, ctx, moe=True)
+    units = in_flight_units(rank=rank, pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
+    layers = units * per_mb / layout.vp
+    emb_mbs = first_chunk_in_flight(pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
+    emb = np.where(stage.has_embedding, emb_mbs * act.embedding_bytes(model, ctx), 0.0)
+    has_moe = model.is_moe
+    rebuilt = act.recompute_working_bytes(model, ctx, has_moe=has_moe)
+    one_layer = act.layer_bytes_no_full_recompute(model, ctx, moe=has_moe)
+    working = options.backward_working_frac * one_layer
+    mtp_layers = np.where(stage.num_mtp_layers > 0,
+                          stage.num_mtp_layers * act.layer_bytes(model, ctx, moe=model.mtp_layer_is_moe), 0.0)
+    return layers + emb + rebuilt + working + mtp_layers, units
+
+
+def stage_other_bytes(
+    model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, params: StageParams,
+    activations_bytes: Num, *, options: MemoryOptions,
+) -> Num:
+    """Logits (last stage, one micro-batch, plus one per MTP layer), FP8 weight copies,
+    FSDP gather buffers, workspace and fragmentation."""
+    ctx = activation_context(model, training, layout)
+    vpad = padded_vocab(model, layout.tp)
+    heads = 1 + np.asarray(stage.num_mtp_layers)
+    logits = np.where(stage.has_output, heads * act.output_bytes(model, ctx, padded_vocab=vpad), 0.0)
+    fp8_cache = FP8_WEIGHT_CACHE_BYTES * params.total if training.precision == "fp8" else 0.0
+    layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
+    per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
+    fsdp_buffers = np.where(layout.fsdp, 2 * (PARAM_BYTES + GRAD_BYTES) * per_layer_params, 0.0)
+    dynamic = activations_bytes + logits
+    return logits + fp8_cache + fsdp_buffers + options.workspace_bytes + options.fragmentation_frac * dynamic
+
+
+def stage_memory(
+    model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, *,
+    rank: Num, num_microbatches: Num, max_positions: int, options: MemoryOptions | None = None,
+) -> StageMemory:
+    """Memory breakdown of one pipeline rank (vectorised over candidates)."""
+    options = options or MemoryOptions()
+    params = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
+                          max_positions=max_positions)
+    weights, grads, optimizer = model_state_bytes(params, layout)
+    activations, units = stage_activation_bytes(
+        model, training, layout, stage, rank=rank, num_microbatches=num_microbatches, options=options
+    )
+    other = stage_other_bytes(model, training, layout, stage, params, activations, options=options)
+    return StageMemory(
+        memory=MemoryBreakdown(weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
+                               activations_bytes=activations, other_bytes=other),
+        params=params,
+        in_flight=units,
+    )

@@ -1,0 +1,147 @@
+"""Pipeline schedule arithmetic: layers per stage, micro-batches in flight, bubble.
+
+Layer-to-stage assignment mirrors megatron-core (``TransformerConfig`` and
+``megatron/core/transformer/transformer_block.py::get_num_layers_to_build``): virtual stage
+j = chunk * PP + rank holds a contiguous block of layers; ``--decoder-first/last-pipeline-
+num-layers`` give the first/last rank their own counts (split evenly over its VP chunks);
+``--account-for-embedding/loss-in-pipeline-split`` count the embedding / loss as one layer of
+the first / last virtual stage.
+
+In-flight micro-batches follow ``get_pp_rank_microbatches`` in
+``megatron/core/pipeline_parallel/schedules.py`` (megatron-formulas.md section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paraplan.errors import LayoutError
+from paraplan.layout import ParallelLayout
+
+Num = Any
+
+
+@dataclass(frozen=True, slots=True)
+class StageAssignment:
+    """Global layer indices held by one pipeline rank, per virtual chunk."""
+
+    rank: int
+    chunks: tuple[tuple[int, ...], ...]
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """All layer indices of this rank, chunk by chunk."""
+        return tuple(i for chunk in self.chunks for i in chunk)
+
+
+def _rank_layer_counts(num_layers: int, layout: ParallelLayout) -> list[int]:
+    """Layers per pipeline rank (all chunks together); raises LayoutError like Megatron."""
+    pp, vp = layout.pp, layout.vp
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    if first or last:
+        if layout.account_for_embedding or layout.account_for_loss:
+            raise LayoutError(
+                "num_layers_in_first/last_pipeline_stage cannot be combined with "
+                "account_for_embedding/loss_in_pipeline_split",
+                reason="UNEVEN_PP_CONFLICT",
+            )
+        if pp == 1:
+            raise LayoutError("uneven pipeline stages need pipeline_model_parallel_size > 1",
+                              reason="UNEVEN_PP_CONFLICT")
+        middle_ranks = pp - (1 if first else 0) - (1 if last else 0)
+        remaining = num_layers - first - last
+        if remaining < 0 or (middle_ranks == 0 and remaining != 0):
+            raise LayoutError(
+                f"Mismatch: {remaining} middle layers remaining but {middle_ranks} middle PP stages available.",
+                reason="UNEVEN_PP_MISMATCH",
+            )
+        if middle_ranks and remaining % middle_ranks:
+            raise LayoutError(
+                f"number of layers at middle stage: {remaining} must be divisible by"
+                f"the middle pipeline model parallel size {middle_ranks}",
+                reason="UNEVEN_PP_MISMATCH",
+            )
+        per_middle = remaining // middle_ranks if middle_ranks else 0
+        counts = [per_middle] * pp
+        if first:
+            counts[0] = first
+        if last:
+            counts[-1] = last
+        for idx, n in enumerate(counts):
+            if n % vp:
+                where = "first" if idx == 0 and first else "last" if idx == pp - 1 and last else "middle"
+                raise LayoutError(
+                    f"number of layers at {where} stage: {n}must be divisible by virtual pipeline"
+                    f"parallel degree {vp}",
+                    reason="UNEVEN_PP_VP",
+                )
+        return counts
+    extra = int(layout.account_for_embedding) + int(layout.account_for_loss)
+    total = num_layers + extra
+    if total % pp:
+        raise LayoutError("Number of layers should be divisible by the pipeline-model-parallel size",
+                          reason="LAYERS_NOT_DIVISIBLE_BY_PP")
+    per_rank = total // pp
+    if per_rank % vp:
+        raise LayoutError(
+            "number of layers per pipeline stage must be divisible number of layers per virtual "
+            "pipeline stage",
+            reason="LAYERS_NOT_DIVISIBLE_BY_VP",
+        )
+    return [per_rank] * pp
+
+
+def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssignment]:
+    """Which global layers each pipeline rank builds (chunk by chunk)."""
+    pp, vp = layout.pp, layout.vp
+    counts = _rank_layer_counts(num_layers, layout)
+    per_chunk = [[c // vp] * vp for c in counts]
+    if layout.account_for_embedding:
+        per_chunk[0][0] -= 1
+    if layout.account_for_loss:
+        per_chunk[-1][-1] -= 1
+    if min(min(c) for c in per_chunk) < 0:
+        raise LayoutError("a pipeline stage would hold a negative number of layers",
+                          reason="LAYERS_NOT_DIVISIBLE_BY_PP")
+    chunks: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
+    start = 0
+    for chunk in range(vp):
+        for rank in range(pp):
+            n = per_chunk[rank][chunk]
+            chunks[rank].append(tuple(range(start, start + n)))
+            start += n
+    assert start == num_layers, (start, num_layers)
+    return [StageAssignment(rank=r, chunks=tuple(chunks[r])) for r in range(pp)]
+
+
+def in_flight_units(*, rank: Num, pp: Num, vp: Num, num_microbatches: Num) -> Num:
+    """Forward passes whose activations a pipeline rank holds at its peak, in model-chunk units.
+
+    1F1B (vp = 1): min(p - r, m)       (warm-up p - r - 1, plus the one in progress)
+    interleaved:   min(2(p - r - 1) + (v - 1)p + 1, m*v)   chunk-micro-batches, each holding
+                   1/v of the rank's layers (microbatch group size = p, Megatron's default).
+    Reference: get_pp_rank_microbatches, megatron/core/pipeline_parallel/schedules.py.
+    """
+    one_f_one_b = np.minimum(pp - rank, num_microbatches)
+    interleaved = np.minimum(2 * (pp - rank - 1) + (vp - 1) * pp + 1, num_microbatches * vp)
+    return np.where(vp > 1, interleaved, one_f_one_b)
+
+
+def first_chunk_in_flight(*, pp: Num, vp: Num, num_microbatches: Num) -> Num:
+    """Micro-batches whose first-chunk (embedding) activations rank 0 holds at its peak.
+
+    1F1B: min(p, m). Interleaved: the warm-up covers all v chunks of micro-batches 0..p-1 and then
+    chunk 0 of the next p - 1, so chunk 0 holds min(2p - 1, m) micro-batches.
+    """
+    return np.where(vp > 1, np.minimum(2 * pp - 1, num_microbatches), np.minimum(pp, num_microbatches))
+
+
+def bubble_frac(*, pp: Num, vp: Num, num_microbatches: Num) -> Num:
+    """Pipeline bubble relative to the ideal compute time: (p - 1) / (v * m).
+
+    Narayanan et al. 2021 (arXiv:2104.04473) section 2.2: 1F1B (p-1)/m, interleaved (p-1)/(v*m).
+    """
+    return (pp - 1) / (vp * num_microbatches)

@@ -1,0 +1,74 @@
+"""StageLayers for every pipeline rank of a layout (scalar path) and for the ranks the search
+needs (first, second, last) as arrays over candidates (vectorised path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from paraplan.estimate.params import StageLayers
+from paraplan.estimate.pipeline import stage_assignment
+from paraplan.layout import ParallelLayout
+from paraplan.specs.model import ModelSpec
+
+
+def stage_layers_for_rank(model: ModelSpec, layers: Iterable[int], *, rank: int, pp: int) -> StageLayers:
+    """Counts of dense and MoE layers among ``layers``; embedding on rank 0, output and MTP on the last."""
+    pattern = model.moe_layer_pattern()
+    idx = list(layers)
+    n_moe = sum(1 for i in idx if pattern[i])
+    return StageLayers(
+        num_dense_layers=len(idx) - n_moe,
+        num_moe_layers=n_moe,
+        has_embedding=rank == 0,
+        has_output=rank == pp - 1,
+        num_mtp_layers=model.mtp_num_layers if rank == pp - 1 else 0,
+    )
+
+
+def all_stage_layers(model: ModelSpec, layout: ParallelLayout) -> list[StageLayers]:
+    """StageLayers of every pipeline rank (raises LayoutError for impossible splits)."""
+    return [
+        stage_layers_for_rank(model, a.layers, rank=a.rank, pp=layout.pp)
+        for a in stage_assignment(model.num_layers, layout)
+    ]
+
+
+def representative_ranks(pp: NDArray[np.int64]) -> list[NDArray[np.int64]]:
+    """Ranks whose memory bounds every stage with even splits: 0 (most in flight, embedding),
+    1 (most in flight among middle stages) and p - 1 (output layer, logits)."""
+    return [np.zeros_like(pp), np.minimum(1, pp - 1), pp - 1]
+
+
+def stage_layers_table(
+    model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64], rank: NDArray[np.int64]
+) -> StageLayers:
+    """StageLayers arrays for (pp, vp, rank) rows with even splits (the search space).
+
+    Assignments are computed once per distinct (pp, vp) and gathered, so the cost does not grow
+    with the number of candidates.
+    """
+    n = pp.shape[0]
+    dense = np.zeros(n, dtype=np.int64)
+    moe = np.zeros(n, dtype=np.int64)
+    keys = pp * 1000 + vp
+    for key in np.unique(keys):
+        p, v = int(key // 1000), int(key % 1000)
+        rows = keys == key
+        if model.num_layers % (p * v):
+            continue  # rejected by the rules; leave zeros
+        lay = ParallelLayout(pp=p, vp=v)
+        per_rank = all_stage_layers(model, lay)
+        d = np.array([s.num_dense_layers for s in per_rank], dtype=np.int64)
+        m = np.array([s.num_moe_layers for s in per_rank], dtype=np.int64)
+        dense[rows] = d[rank[rows]]
+        moe[rows] = m[rank[rows]]
+    return StageLayers(
+        num_dense_layers=dense,
+        num_moe_layers=moe,
+        has_embedding=rank == 0,
+        has_output=rank == pp - 1,
+        num_mtp_layers=np.where(rank == pp - 1, model.mtp_num_layers, 0),
+    )

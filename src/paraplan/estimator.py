@@ -1,0 +1,170 @@
+"""Estimate one layout: validate it against Megatron's rules, then memory per pipeline stage,
+parameters per rank, and (``paraplan.estimate.step_time``) step time and throughput.
+
+This is the scalar path of the model: the same formula functions the vectorised search uses,
+called with Python numbers, with all stages evaluated (not only the representative ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from paraplan.errors import LayoutError
+from paraplan.estimate.memory import MemoryOptions, StageMemory, stage_memory
+from paraplan.estimate.params import ModelParamCounts, model_param_counts
+from paraplan.estimate.stages import all_stage_layers
+from paraplan.estimate.step_time import StepTime, Throughput, step_time, throughput
+from paraplan.layout import ParallelLayout
+from paraplan.rules import check_layout
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Everything paraplan predicts for one layout."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layout: ParallelLayout
+    num_microbatches: int
+    stages: tuple[StageMemory, ...]
+    params: ModelParamCounts
+    usable_bytes: float
+    time: StepTime
+    throughput: Throughput
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def peak_bytes(self) -> float:
+        """Largest per-GPU total over the pipeline stages."""
+        return max(float(s.memory.total_bytes) for s in self.stages)
+
+    @property
+    def peak_stage(self) -> int:
+        """Index of the stage with the largest total."""
+        totals = [float(s.memory.total_bytes) for s in self.stages]
+        return totals.index(max(totals))
+
+    @property
+    def fits(self) -> bool:
+        """Peak memory within the GPU's usable capacity."""
+        return self.peak_bytes <= self.usable_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with the stable keys other tools read (config, memory, params, time, throughput)."""
+        lay = self.layout
+        return {
+            "config": config_dict(lay, self.training, self.num_microbatches),
+            "cluster": {
+                "gpu": self.cluster.gpu.name, "num_gpus": self.cluster.num_gpus,
+                "gpus_per_node": self.cluster.gpus_per_node,
+                "nvlink_domain_size": self.cluster.nvlink_domain_size,
+            },
+            "model": {"name": self.model.name, "num_layers": self.model.num_layers,
+                      "hidden_size": self.model.hidden_size, "moe": self.model.is_moe},
+            "memory": {
+                "peak_bytes": self.peak_bytes,
+                "peak_stage": self.peak_stage,
+                "capacity_bytes": float(self.cluster.gpu.hbm_bytes),
+                "usable_bytes": self.usable_bytes,
+                "fits": self.fits,
+                "per_stage": [
+                    {"stage": i, **s.memory.as_dict(), "in_flight_microbatches": float(s.in_flight)}
+                    for i, s in enumerate(self.stages)
+                ],
+            },
+            "params": {
+                "total": self.params.total,
+                "active_per_token": self.params.active_per_token,
+                "mtp": self.params.mtp,
+                "per_stage_per_rank": [int(round(float(s.params.total))) for s in self.stages],
+                "per_stage_breakdown": [s.params.as_dict() for s in self.stages],
+            },
+            "time": self.time.as_dict(),
+            "throughput": self.throughput.as_dict(),
+            "notes": list(self.notes),
+        }
+
+
+def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches: int) -> dict[str, Any]:
+    """The ``config`` block of the JSON output."""
+    return {
+        "tp": layout.tp, "pp": layout.pp, "vp": layout.vp, "cp": layout.cp, "ep": layout.ep,
+        "etp": layout.etp, "dp": layout.dp, "edp": layout.edp, "mbs": layout.mbs,
+        "gbs": training.global_batch_size, "num_microbatches": num_microbatches,
+        "seq_len": training.seq_len, "recompute": layout.recompute,
+        "recompute_modules": list(layout.recompute_modules),
+        "sequence_parallel": layout.sp, "distributed_optimizer": layout.distributed_optimizer,
+        "fsdp": layout.fsdp, "overlap_grad_reduce": layout.overlap_grad_reduce,
+        "overlap_param_gather": layout.overlap_param_gather, "tp_comm_overlap": layout.tp_comm_overlap,
+        "precision": training.precision,
+    }
+
+
+def max_positions_for(model: ModelSpec, training: TrainingSpec) -> tuple[int, list[str]]:
+    """Position-table size and notes; Megatron requires max_position_embeddings >= seq_length."""
+    notes: list[str] = []
+    mpe = model.max_position_embeddings
+    if mpe is None:
+        return training.seq_len, notes
+    if mpe < training.seq_len:
+        if model.position_embedding_type == "learned_absolute":
+            raise LayoutError(
+                f"max_position_embeddings ({mpe}) must be greater than or equal to seq_length "
+                f"({training.seq_len}).",
+                reason="MAX_POSITIONS_LT_SEQ",
+            )
+        notes.append(
+            f"max_position_embeddings {mpe} < seq_length {training.seq_len}: Megatron requires >=; "
+            f"with {model.position_embedding_type} positions it only matters for the flag, launch files "
+            f"use {training.seq_len}"
+        )
+        return training.seq_len, notes
+    return mpe, notes
+
+
+def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec) -> list[str]:
+    """Warnings Megatron prints (not errors) and placement facts."""
+    notes: list[str] = []
+    if layout.sequence_parallel and layout.tp == 1:
+        notes.append("sequence parallel is off at TP = 1 (Megatron: 'Disabling sequence parallelism "
+                     "because tensor model parallelism is disabled')")
+    if model.is_moe and layout.ep > 1 and layout.tp > 1 and not layout.sp:
+        notes.append("When using expert parallelism and tensor parallelism for training, sequence "
+                     "parallelism must be used (Megatron warning)")
+    if layout.tp * layout.cp > cluster.nvlink_domain_size:
+        notes.append(f"TP x CP = {layout.tp * layout.cp} spans more than one NVLink domain "
+                     f"({cluster.nvlink_domain_size} GPUs): CP traffic crosses the network")
+    if layout.ep * layout.etp > cluster.nvlink_domain_size:
+        notes.append(f"EP x ETP = {layout.ep * layout.etp} spans more than one NVLink domain: "
+                     "expert all-to-all crosses the network")
+    return notes
+
+
+def estimate(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout, *,
+    memory_options: MemoryOptions | None = None, mfu_peak: str = "bf16",
+) -> Estimate:
+    """Validate ``layout`` (LayoutError on the first broken rule) and estimate it."""
+    check_layout(model, training, cluster, layout)
+    cluster.gpu.peak_flops_per_s(training.precision)  # fp8 on a GPU without FP8 -> SpecError
+    max_positions, notes = max_positions_for(model, training)
+    notes += layout_notes(model, layout, cluster)
+    m = layout.num_microbatches(training.global_batch_size)
+    stages = tuple(
+        stage_memory(model, training, layout, st, rank=r, num_microbatches=m,
+                     max_positions=max_positions, options=memory_options)
+        for r, st in enumerate(all_stage_layers(model, layout))
+    )
+    t = step_time(model, cluster, training, layout, num_microbatches=m)
+    return Estimate(
+        model=model, cluster=cluster, training=training, layout=layout, num_microbatches=m,
+        stages=stages, params=model_param_counts(model, max_positions=max_positions),
+        usable_bytes=cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes,
+        time=t, throughput=throughput(model, cluster, training, layout, t, mfu_peak=mfu_peak),
+        notes=tuple(notes),
+    )

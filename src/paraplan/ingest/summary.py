@@ -1,0 +1,115 @@
+"""Run summary: step time and throughput percentiles after warm-up, peak memory, skip/NaN counts.
+
+Warm-up (reference §1.1 and §9.6-7): the first logged interval includes compilation, NCCL set-up
+and data-loader spin-up, so the first ``skip_warmup`` iteration records of every segment (each
+file, and each restart inside a file) are left out of the step-time, throughput and skip/NaN
+figures. Peak memory uses every memory report: Megatron's ``max allocated`` is a peak since
+process start, so warm-up cannot be separated from it anyway (§2).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from paraplan.ingest.records import IterationRecord, RunLog
+
+
+def quantile(values: Iterable[float], q: float) -> float | None:
+    """Linear-interpolated quantile (numpy's default method) of the finite values; ``None`` if
+    there are none. ``quantile(v, 0.5)`` is the median."""
+    data = sorted(v for v in values if math.isfinite(v))
+    if not data:
+        return None
+    pos = q * (len(data) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def after_warmup(log: RunLog, skip_warmup: int = 1) -> list[IterationRecord]:
+    """Iteration records without the first ``skip_warmup`` records of each segment."""
+    starts = [*log.segment_starts, len(log.iterations)]
+    if not log.segment_starts or log.segment_starts[0] != 0:
+        starts.insert(0, 0)
+    kept: list[IterationRecord] = []
+    for begin, end in itertools.pairwise(starts):
+        kept.extend(log.iterations[begin + skip_warmup : end])
+    return kept
+
+
+def _stats(values: Sequence[float]) -> dict[str, float | None]:
+    return {"median": quantile(values, 0.5), "p90": quantile(values, 0.9)}
+
+
+def _count(values: Iterable[int | None]) -> int | None:
+    """Sum of the counts that were printed; ``None`` when no record carried the field."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _nan_count(record: IterationRecord) -> int | None:
+    """Megatron's ``number of nan iterations``, at least 1 when a printed loss is NaN/inf."""
+    if record.has_nonfinite_loss:
+        return max(record.nan_iterations or 0, 1)
+    return record.nan_iterations
+
+
+def _memory(log: RunLog) -> dict[str, Any]:
+    peak = [m for m in log.memory if m.max_allocated_bytes is not None]
+    top = max(peak, key=lambda m: m.max_allocated_bytes or 0.0, default=None)
+    reserved = [m.max_reserved_bytes for m in log.memory if m.max_reserved_bytes is not None]
+    theo = log.theoretical
+    return {
+        "max_allocated_bytes": top.max_allocated_bytes if top else None,
+        "max_allocated_rank": top.rank if top else None,
+        "max_reserved_bytes": max(reserved, default=None),
+        "theoretical_total_bytes": theo.total_bytes if theo else None,
+        "theoretical_weight_and_optimizer_bytes": theo.weight_and_optimizer_bytes if theo else None,
+    }
+
+
+def _timers(log: RunLog, skip_warmup: int) -> dict[str, dict[str, float | None]]:
+    """Per timer name: median/p90 of ``value_s`` over its occurrences after the first
+    ``skip_warmup`` (setup timers printed once therefore drop out)."""
+    by_name: dict[str, list[float]] = {}
+    for t in log.timers:
+        by_name.setdefault(t.name, []).append(t.value_s)
+    return {name: _stats(vs[skip_warmup:]) for name, vs in by_name.items() if vs[skip_warmup:]}
+
+
+def summarize(log: RunLog, skip_warmup: int = 1) -> dict[str, Any]:
+    """The ``summary`` object of ``paraplan ingest --format json`` (seconds, bytes, TFLOP/s/GPU).
+
+    ``step_time_s`` falls back to Megatron-Bridge ``Step Time`` reports when no iteration line
+    carried a step time. ``nan_iterations`` adds intervals whose printed loss is NaN to Megatron's
+    own counter (which stays 0 under bf16, §1.1); note that Megatron drops a NaN ``lm loss`` from
+    the line entirely, so ``loss_missing_iterations`` counts records without any loss.
+    """
+    skip = max(0, skip_warmup)
+    used = after_warmup(log, skip)
+    times = [r.step_time_s for r in used if r.step_time_s is not None]
+    if not any(r.step_time_s is not None for r in log.iterations):
+        times = [s.step_time_s for s in log.step_reports[skip:]]
+    tflops = [r.tflops_per_gpu for r in used if r.tflops_per_gpu is not None]
+    if not any(r.tflops_per_gpu is not None for r in log.iterations):
+        tflops = [s.tflops_per_gpu for s in log.step_reports[skip:] if s.tflops_per_gpu is not None]
+    return {
+        "iterations": len(used),
+        "iteration_records": len(log.iterations),
+        "warmup_records_skipped": len(log.iterations) - len(used),
+        "segments": len(log.segment_starts),
+        "step_time_s": _stats(times),
+        "tflops_per_gpu": _stats(tflops),
+        **_memory(log),
+        "skipped_iterations": _count(r.skipped_iterations for r in used),
+        "nan_iterations": _count(_nan_count(r) for r in used),
+        "loss_missing_iterations": sum(1 for r in used if not r.losses),
+        "timers_s": _timers(log, skip),
+        "lines": log.lines,
+        "unparsed_lines": log.unparsed_lines,
+        "partial_lines": log.partial_lines,
+    }

@@ -1,0 +1,261 @@
+"""ParallelLayout: one Megatron-Core parallel configuration, and the column view of many.
+
+Megatron-Core grids (``megatron/core/parallel_state.py``):
+    dense layers   world = TP x CP x PP x DP
+    expert layers  world = ETP x EP x PP x EDP      (EP borrows from DP x CP x TP, "folding")
+Rank order ``tp-cp-ep-dp-pp``: TP varies fastest, so a TP group is contiguous ranks (inside one
+node when TP <= GPUs per node), then CP, then DP; PP is outermost.
+
+The estimate formulas read the attributes below by name, so they work on one ``ParallelLayout``
+(Python scalars) and on a ``LayoutTable`` (numpy columns, one row per candidate) alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Final, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from paraplan.errors import SpecError
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_CODES: Final[dict[str, int]] = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_MODULES: Final = (
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+)
+"""Megatron ``--recompute-modules`` choices whose memory effect paraplan models."""
+
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelLayout:
+    """Parallel sizes, micro-batch and memory/overlap switches of one run."""
+
+    tp: int = 1
+    """Tensor parallel size (``--tensor-model-parallel-size``)."""
+    pp: int = 1
+    """Pipeline parallel size."""
+    vp: int = 1
+    """Virtual pipeline chunks per rank (1 = no interleaving)."""
+    cp: int = 1
+    """Context parallel size."""
+    ep: int = 1
+    """Expert parallel size."""
+    etp: int = 0
+    """Expert tensor parallel size; 0 = Megatron's default (= TP)."""
+    dp: int = 1
+    """Data parallel size of the dense layers: world / (TP x PP x CP)."""
+    mbs: int = 1
+    """Micro-batch size (sequences)."""
+    recompute: Recompute = "selective"
+    """Activation recomputation granularity."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """Modules recomputed with selective granularity (Megatron default: core_attn)."""
+    recompute_num_layers: int = 1
+    """Layers per checkpoint with full recompute, uniform method (Megatron's typical 1)."""
+    sequence_parallel: bool = True
+    """Shard norm/dropout activations along the sequence over TP (ignored at TP = 1)."""
+    distributed_optimizer: bool = True
+    """Shard optimizer states over DP x CP (ZeRO-1)."""
+    fsdp: bool = False
+    """Megatron-FSDP (optim_grads_params): parameters and gradients sharded too (ZeRO-3)."""
+    overlap_grad_reduce: bool = True
+    """``--overlap-grad-reduce``."""
+    overlap_param_gather: bool = True
+    """``--overlap-param-gather`` (needs the distributed optimizer or FSDP)."""
+    tp_comm_overlap: bool = False
+    """``--tp-comm-overlap`` (needs sequence parallel)."""
+    first_stage_layers: int = 0
+    """``--decoder-first-pipeline-num-layers`` (0 = even split)."""
+    last_stage_layers: int = 0
+    """``--decoder-last-pipeline-num-layers`` (0 = even split)."""
+    account_for_embedding: bool = False
+    """``--account-for-embedding-in-pipeline-split``: the embedding counts as one layer."""
+    account_for_loss: bool = False
+    """``--account-for-loss-in-pipeline-split``: the loss counts as one layer."""
+
+    def __post_init__(self) -> None:
+        for f in ("tp", "pp", "vp", "cp", "ep", "dp", "mbs", "recompute_num_layers"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"{f} must be a positive integer, got {value!r}")
+        for f in ("etp", "first_stage_layers", "last_stage_layers"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{f} must be a non-negative integer, got {value!r}")
+        if self.etp == 0:
+            object.__setattr__(self, "etp", self.tp)
+        if self.recompute not in RECOMPUTE_CODES:
+            raise SpecError(f"recompute must be one of none, selective, full; got {self.recompute!r}")
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise SpecError(
+                f"recompute_modules: unknown {', '.join(unknown)}; allowed: {', '.join(RECOMPUTE_MODULES)}"
+            )
+
+    # Attributes shared with LayoutTable (what the formulas read) -------------------------
+    @property
+    def recompute_code(self) -> int:
+        """0 none, 1 selective, 2 full."""
+        return RECOMPUTE_CODES[self.recompute]
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallel in effect (Megatron turns it off at TP = 1)."""
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def dist_opt(self) -> bool:
+        """Optimizer states sharded (distributed optimizer or FSDP)."""
+        return self.distributed_optimizer or self.fsdp
+
+    @property
+    def world_size(self) -> int:
+        """TP x CP x PP x DP."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel size: world / (ETP x EP x PP)."""
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        """GBS / (mbs x DP) (Megatron's ConstantNumMicroBatchesCalculator)."""
+        return global_batch_size // (self.mbs * self.dp)
+
+    def short(self) -> str:
+        """Compact label, e.g. ``tp4 pp4 cp2 dp2 mbs1 sel``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        if self.vp > 1:
+            parts.append(f"vp{self.vp}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
+        parts += [f"dp{self.dp}", f"mbs{self.mbs}", self.recompute[:4]]
+        if self.fsdp:
+            parts.append("fsdp")
+        elif not self.distributed_optimizer:
+            parts.append("no-distopt")
+        return " ".join(parts)
+
+
+def layout_for_world(num_gpus: int, **kwargs: object) -> ParallelLayout:
+    """A layout with DP = num_gpus / (TP x PP x CP); raises SpecError if that is not whole."""
+    tp = int(kwargs.get("tp", 1))  # type: ignore[call-overload]
+    pp = int(kwargs.get("pp", 1))  # type: ignore[call-overload]
+    cp = int(kwargs.get("cp", 1))  # type: ignore[call-overload]
+    model_size = tp * pp * cp
+    if model_size <= 0 or num_gpus % model_size:
+        raise SpecError(
+            f"world size ({num_gpus}) is not divisible by total_model_size "
+            f"(total_model_size={model_size}) = TP {tp} x PP {pp} x CP {cp}"
+        )
+    return ParallelLayout(dp=num_gpus // model_size, **kwargs)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True, kw_only=True)
+class LayoutTable:
+    """Many layouts as numpy columns (struct of arrays) for vectorised evaluation.
+
+    Same attribute names as ``ParallelLayout``'s formula-facing attributes. Per-layout stage
+    assignment options (uneven first/last stages) are not searched and are 0/False here.
+    """
+
+    tp: IntArray
+    pp: IntArray
+    vp: IntArray
+    cp: IntArray
+    ep: IntArray
+    etp: IntArray
+    dp: IntArray
+    mbs: IntArray
+    recompute_code: IntArray
+    sequence_parallel: BoolArray
+    distributed_optimizer: BoolArray
+    fsdp: BoolArray
+    overlap_grad_reduce: BoolArray
+    overlap_param_gather: BoolArray
+    tp_comm_overlap: BoolArray
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_num_layers: int = 1
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    _extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def sp(self) -> BoolArray:
+        """Sequence parallel in effect."""
+        return self.sequence_parallel & (self.tp > 1)
+
+    @property
+    def dist_opt(self) -> BoolArray:
+        """Optimizer states sharded."""
+        return self.distributed_optimizer | self.fsdp
+
+    @property
+    def world_size(self) -> IntArray:
+        """TP x CP x PP x DP per row."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def edp(self) -> IntArray:
+        """Expert data parallel size per row."""
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    def row(self, i: int) -> ParallelLayout:
+        """Row i as a ParallelLayout."""
+        inv = {v: k for k, v in RECOMPUTE_CODES.items()}
+        return ParallelLayout(
+            tp=int(self.tp[i]), pp=int(self.pp[i]), vp=int(self.vp[i]), cp=int(self.cp[i]),
+            ep=int(self.ep[i]), etp=int(self.etp[i]), dp=int(self.dp[i]), mbs=int(self.mbs[i]),
+            recompute=inv[int(self.recompute_code[i])],  # type: ignore[arg-type]
+            recompute_modules=self.recompute_modules,
+            recompute_num_layers=self.recompute_num_layers,
+            sequence_parallel=bool(self.sequence_parallel[i]),
+            distributed_optimizer=bool(self.distributed_optimizer[i]), fsdp=bool(self.fsdp[i]),
+            overlap_grad_reduce=bool(self.overlap_grad_reduce[i]),
+            overlap_param_gather=bool(self.overlap_param_gather[i]),
+            tp_comm_overlap=bool(self.tp_comm_overlap[i]),
+        )
+
+    def take(self, index: NDArray[np.int64] | BoolArray) -> LayoutTable:
+        """Rows selected by an index array or mask."""
+        kw: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kw[f.name] = value[index] if isinstance(value, np.ndarray) else value
+        return LayoutTable(**kw)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_layouts(cls, layouts: list[ParallelLayout]) -> LayoutTable:
+        """Stack scalar layouts into columns (they must share the non-column options)."""
+        def col(name: str, dtype: type) -> NDArray[np.generic]:
+            return np.array([getattr(lay, name) for lay in layouts], dtype=dtype)
+
+        first = layouts[0]
+        return cls(
+            tp=col("tp", np.int64), pp=col("pp", np.int64), vp=col("vp", np.int64),  # type: ignore[arg-type]
+            cp=col("cp", np.int64), ep=col("ep", np.int64), etp=col("etp", np.int64),  # type: ignore[arg-type]
+            dp=col("dp", np.int64), mbs=col("mbs", np.int64),  # type: ignore[arg-type]
+            recompute_code=col("recompute_code", np.int64),  # type: ignore[arg-type]
+            sequence_parallel=col("sequence_parallel", np.bool_),  # type: ignore[arg-type]
+            distributed_optimizer=col("distributed_optimizer", np.bool_),  # type: ignore[arg-type]
+            fsdp=col("fsdp", np.bool_),  # type: ignore[arg-type]
+            overlap_grad_reduce=col("overlap_grad_reduce", np.bool_),  # type: ignore[arg-type]
+            overlap_param_gather=col("overlap_param_gather", np.bool_),  # type: ignore[arg-type]
+            tp_comm_overlap=col("tp_comm_overlap", np.bool_),  # type: ignore[arg-type]
+            recompute_modules=first.recompute_modules,
+            recompute_num_layers=first.recompute_num_layers,
+        )

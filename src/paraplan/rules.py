@@ -1,0 +1,166 @@
+"""Megatron-LM's validation rules for a parallel layout, as vectorised predicates.
+
+Each rule returns a boolean "violated" mask (a numpy bool, or an array over candidates) and a
+message that mirrors Megatron's own wording (../shared/reference/ecosystem.md section 1.4; file
+keys: A = megatron/training/arguments.py::validate_args, TC = transformer_config.py, MPC =
+model_parallel_config.py, PS = parallel_state.py, NMC = num_microbatches_calculator.py,
+SCH = pipeline_parallel/schedules.py). The search uses the masks to count rejections per
+reason; ``estimate`` raises ``LayoutError`` with the first violated rule's message.
+
+Uneven pipeline splits are validated in ``paraplan.estimate.pipeline`` (scalar path only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paraplan.errors import LayoutError
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+
+@dataclass(frozen=True, slots=True)
+class RuleContext:
+    """Everything a rule may read: the specs and a layout or layout table."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    layout: Any
+
+    @property
+    def num_microbatches(self) -> Any:
+        lay = self.layout
+        return self.training.global_batch_size // np.maximum(lay.mbs * lay.dp, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A named Megatron rule: ``violated(ctx)`` mask and ``message(ctx)`` for one layout."""
+
+    code: str
+    violated: Callable[[RuleContext], Any]
+    message: Callable[[RuleContext], str]
+    source: str
+
+
+def _world(c: RuleContext) -> Any:
+    return c.layout.tp * c.layout.cp * c.layout.pp * c.layout.dp
+
+
+def _layers_total(c: RuleContext) -> int:
+    return c.model.num_layers + int(c.layout.account_for_embedding) + int(c.layout.account_for_loss)
+
+
+def _even_split(c: RuleContext) -> bool:
+    return not (c.layout.first_stage_layers or c.layout.last_stage_layers)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("WORLD_SIZE_MISMATCH",
+         lambda c: _world(c) != c.cluster.num_gpus,
+         lambda c: (f"world size ({c.cluster.num_gpus}) is not divisible by total_model_size "
+                    f"(total_model_size={c.layout.tp * c.layout.pp * c.layout.cp}): TP x PP x CP x DP "
+                    f"= {_world(c)}"),
+         "A: validate_args world_size % (TP*PP*CP)"),
+    Rule("HEADS_NOT_DIVISIBLE_BY_TP",
+         lambda c: c.model.num_attention_heads % c.layout.tp != 0,
+         lambda c: (f"num_attention_heads ({c.model.num_attention_heads}) must be a multiple of "
+                    f"tensor_model_parallel_size ({c.layout.tp})."),
+         "TC: __post_init__"),
+    Rule("QUERY_GROUPS_VS_TP",
+         lambda c: (not c.model.multi_latent_attention)
+         & (c.model.query_groups % c.layout.tp != 0) & (c.layout.tp % c.model.query_groups != 0),
+         lambda c: (f"num_query_groups ({c.model.query_groups}) must be a multiple or divisor of "
+                    f"tensor_model_parallel_size ({c.layout.tp})."),
+         "TC: __post_init__ (core >= 0.16)"),
+    Rule("FFN_NOT_DIVISIBLE_BY_TP",
+         lambda c: (c.model.ffn % c.layout.tp != 0)
+         | ((c.model.shared_ffn % c.layout.tp) != 0),
+         lambda c: f"{c.model.ffn} is not divisible by {c.layout.tp} (ffn_hidden_size over tensor parallel ranks)",
+         "megatron/core/utils.py::ensure_divisibility via ColumnParallelLinear"),
+    Rule("EP_WITHOUT_EXPERTS",
+         lambda c: (not c.model.is_moe) & (c.layout.ep > 1),
+         lambda c: "num_experts must be non None to use expert model parallelism",
+         "A: validate_args"),
+    Rule("EXPERTS_NOT_DIVISIBLE_BY_EP",
+         lambda c: c.model.is_moe & ((c.model.num_experts or 1) % c.layout.ep != 0),
+         lambda c: (f"Number of experts should be a multiple of expert model parallel_size. "
+                    f"(num_experts={c.model.num_experts}, EP={c.layout.ep})"),
+         "A: validate_args"),
+    Rule("MOE_FFN_NOT_DIVISIBLE_BY_ETP",
+         lambda c: c.model.is_moe & (c.model.moe_ffn % c.layout.etp != 0),
+         lambda c: f"{c.model.moe_ffn} is not divisible by {c.layout.etp} (moe_ffn_hidden_size over expert TP)",
+         "megatron/core/utils.py::ensure_divisibility"),
+    Rule("EXPERT_GRID",
+         lambda c: (c.layout.tp * c.layout.cp * c.layout.dp) % (c.layout.ep * c.layout.etp) != 0,
+         lambda c: (f"world_size ({_world(c)}) is not divisible by expert_tensor_model_pipeline_parallel "
+                    f"size ({c.layout.etp * c.layout.ep * c.layout.pp} = ETP {c.layout.etp} x EP "
+                    f"{c.layout.ep} x PP {c.layout.pp})"),
+         "PS: initialize_model_parallel (expert grid ETP x EP x PP x EDP)"),
+    Rule("GBS_NOT_DIVISIBLE",
+         lambda c: c.training.global_batch_size % (c.layout.mbs * c.layout.dp) != 0,
+         lambda c: (f"global batch size ({c.training.global_batch_size}) is not divisible by micro batch "
+                    f"size ({c.layout.mbs}) times data parallel size ({c.layout.dp})"),
+         "NMC: ConstantNumMicroBatchesCalculator"),
+    Rule("SEQ_NOT_DIVISIBLE_BY_2CP",
+         lambda c: (c.layout.cp > 1) & (c.training.seq_len % (2 * c.layout.cp) != 0),
+         lambda c: ("seq-length should be a multiple of 2 * context-parallel-size if "
+                    f"context-parallel-size > 1. (seq_length={c.training.seq_len}, CP={c.layout.cp})"),
+         "A: validate_args"),
+    Rule("SEQ_NOT_DIVISIBLE_BY_TP_SP",
+         lambda c: c.layout.sp & ((c.training.seq_len // c.layout.cp) % c.layout.tp != 0),
+         lambda c: ("First dimension of the tensor should be divisible by tensor parallel size "
+                    f"(sequence {c.training.seq_len}/CP {c.layout.cp} over TP {c.layout.tp} with "
+                    "sequence parallel)"),
+         "megatron/core/tensor_parallel/mappings.py"),
+    Rule("LAYERS_NOT_DIVISIBLE_BY_PP",
+         lambda c: _even_split(c) & (_layers_total(c) % c.layout.pp != 0),
+         lambda c: (f"Number of layers should be divisible by the pipeline-model-parallel size "
+                    f"(num_layers={_layers_total(c)}, PP={c.layout.pp})"),
+         "A: validate_args"),
+    Rule("VP_WITHOUT_PP",
+         lambda c: (c.layout.vp > 1) & (c.layout.pp == 1),
+         lambda c: "pipeline-model-parallel size should be greater than 1 with interleaved schedule",
+         "PS / A: interleaved schedule"),
+    Rule("LAYERS_NOT_DIVISIBLE_BY_VP",
+         lambda c: _even_split(c) & (c.layout.vp > 1)
+         & ((_layers_total(c) // c.layout.pp) % c.layout.vp != 0),
+         lambda c: ("number of layers per pipeline stage must be divisible number of layers per "
+                    f"virtual pipeline stage (layers per stage {_layers_total(c) // c.layout.pp}, "
+                    f"VP={c.layout.vp})"),
+         "A: validate_args"),
+    Rule("MICROBATCHES_VS_PP_INTERLEAVED",
+         lambda c: (c.layout.vp > 1) & ((c.num_microbatches < c.layout.pp)
+                                        | (c.num_microbatches % c.layout.pp != 0)),
+         lambda c: ("The number of contiguous micro-batches in a virtual pipeline stageshould range in "
+                    f"[PP={c.layout.pp} , M={c.num_microbatches}] and M % PP must be 0 with the "
+                    "interleaved schedule"),
+         "SCH: get_pp_rank_microbatches / forward_backward_pipelining_with_interleaving"),
+    Rule("TP_EXCEEDS_NVLINK_DOMAIN",
+         lambda c: c.layout.tp > c.cluster.nvlink_domain_size,
+         lambda c: (f"tensor_model_parallel_size ({c.layout.tp}) is larger than the NVLink domain "
+                    f"({c.cluster.nvlink_domain_size} GPUs): TP must stay inside one node/NVLink domain"),
+         "tuning method: TP inside the node (ecosystem.md 2, tuning-method.md 2)"),
+)
+"""All rules, in the order Megatron checks them (roughly)."""
+
+RULE_CODES: tuple[str, ...] = tuple(r.code for r in RULES)
+
+
+def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, layout: Any) -> None:
+    """Raise LayoutError with Megatron's message for the first rule a single layout breaks."""
+    ctx = RuleContext(model=model, training=training, cluster=cluster, layout=layout)
+    for rule in RULES:
+        if bool(np.any(rule.violated(ctx))):
+            raise LayoutError(rule.message(ctx), reason=rule.code)
+
+
+def violations(ctx: RuleContext) -> dict[str, Any]:
+    """Mask of violating rows per rule code (for a LayoutTable)."""
+    return {rule.code: np.asarray(rule.violated(ctx), dtype=bool) for rule in RULES}

@@ -1,0 +1,164 @@
+"""GPU and cluster description: peaks, memory, the NVLink tier and the inter-node tier.
+
+Every preset number lives in ``specs/presets/gpus/*.yaml`` with its source. Rates are stored
+per direction and dense (not "with sparsity"); capacities in bytes. The efficiency parameters of
+the performance model are part of the GPU spec (``EfficiencySpec``): they are calibrated
+against measured runs (``benchmarks/calibration.py``) and can be overridden by a cluster profile
+(``paraplan calibrate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from pydantic import ConfigDict
+
+from paraplan.errors import SpecError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EfficiencySpec:
+    """Achievable fractions of the datasheet peaks, and fixed overheads (calibrated).
+
+    Defaults are physically plausible starting points; the GPU presets carry calibrated values
+    (see docs/model.md, "Calibration").
+    """
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    gemm_max_frac: float = 0.80
+    """Large-GEMM fraction of the dense peak (cuBLASLt m=n=k=8192: A100 81%, H200 FP8 66%)."""
+    gemm_half_dim: float = 256.0
+    """GEMM dimension at which efficiency falls to half of ``gemm_max_frac`` (skinny GEMMs)."""
+    fp8_gemm_speedup: float = 1.6
+    """Speed-up of FP8 GEMMs over BF16 end-to-end (casts, amax, BF16 attention included)."""
+    attention_frac: float = 0.55
+    """Flash-attention forward fraction of the dense peak (FA2 hdim 128: H200 329/989)."""
+    hbm_frac: float = 0.75
+    """Achieved fraction of HBM bandwidth for element-wise kernels."""
+    elementwise_bytes_per_token_hidden: float = 60.0
+    """HBM bytes moved by element-wise kernels per layer per token per hidden unit (fwd+bwd)."""
+    nvlink_bus_frac: float = 0.80
+    """NCCL bus bandwidth / NVLink line rate (H100: ~370 of 450 GB/s, nccl-tests#212)."""
+    network_bus_frac: float = 0.90
+    """NCCL bus bandwidth / NIC line rate (NDR 400G: 46-48 of 50 GB/s, nccl-tests#290)."""
+    collective_latency_s: float = 20e-6
+    """Latency per collective step (alpha of the alpha-beta model)."""
+    layer_overhead_s: float = 150e-6
+    """Fixed time per layer per micro-batch (kernel launches, fwd+bwd), independent of size."""
+    step_overhead_s: float = 0.05
+    """Fixed time per iteration (data loader, logging, optimizer launch)."""
+    tp_overlap_frac: float = 0.0
+    """Share of TP/SP communication hidden without --tp-comm-overlap."""
+    tp_comm_overlap_frac: float = 0.6
+    """Share of TP/SP communication hidden with --tp-comm-overlap (userbuffers)."""
+    dp_overlap_frac: float = 0.8
+    """Share of DP gradient reduce / param gather hidden by --overlap-grad-reduce/-param-gather."""
+    cp_overlap_frac: float = 0.8
+    """Share of the CP ring exchange hidden behind attention compute."""
+    pp_overlap_frac: float = 0.8
+    """Share of pipeline send/recv hidden (interleaved schedule; half of it without interleaving)."""
+    ep_overlap_frac: float = 0.0
+    """Share of the EP all-to-all hidden (0 unless overlap is configured)."""
+    moe_overhead_frac: float = 0.25
+    """Extra time of MoE layers over their GEMM time (permute, router, grouped-GEMM imbalance)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One GPU model, with its node and network (per-GPU) figures."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    name: str
+    """Preset name (e.g. ``h100-80gb``)."""
+    hbm_bytes: float
+    """HBM capacity as the driver reports it."""
+    hbm_bytes_per_s: float
+    """HBM bandwidth (datasheet)."""
+    peak_bf16_flops_per_s: float
+    """Dense BF16 tensor-core peak."""
+    peak_fp8_flops_per_s: float | None
+    """Dense FP8 tensor-core peak; None where the GPU has no FP8 (A100)."""
+    nvlink_bytes_per_s: float
+    """Scale-up (NVLink / Infinity Fabric) bandwidth per GPU per direction."""
+    network_bytes_per_s: float
+    """Scale-out (InfiniBand / RoCE) bandwidth per GPU per direction."""
+    gpus_per_node: int
+    """GPUs per server (compute tray for NVL72 systems)."""
+    nvlink_domain_size: int
+    """GPUs reachable over NVLink (8 on HGX/DGX, 72 on GB200/GB300 NVL72)."""
+    reserved_bytes: float = 1.5 * 2**30
+    """Memory not available to PyTorch's allocator (CUDA context, NCCL, cuBLAS/TE workspaces)."""
+    arch: str = ""
+    """Architecture family (ampere, hopper, blackwell, cdna3)."""
+    source: str = ""
+    """Datasheets / measurements the numbers come from."""
+    notes: str = ""
+    """How numbers were converted (per direction, dense, GiB)."""
+    efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
+    """Calibrated efficiency parameters of the performance model."""
+
+    def __post_init__(self) -> None:
+        for fname in ("hbm_bytes", "hbm_bytes_per_s", "peak_bf16_flops_per_s",
+                      "nvlink_bytes_per_s", "network_bytes_per_s"):
+            if getattr(self, fname) <= 0:
+                raise SpecError(f"gpu.{fname} must be > 0, got {getattr(self, fname)}")
+        if self.gpus_per_node < 1 or self.nvlink_domain_size < 1:
+            raise SpecError("gpu.gpus_per_node and gpu.nvlink_domain_size must be >= 1")
+
+    def peak_flops_per_s(self, precision: str) -> float:
+        """Dense peak for a precision ('bf16' or 'fp8')."""
+        if precision == "fp8":
+            if self.peak_fp8_flops_per_s is None:
+                raise SpecError(f"precision fp8 is not supported on {self.name} (no FP8 tensor cores)")
+            return self.peak_fp8_flops_per_s
+        return self.peak_bf16_flops_per_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """The GPUs a job runs on: GPU model, count, node size and NVLink domain."""
+
+    gpu: GpuSpec
+    num_gpus: int
+    """World size."""
+    gpus_per_node: int
+    """GPUs per node (processes per node for torchrun)."""
+    nvlink_domain_size: int
+    """GPUs per NVLink domain (TP/CP/EP groups should stay inside one)."""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise SpecError(f"num_gpus must be a positive integer, got {self.num_gpus}")
+        if self.gpus_per_node < 1:
+            raise SpecError(f"gpus_per_node must be a positive integer, got {self.gpus_per_node}")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            raise SpecError(
+                f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node "
+                f"({self.gpus_per_node}) on more than one node"
+            )
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes used (at least one)."""
+        return max(1, -(-self.num_gpus // self.gpus_per_node))
+
+
+def make_cluster(gpu: GpuSpec, num_gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
+    """Cluster of ``num_gpus`` GPUs; node size defaults to the GPU preset's.
+
+    The NVLink domain is the preset's when it spans several nodes (NVL72 racks), otherwise
+    the node: ``--gpus-per-node 4`` on an HGX H100 gives a 4-GPU NVLink domain.
+    """
+    per_node = gpus_per_node if gpus_per_node is not None else gpu.gpus_per_node
+    if gpu.nvlink_domain_size > gpu.gpus_per_node:
+        domain = gpu.nvlink_domain_size
+    else:
+        domain = per_node
+    return ClusterSpec(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per_node, nvlink_domain_size=domain)
+
+
+def with_efficiency(gpu: GpuSpec, efficiency: EfficiencySpec) -> GpuSpec:
+    """The same GPU with other efficiency parameters (a calibrated cluster profile)."""
+    return replace(gpu, efficiency=efficiency)

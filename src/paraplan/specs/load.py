@@ -1,0 +1,268 @@
+"""Loading specs at the file boundary: presets, Hugging Face config.json, Megatron-args files.
+
+pydantic validates the raw dictionaries against the same frozen dataclasses the library uses;
+its errors come back as ``SpecError`` naming the field and the allowed values, so pydantic never
+leaks into the public API.
+
+Model references (``--model``):
+  * a preset name (``paraplan models``);
+  * a Hugging Face ``config.json`` (has ``model_type``), mapped as in ecosystem.md section 3;
+  * a JSON or YAML file whose keys are Megatron-LM argument names (missing keys take Megatron's
+    defaults; ``group_query_attention`` and ``moe_layer_freq`` strings like "[0]*3+[1]*58" accepted).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from paraplan.errors import SpecError
+from paraplan.specs.cluster import EfficiencySpec, GpuSpec
+from paraplan.specs.model import ModelSpec
+from paraplan.units import GBIT, GIB, TB, TFLOP
+
+_PRESETS = "paraplan.specs.presets"
+
+
+def _preset_dir(kind: str) -> Any:
+    return resources.files(_PRESETS).joinpath(kind)
+
+
+def _format_validation_error(prefix: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"])
+    msg = first["msg"]
+    if first.get("type") == "value_error" and "error" in (first.get("ctx") or {}):
+        return f"{prefix.rstrip('.') + ': ' if not loc else prefix + loc + ': '}{first['ctx']['error']}"
+    loc = loc or "(root)"
+    if first.get("type") == "unexpected_keyword_argument":
+        msg = "unknown field"
+    return f"{prefix}{loc}: {msg}"
+
+
+def _validate(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    allowed = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SpecError(
+            f"{prefix}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})"
+        )
+    try:
+        return TypeAdapter(cls).validate_python(data, strict=False)
+    except ValidationError as err:
+        raise SpecError(_format_validation_error(prefix, err)) from None
+
+
+# ----------------------------------------------------------------------------- models
+def model_preset_names() -> list[str]:
+    """Names of the built-in model presets."""
+    return sorted(p.name[:-5] for p in _preset_dir("models").iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_yaml_resource(kind: str, name: str) -> dict[str, Any]:
+    text = _preset_dir(kind).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict)
+    return data
+
+
+
+
+def parse_moe_layer_freq(value: Any, num_layers: int | None = None) -> int | tuple[int, ...]:
+    """Megatron's ``--moe-layer-freq``: an int, a list, or a string like "[0]*3+[1]*58"."""
+    if isinstance(value, bool):
+        raise SpecError(f"moe_layer_freq: expected an int or a 0/1 list, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, list | tuple):
+        return tuple(int(x) for x in value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return int(text)
+        parts = re.findall(r"\[\s*([01](?:\s*,\s*[01])*)\s*\]\s*(?:\*\s*(\d+))?", text)
+        cleaned = re.sub(r"[\s()]", "", text)
+        if parts and re.fullmatch(r"(\[[01](,[01])*\](\*\d+)?\+?)+", cleaned):
+            out: list[int] = []
+            for items, times in parts:
+                seq = [int(x) for x in items.split(",")]
+                out.extend(seq * (int(times) if times else 1))
+            return tuple(out)
+    raise SpecError(
+        f"moe_layer_freq: cannot read {value!r} (an int, a 0/1 list, or '[0]*k+[1]*n')"
+        + (f" for {num_layers} layers" if num_layers else "")
+    )
+
+
+_MEGATRON_ALIASES = {
+    "num_experts": "num_experts",
+    "num_moe_experts": "num_experts",
+    "layernorm_epsilon": None,
+    "norm_epsilon": None,
+    "rotary_base": None,
+    "rotary_percent": None,
+    "group_query_attention": None,
+    "seq_length": None,
+    "disable_bias_linear": None,
+    "padded_vocab_size": None,
+}
+
+
+def model_from_megatron_args(data: dict[str, Any], *, name: str = "custom", source: str = "") -> ModelSpec:
+    """ModelSpec from a dict keyed by Megatron-LM argument names (dashes or underscores).
+
+    Keys Megatron has but paraplan does not need (norm epsilon, rotary base...) are accepted and
+    ignored; ``group_query_attention: false`` drops ``num_query_groups`` as Megatron does;
+    ``disable_bias_linear: true`` means ``add_bias_linear: false``; ``padded_vocab_size`` with
+    ``make_vocab_size_divisible_by`` 1 fixes the vocabulary.
+    """
+    raw = {str(k).replace("-", "_"): v for k, v in data.items()}
+    out: dict[str, Any] = {}
+    gqa = raw.get("group_query_attention")
+    for key, value in raw.items():
+        if key in _MEGATRON_ALIASES:
+            target = _MEGATRON_ALIASES[key]
+            if target:
+                out[target] = value
+            continue
+        out[key] = value
+    if raw.get("disable_bias_linear"):
+        out["add_bias_linear"] = False
+    if gqa is False:
+        out.pop("num_query_groups", None)
+    if "padded_vocab_size" in raw and raw["padded_vocab_size"]:
+        out["vocab_size"] = int(raw["padded_vocab_size"])
+        out.setdefault("make_vocab_size_divisible_by", 1)
+    if out.get("num_experts") in (0, None):
+        out.pop("num_experts", None)
+    if "moe_layer_freq" in out:
+        out["moe_layer_freq"] = parse_moe_layer_freq(out["moe_layer_freq"], out.get("num_layers"))
+    if out.get("mtp_num_layers") is None:
+        out.pop("mtp_num_layers", None)
+    for key in ("q_lora_rank",):
+        if key in out and out[key] in (0,):
+            out[key] = None
+    out.setdefault("name", name)
+    out.setdefault("source", source)
+    return _validate(ModelSpec, out, "model.")  # type: ignore[no-any-return]
+
+
+def load_model_preset(name: str) -> ModelSpec:
+    """A built-in model preset; unknown names list the known ones."""
+    names = model_preset_names()
+    if name not in names:
+        raise SpecError(f"unknown model preset '{name}' (known: {', '.join(names)})")
+    data = _read_yaml_resource("models", name)
+    data.setdefault("name", name)
+    return model_from_megatron_args(data, name=name)
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A preset name, a Hugging Face config.json, or a Megatron-args JSON/YAML file."""
+    path = Path(ref)
+    if not path.exists():
+        if ref in model_preset_names() or not any(c in ref for c in "/\\.") :
+            return load_model_preset(ref)
+        raise SpecError(f"model: file '{ref}' not found (and not a preset: {', '.join(model_preset_names())})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError(f"model: cannot read '{ref}': {err.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise SpecError(f"model: '{ref}' is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"model: '{ref}' must hold a mapping of fields")
+    if "model_type" in data:
+        from paraplan.specs.hf import model_from_hf_config
+
+        return model_from_hf_config(data, name=path.stem)
+    return model_from_megatron_args(data, name=path.stem, source=str(path))
+
+
+# ----------------------------------------------------------------------------- GPUs
+def gpu_preset_names() -> list[str]:
+    """Names of the built-in GPU presets."""
+    return sorted(p.name[:-5] for p in _preset_dir("gpus").iterdir() if p.name.endswith(".yaml"))
+
+
+_HUMAN_GPU_KEYS = {
+    "hbm_gib": ("hbm_bytes", GIB),
+    "hbm_tbyte_per_s": ("hbm_bytes_per_s", TB),
+    "bf16_tflops": ("peak_bf16_flops_per_s", TFLOP),
+    "fp8_tflops": ("peak_fp8_flops_per_s", TFLOP),
+    "nvlink_gbyte_per_s": ("nvlink_bytes_per_s", 1e9),
+    "network_gbit_per_s": ("network_bytes_per_s", GBIT),
+    "reserved_gib": ("reserved_bytes", GIB),
+}
+
+
+def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
+    """GpuSpec from a preset/cluster-file mapping with human units in the key names."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ("gbps", "nvlink_gbps", "network_gbps"):
+            raise SpecError(f"gpu.{key}: ambiguous unit; say gbit or gbyte (e.g. network_gbit_per_s)")
+        if key in _HUMAN_GPU_KEYS:
+            target, scale = _HUMAN_GPU_KEYS[key]
+            out[target] = None if value is None else float(value) * scale
+        elif key == "efficiency":
+            out[key] = _validate(EfficiencySpec, dict(value or {}), "gpu.efficiency.")
+        else:
+            out[key] = value
+    out.setdefault("name", name)
+    out.setdefault("peak_fp8_flops_per_s", None)
+    return _validate(GpuSpec, out, "gpu.")  # type: ignore[no-any-return]
+
+
+def load_gpu(ref: str) -> GpuSpec:
+    """A GPU preset name, or a YAML/JSON file describing a custom GPU (same keys as presets)."""
+    names = gpu_preset_names()
+    if ref in names:
+        return gpu_from_dict(_read_yaml_resource("gpus", ref), name=ref)
+    path = Path(ref)
+    if path.exists():
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise SpecError(f"gpu: '{ref}' must hold a mapping of fields")
+        base = data.pop("base", None)
+        if base is not None:
+            return override_gpu(load_gpu(str(base)), data)
+        return gpu_from_dict(data, name=path.stem)
+    raise SpecError(f"unknown gpu '{ref}' (known: {', '.join(names)}; or a YAML file)")
+
+
+def override_gpu(gpu: GpuSpec, overrides: dict[str, Any]) -> GpuSpec:
+    """A GPU with some fields replaced (human-unit keys as in the presets; nested efficiency)."""
+    if not overrides:
+        return gpu
+    current: dict[str, Any] = {}
+    inverse = {target: (key, scale) for key, (target, scale) in _HUMAN_GPU_KEYS.items()}
+    for f in fields(gpu):
+        value = getattr(gpu, f.name)
+        if f.name in inverse:
+            key, scale = inverse[f.name]
+            current[key] = None if value is None else value / scale
+        elif f.name == "efficiency":
+            current[f.name] = {g.name: getattr(value, g.name) for g in fields(value)}
+        else:
+            current[f.name] = value
+    for key, value in overrides.items():
+        if key == "efficiency":
+            current["efficiency"].update(value or {})
+        else:
+            current[key] = value
+    return gpu_from_dict(current, name=gpu.name)
+
+
+def with_overrides(model: ModelSpec, **kwargs: Any) -> ModelSpec:
+    """A model with some fields replaced (validated)."""
+    return replace(model, **kwargs)

@@ -1,0 +1,59 @@
+"""TrainingSpec: sequence length, global batch, precision and optimizer.
+
+Bytes per parameter follow Megatron's mixed-precision Adam (``docs/user-guide/features/
+dist_optimizer.md``; Rajbhandari et al. 2020, arXiv:1910.02054 section 3): bf16 parameters
+(2 B), fp32 main gradients (4 B), fp32 master weights + Adam m + v (12 B) = 18 B/param.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from pydantic import ConfigDict
+
+from paraplan.errors import SpecError
+
+Precision = Literal["bf16", "fp8"]
+PRECISIONS: Final = ("bf16", "fp8")
+
+PARAM_BYTES: Final = 2.0
+"""bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
+GRAD_BYTES: Final = 4.0
+"""fp32 main gradients (Megatron accumulates and reduces grads in fp32 by default)."""
+OPTIMIZER_BYTES: Final = 12.0
+"""fp32 master weights + Adam first and second moments."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """What one training step processes."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    seq_len: int
+    """Tokens per sequence (``--seq-length``)."""
+    global_batch_size: int
+    """Sequences per step (``--global-batch-size``)."""
+    precision: Precision = "bf16"
+    """GEMM precision; FP8 keeps bf16 weights and fp32 optimizer states."""
+    optimizer: Literal["adam"] = "adam"
+    """Optimizer (Adam: 12 B/param of fp32 state)."""
+    attention_backend: Literal["flash", "unfused"] = "flash"
+    """flash/fused attention keeps no s^2 tensors; unfused (Megatron ``--attention-backend
+    unfused``/local) keeps softmax output and dropout tensors of a*s^2*b elements."""
+
+    def __post_init__(self) -> None:
+        for fname in ("seq_len", "global_batch_size"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SpecError(f"{fname} must be a positive integer, got {value!r}")
+        if self.attention_backend not in ("flash", "unfused"):
+            raise SpecError(f"attention_backend must be flash or unfused, got {self.attention_backend!r}")
+        if self.precision not in PRECISIONS:
+            raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per global batch."""
+        return self.seq_len * self.global_batch_size
