@@ -47,7 +47,7 @@ def _b(x: str) -> bool:
     return str(x).strip().lower() == "true"
 
 
-def golden_case(r: dict[str, str]) -> dict[str, Any] | None:
+def golden_case(r: dict[str, str]) -> dict[str, Any] | None:  # noqa: C901 - a flat column mapping
     """One golden row -> (model, layout, training, gpu, measured bytes), or None if unusable."""
     if r["family"] not in ("gpt", "moe", "mixtral") or r["model_kind"] not in ("dense", "moe"):
         return None
@@ -65,7 +65,8 @@ def golden_case(r: dict[str, str]) -> dict[str, Any] | None:
         "num_layers": L, "hidden_size": _i(r["hidden_size"]),
         "num_attention_heads": _i(r["num_attention_heads"]),
         "vocab_size": _i(r["padded_vocab_size"]) or _i(r["vocab_size"]),
-        "make_vocab_size_divisible_by": 1 if _i(r["padded_vocab_size"]) else (_i(r["make_vocab_size_divisible_by"]) or 128),
+        "make_vocab_size_divisible_by": (1 if _i(r["padded_vocab_size"])
+                                         else (_i(r["make_vocab_size_divisible_by"]) or 128)),
         "swiglu": _b(r["swiglu"]), "normalization": r["normalization"] or "LayerNorm",
         "position_embedding_type": r["position_embedding_type"] or "learned_absolute",
         "untie_embeddings_and_output_weights": _b(r["untie_embeddings"]),

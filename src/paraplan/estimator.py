@@ -81,7 +81,7 @@ class Estimate:
                 "total": self.params.total,
                 "active_per_token": self.params.active_per_token,
                 "mtp": self.params.mtp,
-                "per_stage_per_rank": [int(round(float(s.params.total))) for s in self.stages],
+                "per_stage_per_rank": [round(float(s.params.total)) for s in self.stages],
                 "per_stage_breakdown": [s.params.as_dict() for s in self.stages],
             },
             "time": self.time.as_dict(),
@@ -148,12 +148,13 @@ def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec)
 def estimate(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout, *,
     memory_options: MemoryOptions | None = None, mfu_peak: str = "bf16",
+    extra_notes: list[str] | None = None,
 ) -> Estimate:
     """Validate ``layout`` (LayoutError on the first broken rule) and estimate it."""
     check_layout(model, training, cluster, layout)
     cluster.gpu.peak_flops_per_s(training.precision)  # fp8 on a GPU without FP8 -> SpecError
     max_positions, notes = max_positions_for(model, training)
-    notes += layout_notes(model, layout, cluster)
+    notes += layout_notes(model, layout, cluster) + list(extra_notes or [])
     m = layout.num_microbatches(training.global_batch_size)
     stages = tuple(
         stage_memory(model, training, layout, st, rank=r, num_microbatches=m,

@@ -20,6 +20,8 @@ from paraplan.errors import NoFeasiblePlanError, PlannerError
 _COMMAND_MODULES = (
     "paraplan.cli.info",
     "paraplan.cli.estimate",
+    "paraplan.cli.plan",
+    "paraplan.cli.ingest",
 )
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name)

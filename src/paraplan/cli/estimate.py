@@ -16,11 +16,13 @@ from paraplan.cli.options import (
     ModelOpt,
     NumGpusOpt,
     OutputFormat,
+    PipelineSplitOpt,
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
     RecomputeChoice,
     SeqLenOpt,
+    apply_pipeline_split,
     build_layout,
     resolve_inputs,
 )
@@ -59,6 +61,7 @@ def estimate(
     last_stage_layers: int | None = typer.Option(None, "--decoder-last-pipeline-num-layers"),
     account_for_embedding: bool = typer.Option(False, "--account-for-embedding-in-pipeline-split"),
     account_for_loss: bool = typer.Option(False, "--account-for-loss-in-pipeline-split"),
+    pipeline_split: str = PipelineSplitOpt,
     precision: PrecisionChoice = PrecisionOpt,
     mfu_peak: PrecisionChoice = typer.Option(PrecisionChoice.bf16, "--mfu-peak",
                                              help="Dense peak MFU/HFU divide by."),
@@ -84,7 +87,9 @@ def estimate(
         last_stage_layers=last_stage_layers, account_for_embedding=account_for_embedding,
         account_for_loss=account_for_loss,
     )
-    result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value)
+    layout, notes = apply_pipeline_split(inputs.model, layout, str(pipeline_split))
+    result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
+                          extra_notes=notes)
     if fmt == OutputFormat.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +21,7 @@ def models(fmt: OutputFormat = FormatOpt) -> None:
 
     Example: paraplan models --format json
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in model_preset_names():
         m = load_model_preset(name)
         counts = model_param_counts(m, max_positions=m.max_position_embeddings or 4096)
@@ -48,7 +49,7 @@ def gpus(fmt: OutputFormat = FormatOpt) -> None:
 
     Example: paraplan gpus
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in gpu_preset_names():
         g = load_gpu(name)
         rows.append({"name": name, "hbm_gib": g.hbm_bytes / GIB, "hbm_tbyte_per_s": g.hbm_bytes_per_s / TB,

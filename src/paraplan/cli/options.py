@@ -123,6 +123,37 @@ def build_layout(
     )
 
 
+class PipelineSplit(StrEnum):
+    """How layers are split over pipeline stages."""
+
+    even = "even"
+    auto = "auto"
+
+
+def apply_pipeline_split(model: ModelSpec, layout: ParallelLayout, split: str) -> tuple[ParallelLayout, list[str]]:
+    """With ``--pipeline-split auto``, give a layer count that does not divide over PP x VP a
+    balanced first/last-stage split (``--decoder-first/last-pipeline-num-layers``)."""
+    from dataclasses import replace
+
+    from paraplan.estimate.pipeline import balanced_uneven_split
+
+    notes: list[str] = []
+    if split != "auto" or layout.first_stage_layers or layout.last_stage_layers:
+        return layout, notes
+    if model.num_layers % (layout.pp * layout.vp) == 0:
+        return layout, notes
+    found = balanced_uneven_split(model.num_layers, layout.pp, layout.vp)
+    if found is None:
+        raise SpecError(
+            f"--pipeline-split auto: no first/last-stage split puts {model.num_layers} layers on "
+            f"PP {layout.pp} x VP {layout.vp} with every stage divisible by VP"
+        )
+    first, last = found
+    notes.append(f"uneven pipeline split: --decoder-first-pipeline-num-layers {first} "
+                 f"--decoder-last-pipeline-num-layers {last} ({model.num_layers} layers over PP {layout.pp})")
+    return replace(layout, first_stage_layers=first, last_stage_layers=last), notes
+
+
 # Reusable option declarations -------------------------------------------------------------
 ModelOpt = typer.Option(..., "--model", "-m", help=MODEL_HELP)
 GpuOpt = typer.Option(..., "--gpu", "-g", help=GPU_HELP)
@@ -132,5 +163,10 @@ SeqLenOpt = typer.Option(..., "--seq-len", "-s", help="Sequence length (tokens).
 GbsOpt = typer.Option(..., "--gbs", help="Global batch size (sequences).")
 PrecisionOpt = typer.Option(PrecisionChoice.bf16, "--precision", help="GEMM precision.")
 FormatOpt = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.")
-GpuSetOpt = typer.Option(None, "--gpu-set", help="Override a GPU field: key=value (e.g. network_gbit_per_s=200, efficiency.gemm_max_frac=0.7).")
+GpuSetOpt = typer.Option(None, "--gpu-set", help="Override a GPU field: key=value (e.g. "
+                         "network_gbit_per_s=200, efficiency.gemm_max_frac=0.7).")
+PipelineSplitOpt = typer.Option(
+    PipelineSplit.even, "--pipeline-split",
+    help="even: Megatron's rule (layers divisible by PP x VP); auto: pick "
+         "--decoder-first/last-pipeline-num-layers when they are not.")
 ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")

@@ -151,7 +151,7 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     act_in = np.where(_mod(ctx, "moe_act"), 0.0, BF16_BYTES * te * fe * gate / ctx.etp)
     routed = ctx.gemm_input_bytes * te * h + act_in + ctx.gemm_input_bytes * te * fe / ctx.etp
     routed = routed + BF16_BYTES * te * h
-    shared = 0.0
+    shared: Num = 0.0
     if model.shared_ffn:
         shared = dense_mlp_bytes(model, ctx, ffn=model.shared_ffn, with_norm=False)
         shared = np.where(_mod(ctx, "shared_experts"), 0.0, shared)

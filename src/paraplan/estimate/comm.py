@@ -2,11 +2,13 @@
 
 Alpha-beta costs of ring collectives (Thakur, Rabenseifner & Gropp 2005, IJHPCA 19(1)), with
 NCCL's bus-bandwidth convention (nccl-tests ``doc/PERFORMANCE.md``; ecosystem.md section 4.3):
-    all-reduce      t = 2(n-1)/n * S / busbw + 2(n-1) * alpha
+    all-reduce      t = 2(n-1)/n * S / busbw + 2 * log2(n) * alpha
     all-gather,
-    reduce-scatter  t =  (n-1)/n * S / busbw +  (n-1) * alpha
-    all-to-all      t =  (n-1)/n * S / busbw +  (n-1) * alpha     (S = bytes each rank holds)
-    send/recv       t =            S / bw    +          alpha
+    reduce-scatter  t =  (n-1)/n * S / busbw +     log2(n) * alpha
+    all-to-all      t =  (n-1)/n * S / busbw +      (n-1)  * alpha     (S = bytes each rank holds)
+    send/recv       t =            S / bw    +               alpha
+The bandwidth term is the ring's; the latency term is a tree's (NCCL switches to tree/NVLS
+algorithms when latency dominates, so a ring's (n-1)*alpha over-states large groups).
 S is the full (unsharded) buffer size, busbw the per-GPU bus bandwidth of the tier the group
 runs on: NVLink when the group's ranks lie in one NVLink domain, else the network.
 
@@ -27,9 +29,16 @@ Num = Any
 
 
 def span_in_domain(span: Num, domain: int) -> Num:
-    """True where a group spanning ``span`` consecutive ranks stays inside one NVLink domain."""
+    """True where a group spanning ``span`` consecutive ranks stays inside one NVLink domain.
+
+    Groups tile the rank space; they stay inside when the span divides the domain, or when it is
+    a power of two no larger than the largest power of two in the domain (an NVL72 rack is used
+    as 64 GPUs by power-of-two jobs, as NeMo's ``--segment`` placement does).
+    """
     span = np.asarray(span)
-    fits = (span <= domain) & ((domain % np.maximum(span, 1)) == 0)
+    pow2_domain = 1 << (max(domain, 1).bit_length() - 1)
+    is_pow2 = (span & (span - 1)) == 0
+    fits = (span <= domain) & (((domain % np.maximum(span, 1)) == 0) | (is_pow2 & (span <= pow2_domain)))
     return fits | (span <= 1)
 
 
@@ -44,14 +53,14 @@ def tier_busbw(cluster: ClusterSpec, span: Num) -> Num:
 def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
     """Ring all-reduce time; 0 for a group of one."""
     n = np.asarray(n)
-    t = 2.0 * (n - 1) / np.maximum(n, 1) * size_bytes / busbw + 2.0 * (n - 1) * alpha_s
+    t = 2.0 * (n - 1) / np.maximum(n, 1) * size_bytes / busbw + 2.0 * np.log2(np.maximum(n, 1)) * alpha_s
     return np.where(n > 1, t, 0.0)
 
 
 def all_gather_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
     """Ring all-gather (or reduce-scatter) time of an S-byte full buffer; 0 for a group of one."""
     n = np.asarray(n)
-    t = (n - 1) / np.maximum(n, 1) * size_bytes / busbw + (n - 1) * alpha_s
+    t = (n - 1) / np.maximum(n, 1) * size_bytes / busbw + np.log2(np.maximum(n, 1)) * alpha_s
     return np.where(n > 1, t, 0.0)
 
 

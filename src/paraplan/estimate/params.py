@@ -284,6 +284,6 @@ def model_param_counts(model: ModelSpec, *, max_positions: int, tp: int = 1) -> 
         active += n_moe * (moe.total - moe.experts * (1 - model.moe_router_topk / model.num_experts))
     mtp = mtp_params(model, tp=tp, ep=1, etp=tp, pp=1, max_positions=max_positions)
     return ModelParamCounts(
-        total=int(round(float(total))), active_per_token=int(round(float(active))),
-        mtp=int(round(float(mtp))), embedding=int(round(float(emb))),
+        total=round(float(total)), active_per_token=round(float(active)),
+        mtp=round(float(mtp)), embedding=round(float(emb)),
     )

@@ -145,3 +145,40 @@ def bubble_frac(*, pp: Num, vp: Num, num_microbatches: Num) -> Num:
     Narayanan et al. 2021 (arXiv:2104.04473) section 2.2: 1F1B (p-1)/m, interleaved (p-1)/(v*m).
     """
     return (pp - 1) / (vp * num_microbatches)
+
+
+def balanced_uneven_split(num_layers: int, pp: int, vp: int = 1) -> tuple[int, int] | None:
+    """First/last-stage layer counts that make an uneven split Megatron accepts, or None.
+
+    For PP >= 2 searches (F, La) with (L - F - La) divisible over the PP - 2 middle ranks and
+    every rank's count divisible by VP, minimising the largest stage load, where the first
+    stage also carries the embedding and the last the output layer and loss (one layer's worth
+    each, as ``--account-for-embedding/loss-in-pipeline-split`` count them). Ties prefer the
+    smaller F + La. Mirrors how NeMo/Megatron-Bridge recipes split DeepSeek-V3's 61 layers over
+    PP 16 (first 3, last 2, 14 middle stages of 4).
+    """
+    if pp < 2:
+        return None
+    best: tuple[int, int, int, int] | None = None
+    for first in range(vp, num_layers + 1, vp):
+        for last in range(vp, num_layers - first + 1, vp):
+            middle_layers = num_layers - first - last
+            mid_ranks = pp - 2
+            if mid_ranks == 0:
+                if middle_layers:
+                    continue
+                per_mid = 0
+            else:
+                if middle_layers <= 0 or middle_layers % mid_ranks:
+                    continue
+                per_mid = middle_layers // mid_ranks
+                if per_mid % vp:
+                    continue
+            load = max(first + 1, last + 1, per_mid)
+            key = (load, abs(first - last), first + last, first)
+            if best is None or key < best:
+                best = key
+    if best is None:
+        return None
+    load, _, total, first = best
+    return first, total - first

@@ -336,10 +336,17 @@ def step_time_from_stages(
     gather = np.max(np.stack([np.broadcast_to(np.asarray(d[1], dtype=float), totals.shape[1:]) for d in dp]), 0)
     local = np.max(np.stack([np.broadcast_to(np.asarray(d[2], dtype=float), totals.shape[1:]) for d in dp]), 0)
     hide = eff.dp_overlap_frac * t_stage
-    fsdp_mult = np.where(layout.fsdp, m * 1.5, 1.0)
-    grad_exp = np.where(layout.overlap_grad_reduce, np.maximum(grad * fsdp_mult - hide * 2 / 3 * np.where(layout.fsdp, m, 1), 0.0), grad * fsdp_mult)
+    # distributed optimizer / DDP: one gradient reduce and one parameter gather per step, hidden
+    # behind the last micro-batch's backward (2/3 of it) and the first forward (1/3).
+    grad_exp = np.where(layout.overlap_grad_reduce, np.maximum(grad - hide * 2.0 / 3.0, 0.0), grad)
     gath_exp = np.where(layout.overlap_param_gather & layout.dist_opt,
-                        np.maximum(gather * fsdp_mult - hide / 3 * np.where(layout.fsdp, m, 1), 0.0), gather * fsdp_mult)
+                        np.maximum(gather - hide / 3.0, 0.0), gather)
+    # Megatron-FSDP (optim_grads_params): every micro-batch gathers the weights for forward and
+    # backward (2 all-gathers of 2P) and reduce-scatters the gradients, overlapped with compute.
+    fsdp_link_mb = 2.0 * gather + grad
+    fsdp_exposed = m * np.maximum(fsdp_link_mb - hide, 0.0)
+    dp_exposed = np.where(layout.fsdp, fsdp_exposed, grad_exp + gath_exp)
+    dp_link = np.where(layout.fsdp, m * fsdp_link_mb, grad + gather)
     # PP: activations forward and gradients backward at every chunk boundary.
     t_ = np.where(layout.sp, layout.tp, 1)
     pp_bytes = 2.0 * training.seq_len * layout.mbs / layout.cp * model.hidden_size / t_
@@ -354,14 +361,14 @@ def step_time_from_stages(
         "cp": m * pick([st.exposed_s["cp"] for st in times]),
         "ep": m * pick([st.exposed_s["ep"] for st in times]),
         "pp": pp_exposed,
-        "dp": grad_exp + gath_exp,
+        "dp": dp_exposed,
     }
     links = {
         "tp": m * pick([st.link_s["tp"] for st in times]),
         "cp": m * pick([st.link_s["cp"] for st in times]),
         "ep": m * pick([st.link_s["ep"] for st in times]),
         "pp": pp_link,
-        "dp": (grad + gather) * fsdp_mult,
+        "dp": dp_link,
     }
     compute = m * pick([st.compute_s for st in times])
     recompute = m * pick([st.recompute_s for st in times])

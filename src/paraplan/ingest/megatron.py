@@ -9,6 +9,7 @@ cleans and splits a physical line; ``parse_text`` adds timer-block state. Never 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -27,17 +28,20 @@ _PREFIX = re.compile(
     r"|\[[^\]]*\]\[(?:INFO|WARNING|DEBUG|ERROR)\s*\]\[[^\]]*\]\s*-\s))+"
 )
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# §9.1: glued records (several ranks writing to one stream without a newline in between).
-_GLUE = re.compile(r"(?=\[Rank \d+\] \()|(?= ?\[\d{4}-\d\d-\d\d [\d:.]+\] iteration\s)"
-                   r"|(?<=\|)(?= ?iteration\s+\d+\s*/)|(?<=[\d|])(?=\(min, max\) time across)")
-
+# §9.1: glued records (ranks writing to one stream without a newline); the leading lookahead
+# on the first characters only makes the split fast.
+_GLUE = re.compile(
+    r"(?=[\[ i(T])(?:(?=\[Rank \d+\] \()|(?= ?\[\d{4}-\d\d-\d\d [\d:.]+\] iteration\s)"
+    r"|(?<=[^\s,:\]])(?= ?iteration\s+\d+\s*/)|(?<=[\d|])(?=\(min, max\) time across)"
+    r"|(?<=\S)(?=Training epoch \d+, iteration ))")
 _ITER = re.compile(r"iteration\s*[=:]?\s*(\d+)\s*/\s*(\d+)")
 _STAMP = re.compile(r"\[(\d{4}-?\d\d-?\d\d[ T][\d:.]+)\]")
 _KV = re.compile(r"^\s*([^:=]+?)\s*[:=]\s*(.*?)\s*$")
 
-# §1 / §8: normalised field name -> (IterationRecord attribute, scale to SI).
+_MS_IN_S = round(1 / MS)  # divide (not * 1e-3): 7624.3 ms -> 7.6243 s, not 7.624300000000001
+# §1 / §8: normalised field name -> (IterationRecord attribute, divisor to SI).
 _ITER_FIELDS: dict[str, tuple[str, float]] = {
-    "elapsed time per iteration ms": ("step_time_s", MS), "lr": ("learning_rate", 1.0),
+    "elapsed time per iteration ms": ("step_time_s", _MS_IN_S), "lr": ("learning_rate", 1.0),
     "train step timing in s": ("step_time_s", 1.0), "learning rate": ("learning_rate", 1.0),
     "throughput per gpu tflop/s/gpu": ("tflops_per_gpu", 1.0), "grad norm": ("grad_norm", 1.0),
     "tflops per gpu": ("tflops_per_gpu", 1.0), "tflops": ("tflops_per_gpu", 1.0),
@@ -59,6 +63,7 @@ def _int(value: float) -> int | None:
     return int(value) if math.isfinite(value) else None
 
 
+@functools.lru_cache(maxsize=4096)
 def _norm(key: str) -> str:
     key = key.strip().lower().replace("_", " ").replace("(", "").replace(")", "")
     return " ".join(key.split())
@@ -97,7 +102,7 @@ def _collect(pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], bool]:
         if value is None:
             bad = bad or bool(attr) or not raw
         elif attr:
-            kw.setdefault(attr, _int(value) if attr in _INT_ATTRS else value * scale)
+            kw.setdefault(attr, _int(value) if attr in _INT_ATTRS else value / scale)
         else:
             (losses if _is_loss(key) else extra).append((key.strip(), value))
     kw["losses"], kw["extra"] = tuple(losses), tuple(extra)
@@ -218,7 +223,7 @@ def parse_legacy_timers(text: str, line: int | None = None) -> list[TimerRecord]
     values = _numbers(pairs)
     partial = partial or len(values) < len(pairs)
     return [
-        TimerRecord(name=k, value_s=v * MS, kind="single", rank=rank, line=line,
+        TimerRecord(name=k, value_s=v / _MS_IN_S, kind="single", rank=rank, line=line,
                     partial=partial and i == len(values) - 1)
         for i, (k, v) in enumerate(values)
     ]
@@ -236,8 +241,8 @@ def parse_timer_body(text: str, line: int | None = None, kind: str = "minmax") -
     m = (_MINMAX if kind == "minmax" else _MAXBODY).match(text)
     if m is None:
         return None
-    hi = float(m.groups()[-1]) * MS
-    lo = float(m.group(2)) * MS if kind == "minmax" else None
+    hi = float(m.groups()[-1]) / _MS_IN_S
+    lo = float(m.group(2)) / _MS_IN_S if kind == "minmax" else None
     return TimerRecord(name=m.group(1), value_s=hi, min_s=lo, max_s=hi, kind=kind, line=line)
 
 
@@ -348,7 +353,7 @@ class _TimerBlock:
             return True
         if self.kind == "all":
             if self.name and (rank := _ALL_RANK.match(text)):
-                self.ranks.append((rank.group(1), float(rank.group(2)) * MS))
+                self.ranks.append((rank.group(1), float(rank.group(2)) / _MS_IN_S))
                 return True
             if name := _ALL_NAME.match(text):
                 self._flush()
@@ -359,11 +364,9 @@ class _TimerBlock:
 
     def _flush(self) -> None:
         if self.name and self.ranks:
-            values = [v for _, v in self.ranks]
-            self.out.add(TimerRecord(
-                name=self.name, value_s=max(values), min_s=min(values), max_s=max(values),
-                kind="all", per_rank=tuple(self.ranks), line=self.line,
-            ))  # fmt: skip
+            lo, hi = min(v for _, v in self.ranks), max(v for _, v in self.ranks)
+            self.out.add(TimerRecord(name=self.name, value_s=hi, min_s=lo, max_s=hi, kind="all",
+                                     per_rank=tuple(self.ranks), line=self.line))
         self.name, self.ranks = "", []
 
     def close(self) -> None:
@@ -389,9 +392,8 @@ def parse_text(text: str, source: str = "<text>") -> RunLog:
     block = _TimerBlock(out)
     for line_no, physical in enumerate(text.split("\n"), start=1):
         results = [_feed(p, line_no, out, block) for p in segments(physical)]
-        if results:
-            known = [ok for ok, _ in results]
-            out.count_line(recognized=any(known),
-                           partial=any(bad for _, bad in results) or not all(known))
+        if known := [ok for ok, _ in results]:
+            bad = any(b for _, b in results) or not all(known)
+            out.count_line(recognized=any(known), partial=bad)
     block.close()
     return out.build(source)

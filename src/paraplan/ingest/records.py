@@ -168,7 +168,7 @@ class RunLog:
     lines: int = 0
     unparsed_lines: int = 0
     partial_lines: int = 0
-    sources: tuple[str, ...] = field(default=())
+    sources: tuple[str, ...] = ()
 
     def summary(self, skip_warmup: int = 1) -> dict[str, Any]:
         """The run summary (see ``paraplan.ingest.summary.summarize``)."""

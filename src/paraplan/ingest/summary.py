@@ -12,10 +12,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from paraplan.ingest.records import IterationRecord, RunLog
+from paraplan.ingest.records import IterationRecord, RunLog, TheoreticalMemory, json_float
 
 
 def quantile(values: Iterable[float], q: float) -> float | None:
@@ -58,27 +57,49 @@ def _nan_count(record: IterationRecord) -> int | None:
     return record.nan_iterations
 
 
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
 def _memory(log: RunLog) -> dict[str, Any]:
-    peak = [m for m in log.memory if m.max_allocated_bytes is not None]
+    peak = [m for m in log.memory if _finite(m.max_allocated_bytes)]
     top = max(peak, key=lambda m: m.max_allocated_bytes or 0.0, default=None)
-    reserved = [m.max_reserved_bytes for m in log.memory if m.max_reserved_bytes is not None]
-    theo = log.theoretical
+    reserved = [m.max_reserved_bytes for m in log.memory if _finite(m.max_reserved_bytes)]
+    theo = log.theoretical or TheoreticalMemory()
     return {
         "max_allocated_bytes": top.max_allocated_bytes if top else None,
         "max_allocated_rank": top.rank if top else None,
-        "max_reserved_bytes": max(reserved, default=None),
-        "theoretical_total_bytes": theo.total_bytes if theo else None,
-        "theoretical_weight_and_optimizer_bytes": theo.weight_and_optimizer_bytes if theo else None,
+        "max_reserved_bytes": max((r for r in reserved if r is not None), default=None),
+        "theoretical_total_bytes": json_float(theo.total_bytes),
+        "theoretical_weight_and_optimizer_bytes": json_float(theo.weight_and_optimizer_bytes),
     }
 
 
+SETUP_TIMERS = frozenset({
+    "interval-time", "model-and-optimizer-setup", "train/valid/test-data-iterators-setup",
+    "load-checkpoint", "save-checkpoint", "save-checkpoint-non-persistent", "evaluate",
+    "eval-time", "gpu-sniff-test",
+})  # fmt: skip
+"""Level-0 timers printed by dedicated ``timers.log`` calls, not per iteration (reference §4.3)."""
+
+
 def _timers(log: RunLog, skip_warmup: int) -> dict[str, dict[str, float | None]]:
-    """Per timer name: median/p90 of ``value_s`` over its occurrences after the first
-    ``skip_warmup`` (setup timers printed once therefore drop out)."""
+    """Per-iteration timers: median/p90 of ``value_s`` per name, without the first
+    ``skip_warmup`` occurrences of each name."""
     by_name: dict[str, list[float]] = {}
     for t in log.timers:
-        by_name.setdefault(t.name, []).append(t.value_s)
+        if t.name not in SETUP_TIMERS:
+            by_name.setdefault(t.name, []).append(t.value_s)
     return {name: _stats(vs[skip_warmup:]) for name, vs in by_name.items() if vs[skip_warmup:]}
+
+
+def _setup_timers(log: RunLog) -> dict[str, float]:
+    """Setup/checkpoint timers: the largest value seen per name (all occurrences)."""
+    out: dict[str, float] = {}
+    for t in log.timers:
+        if t.name in SETUP_TIMERS and math.isfinite(t.value_s):
+            out[t.name] = max(out.get(t.name, t.value_s), t.value_s)
+    return out
 
 
 def summarize(log: RunLog, skip_warmup: int = 1) -> dict[str, Any]:
@@ -109,6 +130,7 @@ def summarize(log: RunLog, skip_warmup: int = 1) -> dict[str, Any]:
         "nan_iterations": _count(_nan_count(r) for r in used),
         "loss_missing_iterations": sum(1 for r in used if not r.losses),
         "timers_s": _timers(log, skip),
+        "setup_timers_s": _setup_timers(log),
         "lines": log.lines,
         "unparsed_lines": log.unparsed_lines,
         "partial_lines": log.partial_lines,

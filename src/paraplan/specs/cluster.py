@@ -44,7 +44,7 @@ class EfficiencySpec:
     """NCCL bus bandwidth / NIC line rate (NDR 400G: 46-48 of 50 GB/s, nccl-tests#290)."""
     collective_latency_s: float = 20e-6
     """Latency per collective step (alpha of the alpha-beta model)."""
-    layer_overhead_s: float = 150e-6
+    layer_overhead_s: float = 100e-6
     """Fixed time per layer per micro-batch (kernel launches, fwd+bwd), independent of size."""
     step_overhead_s: float = 0.05
     """Fixed time per iteration (data loader, logging, optimizer launch)."""

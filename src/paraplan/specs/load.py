@@ -137,7 +137,7 @@ def model_from_megatron_args(data: dict[str, Any], *, name: str = "custom", sour
         out["add_bias_linear"] = False
     if gqa is False:
         out.pop("num_query_groups", None)
-    if "padded_vocab_size" in raw and raw["padded_vocab_size"]:
+    if raw.get("padded_vocab_size"):
         out["vocab_size"] = int(raw["padded_vocab_size"])
         out.setdefault("make_vocab_size_divisible_by", 1)
     if out.get("num_experts") in (0, None):

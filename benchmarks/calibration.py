@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Calibration benchmark: predicted vs measured tokens/s/GPU on published Megatron runs.
+
+Runs ``paraplan.estimator.estimate`` on every usable row of ../shared/calibration/
+published_runs.csv (conversion rules in benchmarks/published_cases.py, following SOURCES.md),
+prints a table per source, the vTrain A100 runs on their own line, and as the last line:
+
+    calibration: median APE X%, p90 APE Y%, within-20% Z% over N rows
+
+Layer counts that do not divide over PP x VP get the balanced first/last-stage split the
+published recipes use (``--pipeline-split auto``). Usage: python benchmarks/calibration.py
+[--worst 10] [--no-vtrain] [--source TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from paraplan.cli.options import apply_pipeline_split  # noqa: E402
+from paraplan.errors import SpecError  # noqa: E402
+from paraplan.estimator import estimate  # noqa: E402
+from paraplan.layout import ParallelLayout  # noqa: E402
+from paraplan.specs.cluster import make_cluster  # noqa: E402
+from paraplan.specs.load import load_gpu, model_from_megatron_args  # noqa: E402
+from paraplan.specs.training import TrainingSpec  # noqa: E402
+from published_cases import Case, load_cases  # noqa: E402
+
+_GPUS: dict[str, Any] = {}
+
+
+def predict(case: Case, gpu_override: Any = None) -> float | str:
+    """Predicted tokens/s/GPU, or the reason the estimate was refused."""
+    gpu = gpu_override or _GPUS.setdefault(case.gpu, load_gpu(case.gpu))
+    try:
+        model = model_from_megatron_args(case.model, name=case.label)
+        layout = ParallelLayout(**case.layout)
+        layout, _ = apply_pipeline_split(model, layout, "auto")
+        training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs,
+                                precision=case.precision)  # type: ignore[arg-type]
+        est = estimate(model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), training, layout)
+    except SpecError as err:
+        return str(err)
+    return float(est.throughput.tokens_per_s_per_gpu)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return math.nan
+    k = (len(xs) - 1) * q
+    f, c = math.floor(k), math.ceil(k)
+    return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def score(cases: list[Case]) -> list[dict[str, Any]]:
+    out = []
+    for c in cases:
+        p = predict(c)
+        row: dict[str, Any] = {"case": c, "pred": p}
+        if isinstance(p, float) and p > 0:
+            row["ape"] = abs(p - c.target_tokens_per_s_per_gpu) / c.target_tokens_per_s_per_gpu
+            row["signed"] = p / c.target_tokens_per_s_per_gpu - 1
+        out.append(row)
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> tuple[float, float, float, int]:
+    apes = [r["ape"] for r in rows if "ape" in r]
+    w20 = sum(1 for x in apes if x <= 0.2) / len(apes) if apes else math.nan
+    return pct(apes, 0.5), pct(apes, 0.9), w20, len(apes)
+
+
+def print_table(rows: list[dict[str, Any]], key: str) -> None:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        c = r["case"]
+        groups[getattr(c, key) if key != "kind" else ("MoE" if c.moe else "dense")].append(r)
+    print(f"{key:<28} {'rows':>5} {'pred':>5} {'medAPE':>7} {'p90APE':>7} {'<=20%':>6} {'bias':>7}")
+    for name, rs in sorted(groups.items()):
+        med, p90, w20, n = summary(rs)
+        bias = statistics.median([r["signed"] for r in rs if "signed" in r]) if n else math.nan
+        print(f"{name[:28]:<28} {len(rs):>5} {n:>5} {100 * med:>6.1f}% {100 * p90:>6.1f}% "
+              f"{100 * w20:>5.0f}% {100 * bias:>+6.1f}%")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worst", type=int, default=10)
+    ap.add_argument("--no-vtrain", action="store_true")
+    ap.add_argument("--source", default="")
+    args = ap.parse_args()
+    cases, _skipped = load_cases("published")
+    cases = [c for c in cases if args.source.lower() in c.source.lower()]
+    rows = score(cases)
+    print_table(rows, "source")
+    print()
+    print_table(rows, "gpu")
+    print()
+    print_table(rows, "kind")
+    refused = [r for r in rows if "ape" not in r]
+    if refused:
+        print(f"\nrefused by the estimator: {len(refused)} (first: {refused[0]['pred'][:100]})")
+    if args.worst:
+        print(f"\nworst {args.worst}:")
+        for r in sorted((r for r in rows if "ape" in r), key=lambda r: -r["ape"])[: args.worst]:
+            c = r["case"]
+            lay = " ".join(f"{k}{v}" for k, v in c.layout.items()
+                           if k in ("tp", "pp", "vp", "cp", "ep", "dp", "mbs"))
+            print(f"  {c.id} {c.source[:22]:<22} {c.label[:24]:<24} {c.gpu:<10} n={c.num_gpus:<5} {lay} "
+                  f"{c.layout['recompute']} {c.precision}: {r['pred']:.0f} vs "
+                  f"{c.target_tokens_per_s_per_gpu:.0f} "
+                  f"({100 * r['signed']:+.0f}%)")
+    if not args.no_vtrain:
+        vcases, _ = load_cases("vtrain")
+        med, p90, w20, n = summary(score(vcases))
+        print(f"\nvtrain: median APE {100 * med:.1f}%, p90 APE {100 * p90:.1f}%, "
+              f"within-20% {100 * w20:.0f}% over {n} rows")
+    med, p90, w20, n = summary(rows)
+    print(f"calibration: median APE {100 * med:.1f}%, p90 APE {100 * p90:.1f}%, "
+          f"within-20% {100 * w20:.0f}% over {n} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

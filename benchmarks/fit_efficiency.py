@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Fit the performance model's efficiency parameters per GPU architecture (developer tool).
+
+Least squares with a soft-L1 loss on log(predicted / measured tokens/s/GPU) over the published
+Megatron runs of one architecture (benchmarks/published_cases.py), optionally with a sample of
+the vTrain A100 runs. Only physically meaningful, architecture-wide parameters are fitted
+(GEMM and attention efficiency, FP8 speed-up, per-layer launch overhead, element-wise traffic,
+MoE overhead, overlap shares), each within physical bounds; nothing is per row. Prints the
+values to put under ``efficiency:`` in the GPU presets. Needs scipy (dev only).
+
+Usage: python benchmarks/fit_efficiency.py ampere|hopper|blackwell [--vtrain 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from calibration import predict
+from paraplan.specs.load import load_gpu
+from published_cases import load_cases
+
+ARCH_GPUS = {"ampere": ["a100-80gb", "a100-40gb"], "hopper": ["h100-80gb", "h200-141gb"],
+             "blackwell": ["b200", "gb200", "b300", "gb300"]}
+# name: (low, high) physical bounds
+PARAMS = {
+    "gemm_max_frac": (0.5, 0.95),
+    "gemm_half_dim": (32.0, 600.0),
+    "attention_frac": (0.25, 0.65),
+    "fp8_gemm_speedup": (1.0, 2.0),
+    "layer_overhead_s": (0.0, 1e-3),
+    "elementwise_bytes_per_token_hidden": (10.0, 200.0),
+    "moe_overhead_frac": (0.0, 3.0),
+    "tp_comm_overlap_frac": (0.0, 0.95),
+    "dp_overlap_frac": (0.3, 0.9),
+}
+
+
+def main() -> int:
+    from scipy.optimize import least_squares
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("arch", choices=sorted(ARCH_GPUS))
+    ap.add_argument("--vtrain", type=int, default=0, help="add N evenly spaced vTrain rows (ampere)")
+    ap.add_argument("--fix", default="layer_overhead_s,elementwise_bytes_per_token_hidden",
+                    help="comma-separated parameters to keep at the preset's value")
+    args = ap.parse_args()
+    cases, _ = load_cases("published")
+    cases = [c for c in cases if c.gpu in ARCH_GPUS[args.arch]]
+    if args.vtrain:
+        vt, _ = load_cases("vtrain")
+        step = max(1, len(vt) // args.vtrain)
+        cases += vt[::step]
+    names = [p for p in PARAMS if p not in args.fix.split(",")]
+    if args.arch == "ampere":
+        names = [p for p in names if p != "fp8_gemm_speedup"]
+    base = {g: load_gpu(g) for g in ARCH_GPUS[args.arch]}
+    x0 = np.array([getattr(base[ARCH_GPUS[args.arch][0]].efficiency, n) for n in names])
+    scale = np.array([PARAMS[n][1] for n in names])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        vals = dict(zip(names, x * scale, strict=True))
+        out = []
+        for c in cases:
+            gpu = base[c.gpu]
+            gpu = replace(gpu, efficiency=replace(gpu.efficiency, **vals))
+            p = predict(c, gpu)
+            out.append(math.log(p / c.target_tokens_per_s_per_gpu) if isinstance(p, float) and p > 0 else 0.0)
+        return np.array(out)
+
+    lo = np.array([PARAMS[n][0] for n in names]) / scale
+    hi = np.array([PARAMS[n][1] for n in names]) / scale
+    r0 = residuals(x0 / scale)
+    fit = least_squares(residuals, np.clip(x0 / scale, lo, hi), bounds=(lo, hi), loss="soft_l1",
+                        f_scale=0.1, max_nfev=200, diff_step=0.02)
+    r1 = fit.fun
+    med = lambda r: float(np.median(np.abs(np.expm1(r))))  # noqa: E731
+    print(f"{args.arch}: {len(cases)} rows; median APE before {100 * med(r0):.1f}% after {100 * med(r1):.1f}%")
+    print("efficiency:")
+    for n, v in zip(names, fit.x * scale, strict=True):
+        print(f"  {n}: {v:.4g}")
+    _ = fields
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

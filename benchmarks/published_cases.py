@@ -1,0 +1,263 @@
+"""Rows of ../shared/calibration/{published_runs,vtrain_runs}.csv as estimate cases.
+
+Conversion rules follow ../shared/calibration/SOURCES.md: the measured target is tokens/s/GPU,
+taken directly, from the step time (gbs*seq/(step*num_gpus)), or from TFLOP/s divided by that
+source's own FLOPs formula (SC21 Eq. 3 with recompute; Megatron's mid-2024 formula for the H100
+README table; Korthikanti model FLOPs for MegaScale MFU). Dimensions missing from a table come from
+the model's published config. Rows that cannot be expressed are skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "calibration"
+
+GPU_MAP = {
+    "H100-SXM-80GB": "h100-80gb", "H100-SXM-80GB (700W, HBM3)": "h100-80gb",
+    "H100 (96GB HBM2e, 500W)": "h100-80gb", "H100 (HBM2e, lower-TDP SXM; doc says 94GB/95GB)": "h100-80gb",
+    "H200": "h200-141gb", "A100-SXM-80GB": "a100-80gb", "A100-SXM-40GB": "a100-40gb",
+    "A100 (Selene)": "a100-80gb", "A100 (DGX-A100)": "a100-40gb", "NVIDIA Ampere (A100-class)": "a100-80gb",
+    "A100 (vTrain; SXM, memory size not stated)": "a100-80gb", "B200": "b200", "B300": "b300",
+    "GB200": "gb200", "GB300": "gb300",
+}
+NVL72 = {"gb200", "gb300"}
+PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "mxfp8": "fp8", "fp8-cs": "fp8",
+             "fp8-blockwise": "fp8", "fp8 tensorwise": "fp8", "fp8 rowwise": "fp8",
+             "fp8 (float8 linears)": "fp8", "fp8 (TransformerEngine)": "fp8"}
+# source prefix -> (short name, defaults: sp, distributed optimizer, recompute, framework)
+SOURCES: list[tuple[str, str, dict[str, Any]]] = [
+    ("NVIDIA-NeMo/Megatron-Bridge performance summary", "Megatron-Bridge",
+     dict(sp=True, dopt=True, rec="none", tp_overlap=True)),
+    ("NVIDIA/NeMo performance summary", "NeMo perf", dict(sp=True, dopt=True, rec="none")),
+    ("NVIDIA/NeMo long sequence", "NeMo long-seq", dict(sp=True, dopt=True, rec="none")),
+    ("NVIDIA/Megatron-LM examples/llama", "Megatron-LM llama3 fp8", dict(sp=True, dopt=True, rec="none")),
+    ("MegaScale (NSDI'24) Table 2 - Megatron-LM", "MegaScale T2 Megatron", dict(sp=True, dopt=True, rec="selective")),
+    ("MegaScale (NSDI'24) Figure 9 - Megatron-LM", "MegaScale F9 Megatron", dict(sp=True, dopt=True, rec="selective")),
+    ("MegaScale (NSDI'24) Table 3", "MegaScale T3", dict(sp=True, dopt=True, rec="selective")),
+    ("Megatron-Core MoE technical report", "MCore MoE report", dict(sp=True, dopt=True, rec="none")),
+    ("NVIDIA/Megatron-LM dev docs: DeepSeek-V3", "Megatron-LM DSv3 guide", dict(sp=True, dopt=True, rec="none")),
+    ("Narayanan et al. 2021", "SC21 Table 1", dict(sp=False, dopt=False, rec="full")),
+    ("NVIDIA Megatron-LM README (2020", "Megatron README 2020", dict(sp=False, dopt=False, rec="full")),
+    ("NVIDIA Megatron-LM README (H100 weak", "Megatron README H100",
+     dict(sp=True, dopt=True, rec="none", tp_overlap=True)),
+    ("Korthikanti et al. 2022 (arXiv 2205.05198) Tables", "Korthikanti T3/T5", dict(sp=False, dopt=False, rec=None)),
+    ("MT-NLG 530B", "MT-NLG 530B", dict(sp=False, dopt=True, rec="full")),
+    ("bigscience-workshop/bigscience tr11-176B-ml chronicles", "BLOOM prequel", dict(sp=False, dopt=True, rec="full")),
+    ("bigscience-workshop/bigscience tr11-176B-ml README", "BLOOM-176B", dict(sp=False, dopt=True, rec="full")),
+    ("vTrain data", "vTrain", dict(sp=False, dopt=False, rec="full")),
+]
+NON_MEGATRON = ("MegaScale (NSDI'24) Table 2 - MegaScale", "MegaScale (NSDI'24) Figure 9 - MegaScale",
+                "pytorch/torchtitan", "mosaicml/llm-foundry", "Llama 3 paper", "OPT paper")
+
+
+class Skip(Exception):
+    """A row that cannot be expressed as an estimate."""
+
+
+@dataclass
+class Case:
+    """One measured run as paraplan inputs plus the target."""
+
+    id: str
+    source: str
+    label: str
+    model: dict[str, Any]
+    gpu: str
+    num_gpus: int
+    gpus_per_node: int | None
+    seq_len: int
+    gbs: int
+    layout: dict[str, Any]
+    precision: str
+    target_tokens_per_s_per_gpu: float
+    moe: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def _i(x: str | None) -> int | None:
+    x = (x or "").strip()
+    return int(float(x)) if x else None
+
+
+def _f(x: str | None) -> float | None:
+    x = (x or "").strip()
+    return float(x) if x else None
+
+
+def _llama(L: int, h: int, a: int, g: int | None, ffn: int, V: int, kv: int | None = None) -> dict[str, Any]:
+    m: dict[str, Any] = {"num_layers": L, "hidden_size": h, "num_attention_heads": a, "vocab_size": V,
+                         "ffn_hidden_size": ffn, "normalization": "RMSNorm", "swiglu": True,
+                         "position_embedding_type": "rope", "untie_embeddings_and_output_weights": True,
+                         "add_bias_linear": False, "hidden_dropout": 0.0, "attention_dropout": 0.0}
+    if g and g != a:
+        m["num_query_groups"] = g
+    if kv and kv * a != h:
+        m["kv_channels"] = kv
+    return m
+
+
+def _gpt(L: int, h: int, a: int, V: int, ffn: int | None) -> dict[str, Any]:
+    m: dict[str, Any] = {"num_layers": L, "hidden_size": h, "num_attention_heads": a, "vocab_size": V,
+                         "max_position_embeddings": 2048}
+    if ffn and ffn != 4 * h:
+        m["ffn_hidden_size"] = ffn
+    return m
+
+
+def _deepseek(mtp: bool, experts: int = 256, heads: int = 128, vocab: int = 129280, dense: int = 3) -> dict[str, Any]:
+    m = _llama(61, 7168, heads, None, 18432, vocab, 128)
+    m.update({"multi_latent_attention": True, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128,
+              "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "qk_layernorm": True, "num_experts": experts,
+              "moe_router_topk": 8, "moe_ffn_hidden_size": 2048, "moe_shared_expert_intermediate_size": 2048,
+              "moe_layer_freq": [0] * dense + [1] * (61 - dense), "make_vocab_size_divisible_by": 128})
+    if mtp:
+        m["mtp_num_layers"] = 1
+    return m
+
+
+def _qwen3_moe(L: int, h: int, a: int, moe_ffn: int, dense_ffn: int) -> dict[str, Any]:
+    m = _llama(L, h, a, 4, dense_ffn, 151936, 128)
+    m.update({"num_experts": 128, "moe_router_topk": 8, "moe_ffn_hidden_size": moe_ffn, "qk_layernorm": True})
+    return m
+
+
+def model_for_row(r: dict[str, str]) -> dict[str, Any]:
+    """Model dims for a row (raises Skip)."""
+    label = r["model"]
+    L, h, ffn, a = _i(r["num_layers"]), _i(r["hidden_size"]), _i(r["ffn_hidden_size"]), _i(r["num_heads"])
+    g, V = _i(r["num_query_groups"]), _i(r["vocab_size"])
+    if label.startswith(("Nemotron-3", "DeepSeek-V4", "OPT")):
+        raise Skip("model dims not stated")
+    if label.startswith("DeepSeek-V3"):
+        lab = re.search(r"table model label '([^']*)'", r["notes"])
+        return _deepseek("w/o MTP" not in (lab.group(1) if lab else ""))
+    if label.startswith("Kimi-K2"):
+        return _deepseek(False, experts=384, heads=64, vocab=163840, dense=1)
+    if label.startswith("Qwen3-30B-A3B"):
+        return _qwen3_moe(48, 2048, 32, 768, 6144)
+    if label.startswith("Qwen3-235B-A22B"):
+        return _qwen3_moe(94, 4096, 64, 1536, 12288)
+    if label.startswith("gpt-oss-120B"):
+        m = _llama(36, 2880, 64, 8, 2880, 201088, 64)
+        m.update({"num_experts": 128, "moe_router_topk": 4, "moe_ffn_hidden_size": 2880})
+        return m
+    if L is None or h is None or a is None:
+        raise Skip("dims not stated")
+    if label.startswith(("Llama-2", "Llama-3")):
+        if ffn is None or V is None:
+            raise Skip("Llama row without dims")
+        return _llama(L, h, a, g or a, ffn, V)
+    if label.startswith("Nemotron"):
+        m = _llama(L, h, a, g or a, ffn or 4 * h, V or 256000)
+        m.update({"normalization": "LayerNorm", "swiglu": False})  # squared-ReLU: 2-matrix MLP
+        return m
+    if label.startswith("BLOOM"):
+        return {"num_layers": L, "hidden_size": h, "num_attention_heads": a, "vocab_size": V or 250680,
+                "position_embedding_type": "none"}
+    if label.startswith(("GPT", "MT-NLG")):
+        return _gpt(L, h, a, V or 51200, ffn)
+    raise Skip(f"unknown model family {label!r}")
+
+
+def _target(r: dict[str, str], short: str, m: dict[str, Any], seq: int, gbs: int, n: int) -> float:
+    tok, step = _f(r["tokens_per_sec_per_gpu"]), _f(r["step_time_s"])
+    if tok:
+        return tok
+    if step:
+        return gbs * seq / (step * n)
+    tf = _f(r["tflops_per_gpu"])
+    L, h, V = m["num_layers"], m["hidden_size"], m["vocab_size"]
+    if short == "SC21 Table 1" and tf:
+        # Narayanan et al. 2021 Eq. 3 (with recompute): 96*B*s*l*h^2*(1 + s/6h + V/16lh) per batch
+        return tf * 1e12 / (96 * L * h * h * (1 + seq / (6 * h) + V / (16 * L * h)))
+    if short == "Megatron README H100" and tf:
+        ffn = m.get("ffn_hidden_size", 4 * h)
+        # Megatron-LM num_floating_point_operations, mid-2024 (no causal discount), per token
+        per_tok = 12 * L * h * h * (1 + 1 + ffn / h + seq / h) + 6 * h * V
+        return tf * 1e12 / per_tok
+    raise Skip("no tokens/s, step time, or TFLOP/s with a documented formula")
+
+
+def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - flat per-column rules
+    """One CSV row -> Case (raises Skip)."""
+    src = r["source"]
+    if src.startswith(NON_MEGATRON):
+        raise Skip("not a Megatron run")
+    info = next(((short, d) for prefix, short, d in SOURCES if src.startswith(prefix)), None)
+    if info is None:
+        raise Skip("source not used")
+    short, d = info
+    if short == "vTrain":
+        short = "vTrain multi-node" if "ground_truth_multi" in r["source_detail"] else "vTrain single-node"
+    notes = r["notes"]
+    if "CHECK:" in notes:
+        raise Skip("CHECK: inconsistent printed numbers")
+    if "but the table's GBS column is" in notes:
+        raise Skip("BLOOM table GBS contradicts the text above it (throughput would exceed the A100 peak)")
+    if re.search(r"task=(LoRA|SFT)", notes):
+        raise Skip("fine-tuning row")
+    gpu = GPU_MAP.get(r["gpu"])
+    if gpu is None:
+        raise Skip(f"GPU {r['gpu']!r} has no preset")
+    prec_raw = r["precision"].strip()
+    if prec_raw == "nvfp4":
+        raise Skip("nvfp4")
+    precision = PRECISION.get(prec_raw, "fp8" if "precision column absent" in notes else "bf16")
+    n, tp, pp = _i(r["num_gpus"]), _i(r["tp"]), _i(r["pp"])
+    if not n or tp is None or pp is None:
+        raise Skip("GPU count or TP/PP not stated")
+    cp, ep, vp = _i(r["cp"]) or 1, _i(r["ep"]) or 1, _i(r["vp"]) or 1
+    dp = _i(r["dp"]) or n // (tp * pp * cp)
+    gbs, mbs, seq = _i(r["gbs"]), _i(r["mbs"]) or 1, _i(r["seq_length"])
+    if not gbs or not seq or tp * pp * cp * dp != n:
+        raise Skip("batch/sequence not stated or grid mismatch")
+    if short == "Megatron README 2020" and not _i(r["mbs"]):
+        mbs = gbs // dp
+    dopt_raw = r["distributed_optimizer"].strip()
+    fsdp = dopt_raw.startswith("megatron-fsdp")
+    if ("FSDP" in dopt_raw or "fsdp" in dopt_raw) and not fsdp:
+        raise Skip("non-Megatron FSDP")
+    rec = r["recompute"].strip() or d["rec"]
+    if rec is None:
+        raise Skip("recompute not stated")
+    rec = "selective" if rec.startswith("selective") else rec
+    sp_raw = r["sequence_parallel"].strip().lower()
+    sp = {"yes": True, "no": False}.get(sp_raw, d["sp"]) and tp > 1
+    dopt = (d["dopt"] if not dopt_raw else not dopt_raw.startswith(("no", "ZeRO stage 0"))) and dp > 1
+    model = model_for_row(r)
+    moe = bool(model.get("num_experts"))
+    if not moe and ep > 1:
+        raise Skip("EP on a dense model")
+    seq_ok = model.get("max_position_embeddings")
+    if seq_ok and seq_ok < seq:
+        model["max_position_embeddings"] = seq
+    layout = {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": 1 if moe else 0, "dp": dp, "mbs": mbs,
+              "recompute": rec, "sequence_parallel": sp, "distributed_optimizer": dopt,
+              "overlap_grad_reduce": dopt or fsdp, "overlap_param_gather": dopt or fsdp, "fsdp": fsdp,
+              "tp_comm_overlap": sp and d.get("tp_overlap", False)}
+    if gbs % (mbs * dp):
+        raise Skip("gbs not a multiple of mbs*dp")
+    target = _target(r, short, model, seq, gbs, n)
+    per_node = None if gpu in NVL72 else (_i(r["gpus_per_node"]) or 8)
+    return Case(id=f"{split}:{i:04d}", source=short, label=r["model"], model=model, gpu=gpu, num_gpus=n,
+                gpus_per_node=per_node, seq_len=seq, gbs=gbs, layout=layout, precision=precision,
+                target_tokens_per_s_per_gpu=target, moe=moe)
+
+
+def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
+    """All usable cases of a split ('published' or 'vtrain') and skip counts per reason."""
+    path = SHARED / ("published_runs.csv" if split == "published" else "vtrain_runs.csv")
+    cases: list[Case] = []
+    skipped: dict[str, int] = {}
+    with open(path, newline="") as f:
+        for i, r in enumerate(csv.DictReader(f)):
+            try:
+                cases.append(row_to_case(split, i, r))
+            except Skip as err:
+                skipped[str(err)] = skipped.get(str(err), 0) + 1
+    return cases, skipped

@@ -1,0 +1,156 @@
+"""``paraplan ingest LOG...``: read Megatron-LM training logs / TensorBoard event files and report
+step time, throughput, memory per rank and timers (``paraplan.ingest``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from paraplan.cli._app import app
+from paraplan.ingest import RunLog, read_logs
+from paraplan.units import GIB, MS
+
+_MAX_RANK_ROWS = 16
+
+
+class IngestFormat(StrEnum):
+    """Output formats of ``paraplan ingest``."""
+
+    table = "table"
+    json = "json"
+
+
+def _finite(obj: Any) -> Any:
+    """Replace NaN/inf anywhere in a JSON-ready object by ``None`` (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    ms = seconds / MS
+    return f"{ms:,.1f} ms" if abs(ms) >= 10 else f"{ms:.2f} ms"
+
+
+def _gib(num_bytes: float | None) -> str:
+    return "-" if num_bytes is None else f"{num_bytes / GIB:.2f} GiB"
+
+
+def _tflops(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} TFLOP/s/GPU"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _summary_table(log: RunLog, s: dict[str, Any]) -> Table:
+    table = Table(title="run summary (warm-up excluded)", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("iteration records", f"{s['iteration_records']} ({s['warmup_records_skipped']} "
+                  f"warm-up skipped, {s['segments']} segment(s))")
+    table.add_row("step time median / p90",
+                  f"{_ms(s['step_time_s']['median'])} / {_ms(s['step_time_s']['p90'])}")
+    tf = s["tflops_per_gpu"]
+    table.add_row("throughput median / p90", f"{_tflops(tf['median'])} / {_tflops(tf['p90'])}")
+    rank = s["max_allocated_rank"]
+    table.add_row("peak allocated (max over ranks)",
+                  _gib(s["max_allocated_bytes"]) + (f" (rank {rank})" if rank is not None else ""))
+    table.add_row("peak reserved", _gib(s["max_reserved_bytes"]))
+    if log.theoretical is not None:
+        table.add_row("theoretical weight+optimizer / total",
+                      f"{_gib(s['theoretical_weight_and_optimizer_bytes'])} / "
+                      f"{_gib(s['theoretical_total_bytes'])}")
+    table.add_row("skipped / NaN iterations",
+                  f"{_count(s['skipped_iterations'])} / {_count(s['nan_iterations'])}")
+    table.add_row("lines read / unparsed / partial",
+                  f"{s['lines']} / {s['unparsed_lines']} / {s['partial_lines']}")
+    return table
+
+
+def _memory_table(log: RunLog) -> Table | None:
+    """Per rank: the largest values reported (all reports of that rank)."""
+    peaks: dict[str, list[float | None]] = {}
+    for m in log.memory:
+        key = "?" if m.rank is None else str(m.rank)
+        row = peaks.setdefault(key, [None] * 4)
+        values = (m.allocated_bytes, m.max_allocated_bytes, m.reserved_bytes, m.max_reserved_bytes)
+        for i, v in enumerate(values):
+            if v is not None and (row[i] is None or v > (row[i] or 0.0)):
+                row[i] = v
+    if not peaks:
+        return None
+    table = Table(title=f"memory per rank ({len(peaks)} rank(s), largest report)")
+    for col in ("rank", "allocated", "max allocated", "reserved", "max reserved"):
+        table.add_column(col, justify="right")
+    ordered = sorted(peaks.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0] or 0)
+                                                    if kv[0].isdigit() else 0))
+    for key, row in ordered[:_MAX_RANK_ROWS]:
+        table.add_row(key, *(_gib(v) for v in row))
+    if len(ordered) > _MAX_RANK_ROWS:
+        table.add_row(f"... {len(ordered) - _MAX_RANK_ROWS} more", "", "", "", "")
+    return table
+
+
+def _timer_table(s: dict[str, Any]) -> Table | None:
+    timers: dict[str, dict[str, float | None]] = s["timers_s"]
+    setup: dict[str, float] = s["setup_timers_s"]
+    if not timers and not setup:
+        return None
+    table = Table(title="timers per iteration (max over ranks where known)")
+    for col in ("timer", "median", "p90"):
+        table.add_column(col, justify="right" if col != "timer" else "left")
+    for name, stats in timers.items():
+        table.add_row(name, _ms(stats["median"]), _ms(stats["p90"]))
+    for name, value in setup.items():
+        table.add_row(f"{name} (once)", _ms(value), "")
+    return table
+
+
+def render_runlog(log: RunLog, skip_warmup: int) -> None:
+    """Rich tables: summary, memory per rank, timers."""
+    con = Console(highlight=False)
+    con.print(f"[bold]{', '.join(log.sources)}[/]")
+    summary = log.summary(skip_warmup)
+    con.print(_summary_table(log, summary))
+    for table in (_memory_table(log), _timer_table(summary)):
+        if table is not None:
+            con.print(table)
+
+
+_LOGS = typer.Argument(..., show_default=False,
+                       help="Megatron-LM text logs, or TensorBoard event files / directories.")
+_FORMAT = typer.Option(IngestFormat.table, "--format", "-f", help="Output format.")
+_SKIP = typer.Option(1, "--skip-warmup", min=0,
+                     help="Iteration records to drop at the start of each log/restart (warm-up).")
+
+
+@app.command("ingest")
+def ingest(logs: list[Path] = _LOGS, fmt: IngestFormat = _FORMAT, skip_warmup: int = _SKIP) -> None:
+    r"""Read Megatron-LM training output: step time, TFLOP/s/GPU, memory per rank, timers.
+
+    Text logs of Megatron-LM (2020-2026), Megatron-Bridge, Megatron-DeepSpeed and NeMo.
+
+    TensorBoard event files (or their directory) need: pip install paraplan\[tensorboard].
+
+    Example: paraplan ingest train.log --format json
+    """
+    log = read_logs(list(logs))
+    if fmt == IngestFormat.json:
+        print(json.dumps(_finite(log.to_dict(skip_warmup)), indent=1, allow_nan=False))
+        return
+    render_runlog(log, skip_warmup)

@@ -1,0 +1,206 @@
+"""``paraplan plan`` and ``paraplan explain``: search, rank and explain layouts."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from enum import StrEnum
+
+import typer
+from rich.table import Table
+
+from paraplan.cli._app import app
+from paraplan.cli.options import (
+    GbsOpt,
+    GpuOpt,
+    GpuSetOpt,
+    GpusPerNodeOpt,
+    ModelOpt,
+    NumGpusOpt,
+    PrecisionChoice,
+    PrecisionOpt,
+    ProfileOpt,
+    SeqLenOpt,
+    resolve_inputs,
+)
+from paraplan.cli.render import console
+from paraplan.errors import SpecError
+from paraplan.explain import explain as explain_plan
+from paraplan.search import Plan, SearchSpace, plan
+from paraplan.units import GIB
+
+
+class PlanFormat(StrEnum):
+    """Output formats of plan."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class ObjectiveChoice(StrEnum):
+    """Ranking objective."""
+
+    throughput = "throughput"
+    memory_headroom = "memory-headroom"
+
+
+def _ints(name: str, text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecError(f"--{name}: expected comma-separated positive integers, got '{text}'") from None
+    if not values or min(values) < 1:
+        raise SpecError(f"--{name}: expected comma-separated positive integers, got '{text}'")
+    return values
+
+
+def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
+    if not text:
+        return default
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise SpecError(f"--{name}: unknown '{bad[0]}' (allowed: {', '.join(allowed)})")
+    return values
+
+
+def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
+             precision: str, gpu_set: list[str] | None, profile: str | None, top: int, objective: str,
+             tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
+             mbs: str | None, max_pp: int | None, recompute: str | None, dp_variant: str | None,
+             allow_cross_node: bool, tp_comm_overlap: bool) -> Plan:
+    """Resolve inputs and search."""
+    inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
+                            seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile)
+    if top < 1:
+        raise SpecError(f"--top must be a positive integer, got {top}")
+    space = SearchSpace(
+        tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
+        mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
+        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
+        dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
+        allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
+    )
+    return plan(inputs.model, inputs.cluster, inputs.training, space=space, objective=objective,  # type: ignore[arg-type]
+                top_k=top)
+
+
+def render_plan(p: Plan) -> None:
+    con = console()
+    con.print(f"[bold]{p.model.name}[/] on {p.cluster.num_gpus} x {p.cluster.gpu.name} | seq {p.training.seq_len}, "
+              f"GBS {p.training.global_batch_size}, {p.training.precision} | {p.num_evaluated} layouts, "
+              f"{p.num_feasible} fit | objective {p.objective}")
+    table = Table(title="best layouts")
+    for col in ("#", "layout", "mem peak / usable", "step", "tokens/s/GPU", "MFU", "dominant cost"):
+        table.add_column(col, justify="right" if col != "layout" else "left")
+    for i, c in enumerate(p.candidates):
+        terms = {"compute": float(c.time.compute_s), "bubble": float(c.time.bubble_s),
+                 "recompute": float(c.time.recompute_s)}
+        terms.update({f"{k} comm": float(v) for k, v in c.time.exposed_comm_s.items()})
+        dom = max(terms, key=lambda k: terms[k])
+        table.add_row(str(i + 1), c.layout.short(), f"{c.peak_bytes / GIB:.1f} / {c.usable_bytes / GIB:.1f} GiB",
+                      f"{float(c.time.step_s):.2f} s", f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}",
+                      f"{100 * float(c.throughput.mfu):.1f}%",
+                      f"{dom} {100 * terms[dom] / float(c.time.step_s):.0f}%")
+    con.print(table)
+    rej = ", ".join(f"{k} {v}" for k, v in sorted(p.rejections.items(), key=lambda kv: -kv[1]))
+    con.print(f"rejected: {rej or 'none'}")
+
+
+def render_findings(p: Plan) -> None:
+    con = console()
+    con.print(f"[bold]why {p.candidates[0].layout.short()}[/]")
+    for f in explain_plan(p):
+        con.print(f"- [cyan]{f.code}[/] {f.text}")
+
+
+def emit(p: Plan, fmt: PlanFormat, with_explain: bool) -> None:
+    if fmt == PlanFormat.json:
+        d = p.to_dict()
+        if with_explain:
+            d["explanation"] = [f.as_dict() for f in explain_plan(p)]
+        print(json.dumps(d, indent=1))
+    elif fmt == PlanFormat.csv:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["rank", "tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "recompute", "sequence_parallel",
+                    "distributed_optimizer", "fsdp", "peak_bytes", "step_s", "tokens_per_s_per_gpu", "mfu"])
+        for i, c in enumerate(p.candidates):
+            lay = c.layout
+            w.writerow([i + 1, lay.tp, lay.pp, lay.vp, lay.cp, lay.ep, lay.etp, lay.dp, lay.mbs, lay.recompute,
+                        lay.sp, lay.distributed_optimizer, lay.fsdp, f"{c.peak_bytes:.0f}",
+                        f"{float(c.time.step_s):.6g}", f"{float(c.throughput.tokens_per_s_per_gpu):.6g}",
+                        f"{float(c.throughput.mfu):.4f}"])
+        sys.stdout.write(buf.getvalue())
+    else:
+        render_plan(p)
+        if with_explain:
+            render_findings(p)
+
+
+TopOpt = typer.Option(5, "--top", "-k", help="How many layouts to show.")
+ObjOpt = typer.Option(ObjectiveChoice.throughput, "--objective", help="Rank by throughput or memory headroom.")
+TpOpt = typer.Option(None, "--tp", help="Allowed TP sizes, e.g. 4,8.")
+PpOpt = typer.Option(None, "--pp", help="Allowed PP sizes.")
+VpOpt = typer.Option(None, "--vp", help="Allowed virtual pipeline sizes.")
+CpOpt = typer.Option(None, "--cp", help="Allowed CP sizes.")
+EpOpt = typer.Option(None, "--ep", help="Allowed EP sizes.")
+MbsOpt = typer.Option(None, "--mbs", help="Allowed micro-batch sizes (default 1,2,4,8).")
+MaxPpOpt = typer.Option(None, "--max-pp", help="Largest PP to consider.")
+RecOpt = typer.Option(None, "--recompute", help="Allowed recompute modes: none,selective,full.")
+DpOpt = typer.Option(None, "--dp-variant", help="Data-parallel variants: distopt,fsdp,ddp (default distopt,fsdp).")
+CrossOpt = typer.Option(False, "--allow-cross-node", help="Let CP and EP groups span NVLink domains.")
+TpOvOpt = typer.Option(False, "--tp-comm-overlap", help="Assume --tp-comm-overlap (TE userbuffers).")
+
+
+@app.command("plan")
+def plan_cmd(
+    model: str = ModelOpt, gpu: str = GpuOpt, num_gpus: int = NumGpusOpt, gpus_per_node: int | None = GpusPerNodeOpt,
+    seq_len: int = SeqLenOpt, gbs: int = GbsOpt, precision: PrecisionChoice = PrecisionOpt,
+    top: int = TopOpt, objective: ObjectiveChoice = ObjOpt, tp: str | None = TpOpt, pp: str | None = PpOpt,
+    vp: str | None = VpOpt, cp: str | None = CpOpt, ep: str | None = EpOpt, mbs: str | None = MbsOpt,
+    max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt, dp_variant: str | None = DpOpt,
+    allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
+    gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
+    explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
+    save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
+    fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
+) -> None:
+    """Search every valid Megatron-Core layout and rank the ones that fit.
+
+    Example: paraplan plan --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512
+    """
+    p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
+                 objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
+                 tp_comm_overlap)
+    if save:
+        from paraplan.serialize import save_plan
+
+        save_plan(p, save)
+    emit(p, fmt, explain)
+
+
+@app.command("explain")
+def explain_cmd(
+    model: str = ModelOpt, gpu: str = GpuOpt, num_gpus: int = NumGpusOpt, gpus_per_node: int | None = GpusPerNodeOpt,
+    seq_len: int = SeqLenOpt, gbs: int = GbsOpt, precision: PrecisionChoice = PrecisionOpt,
+    top: int = TopOpt, objective: ObjectiveChoice = ObjOpt, tp: str | None = TpOpt, pp: str | None = PpOpt,
+    vp: str | None = VpOpt, cp: str | None = CpOpt, ep: str | None = EpOpt, mbs: str | None = MbsOpt,
+    max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt, dp_variant: str | None = DpOpt,
+    allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
+    gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
+    fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
+) -> None:
+    """Plan, then explain the best layout in numbers (same options as plan).
+
+    Example: paraplan explain --model llama3-8b --gpu h100-80gb --num-gpus 16 --seq-len 8192 --gbs 256
+    """
+    p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
+                 objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
+                 tp_comm_overlap)
+    emit(p, fmt, True)

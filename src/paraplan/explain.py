@@ -1,0 +1,141 @@
+"""Explanations of a plan, computed from numbers: structured findings, no prose templates elsewhere.
+
+Each ``Finding`` has a code, a one-line text with the numbers, and the numbers themselves. The
+findings follow the tuning order users apply (../shared/reference/tuning-method.md): fit first
+(binding memory constraint, TP inside the node, PP only when TP is not enough, CP only for long
+sequences, DP takes the rest), then speed (dominant time terms, bubble vs micro-batches,
+interleaving, sequence parallel, distributed optimizer), and the gap to the runner-up term by term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paraplan.estimator import Estimate
+from paraplan.search import Plan
+from paraplan.units import GIB
+
+LONG_SEQUENCE_TOKENS = 8192
+"""NVIDIA's parallelism guide targets CP at sequences of 8K tokens and more (tuning-method.md 5)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One reason, with its numbers."""
+
+    code: str
+    text: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "text": self.text, "numbers": self.numbers}
+
+
+def _time_terms(est: Estimate) -> dict[str, float]:
+    t = est.time
+    terms = {"compute": float(t.compute_s), "recompute": float(t.recompute_s), "bubble": float(t.bubble_s),
+             "optimizer": float(t.optimizer_s), "overhead": float(t.overhead_s)}
+    terms.update({f"{k} comm": float(v) for k, v in t.exposed_comm_s.items()})
+    return terms
+
+
+def memory_findings(plan: Plan, best: Estimate) -> list[Finding]:
+    """Binding memory constraint of the best layout and of smaller model parallelism."""
+    out = []
+    stage = best.stages[best.peak_stage].memory.as_dict()
+    terms = {k[:-6]: v for k, v in stage.items() if k != "total_bytes"}
+    top_term = max(terms, key=lambda k: terms[k])
+    out.append(Finding(
+        "BINDING_MEMORY",
+        f"peak memory is stage {best.peak_stage}: {best.peak_bytes / GIB:.1f} GiB of {best.usable_bytes / GIB:.1f} "
+        f"GiB usable ({100 * best.peak_bytes / best.usable_bytes:.0f}%); largest term {top_term} "
+        f"{terms[top_term] / GIB:.1f} GiB",
+        {"peak_bytes": best.peak_bytes, "usable_bytes": best.usable_bytes, "stage": best.peak_stage,
+         "largest_term": top_term}))
+    ev = plan.feasible
+    if ev is not None:
+        mp = ev.table.tp * ev.table.pp
+        i = int(np.argmin(mp * 1e12 + ev.peak_bytes))
+        out.append(Finding(
+            "SMALLEST_MODEL_PARALLEL",
+            f"smallest TP x PP that fits: {int(mp[i])} ({ev.table.row(i).short()}, "
+            f"{ev.peak_bytes[i] / GIB:.1f} GiB); {plan.rejections.get('OOM', 0)} layouts rejected for memory",
+            {"tp_x_pp": int(mp[i]), "oom_rejections": plan.rejections.get("OOM", 0)}))
+    return out
+
+
+def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
+    """The tuning-order rules as they apply to the best layout."""
+    lay, cl, tr = best.layout, plan.cluster, plan.training
+    out = [Finding("TP_INSIDE_NODE",
+                   f"TP {lay.tp} stays inside the {cl.nvlink_domain_size}-GPU NVLink domain: TP communicates "
+                   f"every layer ({float(best.time.link_comm_s['tp']):.2f} s/step on the link)",
+                   {"tp": lay.tp, "domain": cl.nvlink_domain_size})]
+    ev = plan.feasible
+    if lay.pp > 1 and ev is not None:
+        pp1 = ev.table.pp == 1
+        text = (f"PP {lay.pp} is used: " + ("no layout with PP = 1 fits in memory" if not pp1.any() else
+                f"the best PP = 1 layout runs at {float(ev.tokens_per_s_per_gpu[pp1].max()):.0f} tokens/s/GPU vs "
+                f"{float(best.throughput.tokens_per_s_per_gpu):.0f}"))
+        out.append(Finding("PP_WHEN_NEEDED", text, {"pp": lay.pp, "pp1_fits": bool(pp1.any())}))
+    elif lay.pp == 1:
+        out.append(Finding("PP_NOT_NEEDED", "PP = 1: TP alone fits the model, so no pipeline bubble", {"pp": 1}))
+    if lay.cp > 1:
+        out.append(Finding("CP_LONG_SEQUENCE", f"CP {lay.cp} splits the {tr.seq_len}-token sequence "
+                           f"({tr.seq_len // lay.cp} tokens per rank) to cut activation memory",
+                           {"cp": lay.cp, "seq_len": tr.seq_len}))
+    elif tr.seq_len >= LONG_SEQUENCE_TOKENS:
+        out.append(Finding("CP_NOT_NEEDED", f"CP = 1 although the sequence is {tr.seq_len} tokens: "
+                           "activations fit without splitting it", {"seq_len": tr.seq_len}))
+    m, p = best.num_microbatches, lay.pp
+    out.append(Finding("DP_TAKES_REST", f"DP = {lay.dp} = {cl.num_gpus} / (TP {lay.tp} x PP {lay.pp} x CP {lay.cp}); "
+                       f"{m} micro-batches of {lay.mbs}", {"dp": lay.dp, "num_microbatches": m}))
+    if p > 1:
+        bub = float(best.time.bubble_frac)
+        vp_text = (f"interleaved with VP {lay.vp}" if lay.vp > 1 else "not interleaved")
+        out.append(Finding("BUBBLE", f"pipeline bubble (p-1)/(v*m) = ({p}-1)/({lay.vp}x{m}) = {100 * bub:.1f}% "
+                           f"({vp_text}); m/p = {m / p:.1f}", {"bubble_frac": bub, "m_over_p": m / p, "vp": lay.vp}))
+    if lay.tp > 1:
+        out.append(Finding("SEQUENCE_PARALLEL", "sequence parallel " + ("on" if lay.sp else "OFF") +
+                           f" with TP {lay.tp}: norm/dropout activations sharded over TP", {"sp": lay.sp}))
+    out.append(Finding("OPTIMIZER_SHARDING",
+                       ("Megatron-FSDP shards weights, gradients and optimizer states" if lay.fsdp else
+                        "distributed optimizer shards optimizer states over DP x CP" if lay.distributed_optimizer
+                        else "optimizer states replicated (no distributed optimizer)") +
+                       f": {float(best.stages[best.peak_stage].memory.optimizer_bytes) / GIB:.1f} GiB "
+                       "optimizer on the peak stage",
+                       {"fsdp": lay.fsdp, "distributed_optimizer": lay.distributed_optimizer}))
+    return out
+
+
+def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
+    """Dominant time terms and the gap to the runner-up, term by term."""
+    terms = _time_terms(best)
+    step = float(best.time.step_s)
+    top = sorted(terms.items(), key=lambda kv: -kv[1])[:3]
+    out = [Finding("DOMINANT_TIME", "step " + f"{step:.2f} s: " + ", ".join(
+        f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in top), {"step_s": step, **dict(top)})]
+    if runner_up is not None:
+        other = _time_terms(runner_up)
+        diffs = {k: other[k] - terms[k] for k in terms}
+        big = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:3]
+        gap = float(runner_up.time.step_s) - step
+        out.append(Finding(
+            "RUNNER_UP_GAP",
+            f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%): " +
+            ", ".join(f"{k} {v:+.3f} s" for k, v in big),
+            {"gap_s": gap, **{k: v for k, v in big}}))
+    return out
+
+
+def explain(plan: Plan) -> list[Finding]:
+    """All findings for the best layout of a plan."""
+    best = plan.candidates[0]
+    runner = plan.candidates[1] if len(plan.candidates) > 1 else None
+    rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1]))
+    return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
+            + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
+                       {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

@@ -1,0 +1,331 @@
+"""Megatron-LM arguments (a list of words) -> ModelSpec, layout fields and training fields.
+
+The flag names Megatron-LM defines are in ``megatron_flags.txt`` (from the generated dump of
+Megatron-LM main @ d98e8a6, ../shared/reference/megatron_lm_flags_main_d98e8a6.tsv). Flags that
+are not there are listed as unknown, not fatal. Important flags that are missing take Megatron's
+own defaults (ecosystem.md 1.2), and each one is stated in ``defaults_applied``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Final
+
+from paraplan.errors import SpecError
+from paraplan.layout import RECOMPUTE_MODULES
+from paraplan.specs.load import model_from_megatron_args
+from paraplan.specs.model import ModelSpec
+
+Values = dict[str, tuple[str, ...]]
+
+_INT_FIELDS: Final = {
+    "--num-layers": "num_layers", "--hidden-size": "hidden_size",
+    "--ffn-hidden-size": "ffn_hidden_size", "--num-attention-heads": "num_attention_heads",
+    "--kv-channels": "kv_channels", "--max-position-embeddings": "max_position_embeddings",
+    "--make-vocab-size-divisible-by": "make_vocab_size_divisible_by",
+    "--num-experts": "num_experts", "--moe-router-topk": "moe_router_topk",
+    "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
+    "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size",
+    "--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank",
+    "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "qk_pos_emb_head_dim",
+    "--v-head-dim": "v_head_dim", "--mtp-num-layers": "mtp_num_layers",
+    "--vocab-size": "vocab_size", "--padded-vocab-size": "padded_vocab_size",
+}
+_BOOL_FIELDS: Final = {
+    "--swiglu": ("swiglu", True), "--disable-bias-linear": ("add_bias_linear", False),
+    "--untie-embeddings-and-output-weights": ("untie_embeddings_and_output_weights", True),
+    "--add-qkv-bias": ("add_qkv_bias", True), "--qk-layernorm": ("qk_layernorm", True),
+    "--moe-shared-expert-gate": ("moe_shared_expert_gate", True),
+    "--multi-latent-attention": ("multi_latent_attention", True),
+}
+_OTHER_FIELDS: Final = {
+    "--position-embedding-type": ("position_embedding_type", str),
+    "--normalization": ("normalization", str), "--moe-layer-freq": ("moe_layer_freq", str),
+    "--hidden-dropout": ("hidden_dropout", float), "--attention-dropout": ("attention_dropout", float),
+}
+_TOKENIZER_VOCAB: Final = (  # (substring of --tokenizer-model, lower case) -> vocabulary
+    ("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("llama2", 32000),
+    ("mixtral", 32000), ("mistral", 32000), ("qwen", 151936), ("deepseek", 129280),
+    ("gpt2", 50257),
+)
+_VP_FLAGS: Final = ("--num-layers-per-virtual-pipeline-stage",
+                    "--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout")
+
+
+@cache
+def known_flags() -> frozenset[str]:
+    """Every flag name (aliases included) Megatron-LM main @ d98e8a6 defines."""
+    text = resources.files("paraplan.launch").joinpath("megatron_flags.txt").read_text("utf-8")
+    return frozenset(line.strip() for line in text.splitlines()
+                     if line.strip() and not line.startswith("#"))
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("--") or (len(word) > 1 and word[0] == "-" and word[1].isalpha())
+
+
+def split_flags(args: tuple[str, ...] | list[str]) -> tuple[Values, list[str], list[str]]:
+    """({flag: values} with the last occurrence winning, unknown flags, stray words)."""
+    values: Values = {}
+    unknown: list[str] = []
+    stray: list[str] = []
+    known = known_flags()
+    i = 0
+    while i < len(args):
+        word = args[i]
+        i += 1
+        if not _is_flag(word):
+            stray.append(word)
+            continue
+        flag, eq, first = word.partition("=")
+        vals = [first] if eq else []
+        while not eq and i < len(args) and not _is_flag(args[i]):
+            vals.append(args[i])
+            i += 1
+        values[flag] = tuple(vals)
+        if flag not in known and flag not in unknown:
+            unknown.append(flag)
+    return values, unknown, stray
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronFlags:
+    """The specs a Megatron argument list describes, and what had to be assumed."""
+
+    model: ModelSpec
+    layout_fields: dict[str, Any]
+    """ParallelLayout keyword arguments except dp (which needs the world size)."""
+    training_fields: dict[str, Any]
+    """TrainingSpec keyword arguments; global_batch_size None = micro-batch x DP."""
+    values: Values
+    unknown_flags: tuple[str, ...]
+    defaults_applied: tuple[str, ...]
+    notes: tuple[str, ...]
+    problems: tuple[tuple[str, str], ...]
+    """(code, Megatron's message) for argument combinations Megatron rejects."""
+
+
+class _Reader:
+    def __init__(self, values: Values) -> None:
+        self.v = values
+        self.defaults: list[str] = []
+        self.notes: list[str] = []
+        self.problems: list[tuple[str, str]] = []
+
+    def has(self, flag: str) -> bool:
+        return flag in self.v
+
+    def text(self, flag: str) -> str | None:
+        vals = self.v.get(flag)
+        return vals[0] if vals else None
+
+    def int(self, flag: str, default: int | None = None, why: str = "") -> int | None:
+        raw = self.text(flag)
+        if raw is None:
+            if why:
+                self.default(flag, "" if default is None else str(default), why)
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise SpecError(f"{flag} {raw!r} is not an integer (an unresolved shell variable? "
+                            "set it in the script)") from None
+
+    def default(self, flag: str, value: str, why: str = "Megatron's default") -> None:
+        self.defaults.append(f"{flag} not set: {why}" + (f" ({value})" if value else ""))
+
+
+def _model_fields(r: _Reader) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for flag, key in _INT_FIELDS.items():
+        value = r.int(flag)
+        if value is not None:
+            out[key] = value
+    for flag, (key, on) in _BOOL_FIELDS.items():
+        if r.has(flag):
+            out[key] = on
+    for flag, (key, kind) in _OTHER_FIELDS.items():
+        raw = r.text(flag)
+        if raw is not None:
+            try:
+                out[key] = kind(raw)
+            except ValueError:
+                raise SpecError(f"{flag} {raw!r} is not a number") from None
+    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads"):
+        if flag not in r.v:
+            raise SpecError(f"{flag} is missing ({flag[2:].replace('-', '_')} argument is None): "
+                            "Megatron requires it")
+    if r.has("--use-rotary-position-embeddings"):
+        out.setdefault("position_embedding_type", "rope")
+    if r.has("--no-position-embedding"):
+        out["position_embedding_type"] = "none"
+    gqa = r.has("--group-query-attention")
+    out["group_query_attention"] = gqa
+    if gqa and "num_query_groups" not in out:
+        out["num_query_groups"] = r.int("--num-query-groups", 1, "Megatron's CLI default (MQA)")
+    elif gqa:
+        out["num_query_groups"] = r.int("--num-query-groups")
+    elif r.has("--num-query-groups"):
+        r.notes.append("--num-query-groups is ignored without --group-query-attention (MHA)")
+    _model_defaults(r, out)
+    return out
+
+
+def _model_defaults(r: _Reader, out: dict[str, Any]) -> None:
+    if "vocab_size" not in out and "padded_vocab_size" not in out:
+        model_name = (r.text("--tokenizer-model") or "").lower()
+        if r.text("--tokenizer-type") == "GPT2BPETokenizer":
+            model_name = "gpt2"
+        guess = next((v for key, v in _TOKENIZER_VOCAB if key in model_name), None)
+        out["vocab_size"] = guess or 32000
+        r.default("--vocab-size", str(out["vocab_size"]), "the vocabulary comes from the tokenizer; "
+                  + ("taken from the tokenizer name" if guess else "assumed"))
+    for flag, value in (("--ffn-hidden-size", "4 x hidden; int(8 x hidden / 3 / 64) x 64 with "
+                         "--swiglu"), ("--position-embedding-type", "learned_absolute"),
+                        ("--normalization", "LayerNorm"), ("--hidden-dropout", "0.1"),
+                        ("--attention-dropout", "0.1"), ("--make-vocab-size-divisible-by", "128")):
+        if not r.has(flag):
+            r.default(flag, value)
+    if not r.has("--group-query-attention") and not r.has("--multi-latent-attention"):
+        r.default("--group-query-attention", "multi-head attention, one KV head per query head")
+    if out.get("num_experts"):
+        for flag, value in (("--moe-router-topk", "2"), ("--moe-ffn-hidden-size", "= ffn"),
+                            ("--expert-model-parallel-size", "1"),
+                            ("--expert-tensor-parallel-size", "= TP")):
+            if not r.has(flag):
+                r.default(flag, value)
+
+
+def _vp(r: _Reader, num_layers: int, pp: int, lay: dict[str, Any]) -> int:
+    set_ = [f for f in _VP_FLAGS if r.has(f)]
+    if len(set_) > 1:
+        r.problems.append(("VP_FLAGS_CONFLICT", "No more than one of the following arguments can "
+                           "be set at the same time: " + ", ".join(_VP_FLAGS)))
+    if r.has("--pipeline-model-parallel-layout"):
+        r.notes.append("--pipeline-model-parallel-layout is not modelled: read as an even split")
+    if r.has("--num-virtual-stages-per-pipeline-rank"):
+        return r.int("--num-virtual-stages-per-pipeline-rank") or 1
+    per_vstage = r.int("--num-layers-per-virtual-pipeline-stage")
+    if per_vstage is None:
+        return 1
+    if lay["first_stage_layers"] or lay["last_stage_layers"]:
+        r.problems.append(("UNEVEN_PP_NEEDS_VSTAGES", "please use "
+                           "--num-virtual-stages-per-pipeline-rank to specify virtual pipeline "
+                           "parallel degree when enable uneven pipeline parallelism"))
+        return 1
+    total = num_layers + int(lay["account_for_embedding"]) + int(lay["account_for_loss"])
+    if total % pp:
+        r.problems.append(("LAYERS_NOT_DIVISIBLE_BY_PP", "number of layers of the model must be "
+                           "divisible pipeline model parallel size"))
+        return 1
+    if (total // pp) % per_vstage:
+        r.problems.append(("LAYERS_NOT_DIVISIBLE_BY_VP", "number of layers per pipeline stage must"
+                           " be divisible number of layers per virtual pipeline stage"))
+        return 1
+    return total // pp // per_vstage
+
+
+def _recompute(r: _Reader, lay: dict[str, Any]) -> None:
+    gran = r.text("--recompute-granularity") or ("selective" if r.has("--recompute-activations")
+                                                 else None)
+    lay["recompute"] = gran or "none"
+    if gran is None:
+        r.default("--recompute-granularity", "no activation recomputation")
+    method = r.text("--recompute-method")
+    if gran == "selective":
+        mods = r.v.get("--recompute-modules") or ()
+        if not mods:
+            r.default("--recompute-modules", "core_attn")
+        kept = tuple(m for m in mods if m in RECOMPUTE_MODULES)
+        if len(kept) < len(mods):
+            r.notes.append("recompute modules not modelled: "
+                           + ", ".join(m for m in mods if m not in RECOMPUTE_MODULES))
+        lay["recompute_modules"] = kept or ("core_attn",)
+        if method:
+            r.problems.append(("RECOMPUTE_METHOD_SELECTIVE", "recompute method is not yet supported"
+                               " for selective recomputing granularity"))
+    elif gran == "full":
+        if method not in ("uniform", "block"):
+            r.problems.append(("RECOMPUTE_METHOD", 'Using recompute_granularity: full so '
+                               'recompute_method must be "block" or "uniform"'))
+        elif method == "block":
+            r.notes.append("--recompute-method block is modelled as uniform")
+        lay["recompute_num_layers"] = r.int("--recompute-num-layers") or 1
+
+
+def _layout_fields(r: _Reader, num_layers: int, moe: bool) -> dict[str, Any]:
+    sizes = (("tp", "--tensor-model-parallel-size"), ("pp", "--pipeline-model-parallel-size"),
+             ("cp", "--context-parallel-size"))
+    lay: dict[str, Any] = {k: r.int(f, 1, "Megatron's default") for k, f in sizes}
+    lay["ep"] = r.int("--expert-model-parallel-size", 1)
+    lay["etp"] = r.int("--expert-tensor-parallel-size", 0)
+    lay["mbs"] = r.int("--micro-batch-size", 1, "Megatron requires it; assumed")
+    if not r.has("--micro-batch-size"):
+        r.problems.append(("MICRO_BATCH_SIZE_MISSING", "micro_batch_size argument is None"))
+    lay["first_stage_layers"] = r.int("--decoder-first-pipeline-num-layers", 0)
+    lay["last_stage_layers"] = r.int("--decoder-last-pipeline-num-layers", 0)
+    lay["account_for_embedding"] = r.has("--account-for-embedding-in-pipeline-split")
+    lay["account_for_loss"] = r.has("--account-for-loss-in-pipeline-split")
+    lay["vp"] = _vp(r, num_layers, lay["pp"], lay)
+    _recompute(r, lay)
+    switches = (("sequence_parallel", "--sequence-parallel"),
+                ("distributed_optimizer", "--use-distributed-optimizer"),
+                ("overlap_grad_reduce", "--overlap-grad-reduce"),
+                ("overlap_param_gather", "--overlap-param-gather"),
+                ("tp_comm_overlap", "--tp-comm-overlap"))
+    for key, flag in switches:
+        lay[key] = r.has(flag)
+        if not lay[key] and key != "tp_comm_overlap" and (key != "sequence_parallel"
+                                                          or lay["tp"] > 1):
+            r.default(flag, "off")
+    lay["fsdp"] = r.has("--use-megatron-fsdp") or r.has("--use-torch-fsdp2")
+    if r.has("--use-torch-fsdp2"):
+        r.notes.append("--use-torch-fsdp2 is modelled as Megatron-FSDP (optim_grads_params)")
+    strategy = r.text("--data-parallel-sharding-strategy")
+    if lay["fsdp"] and strategy not in (None, "optim_grads_params"):
+        r.notes.append(f"--data-parallel-sharding-strategy {strategy} is modelled as "
+                       "optim_grads_params")
+    if not moe and (r.has("--expert-model-parallel-size") or r.has("--expert-tensor-parallel-size")):
+        r.notes.append("expert parallel flags on a dense model")
+    return lay
+
+
+def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
+    seq = r.int("--seq-length")
+    if seq is None:
+        seq = model.max_position_embeddings
+        if seq is None:
+            raise SpecError("--seq-length is missing (and no --max-position-embeddings)")
+        r.default("--seq-length", str(seq), "taken from --max-position-embeddings")
+    if r.has("--fp8-format"):
+        precision = "fp8"
+    elif r.has("--bf16"):
+        precision = "bf16"
+    else:
+        precision = "bf16"
+        r.notes.append(("--fp16" if r.has("--fp16") else "fp32 (no --bf16/--fp16)")
+                       + " training is estimated as bf16")
+    gbs = r.int("--global-batch-size", None, "micro-batch size x data-parallel size")
+    backend = r.text("--attention-backend")
+    return {"seq_len": seq, "global_batch_size": gbs, "precision": precision,
+            "attention_backend": "unfused" if backend in ("unfused", "local") else "flash"}
+
+
+def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
+               source: str = "") -> MegatronFlags:
+    """Interpret a Megatron argument list (see the module docstring)."""
+    values, unknown, stray = split_flags(args)
+    r = _Reader(values)
+    if stray:
+        r.notes.append("words that are not flag values: " + " ".join(stray[:5]))
+    fields = _model_fields(r)
+    model = model_from_megatron_args(fields, name=name, source=source)
+    if model.max_position_embeddings is None:
+        r.problems.append(("MAX_POSITIONS_MISSING", "max_position_embeddings argument is None"))
+    lay = _layout_fields(r, model.num_layers, model.is_moe)
+    training = _training_fields(r, model)
+    return MegatronFlags(model=model, layout_fields=lay, training_fields=training, values=values,
+                         unknown_flags=tuple(unknown), defaults_applied=tuple(r.defaults),
+                         notes=tuple(r.notes), problems=tuple(r.problems))

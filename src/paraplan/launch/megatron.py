@@ -1,0 +1,356 @@
+"""The one mapping from (ModelSpec, ParallelLayout, TrainingSpec) to ``pretrain_gpt.py`` arguments.
+
+Flag names and their meaning follow Megatron-LM main at ``MEGATRON_COMMIT`` (the generated flag
+dump ../shared/reference/megatron_lm_flags_main_d98e8a6.tsv, copied to ``megatron_flags.txt``;
+ecosystem.md section 1). Every flag this module can emit is listed in ``EMITTED_FLAGS``; a test
+checks that each one exists in Megatron's parser. Values that only the user can know (data path,
+tokenizer, learning rate, checkpoint directory) are ``Placeholder`` objects that read an
+environment variable, so the generated files can be run as they are once those are set.
+
+``as_launched`` states what the arguments encode (Megatron's own normalisations: sequence
+parallel is off at TP = 1, MoE/MLA fields are not emitted for dense/MHA models, the position
+table is at least the sequence length); ``paraplan.launch.parse`` reads the arguments back to
+exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Final
+
+from paraplan.errors import LayoutError
+from paraplan.layout import ParallelLayout
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+MEGATRON_COMMIT: Final = "d98e8a6"
+"""Megatron-LM main commit the flag names were checked against (2026-08-22, core 0.20.0 dev)."""
+
+EMITTED_FLAGS: Final[tuple[str, ...]] = (
+    # parallelism
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+    "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
+    "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--tp-comm-overlap",
+    # recompute
+    "--recompute-granularity", "--recompute-modules", "--recompute-method", "--recompute-num-layers",
+    # model
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--group-query-attention", "--num-query-groups", "--kv-channels", "--swiglu",
+    "--position-embedding-type", "--normalization", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--hidden-dropout",
+    "--attention-dropout", "--vocab-size", "--make-vocab-size-divisible-by",
+    "--attention-backend",
+    # MoE, MLA, MTP
+    "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size", "--moe-shared-expert-gate", "--moe-layer-freq",
+    "--moe-grouped-gemm", "--moe-token-dispatcher-type", "--multi-latent-attention",
+    "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+    "--mtp-num-layers",
+    # batch, precision
+    "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
+    "--bf16", "--fp8-format", "--fp8-recipe",
+    # data, tokenizer, optimizer, checkpoints, logging
+    "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--train-iters", "--lr",
+    "--min-lr", "--lr-decay-style", "--lr-warmup-iters", "--weight-decay", "--adam-beta1",
+    "--adam-beta2", "--clip-grad", "--init-method-std", "--save", "--load", "--save-interval",
+    "--ckpt-format", "--log-interval", "--log-throughput", "--eval-interval", "--eval-iters",
+)
+"""Every flag ``megatron_args`` can emit (checked against ``MEGATRON_COMMIT``)."""
+
+BLACKWELL_ARCHS: Final = ("blackwell",)
+"""Architectures where Megatron no longer needs CUDA_DEVICE_MAX_CONNECTIONS=1 (arch >= 10)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    """A value the user supplies through an environment variable.
+
+    ``default`` None means required: the shell form is ``${ENV:?set ENV: hint}`` and the script
+    stops with that message when the variable is unset.
+    """
+
+    env: str
+    hint: str
+    default: str | None = None
+
+    def shell(self) -> str:
+        """The bash expansion (to be used inside double quotes)."""
+        if self.default is None:
+            return f"${{{self.env}:?set {self.env}: {self.hint}}}"
+        return f"${{{self.env}:-{self.default}}}"
+
+
+Value = str | Placeholder
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """One flag and its values (none for store_true flags, several for nargs='+')."""
+
+    flag: str
+    values: tuple[Value, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArgGroup:
+    """Arguments under one comment heading."""
+
+    title: str
+    args: tuple[Arg, ...]
+
+
+def _a(flag: str, *values: object) -> Arg:
+    return Arg(flag, tuple(v if isinstance(v, Placeholder) else str(v) for v in values))
+
+
+def moe_layer_freq_string(freq: int | tuple[int, ...]) -> str:
+    """Megatron's ``--moe-layer-freq`` value: an int, or a run-length list such as "[0]*3+[1]*58"."""
+    if isinstance(freq, int):
+        return str(freq)
+    runs: list[list[int]] = []
+    for x in freq:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    return "+".join(f"[{x}]*{n}" if n > 1 else f"[{x}]" for x, n in runs)
+
+
+def fp8_args(arch: str) -> tuple[Arg, ...]:
+    """FP8 through Transformer Engine: hybrid E4M3/E5M2 with delayed scaling; MXFP8 on Blackwell."""
+    recipe = "mxfp8" if arch in BLACKWELL_ARCHS else "delayed"
+    return (_a("--fp8-format", "hybrid"), _a("--fp8-recipe", recipe))
+
+
+def needs_max_connections_1(layout: ParallelLayout, arch: str) -> bool:
+    """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for TP>1 or CP>1 before Blackwell, not FSDP."""
+    return (layout.tp > 1 or layout.cp > 1) and arch not in BLACKWELL_ARCHS and not layout.fsdp
+
+
+def launch_violations(model: ModelSpec, layout: ParallelLayout) -> list[tuple[str, str]]:
+    """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
+    out: list[tuple[str, str]] = []
+    if layout.overlap_param_gather and not layout.dist_opt:
+        out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
+                    "with distributed optimizer, megatron fsdp, or dist_muon"))
+    if layout.overlap_param_gather and not layout.overlap_grad_reduce:
+        out.append(("OVERLAP_PARAM_GATHER_NEEDS_GRAD_REDUCE",
+                    "Must use --overlap-param-gather with --overlap-grad-reduce"))
+    if layout.tp_comm_overlap and not layout.sp:
+        out.append(("TP_COMM_OVERLAP_NEEDS_SP", "Tensor parallel communication/GEMM overlap can "
+                    "happen only when sequence parallelism is enabled"))
+    per_rank = model.num_layers // layout.pp
+    if layout.recompute == "full" and not 1 <= layout.recompute_num_layers <= per_rank:
+        out.append(("RECOMPUTE_NUM_LAYERS", "When using recompute_granularity: full "
+                    f"recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: "
+                    f"{per_rank}"))
+    return out
+
+
+def as_launched(
+    model: ModelSpec, layout: ParallelLayout, training: TrainingSpec
+) -> tuple[ModelSpec, ParallelLayout]:
+    """The model and layout exactly as the emitted arguments describe them to Megatron."""
+    mpe = max(model.max_position_embeddings or training.seq_len, training.seq_len)
+    m = replace(model, max_position_embeddings=mpe)
+    if m.multi_latent_attention:
+        m = replace(m, num_query_groups=None)
+    else:
+        m = replace(m, q_lora_rank=None, kv_lora_rank=32, qk_head_dim=128, qk_pos_emb_head_dim=64,
+                    v_head_dim=128)
+    if not m.is_moe:
+        m = replace(m, num_experts=None, moe_router_topk=2, moe_ffn_hidden_size=None,
+                    moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
+                    moe_layer_freq=1)
+    lay = replace(layout, sequence_parallel=layout.sp, etp=layout.etp if model.is_moe else layout.tp)
+    if lay.recompute != "selective":
+        lay = replace(lay, recompute_modules=("core_attn",))
+    if lay.recompute != "full":
+        lay = replace(lay, recompute_num_layers=1)
+    return m, lay
+
+
+def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
+    args = [_a("--tensor-model-parallel-size", lay.tp), _a("--pipeline-model-parallel-size", lay.pp),
+            _a("--context-parallel-size", lay.cp)]
+    if model.is_moe:
+        args += [_a("--expert-model-parallel-size", lay.ep),
+                 _a("--expert-tensor-parallel-size", lay.etp)]
+    uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
+    if lay.vp > 1 and uneven:
+        args.append(_a("--num-virtual-stages-per-pipeline-rank", lay.vp))
+    elif lay.vp > 1:
+        total = model.num_layers + int(lay.account_for_embedding) + int(lay.account_for_loss)
+        args.append(_a("--num-layers-per-virtual-pipeline-stage", total // lay.pp // lay.vp))
+    if lay.first_stage_layers:
+        args.append(_a("--decoder-first-pipeline-num-layers", lay.first_stage_layers))
+    if lay.last_stage_layers:
+        args.append(_a("--decoder-last-pipeline-num-layers", lay.last_stage_layers))
+    if lay.account_for_embedding:
+        args.append(_a("--account-for-embedding-in-pipeline-split"))
+    if lay.account_for_loss:
+        args.append(_a("--account-for-loss-in-pipeline-split"))
+    if lay.sp:
+        args.append(_a("--sequence-parallel"))
+    if lay.distributed_optimizer:
+        args.append(_a("--use-distributed-optimizer"))
+    if lay.fsdp:
+        args += [_a("--use-megatron-fsdp"),
+                 _a("--data-parallel-sharding-strategy", "optim_grads_params")]
+    if lay.overlap_grad_reduce:
+        args.append(_a("--overlap-grad-reduce"))
+    if lay.overlap_param_gather:
+        args.append(_a("--overlap-param-gather"))
+    if lay.tp_comm_overlap:
+        args.append(_a("--tp-comm-overlap"))
+    return ArgGroup("parallelism", tuple(args))
+
+
+def _recompute(lay: ParallelLayout) -> ArgGroup:
+    if lay.recompute == "selective":
+        args = (_a("--recompute-granularity", "selective"),
+                _a("--recompute-modules", *lay.recompute_modules))
+    elif lay.recompute == "full":
+        args = (_a("--recompute-granularity", "full"), _a("--recompute-method", "uniform"),
+                _a("--recompute-num-layers", lay.recompute_num_layers))
+    else:
+        args = ()
+    return ArgGroup("activation recomputation", args)
+
+
+def _model(m: ModelSpec, training: TrainingSpec) -> ArgGroup:
+    args = [_a("--num-layers", m.num_layers), _a("--hidden-size", m.hidden_size)]
+    if m.ffn_hidden_size is not None:
+        args.append(_a("--ffn-hidden-size", m.ffn_hidden_size))
+    args.append(_a("--num-attention-heads", m.num_attention_heads))
+    if m.num_query_groups is not None and not m.multi_latent_attention:
+        args += [_a("--group-query-attention"), _a("--num-query-groups", m.num_query_groups)]
+    if m.kv_channels is not None:
+        args.append(_a("--kv-channels", m.kv_channels))
+    if m.swiglu:
+        args.append(_a("--swiglu"))
+    args += [_a("--position-embedding-type", m.position_embedding_type),
+             _a("--normalization", m.normalization)]
+    for flag, on in (("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights),
+                     ("--disable-bias-linear", not m.add_bias_linear),
+                     ("--add-qkv-bias", m.add_qkv_bias), ("--qk-layernorm", m.qk_layernorm)):
+        if on:
+            args.append(_a(flag))
+    args += [_a("--hidden-dropout", repr(m.hidden_dropout)),
+             _a("--attention-dropout", repr(m.attention_dropout)),
+             _a("--vocab-size", m.vocab_size),
+             _a("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by)]
+    if training.attention_backend == "unfused":
+        args.append(_a("--attention-backend", "unfused"))
+    return ArgGroup("model", tuple(args))
+
+
+def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
+    args: list[Arg] = []
+    if m.is_moe:
+        args += [_a("--num-experts", m.num_experts), _a("--moe-router-topk", m.moe_router_topk)]
+        if m.moe_ffn_hidden_size is not None:
+            args.append(_a("--moe-ffn-hidden-size", m.moe_ffn_hidden_size))
+        if m.moe_shared_expert_intermediate_size is not None:
+            args.append(_a("--moe-shared-expert-intermediate-size",
+                           m.moe_shared_expert_intermediate_size))
+        if m.moe_shared_expert_gate:
+            args.append(_a("--moe-shared-expert-gate"))
+        args.append(_a("--moe-layer-freq", moe_layer_freq_string(m.moe_layer_freq)))
+        if arch != "cdna3":  # grouped GEMM kernels need CUDA compute capability >= 8
+            args.append(_a("--moe-grouped-gemm"))
+        args.append(_a("--moe-token-dispatcher-type", "alltoall"))
+    if m.multi_latent_attention:
+        args.append(_a("--multi-latent-attention"))
+        if m.q_lora_rank is not None:
+            args.append(_a("--q-lora-rank", m.q_lora_rank))
+        args += [_a("--kv-lora-rank", m.kv_lora_rank), _a("--qk-head-dim", m.qk_head_dim),
+                 _a("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim),
+                 _a("--v-head-dim", m.v_head_dim)]
+    if m.mtp_num_layers:
+        args.append(_a("--mtp-num-layers", m.mtp_num_layers))
+    return ArgGroup("mixture of experts, multi-latent attention, multi-token prediction", tuple(args))
+
+
+def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
+                     arch: str) -> ArgGroup:
+    args = [_a("--micro-batch-size", lay.mbs), _a("--global-batch-size", training.global_batch_size),
+            _a("--seq-length", training.seq_len),
+            _a("--max-position-embeddings", m.max_position_embeddings), _a("--bf16")]
+    if training.precision == "fp8":
+        args += fp8_args(arch)
+    return ArgGroup("batch, sequence and precision", tuple(args))
+
+
+def _placeholders(lay: ParallelLayout) -> tuple[ArgGroup, ...]:
+    data = ArgGroup("data and tokenizer (PLACEHOLDERS: export DATA_PATH and TOKENIZER_MODEL; "
+                    "or use --mock-data with --tokenizer-type NullTokenizer)", (
+        _a("--data-path", Placeholder("DATA_PATH", "prefix of the preprocessed _text_document data")),
+        _a("--split", "99,1,0"),
+        _a("--tokenizer-type", Placeholder("TOKENIZER_TYPE", "", "HuggingFaceTokenizer")),
+        _a("--tokenizer-model", Placeholder("TOKENIZER_MODEL", "tokenizer path or HF model name")),
+    ))
+    optim = ArgGroup("optimizer and schedule (PLACEHOLDER defaults, override through the env)", (
+        _a("--train-iters", Placeholder("TRAIN_ITERS", "", "1000")),
+        _a("--lr", Placeholder("LR", "", "3.0e-4")),
+        _a("--min-lr", Placeholder("MIN_LR", "", "3.0e-5")),
+        _a("--lr-decay-style", "cosine"),
+        _a("--lr-warmup-iters", Placeholder("LR_WARMUP_ITERS", "", "100")),
+        _a("--weight-decay", "0.1"), _a("--adam-beta1", "0.9"), _a("--adam-beta2", "0.95"),
+        _a("--clip-grad", "1.0"), _a("--init-method-std", "0.02"),
+    ))
+    ckpt = [_a("--save", Placeholder("CHECKPOINT_DIR", "", "checkpoints")),
+            _a("--load", Placeholder("CHECKPOINT_DIR", "", "checkpoints")),
+            _a("--save-interval", Placeholder("SAVE_INTERVAL", "", "1000"))]
+    if lay.fsdp:  # Megatron-FSDP asserts ckpt_format == "fsdp_dtensor"
+        ckpt.append(_a("--ckpt-format", "fsdp_dtensor"))
+    ckpt += [_a("--log-interval", "1"), _a("--log-throughput"), _a("--eval-interval", "1000"),
+             _a("--eval-iters", "10")]
+    return data, optim, ArgGroup("checkpoints and logging (PLACEHOLDER defaults)", tuple(ckpt))
+
+
+def megatron_args(
+    model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, *, arch: str = "hopper",
+) -> tuple[ArgGroup, ...]:
+    """The ordered, grouped ``pretrain_gpt.py`` arguments for one run.
+
+    Raises LayoutError (Megatron's message) when a flag combination would fail Megatron's
+    ``validate_args``; the layout rules themselves are ``paraplan.rules`` (run by ``estimate``).
+    """
+    broken = launch_violations(model, layout)
+    if broken:
+        code, message = broken[0]
+        raise LayoutError(message, reason=code)
+    m, lay = as_launched(model, layout, training)
+    groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch),
+              _batch_precision(m, lay, training, arch), *_placeholders(lay))
+    return tuple(g for g in groups if g.args)
+
+
+def argv(groups: tuple[ArgGroup, ...], *, resolve: bool = False) -> list[str]:
+    """Flat argument list; placeholders as their shell form, or their default if ``resolve``."""
+    out: list[str] = []
+    for group in groups:
+        for arg in group.args:
+            out.append(arg.flag)
+            for v in arg.values:
+                if isinstance(v, Placeholder):
+                    out.append(v.default if resolve and v.default is not None else v.shell())
+                else:
+                    out.append(v)
+    return out
+
+
+def flag_pairs(groups: tuple[ArgGroup, ...]) -> list[tuple[str, str | None]]:
+    """(flag, value or None) pairs; several values are joined by a space."""
+    pairs: list[tuple[str, str | None]] = []
+    for group in groups:
+        for arg in group.args:
+            vals = [v.shell() if isinstance(v, Placeholder) else v for v in arg.values]
+            pairs.append((arg.flag, " ".join(vals) if vals else None))
+    return pairs

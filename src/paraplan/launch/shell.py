@@ -1,0 +1,393 @@
+"""A small bash reader: enough of bash to find a command line in a launch script users keep.
+
+It follows line continuations, comments, single/double quotes, ``NAME=value`` and
+``NAME=( ... )`` / ``NAME+=( ... )`` assignments (optionally after ``export``/``declare``),
+``$NAME``, ``${NAME}``, ``${NAME:-default}``, ``${NAME[@]}`` expansions (with word splitting of
+unquoted expansions, as bash does) and ``bash -c '...'`` strings. Anything else (command
+substitution, arithmetic, control flow) is kept as literal text: both branches of an ``if`` are
+read in order, and an unresolved ``$VAR`` stays in the text so the caller can report it.
+It never runs anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+Seg = tuple[str, str]
+"""(text, quote): quote is '' (unquoted), "'" or '"'."""
+Word = tuple[Seg, ...]
+Token = Word | str
+"""A word, or an operator string: ; & | && || ( ) < >."""
+
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)", re.S)
+_EXPANSION: Final = re.compile(
+    r"\$(?:\{(?P<brace>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
+)
+_DECLARE: Final = ("export", "declare", "local", "readonly", "typeset")
+_KEYWORDS: Final = ("then", "else", "do", "{", "!", "elif", "if", "while", "until", "exec", "time")
+MAX_NESTING: Final = 3
+
+
+def _read_balanced(text: str, i: int, open_: str, close: str) -> int:
+    """Index just after the ``close`` matching the ``open_`` at text[i] (quotes respected)."""
+    depth, j, n = 0, i, len(text)
+    while j < n:
+        c = text[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c in "'\"":
+            end = text.find(c, j + 1)
+            j = n if end < 0 else end + 1
+            continue
+        if c == open_:
+            depth += 1
+        elif c == close:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return n
+
+
+class _Lexer:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.statements: list[list[Token]] = []
+        self.current: list[Token] = []
+        self.segs: list[Seg] = []
+        self.buf = ""
+        self.in_word = False
+        self.depth = 0
+
+    def flush_word(self) -> None:
+        if self.buf:
+            self.segs.append((self.buf, ""))
+            self.buf = ""
+        if self.in_word:
+            self.current.append(tuple(self.segs))
+        self.segs, self.in_word = [], False
+
+    def flush_statement(self) -> None:
+        self.flush_word()
+        if self.current:
+            self.statements.append(self.current)
+        self.current = []
+
+    def op(self, value: str) -> None:
+        self.flush_word()
+        self.current.append(value)
+
+    def run(self) -> list[list[Token]]:
+        text, i, n = self.text, 0, len(self.text)
+        while i < n:
+            c = text[i]
+            if c == "\\":
+                if text[i + 1:i + 2] == "\n":
+                    i += 2
+                    continue
+                self.buf += text[i + 1:i + 2]
+                self.in_word = True
+                i += 2
+            elif c == "#" and not self.in_word:
+                end = text.find("\n", i)
+                i = n if end < 0 else end
+            elif c in " \t\r":
+                self.flush_word()
+                i += 1
+            elif c == "\n":
+                self.flush_word() if self.depth else self.flush_statement()
+                i += 1
+            elif c == "'":
+                end = text.find("'", i + 1)
+                end = n if end < 0 else end
+                self._seg(text[i + 1:end], "'")
+                i = end + 1
+            elif c == '"':
+                i = self._double_quoted(i)
+            elif c == "$" and text[i + 1:i + 2] in ("(", "{"):
+                j = _read_balanced(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
+                self.buf += text[i:j]
+                self.in_word = True
+                i = j
+            elif c == "`":
+                end = text.find("`", i + 1)
+                j = n if end < 0 else end + 1
+                self.buf += text[i:j]
+                self.in_word = True
+                i = j
+            elif c in ";&|<>()":
+                i = self._operator(i)
+            else:
+                self.buf += c
+                self.in_word = True
+                i += 1
+        self.flush_statement()
+        return self.statements
+
+    def _seg(self, text: str, quote: str) -> None:
+        if self.buf:
+            self.segs.append((self.buf, ""))
+            self.buf = ""
+        self.segs.append((text, quote))
+        self.in_word = True
+
+    def _double_quoted(self, i: int) -> int:
+        text, j, n, out = self.text, i + 1, len(self.text), []
+        while j < n and text[j] != '"':
+            if text[j] == "\\" and j + 1 < n and text[j + 1] in '"\\$`\n':
+                if text[j + 1] != "\n":
+                    out.append(text[j + 1])
+                j += 2
+            elif text[j] == "$" and text[j + 1:j + 2] in ("(", "{"):
+                close = ")" if text[j + 1] == "(" else "}"
+                k = _read_balanced(text, j + 1, text[j + 1], close)
+                out.append(text[j:k])
+                j = k
+            else:
+                out.append(text[j])
+                j += 1
+        self._seg("".join(out), '"')
+        return j + 1
+
+    def _operator(self, i: int) -> int:
+        text, c = self.text, self.text[i]
+        if c in "<>":
+            if self.buf.isdigit() and not self.segs:  # 2>&1: drop the fd number
+                self.buf, self.in_word = "", False
+            self.op(c)
+            j = i + 1
+            if text[j:j + 1] == "&":
+                j += 1
+            return j
+        two = text[i:i + 2]
+        if two in ("&&", "||", ";;"):
+            self.op(two)
+            return i + 2
+        if c == "(":
+            self.depth += 1
+        elif c == ")" and self.depth:
+            self.depth -= 1
+        self.op(c)
+        return i + 1
+
+
+def lex(text: str) -> list[list[Token]]:
+    """Statements (newline-separated outside parentheses) of words and operators."""
+    return _Lexer(text).run()
+
+
+@dataclass
+class Env:
+    """Shell variables and arrays known so far (seeded by the caller, e.g. from #SBATCH)."""
+
+    scalars: dict[str, str] = field(default_factory=dict)
+    arrays: dict[str, list[str]] = field(default_factory=dict)
+
+    def lookup(self, name: str) -> list[str] | None:
+        if name in self.arrays:
+            return list(self.arrays[name])
+        if name in self.scalars:
+            return [self.scalars[name]]
+        return None
+
+
+def _expand_braced(body: str, env: Env) -> tuple[list[str] | None, bool]:
+    """Fields of ${body} (None = unresolved) and whether they are array elements."""
+    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]", body)
+    if m:
+        return (list(env.arrays.get(m.group(1), [])) if m.group(1) in env.arrays else None), True
+    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=+?])?(.*)", body, re.S)
+    if not m:
+        return None, False
+    value = env.lookup(m.group(1))
+    joined = None if value is None else " ".join(value)
+    op, word = m.group(2), m.group(3)
+    if not op:
+        return (None if word or joined is None else [joined]), False
+    unset = joined is None or (op.startswith(":") and joined == "")
+    if op.endswith(("-", "=")):
+        if unset:
+            default = " ".join(expand_word(((word, '"'),), env))
+            if op.endswith("="):
+                env.scalars[m.group(1)] = default
+            return [default], False
+        return [str(joined)], False
+    if op.endswith("+"):
+        return ([] if unset else [" ".join(expand_word(((word, '"'),), env))]), False
+    return (None if unset else [str(joined)]), False
+
+
+class _Fields:
+    """Fields under construction: bash word splitting of unquoted expansions."""
+
+    def __init__(self) -> None:
+        self.fields: list[str] = []
+        self.open = False
+        self.quoted_text = False
+
+    def add(self, text: str) -> None:
+        if self.open:
+            self.fields[-1] += text
+        else:
+            self.fields.append(text)
+        self.open = True
+
+    def split_value(self, value: str) -> None:
+        """An unquoted expansion: split on whitespace, glue to the neighbours."""
+        if not value:
+            return
+        if value[0].isspace():
+            self.open = False
+        for k, part in enumerate(value.split()):
+            if k:
+                self.open = False
+            self.add(part)
+        if value[-1].isspace():
+            self.open = False
+
+    def values(self, values: list[str], *, quoted: bool, is_array: bool) -> None:
+        for k, v in enumerate(values):
+            if k and is_array:
+                self.open = False
+            if quoted:
+                self.add(v)
+            else:
+                self.split_value(v)
+
+    def segment(self, text: str, quoted: bool, env: Env) -> None:
+        pos = 0
+        for m in _EXPANSION.finditer(text):
+            if m.start() > pos:
+                self.add(text[pos:m.start()])
+                self.quoted_text |= quoted
+            pos = m.end()
+            if m.group("plain"):
+                found = env.lookup(m.group("plain"))
+                values, is_array = (None if found is None else [" ".join(found)]), False
+            else:
+                values, is_array = _expand_braced(m.group("brace"), env)
+            if values is None:
+                self.add(m.group(0))
+            else:
+                self.values(values, quoted=quoted, is_array=is_array)
+                self.quoted_text |= quoted and not is_array
+        if pos < len(text):
+            self.add(text[pos:])
+        self.quoted_text |= quoted and (pos < len(text) or not text)
+
+
+def expand_word(word: Word, env: Env) -> list[str]:
+    """Fields of one word after parameter expansion and word splitting."""
+    out = _Fields()
+    for text, quote in word:
+        if quote == "'":
+            out.add(text)
+        else:
+            out.segment(text, quote == '"', env)
+    if not out.fields and out.quoted_text:
+        return [""]
+    return out.fields
+
+
+def word_text(word: Word) -> str:
+    """The word's text without quotes and without expansion."""
+    return "".join(text for text, _ in word)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One simple command: its fields after expansion, and assignments made just for it."""
+
+    fields: tuple[str, ...]
+
+
+def _assignment(word: Word) -> tuple[str, bool, Word] | None:
+    if not word or word[0][1] != "":
+        return None
+    m = _ASSIGN.fullmatch(word[0][0])
+    if not m:
+        return None
+    rest: Word = (((m.group(3), ""),) if m.group(3) else ()) + word[1:]
+    return m.group(1), m.group(2) == "+", rest
+
+
+def _split_commands(statement: list[Token]) -> list[list[Token]]:
+    out: list[list[Token]] = [[]]
+    depth, skip = 0, False
+    for tok in statement:
+        if skip and not isinstance(tok, str):  # the target of a redirection
+            skip = False
+            continue
+        if tok in ("<", ">"):
+            skip = True
+            continue
+        if isinstance(tok, str):
+            if tok == "(" and out[-1] and not isinstance(out[-1][-1], str):
+                depth += 1
+            elif tok == ")" and depth:
+                depth -= 1
+            elif depth == 0 and tok not in ("(", ")"):
+                out.append([])
+                continue
+            elif depth == 0:
+                continue
+        out[-1].append(tok)
+    return [c for c in out if c]
+
+
+def _run_command(tokens: list[Token], env: Env, commands: list[Command], nesting: int) -> None:
+    i = 0
+    while i < len(tokens) and not isinstance(tokens[i], str) and \
+            word_text(tokens[i]) in _DECLARE + _KEYWORDS:  # type: ignore[arg-type]
+        i += 1
+        while i < len(tokens) and not isinstance(tokens[i], str) and \
+                word_text(tokens[i]).startswith("-"):  # type: ignore[arg-type]
+            i += 1
+    while i < len(tokens) and not isinstance(tokens[i], str):
+        assign = _assignment(tokens[i])  # type: ignore[arg-type]
+        if assign is None:
+            break
+        name, append, rest = assign
+        if not rest and i + 1 < len(tokens) and tokens[i + 1] == "(":
+            items: list[str] = []
+            i += 2
+            while i < len(tokens) and tokens[i] != ")":
+                if not isinstance(tokens[i], str):
+                    items.extend(expand_word(tokens[i], env))  # type: ignore[arg-type]
+                i += 1
+            env.arrays[name] = (env.arrays.get(name, []) if append else []) + items
+            env.scalars.pop(name, None)
+        else:
+            value = " ".join(expand_word(rest, env)) if rest else ""
+            env.scalars[name] = (env.scalars.get(name, "") if append else "") + value
+            env.arrays.pop(name, None)
+        i += 1
+    fields: list[str] = []
+    for tok in tokens[i:]:
+        if not isinstance(tok, str):
+            fields.extend(expand_word(tok, env))
+    while fields and fields[0] in _KEYWORDS:
+        fields.pop(0)
+    if not fields:
+        return
+    commands.append(Command(tuple(fields)))
+    for k, f in enumerate(fields[:-1]):
+        if f == "-c" and k > 0 and fields[k - 1].rsplit("/", 1)[-1] in ("bash", "sh") and \
+                nesting < MAX_NESTING:
+            for inner in read_commands(fields[k + 1], env, nesting=nesting + 1):
+                commands.append(Command(tuple(fields[:k - 1]) + inner.fields))
+            break
+
+
+def read_commands(text: str, env: Env | None = None, *, nesting: int = 0) -> list[Command]:
+    """Every simple command of ``text`` with its expanded fields; ``env`` collects variables."""
+    env = env if env is not None else Env()
+    commands: list[Command] = []
+    for statement in lex(text):
+        for tokens in _split_commands(statement):
+            _run_command(tokens, env, commands, nesting)
+    return commands

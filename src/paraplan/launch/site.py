@@ -1,0 +1,146 @@
+"""The site profile: every cluster-specific value the launch templates use.
+
+A YAML file (``paraplan launch --site site.yaml``) with these keys, all optional:
+
+    partition, account, time          Slurm #SBATCH values (time as a quoted "HH:MM:SS")
+    container_image, container_mounts pyxis/enroot ``srun --container-image/--container-mounts``,
+                                      and the Kubernetes container image
+    modules                           ``module load`` lines in job.sbatch
+    env                               exported in env.sh and set in the pod (NCCL/network env)
+    megatron_path                     Megatron-LM checkout holding pretrain_gpt.py
+                                      (default /opt/megatron-lm, as in NVIDIA's NeMo containers)
+    namespace, image_pull_secret      Kubernetes
+    extra_sbatch                      more ``#SBATCH`` options, e.g. "--qos=high"
+
+Defaults are safe: nothing site-specific is invented; what is missing is simply not emitted
+(Kubernetes needs an image, so it gets a visible placeholder). Unknown keys are rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from paraplan.errors import SpecError
+
+DEFAULT_MEGATRON_PATH: Final = "/opt/megatron-lm"
+IMAGE_PLACEHOLDER: Final = "nvcr.io/nvidia/nemo:SET_CONTAINER_IMAGE"
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SLURM_VALUE: Final = re.compile(r"[A-Za-z0-9_.,:=@%/+\-\[\]]+")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SiteProfile:
+    """Cluster-specific launch values (see the module docstring)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    megatron_path: str = DEFAULT_MEGATRON_PATH
+    namespace: str | None = None
+    image_pull_secret: str | None = None
+    extra_sbatch: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (env as a mapping)."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["env"] = dict(self.env)
+        for key in ("container_mounts", "modules", "extra_sbatch"):
+            out[key] = list(out[key])
+        return out
+
+
+SITE_KEYS: Final = tuple(f.name for f in fields(SiteProfile))
+
+
+def _text(key: str, value: Any, pattern: re.Pattern[str] | None = None) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise SpecError(f"site.{key}: expected a string, got {value!r}")
+    text = str(value)
+    if "\n" in text or not text.strip():
+        raise SpecError(f"site.{key}: expected a non-empty single-line string, got {value!r}")
+    if pattern is not None and not pattern.fullmatch(text):
+        raise SpecError(f"site.{key}: {text!r} has characters Slurm directives cannot carry")
+    return text
+
+
+def _list(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v] if key == "container_mounts" else [value]
+    if not isinstance(value, list):
+        raise SpecError(f"site.{key}: expected a list of strings, got {value!r}")
+    return tuple(_text(key, v) for v in value)
+
+
+def site_from_dict(data: dict[str, Any]) -> SiteProfile:
+    """Validate a site mapping (unknown keys: one line naming the key)."""
+    for key in data:
+        if key not in SITE_KEYS:
+            raise SpecError(f"site: unknown key '{key}' (allowed: {', '.join(SITE_KEYS)})")
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        if value is None:
+            continue
+        if key == "time" and isinstance(value, int) and not isinstance(value, bool):
+            raise SpecError('site.time: quote the time limit, e.g. time: "04:00:00" (YAML reads '
+                            "04:00:00 unquoted as a number of seconds)")
+        if key in ("partition", "account", "time"):
+            kw[key] = _text(key, value, _SLURM_VALUE)
+        elif key in ("container_mounts", "modules"):
+            kw[key] = _list(key, value)
+        elif key == "extra_sbatch":
+            kw[key] = tuple(_sbatch_option(v) for v in _list(key, value))
+        elif key == "env":
+            kw[key] = _env(value)
+        else:
+            kw[key] = _text(key, value)
+    return SiteProfile(**kw)
+
+
+def _sbatch_option(text: str) -> str:
+    if not text.startswith("-") or "#" in text:
+        raise SpecError(f"site.extra_sbatch: {text!r} is not an sbatch option (e.g. --qos=high)")
+    return text
+
+
+def _env(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise SpecError(f"site.env: expected a mapping NAME: value, got {value!r}")
+    out: list[tuple[str, str]] = []
+    for name, v in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise SpecError(f"site.env: {name!r} is not a valid environment variable name")
+        if isinstance(v, bool) or not isinstance(v, str | int | float):
+            raise SpecError(f"site.env.{name}: expected a string or number, got {v!r} "
+                            "(quote values such as \"1\" or \"true\")")
+        text = str(v)
+        if "\n" in text:
+            raise SpecError(f"site.env.{name}: expected a single line")
+        out.append((name, text))
+    return tuple(out)
+
+
+def load_site(path: str | Path | None) -> SiteProfile:
+    """The site profile in ``path`` (YAML), or the defaults when ``path`` is None."""
+    if path is None:
+        return SiteProfile()
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SpecError(f"site: cannot read '{path}': {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise SpecError(f"site: '{path}' is not valid YAML: {err}".splitlines()[0]) from None
+    if data is None:
+        return SiteProfile()
+    if not isinstance(data, dict):
+        raise SpecError(f"site: '{path}' must hold a mapping of keys ({', '.join(SITE_KEYS)})")
+    return site_from_dict(data)

@@ -1,0 +1,270 @@
+"""Layout search: enumerate Megatron-Core layouts as numpy columns, reject with reasons, rank.
+
+    candidates (LayoutTable)  ->  rule masks (paraplan.rules)   -> rejections counted per reason
+                              ->  memory of stages 0, 1, p-1    -> OOM rejections
+                              ->  step time (same formulas)     -> ranking (deterministic)
+                              ->  top K re-estimated through the scalar path (all stages)
+
+Every candidate is counted once, under the first reason it fails (rule order, then placement,
+then memory). Ranking sorts by the objective rounded to 1e-9 relative and then by a simplicity
+key (fewer parallel axes, smaller TP, PP, ...), so it does not depend on enumeration order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from paraplan.errors import NoFeasiblePlanError
+from paraplan.estimate.memory import MemoryOptions, stage_memory
+from paraplan.estimate.stages import representative_ranks, stage_layers_table
+from paraplan.estimate.step_time import step_time_from_stages
+from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.layout import RECOMPUTE_CODES, LayoutTable
+from paraplan.rules import RULES, RuleContext
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+Objective = Literal["throughput", "memory-headroom"]
+DP_VARIANTS = ("distopt", "fsdp", "ddp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """Values each axis may take (None: everything Megatron allows)."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    vp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    etp: tuple[int, ...] | None = None
+    mbs: tuple[int, ...] = (1, 2, 4, 8)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    dp_variants: tuple[str, ...] = ("distopt", "fsdp")
+    sequence_parallel: tuple[bool, ...] = (True,)
+    max_pp: int | None = None
+    allow_cross_node: bool = False
+    """Allow CP and EP groups to span NVLink domains (costed on the network)."""
+    tp_comm_overlap: bool = False
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _axis_values(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 space: SearchSpace) -> dict[str, list[int]]:
+    world = cluster.num_gpus
+    pow2 = [2**i for i in range(12) if 2**i <= world]
+    tp = list(space.tp) if space.tp else [t for t in pow2 if t <= cluster.nvlink_domain_size]
+    max_pp = min(space.max_pp or model.num_layers, model.num_layers, world)
+    pp = list(space.pp) if space.pp else [p for p in _divisors(world) if p <= max_pp]
+    vp = list(space.vp) if space.vp else [1, 2, 3, 4, 6, 8]
+    cp = list(space.cp) if space.cp else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0) or c == 1]
+    if model.is_moe:
+        assert model.num_experts is not None
+        ep = list(space.ep) if space.ep else [e for e in _divisors(model.num_experts) if e <= world]
+        etp = list(space.etp) if space.etp else [1] + [t for t in tp if t > 1]
+    else:
+        ep, etp = [1], [0]
+    return {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp}
+
+
+def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                    space: SearchSpace) -> LayoutTable:
+    """Every combination of the axes whose TP x PP x CP divides the world (DP derived)."""
+    world = cluster.num_gpus
+    ax = _axis_values(model, cluster, training, space)
+    grid = np.array(list(itertools.product(ax["tp"], ax["pp"], ax["cp"])), dtype=np.int64).reshape(-1, 3)
+    grid = grid[world % (grid[:, 0] * grid[:, 1] * grid[:, 2]) == 0]
+    rec_codes = [RECOMPUTE_CODES[r] for r in space.recompute]
+    dpv = [DP_VARIANTS.index(v) for v in space.dp_variants]
+    rest = np.array(list(itertools.product(ax["vp"], ax["ep"], ax["etp"], space.mbs, rec_codes, dpv,
+                                           [int(s) for s in space.sequence_parallel])),
+                    dtype=np.int64).reshape(-1, 7)
+    n_grid, n_rest = grid.shape[0], rest.shape[0]
+    g = np.repeat(grid, n_rest, axis=0)
+    r = np.tile(rest, (n_grid, 1))
+    tp, pp, cp = g[:, 0], g[:, 1], g[:, 2]
+    etp = np.where(r[:, 2] == 0, tp, r[:, 2])
+    keep = np.ones(len(tp), dtype=bool)
+    if model.is_moe:
+        keep &= (etp == 1) | (etp == tp)  # ETP 1 (folding) or = TP (Megatron's default)
+    keep &= (r[:, 0] == 1) | (pp > 1)  # VP needs PP (also a rule; trims the table)
+    sel = np.nonzero(keep)[0]
+    dpv_col = r[sel, 5]
+    sp_col = r[sel, 6].astype(bool)
+    return LayoutTable(
+        tp=tp[sel], pp=pp[sel], vp=r[sel, 0], cp=cp[sel], ep=r[sel, 1], etp=etp[sel],
+        dp=world // (tp[sel] * pp[sel] * cp[sel]), mbs=r[sel, 3], recompute_code=r[sel, 4],
+        sequence_parallel=sp_col,
+        distributed_optimizer=dpv_col == DP_VARIANTS.index("distopt"),
+        fsdp=dpv_col == DP_VARIANTS.index("fsdp"),
+        overlap_grad_reduce=np.ones(len(sel), dtype=bool),
+        overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
+        tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    """Vectorised results for the candidates that pass every rule."""
+
+    table: LayoutTable
+    peak_bytes: NDArray[np.float64]
+    step_s: NDArray[np.float64]
+    tokens_per_s_per_gpu: NDArray[np.float64]
+    fits: NDArray[np.bool_]
+
+
+def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,
+                   options: MemoryOptions | None = None) -> Evaluated:
+    """Peak memory (stages 0, 1, p-1) and step time of every row, vectorised."""
+    max_positions, _ = max_positions_for(model, training)
+    m = training.global_batch_size // (table.mbs * table.dp)
+    stages = [stage_layers_table(model, table.pp, table.vp, rank) for rank in representative_ranks(table.pp)]
+    ranks = representative_ranks(table.pp)
+    peaks = [
+        np.asarray(stage_memory(model, training, table, st, rank=rk, num_microbatches=m,
+                                max_positions=max_positions, options=options).memory.total_bytes, dtype=float)
+        for st, rk in zip(stages, ranks, strict=True)
+    ]
+    peak = np.max(np.stack(peaks), axis=0)
+    t = step_time_from_stages(model, cluster, training, table, stages, num_microbatches=m,
+                              max_positions=max_positions)
+    step = np.asarray(t.step_s, dtype=float)
+    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    return Evaluated(table=table, peak_bytes=peak, step_s=step,
+                     tokens_per_s_per_gpu=training.tokens_per_step / (step * cluster.num_gpus),
+                     fits=peak <= usable)
+
+
+def simplicity_key(table: LayoutTable) -> list[NDArray[np.int64]]:
+    """Tie-break columns, most significant first: fewer axes > 1, then smaller TP, PP, VP, CP, EP..."""
+    axes = ((table.tp > 1).astype(int) + (table.pp > 1) + (table.vp > 1) + (table.cp > 1) + (table.ep > 1))
+    return [axes, table.tp, table.pp, table.vp, table.cp, table.ep, table.etp, -table.mbs,
+            table.recompute_code, table.fsdp.astype(int), (~table.sequence_parallel).astype(int)]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Ranked feasible layouts and why the others were rejected."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    objective: str
+    candidates: tuple[Estimate, ...]
+    rejections: dict[str, int]
+    rejection_examples: dict[str, str]
+    num_evaluated: int
+    num_feasible: int
+    feasible: Evaluated | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON: candidates best first, rejections per reason."""
+        return {
+            "objective": self.objective,
+            "num_evaluated": self.num_evaluated,
+            "num_feasible": self.num_feasible,
+            "candidates": [
+                {"rank": i + 1, **{k: v for k, v in c.to_dict().items()
+                                   if k in ("config", "memory", "time", "throughput", "notes")}}
+                for i, c in enumerate(self.candidates)
+            ],
+            "rejections": dict(sorted(self.rejections.items(), key=lambda kv: -kv[1])),
+            "rejection_examples": self.rejection_examples,
+            "notes": list(self.notes),
+        }
+
+
+def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpace) -> dict[str, Any]:
+    domain = cluster.nvlink_domain_size
+    if space.allow_cross_node:
+        return {}
+    return {"CP_CROSSES_NVLINK": (table.cp > 1) & (table.tp * table.cp > domain),
+            "EP_CROSSES_NVLINK": (table.ep > 1) & (table.ep * table.etp > domain)}
+
+
+def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,
+         objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None) -> Plan:
+    """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits."""
+    space = space or SearchSpace()
+    cluster.gpu.peak_flops_per_s(training.precision)
+    table = candidate_table(model, cluster, training, space)
+    n_total = len(table)
+    ctx = RuleContext(model=model, training=training, cluster=cluster, layout=table)
+    alive = np.ones(n_total, dtype=bool)
+    rejections: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    masks: list[tuple[str, NDArray[np.bool_], Callable[[RuleContext], str] | None]] = [
+        (r.code, np.broadcast_to(np.asarray(r.violated(ctx), dtype=bool), (n_total,)), r.message) for r in RULES]
+    masks += [(code, np.broadcast_to(np.asarray(mask, dtype=bool), (n_total,)), None)
+              for code, mask in _placement_masks(cluster, table, space).items()]
+    for code, mask, msg in masks:
+        hit = alive & mask
+        count = int(hit.sum())
+        if count:
+            rejections[code] = count
+            i = int(np.argmax(hit))
+            row = table.row(i)
+            examples[code] = (msg(RuleContext(model=model, training=training, cluster=cluster, layout=row))
+                              if msg is not None else f"{row.short()}: group spans more than one NVLink domain "
+                                          f"({cluster.nvlink_domain_size} GPUs)")
+            alive &= ~mask
+    valid = table.take(np.nonzero(alive)[0])
+    ev = evaluate_table(model, cluster, training, valid, options) if len(valid) else None
+    if ev is None or not ev.fits.any():
+        if ev is not None and len(valid):
+            rejections["OOM"] = len(valid)
+            i = int(np.argmin(ev.peak_bytes))
+            examples["OOM"] = (f"smallest footprint {valid.row(i).short()} needs "
+                               f"{ev.peak_bytes[i] / 2**30:.1f} GiB > "
+                               f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
+        raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples),
+                                  rejections=rejections)
+    if (~ev.fits).any():
+        rejections["OOM"] = int((~ev.fits).sum())
+        oom_idx = np.nonzero(~ev.fits)[0]
+        j = int(oom_idx[np.argmin(ev.peak_bytes[oom_idx])])
+        examples["OOM"] = (f"{valid.row(j).short()} needs {ev.peak_bytes[j] / 2**30:.1f} GiB > "
+                           f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
+    fit_idx = np.nonzero(ev.fits)[0]
+    feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
+                         tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
+    order = rank_order(feasible, objective, cluster)
+    top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options)
+           for i in order[:top_k]]
+    return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
+                rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
+                num_feasible=len(fit_idx), feasible=feasible)
+
+
+def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.int64]:
+    """Indices best first: objective (rounded), then the simplicity key."""
+    if objective == "memory-headroom":
+        primary = ev.peak_bytes / cluster.gpu.hbm_bytes
+    else:
+        primary = ev.step_s
+    rounded = np.round(primary / max(float(np.min(primary)), 1e-30), 9)
+    keys: Sequence[Any] = [*reversed(simplicity_key(ev.table)), rounded]
+    return np.lexsort(keys)
+
+
+def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                    rejections: dict[str, int], examples: dict[str, str]) -> str:
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(rejections.items(), key=lambda kv: -kv[1]))
+    hint = examples.get("OOM", "")
+    advice = ("what would make it fit: more GPUs (--num-gpus), full recompute (--recompute full), "
+              "more pipeline stages (raise --max-pp), a smaller micro-batch, or a GPU with more memory")
+    return (f"no layout of {model.name} fits on {cluster.num_gpus} x {cluster.gpu.name} at seq "
+            f"{training.seq_len}, GBS {training.global_batch_size}: rejected {parts}"
+            + (f"; {hint}" if hint else "") + f"; {advice}")

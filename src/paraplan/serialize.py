@@ -1,0 +1,116 @@
+"""plan.json: the hand-off between commands (plan -> launch, report, tune, budget).
+
+    {"schema_version": 1, "tool": "paraplan", "tool_version": ...,
+     "inputs": {"model": {ModelSpec fields}, "gpu": {GpuSpec fields}, "num_gpus", "gpus_per_node",
+                "training": {TrainingSpec fields}},
+     "plan": {candidates best first (config, memory, time, throughput), rejections, ...}}
+
+Inputs are fully resolved (every field written), so a plan reloads without the presets it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from paraplan import __version__
+from paraplan.errors import SpecError
+from paraplan.layout import ParallelLayout
+from paraplan.search import Plan
+from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
+from paraplan.specs.load import _validate, model_from_megatron_args
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+SCHEMA_VERSION = 1
+
+LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "recompute", "recompute_modules",
+               "sequence_parallel", "distributed_optimizer", "fsdp", "overlap_grad_reduce",
+               "overlap_param_gather", "tp_comm_overlap")
+
+
+def inputs_dict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> dict[str, Any]:
+    """Resolved inputs as plain JSON."""
+    m = asdict(model)
+    if isinstance(m.get("moe_layer_freq"), tuple):
+        m["moe_layer_freq"] = list(m["moe_layer_freq"])
+    return {"model": m, "gpu": asdict(cluster.gpu), "num_gpus": cluster.num_gpus,
+            "gpus_per_node": cluster.gpus_per_node, "training": asdict(training)}
+
+
+def plan_document(p: Plan) -> dict[str, Any]:
+    """The full plan.json document."""
+    return {"schema_version": SCHEMA_VERSION, "tool": "paraplan", "tool_version": __version__,
+            "inputs": inputs_dict(p.model, p.cluster, p.training), "plan": p.to_dict()}
+
+
+def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write JSON through a temporary file in the same folder, so no partial file is left."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_plan(p: Plan, path: str | Path) -> None:
+    """Write plan.json."""
+    write_json_atomic(path, plan_document(p))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPlan:
+    """A plan.json read back: specs and the ranked layouts with their predictions."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layouts: tuple[ParallelLayout, ...]
+    predictions: tuple[dict[str, Any], ...]
+    document: dict[str, Any]
+
+
+def layout_from_config(config: dict[str, Any]) -> ParallelLayout:
+    """ParallelLayout from a ``config`` block of estimate/plan JSON."""
+    kw = {k: config[k] for k in LAYOUT_KEYS if k in config}
+    if "recompute_modules" in kw:
+        kw["recompute_modules"] = tuple(kw["recompute_modules"])
+    return ParallelLayout(**kw)
+
+
+def load_plan(path: str | Path) -> LoadedPlan:
+    """Read plan.json; SpecError with the field on anything malformed."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"plan: file '{path}' not found") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(f"plan: '{path}' is not valid JSON: {err}") from None
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+        found = doc.get("schema_version") if isinstance(doc, dict) else None
+        raise SpecError(f"plan: '{path}' has schema_version {found}; expected {SCHEMA_VERSION}")
+    try:
+        inputs = doc["inputs"]
+        model = model_from_megatron_args(inputs["model"], name=inputs["model"].get("name", "model"))
+        gpu_raw = dict(inputs["gpu"])
+        gpu_raw["efficiency"] = _validate(EfficiencySpec, gpu_raw.get("efficiency") or {}, "gpu.efficiency.")
+        gpu = _validate(GpuSpec, gpu_raw, "gpu.")
+        cluster = make_cluster(gpu, int(inputs["num_gpus"]), int(inputs["gpus_per_node"]))
+        training = _validate(TrainingSpec, inputs["training"], "training.")
+        cands = doc["plan"]["candidates"]
+        layouts = tuple(layout_from_config(c["config"]) for c in cands)
+    except KeyError as err:
+        raise SpecError(f"plan: '{path}' is missing field {err}") from None
+    return LoadedPlan(model=model, cluster=cluster, training=training, layouts=layouts,
+                      predictions=tuple(cands), document=doc)
