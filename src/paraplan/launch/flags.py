@@ -153,6 +153,12 @@ def _model_fields(r: _Reader) -> dict[str, Any]:
                 out[key] = kind(raw)
             except ValueError:
                 raise SpecError(f"{flag} {raw!r} is not a number") from None
+    _attention_fields(r, out)
+    _model_defaults(r, out)
+    return out
+
+
+def _attention_fields(r: _Reader, out: dict[str, Any]) -> None:
     for flag in ("--num-layers", "--hidden-size", "--num-attention-heads"):
         if flag not in r.v:
             raise SpecError(f"{flag} is missing ({flag[2:].replace('-', '_')} argument is None): "
@@ -169,8 +175,6 @@ def _model_fields(r: _Reader) -> dict[str, Any]:
         out["num_query_groups"] = r.int("--num-query-groups")
     elif r.has("--num-query-groups"):
         r.notes.append("--num-query-groups is ignored without --group-query-attention (MHA)")
-    _model_defaults(r, out)
-    return out
 
 
 def _model_defaults(r: _Reader, out: dict[str, Any]) -> None:

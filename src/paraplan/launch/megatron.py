@@ -212,6 +212,7 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
 
 
 def _recompute(lay: ParallelLayout) -> ArgGroup:
+    args: tuple[Arg, ...]
     if lay.recompute == "selective":
         args = (_a("--recompute-granularity", "selective"),
                 _a("--recompute-modules", *lay.recompute_modules))

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from paraplan.launch.flags import MegatronFlags, read_flags
-
 from paraplan.errors import SpecError
+from paraplan.launch.flags import MegatronFlags, read_flags
 from paraplan.launch.shell import Command, Env, read_commands
 from paraplan.layout import ParallelLayout, layout_for_world
 from paraplan.specs.training import TrainingSpec

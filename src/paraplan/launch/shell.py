@@ -339,14 +339,8 @@ def _split_commands(statement: list[Token]) -> list[list[Token]]:
     return [c for c in out if c]
 
 
-def _run_command(tokens: list[Token], env: Env, commands: list[Command], nesting: int) -> None:
-    i = 0
-    while i < len(tokens) and not isinstance(tokens[i], str) and \
-            word_text(tokens[i]) in _DECLARE + _KEYWORDS:  # type: ignore[arg-type]
-        i += 1
-        while i < len(tokens) and not isinstance(tokens[i], str) and \
-                word_text(tokens[i]).startswith("-"):  # type: ignore[arg-type]
-            i += 1
+def _assignments(tokens: list[Token], i: int, env: Env) -> int:
+    """Apply ``NAME=value`` / ``NAME=( ... )`` words from ``i``; index of the first other word."""
     while i < len(tokens) and not isinstance(tokens[i], str):
         assign = _assignment(tokens[i])  # type: ignore[arg-type]
         if assign is None:
@@ -366,6 +360,18 @@ def _run_command(tokens: list[Token], env: Env, commands: list[Command], nesting
             env.scalars[name] = (env.scalars.get(name, "") if append else "") + value
             env.arrays.pop(name, None)
         i += 1
+    return i
+
+
+def _run_command(tokens: list[Token], env: Env, commands: list[Command], nesting: int) -> None:
+    i = 0
+    while i < len(tokens) and not isinstance(tokens[i], str) and \
+            word_text(tokens[i]) in _DECLARE + _KEYWORDS:  # type: ignore[arg-type]
+        i += 1
+        while i < len(tokens) and not isinstance(tokens[i], str) and \
+                word_text(tokens[i]).startswith("-"):  # type: ignore[arg-type]
+            i += 1
+    i = _assignments(tokens, i, env)
     fields: list[str] = []
     for tok in tokens[i:]:
         if not isinstance(tok, str):

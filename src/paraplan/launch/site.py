@@ -31,6 +31,7 @@ DEFAULT_MEGATRON_PATH: Final = "/opt/megatron-lm"
 IMAGE_PLACEHOLDER: Final = "nvcr.io/nvidia/nemo:SET_CONTAINER_IMAGE"
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SLURM_VALUE: Final = re.compile(r"[A-Za-z0-9_.,:=@%/+\-\[\]]+")
+_PATH: Final = re.compile(r"/?[A-Za-z0-9_.+\-]+(/[A-Za-z0-9_.+\-]+)*/?")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +69,7 @@ def _text(key: str, value: Any, pattern: re.Pattern[str] | None = None) -> str:
     if "\n" in text or not text.strip():
         raise SpecError(f"site.{key}: expected a non-empty single-line string, got {value!r}")
     if pattern is not None and not pattern.fullmatch(text):
-        raise SpecError(f"site.{key}: {text!r} has characters Slurm directives cannot carry")
+        raise SpecError(f"site.{key}: {text!r} has characters that cannot be used here")
     return text
 
 
@@ -100,6 +101,8 @@ def site_from_dict(data: dict[str, Any]) -> SiteProfile:
             kw[key] = tuple(_sbatch_option(v) for v in _list(key, value))
         elif key == "env":
             kw[key] = _env(value)
+        elif key == "megatron_path":
+            kw[key] = _text(key, value, _PATH).rstrip("/") or "/"
         else:
             kw[key] = _text(key, value)
     return SiteProfile(**kw)

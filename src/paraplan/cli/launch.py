@@ -1,0 +1,119 @@
+"""``paraplan launch``: launch files for one layout (Megatron args, env, torchrun, Slurm, k8s)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import typer
+
+from paraplan.cli._app import app
+from paraplan.cli.options import (
+    GbsOpt,
+    GpuOpt,
+    GpuSetOpt,
+    GpusPerNodeOpt,
+    ModelOpt,
+    NumGpusOpt,
+    PipelineSplitOpt,
+    PrecisionChoice,
+    PrecisionOpt,
+    ProfileOpt,
+    RecomputeChoice,
+    SeqLenOpt,
+    apply_pipeline_split,
+    build_layout,
+    resolve_inputs,
+)
+from paraplan.cli.render import console
+from paraplan.estimator import estimate as run_estimate
+from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
+from paraplan.launch.site import load_site
+from paraplan.units import GIB
+
+
+class Target(StrEnum):
+    """What to generate."""
+
+    megatron = "megatron"
+    torchrun = "torchrun"
+    slurm = "slurm"
+    k8s = "k8s"
+    all = "all"
+
+
+@app.command("launch")
+def launch(
+    model: str = ModelOpt,
+    gpu: str = GpuOpt,
+    num_gpus: int = NumGpusOpt,
+    gpus_per_node: int | None = GpusPerNodeOpt,
+    seq_len: int = SeqLenOpt,
+    gbs: int = GbsOpt,
+    mbs: int = typer.Option(1, "--mbs", help="Micro-batch size (sequences)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor parallel size."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline parallel size."),
+    vp: int = typer.Option(1, "--vp", help="Virtual pipeline chunks per rank (interleaving)."),
+    cp: int = typer.Option(1, "--cp", help="Context parallel size."),
+    ep: int = typer.Option(1, "--ep", help="Expert parallel size."),
+    etp: int | None = typer.Option(None, "--etp", help="Expert tensor parallel size (default: TP)."),
+    recompute: RecomputeChoice = typer.Option(RecomputeChoice.selective, "--recompute",
+                                              help="Activation recomputation granularity."),
+    recompute_modules: list[str] | None = typer.Option(
+        None, "--recompute-modules", help="Selective recompute modules (repeat): core_attn, mlp, moe, ..."),
+    recompute_num_layers: int = typer.Option(1, "--recompute-num-layers", help="Layers per checkpoint (full)."),
+    no_sequence_parallel: bool = typer.Option(False, "--no-sequence-parallel", help="Turn sequence parallel off."),
+    no_distributed_optimizer: bool = typer.Option(False, "--no-distributed-optimizer",
+                                                  help="Replicate optimizer states (no ZeRO-1)."),
+    fsdp: bool = typer.Option(False, "--fsdp", help="Megatron-FSDP (parameters, grads and optimizer sharded)."),
+    no_overlap_grad_reduce: bool = typer.Option(False, "--no-overlap-grad-reduce"),
+    no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather"),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap", help="TE userbuffer TP overlap."),
+    first_stage_layers: int | None = typer.Option(None, "--decoder-first-pipeline-num-layers"),
+    last_stage_layers: int | None = typer.Option(None, "--decoder-last-pipeline-num-layers"),
+    account_for_embedding: bool = typer.Option(False, "--account-for-embedding-in-pipeline-split"),
+    account_for_loss: bool = typer.Option(False, "--account-for-loss-in-pipeline-split"),
+    pipeline_split: str = PipelineSplitOpt,
+    precision: PrecisionChoice = PrecisionOpt,
+    gpu_set: list[str] | None = GpuSetOpt,
+    profile: str | None = ProfileOpt,
+    target: Target = typer.Option(Target.all, "--target", "-t", help="Files to generate."),
+    out: str = typer.Option(..., "--out", "-o", help="Directory to write into (created)."),
+    site: str | None = typer.Option(None, "--site", help="Site profile YAML (partition, account, "
+                                    "container_image, container_mounts, modules, env, ...)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
+) -> None:
+    """Write launch files for one layout: megatron_args.sh, env.sh, torchrun.sh, job.sbatch,
+    pytorchjob.yaml and manifest.json (layout, prediction, candidate id).
+
+    The layout is validated and estimated first (same flags as ``paraplan estimate``).
+    Example: paraplan launch --model llama3-70b --gpu h100-80gb --num-gpus 64 --tp 4 --pp 4
+    --cp 2 --seq-len 8192 --gbs 512 --target slurm --out runs/llama70b --site site.yaml
+    """
+    site_profile = load_site(site)
+    inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
+                            seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
+                            profile=profile)
+    layout = build_layout(
+        num_gpus=num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+        recompute=recompute.value, recompute_modules=recompute_modules,
+        recompute_num_layers=recompute_num_layers, sequence_parallel=not no_sequence_parallel,
+        distributed_optimizer=not no_distributed_optimizer, fsdp=fsdp,
+        overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,
+        tp_comm_overlap=tp_comm_overlap, first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers, account_for_embedding=account_for_embedding,
+        account_for_loss=account_for_loss,
+    )
+    layout, notes = apply_pipeline_split(inputs.model, layout, str(pipeline_split))
+    result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, extra_notes=notes)
+    spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
+                      layout=layout, prediction=result.to_dict(), site=site_profile)
+    files = render_files(spec, [target.value])
+    paths = write_files(files, out, force=force)
+    con = console()
+    con.print(f"candidate {candidate_id(spec)}: {layout.short()} | peak "
+              f"{result.peak_bytes / GIB:.1f} GiB of {result.usable_bytes / GIB:.1f} GiB | "
+              f"MFU {100 * float(result.throughput.mfu):.1f}%")
+    if not result.fits:
+        con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
+    for path in paths:
+        con.print(f"wrote {path}")

@@ -1,0 +1,132 @@
+"""Check a parsed launch script: every Megatron rule it breaks, and the estimate when it breaks none.
+
+Rules come from ``paraplan.rules.RULES`` (all of them are evaluated, not only the first), the
+flag-level rules of ``paraplan.launch.megatron.launch_violations``, what the argument reader found
+(``MegatronFlags.problems``), the pipeline split (``estimate.pipeline``) and the environment
+Megatron asserts (CUDA_DEVICE_MAX_CONNECTIONS, ecosystem.md 1.4). Messages are Megatron's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paraplan.errors import LayoutError, SpecError
+from paraplan.estimate.pipeline import stage_assignment
+from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.launch.megatron import launch_violations, needs_max_connections_1
+from paraplan.launch.parse import ParsedScript
+from paraplan.layout import ParallelLayout
+from paraplan.rules import RULES, RuleContext
+from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+MAX_CONNECTIONS_MESSAGE = ("Using tensor model parallelism or context parallelism require setting "
+                           "the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """What ``paraplan check`` reports for one script."""
+
+    parsed: ParsedScript
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layout: ParallelLayout
+    violations: tuple[tuple[str, str], ...]
+    """(code, Megatron's message) for every rule the script breaks."""
+    estimate: Estimate | None
+    """Memory and throughput; None when a rule is broken."""
+    alternative: dict[str, Any] | None = None
+    """What ``plan`` would choose instead (``suggest_alternative``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready report."""
+        p = self.parsed
+        return {
+            "world_size": self.cluster.num_gpus, "gpu": self.cluster.gpu.name,
+            "gpus_per_node": self.cluster.gpus_per_node, "layout": self.layout.short(),
+            "model": self.model.name,
+            "violations": [{"code": c, "message": m} for c, m in self.violations],
+            "unknown_flags": list(p.unknown_flags), "defaults_applied": list(p.defaults_applied),
+            "notes": list(p.flags.notes), "launcher": list(p.launcher),
+            "estimate": self.estimate.to_dict() if self.estimate is not None else None,
+            "alternative": self.alternative,
+        }
+
+
+def suggest_alternative(result: CheckResult) -> dict[str, Any] | None:
+    """Hook: what ``paraplan plan`` would choose instead, with the predicted gain.
+
+    Not implemented yet: returns None (the report then shows no alternative).
+    """
+    return None
+
+
+def _layout(parsed: ParsedScript, world: int) -> ParallelLayout:
+    """The script's layout; DP rounded down when the world size does not divide (a rule reports it)."""
+    f = parsed.flags.layout_fields
+    model_size = f["tp"] * f["pp"] * f["cp"]
+    return ParallelLayout(dp=max(1, world // model_size), **f)
+
+
+def _env_violations(parsed: ParsedScript, layout: ParallelLayout, gpu: GpuSpec) -> list[tuple[str, str]]:
+    value = parsed.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    if needs_max_connections_1(layout, gpu.arch) and value != "1":
+        return [("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS_MESSAGE
+                 + (" (not set in the script)" if value is None else f" (the script sets {value})"))]
+    if layout.fsdp and value == "1":
+        return [("CUDA_DEVICE_MAX_CONNECTIONS", "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.")]
+    return []
+
+
+def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                    layout: ParallelLayout) -> list[tuple[str, str]]:
+    """Every broken rule of ``paraplan.rules.RULES`` plus the pipeline, position and flag rules."""
+    ctx = RuleContext(model=model, training=training, cluster=cluster, layout=layout)
+    found = [(r.code, r.message(ctx)) for r in RULES if bool(np.any(r.violated(ctx)))]
+    codes = {c for c, _ in found}
+    for check in (lambda: stage_assignment(model.num_layers, layout),
+                  lambda: max_positions_for(model, training),
+                  lambda: cluster.gpu.peak_flops_per_s(training.precision)):
+        try:
+            check()
+        except LayoutError as err:
+            if err.reason not in codes:
+                found.append((err.reason, str(err)))
+        except SpecError as err:
+            found.append(("PRECISION_UNSUPPORTED", str(err)))
+    return found + launch_violations(model, layout)
+
+
+def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
+                 gpus_per_node: int | None = None) -> CheckResult:
+    """Rules and, if none is broken, the estimate of a parsed script on ``gpu``."""
+    world = parsed.resolve_world(num_gpus)
+    per_node = gpus_per_node or parsed.gpus_per_node
+    if per_node is not None and world > per_node and world % per_node:
+        per_node = None
+    cluster = make_cluster(gpu, world, per_node)
+    model = parsed.flags.model
+    layout = _layout(parsed, world)
+    fields = dict(parsed.flags.training_fields)
+    if fields.get("global_batch_size") is None:
+        fields["global_batch_size"] = layout.mbs * layout.dp
+    training = TrainingSpec(**fields)
+    found = rule_violations(model, training, cluster, layout)
+    found += [p for p in parsed.flags.problems if p[0] not in {c for c, _ in found}]
+    found += _env_violations(parsed, layout, gpu)
+    est = None
+    if not found:
+        est = estimate(model, cluster, training, layout, extra_notes=list(parsed.flags.notes))
+    result = CheckResult(parsed=parsed, model=model, cluster=cluster, training=training,
+                         layout=layout, violations=tuple(found), estimate=est)
+    alternative = suggest_alternative(result)
+    if alternative is None:
+        return result
+    return CheckResult(parsed=parsed, model=model, cluster=cluster, training=training, layout=layout,
+                       violations=tuple(found), estimate=est, alternative=alternative)

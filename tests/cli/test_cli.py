@@ -1,0 +1,157 @@
+"""The CLI in-process: stable JSON keys, one-line errors with exit 1, exit 3 when nothing fits."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from paraplan.cli import main
+
+BASE = ["estimate", "--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "64", "--tp", "4", "--pp", "4",
+        "--cp", "2", "--seq-len", "8192", "--gbs", "512", "--mbs", "1"]
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_estimate_json_has_the_stable_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*BASE, "--format", "json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    assert set(d["config"]) >= {"tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "gbs", "num_microbatches",
+                                "seq_len", "recompute", "sequence_parallel", "distributed_optimizer", "precision"}
+    assert set(d["memory"]) >= {"peak_bytes", "capacity_bytes", "fits", "per_stage"}
+    assert len(d["memory"]["per_stage"]) == 4
+    assert set(d["memory"]["per_stage"][0]) >= {"stage", "weights_bytes", "grads_bytes", "optimizer_bytes",
+                                                "activations_bytes", "other_bytes", "total_bytes"}
+    assert set(d["params"]) >= {"total", "active_per_token", "per_stage_per_rank"}
+    assert set(d["time"]) >= {"step_s", "compute_s", "bubble_s", "optimizer_s", "exposed_comm_s"}
+    assert set(d["time"]["exposed_comm_s"]) == {"tp", "cp", "ep", "pp", "dp"}
+    assert set(d["throughput"]) >= {"tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "mfu_peak"}
+    assert d["config"]["dp"] == 2 and d["config"]["num_microbatches"] == 256
+    assert d["params"]["total"] == 70_553_706_496
+
+
+def test_estimate_table_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(BASE, capsys)
+    assert code == 0 and "memory per GPU by pipeline stage" in out and "tokens/s/GPU" in out
+
+
+@pytest.mark.parametrize(("change", "pattern"), [
+    (["--num-gpus", "72"], r"world size \(72\) is not divisible"),
+    (["--num-gpus", "60"], r"num_gpus \(60\) must be a multiple of gpus_per_node \(8\)"),
+    (["--tp", "3", "--num-gpus", "48"], r"num_attention_heads \(64\) must be a multiple of tensor_model_parallel_size \(3\)"),
+    (["--tp", "16", "--num-gpus", "128"], r"NVLink domain"),
+    (["--gbs", "511"], r"global batch size \(511\) is not divisible by micro batch size"),
+    (["--seq-len", "8190"], r"seq-length should be a multiple of 2 \* context-parallel-size"),
+    (["--ep", "2"], r"num_experts must be non None"),
+    (["--tp", "-4"], r"--tp must be a positive integer"),
+    (["--tp", "four"], r"tp"),
+    (["--model", "llama9-1t"], r"unknown model preset 'llama9-1t' \(known: .*llama3-70b"),
+    (["--gpu", "v100"], r"unknown gpu 'v100' \(known: a100-40gb"),
+    (["--precision", "fp8", "--gpu", "a100-80gb"], r"fp8 is not supported on a100-80gb"),
+    (["--pp", "3", "--num-gpus", "48"], r"Number of layers should be divisible by the pipeline-model-parallel size"),
+    (["--vp", "3"], r"number of layers per pipeline stage must be divisible"),
+])
+def test_bad_input_is_one_line_and_exit_1(change: list[str], pattern: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = list(BASE)
+    for i in range(0, len(change), 2):
+        if change[i] in args:
+            args[args.index(change[i]) + 1] = change[i + 1]
+        else:
+            args += change[i:i + 2]
+    code, out, err = run(args, capsys)
+    assert code == 1
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.search(pattern, err), err
+    assert "Traceback" not in err
+
+
+def test_malformed_config_json_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                               "num_hidden_layers": -3, "vocab_size": 32000, "intermediate_size": 11008}))
+    code, _, err = run(["estimate", "--model", str(bad), "--gpu", "h100-80gb", "--num-gpus", "8",
+                        "--seq-len", "2048", "--gbs", "8"], capsys)
+    assert code == 1 and "num_hidden_layers" in err
+
+
+def test_megatron_args_yaml_takes_megatron_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "gpt.yaml"
+    f.write_text("num_layers: 24\nhidden_size: 2048\nnum_attention_heads: 16\nvocab_size: 50257\n"
+                 "max_position_embeddings: 2048\n")
+    code, out, _ = run(["estimate", "--model", str(f), "--gpu", "a100-80gb", "--num-gpus", "8", "--tp", "2",
+                        "--seq-len", "2048", "--gbs", "32", "--format", "json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    # tied embeddings, LayerNorm, biases, learned positions (Megatron defaults): 24 * 12h^2-ish + embeddings
+    assert 1.2e9 < d["params"]["total"] < 1.4e9
+
+
+def test_plan_json_lists_candidates_and_rejections(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["plan", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16", "--seq-len", "4096",
+                        "--gbs", "128", "--top", "3", "--format", "json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    assert len(d["candidates"]) == 3
+    steps = [c["time"]["step_s"] for c in d["candidates"]]
+    assert steps == sorted(steps)
+    assert d["rejections"] and all(isinstance(v, int) for v in d["rejections"].values())
+    assert all(c["memory"]["fits"] for c in d["candidates"])
+
+
+def test_plan_exit_3_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["plan", "--model", "llama3.1-405b", "--gpu", "a100-40gb", "--num-gpus", "8",
+                        "--seq-len", "8192", "--gbs", "64"], capsys)
+    assert code == 3
+    assert "OOM" in err and "what would make it fit" in err
+
+
+def test_plan_csv_and_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["plan", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+                        "--gbs", "64", "--format", "csv", "--top", "2"], capsys)
+    assert code == 0 and out.splitlines()[0].startswith("rank,tp,pp")
+    assert len(out.strip().splitlines()) == 3
+    code, out, _ = run(["explain", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8",
+                        "--seq-len", "4096", "--gbs", "64", "--format", "json"], capsys)
+    codes = {f["code"] for f in json.loads(out)["explanation"]}
+    assert {"BINDING_MEMORY", "DOMINANT_TIME", "TP_INSIDE_NODE", "DP_TAKES_REST", "RUNNER_UP_GAP"} <= codes
+
+
+def test_plan_save_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.serialize import load_plan
+
+    path = tmp_path / "plan.json"
+    code, _, _ = run(["plan", "--model", "qwen3-30b-a3b", "--gpu", "h100-80gb", "--num-gpus", "16",
+                      "--seq-len", "4096", "--gbs", "64", "--save", str(path), "--format", "json"], capsys)
+    assert code == 0
+    loaded = load_plan(path)
+    assert loaded.model.num_experts == 128 and loaded.cluster.num_gpus == 16 and len(loaded.layouts) == 5
+
+
+def test_models_gpus_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["gpus", "--format", "json"], capsys)
+    names = {g["name"] for g in json.loads(out)}
+    assert names == {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200", "b300", "gb200", "gb300",
+                     "mi300x"}
+    code, out, _ = run(["models", "--format", "json"], capsys)
+    assert {"llama2-7b", "deepseek-v3", "nemotron4-340b"} <= {m["name"] for m in json.loads(out)}
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0 and out.startswith("paraplan ")
+
+
+def test_readme_commands_run(capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    commands = re.findall(r"\.venv/bin/paraplan ([^\n`&]+)", readme)
+    assert commands, "README lost its example commands"
+    for cmd in commands:
+        code, out, err = run(shlex.split(cmd), capsys)
+        assert code == 0, (cmd, err)
