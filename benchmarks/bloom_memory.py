@@ -5,7 +5,9 @@ includes the CUDA context and PyTorch's cached blocks) and six out-of-memory con
 Models: Megatron-DeepSpeed GPT with vocab 250,680, LayerNorm, GeLU, biases, tied embeddings,
 ALiBi (no position parameters), full activation checkpointing, ZeRO-1 (see SOURCES.md section 9).
 We compare max(first stage, last stage) total + the GPU's reserved bytes with the reading, and
-check that the OOM rows are predicted not to fit.
+check that the OOM rows are predicted not to fit. Megatron-DeepSpeed's ZeRO-1 keeps two
+communication buckets that Megatron-Core does not have (DeepSpeed defaults reduce_bucket_size and
+allgather_bucket_size = 5e8 elements, fp16: 2 GB together); they are added to the workspace here.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from paraplan.errors import SpecError
+from paraplan.estimate.memory import MemoryOptions
 from paraplan.estimator import estimate
 from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import make_cluster
@@ -54,8 +57,9 @@ def bloom_case(r: dict[str, str]) -> dict[str, Any] | None:
     layout = ParallelLayout(tp=tp, pp=pp, dp=dp, mbs=int(r["mbs"]), recompute="full",
                             sequence_parallel=False, distributed_optimizer=dp > 1,
                             overlap_grad_reduce=False, overlap_param_gather=False)
+    precision = "fp16" if r["precision"].strip() == "fp16" else "bf16"
     training = TrainingSpec(seq_len=int(r["seq_length"]), global_batch_size=int(r["gbs"]),
-                            attention_backend="unfused")
+                            attention_backend="unfused", precision=precision)  # type: ignore[arg-type]
     return {"model": model, "layout": layout, "training": training, "n": n, "oom": oom,
             "measured": None if oom else float(r["peak_mem_gb"]) * 2**30, "label": r["model"]}
 
@@ -69,7 +73,10 @@ def run_bloom() -> dict[str, Any]:
             case = bloom_case(r)
             if case is None:
                 continue
-            est = estimate(case["model"], make_cluster(gpu, case["n"], 8), case["training"], case["layout"])
+            zero_buckets = 2 * 5e8 * 2 if case["layout"].dp > 1 else 0.0
+            options = MemoryOptions(workspace_bytes=MemoryOptions().workspace_bytes + zero_buckets)
+            est = estimate(case["model"], make_cluster(gpu, case["n"], 8), case["training"], case["layout"],
+                           memory_options=options)
         except SpecError:
             rejected += 1
             continue

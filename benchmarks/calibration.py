@@ -27,9 +27,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from paraplan.cli.options import apply_pipeline_split  # noqa: E402
-from paraplan.errors import SpecError  # noqa: E402
+from paraplan.errors import PlannerError, SpecError  # noqa: E402
 from paraplan.estimator import estimate  # noqa: E402
 from paraplan.layout import ParallelLayout  # noqa: E402
+from paraplan.search import SearchSpace, plan  # noqa: E402
 from paraplan.specs.cluster import make_cluster  # noqa: E402
 from paraplan.specs.load import load_gpu, model_from_megatron_args  # noqa: E402
 from paraplan.specs.training import TrainingSpec  # noqa: E402
@@ -51,6 +52,46 @@ def predict(case: Case, gpu_override: Any = None) -> float | str:
     except SpecError as err:
         return str(err)
     return float(est.throughput.tokens_per_s_per_gpu)
+
+
+RANKING_SOURCES = {"SC21 Table 1": ("ddp", "full"), "Korthikanti T3/T5": ("ddp", None),
+                   "BLOOM-176B": ("distopt", "full"), "MT-NLG 530B": ("distopt", "full")}
+
+
+def ranking_check(cases: list[Case]) -> tuple[int, int, list[str]]:
+    """Is the published layout in the top 5, or within 5% of the top pick's predicted throughput?
+
+    The search space is the source's own (its data-parallel variant and recompute mode; micro-batch
+    1, 2, 4, 8; every TP/PP/VP/CP Megatron accepts).
+    """
+    ok, lines = 0, []
+    checked = [c for c in cases if c.source in RANKING_SOURCES]
+    for c in checked:
+        dpv, rec = RANKING_SOURCES[c.source]
+        rec = rec or c.layout["recompute"]
+        try:
+            model = model_from_megatron_args(c.model, name=c.label)
+            gpu = _GPUS.setdefault(c.gpu, load_gpu(c.gpu))
+            cluster = make_cluster(gpu, c.num_gpus, c.gpus_per_node)
+            training = TrainingSpec(seq_len=c.seq_len, global_batch_size=c.gbs, precision=c.precision)  # type: ignore[arg-type]
+            # the published layout with the same switches the search uses (overlap flags)
+            lay = dict(c.layout, overlap_grad_reduce=True, overlap_param_gather=dpv != "ddp",
+                       distributed_optimizer=dpv == "distopt", fsdp=False)
+            published = estimate(model, cluster, training, ParallelLayout(**lay))
+            space = SearchSpace(recompute=(rec,), dp_variants=(dpv,), sequence_parallel=(c.layout["sequence_parallel"],),
+                                allow_cross_node=True)
+            p = plan(model, cluster, training, space=space, top_k=5)
+        except PlannerError as err:
+            lines.append(f"  {c.id} {c.label}: {str(err)[:90]}")
+            continue
+        top = float(p.candidates[0].throughput.tokens_per_s_per_gpu)
+        mine = float(published.throughput.tokens_per_s_per_gpu)
+        in_top5 = any(e.layout == published.layout for e in p.candidates)
+        close = mine >= 0.95 * top
+        ok += int(in_top5 or close)
+        lines.append(f"  {c.id} {c.label[:24]:<24} published {published.layout.short():<32} {mine:8.0f} tok/s/GPU; "
+                     f"top {p.candidates[0].layout.short():<32} {top:8.0f} -> {'ok' if in_top5 or close else 'MISS'}")
+    return ok, len(checked), lines
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -120,6 +161,9 @@ def main() -> int:
                   f"{c.layout['recompute']} {c.precision}: {r['pred']:.0f} vs "
                   f"{c.target_tokens_per_s_per_gpu:.0f} "
                   f"({100 * r['signed']:+.0f}%)")
+    ok, n_rank, lines = ranking_check(cases)
+    print(f"\nranking: published layout in the top 5 or within 5% of the top pick for {ok}/{n_rank} runs")
+    print("\n".join(lines))
     if not args.no_vtrain:
         vcases, _ = load_cases("vtrain")
         med, p90, w20, n = summary(score(vcases))

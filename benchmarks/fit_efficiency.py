@@ -34,7 +34,7 @@ ARCH_GPUS = {"ampere": ["a100-80gb", "a100-40gb"], "hopper": ["h100-80gb", "h200
 PARAMS = {
     "gemm_max_frac": (0.5, 0.95),
     "gemm_half_dim": (32.0, 600.0),
-    "attention_frac": (0.25, 0.65),
+    "attention_frac": (0.35, 0.65),
     "fp8_gemm_speedup": (1.0, 2.0),
     "layer_overhead_s": (0.0, 1e-3),
     "elementwise_bytes_per_token_hidden": (10.0, 200.0),

@@ -26,7 +26,7 @@ GPU_MAP = {
     "GB200": "gb200", "GB300": "gb300",
 }
 NVL72 = {"gb200", "gb300"}
-PRECISION = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "mxfp8": "fp8", "fp8-cs": "fp8",
+PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "fp8-cs": "fp8",
              "fp8-blockwise": "fp8", "fp8 tensorwise": "fp8", "fp8 rowwise": "fp8",
              "fp8 (float8 linears)": "fp8", "fp8 (TransformerEngine)": "fp8"}
 # source prefix -> (short name, defaults: sp, distributed optimizer, recompute, framework)

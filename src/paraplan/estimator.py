@@ -101,6 +101,8 @@ def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches
         "sequence_parallel": layout.sp, "distributed_optimizer": layout.distributed_optimizer,
         "fsdp": layout.fsdp, "overlap_grad_reduce": layout.overlap_grad_reduce,
         "overlap_param_gather": layout.overlap_param_gather, "tp_comm_overlap": layout.tp_comm_overlap,
+        "first_stage_layers": layout.first_stage_layers, "last_stage_layers": layout.last_stage_layers,
+        "pipeline_layout": list(layout.pipeline_layout),
         "precision": training.precision,
     }
 

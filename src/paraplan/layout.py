@@ -77,6 +77,9 @@ class ParallelLayout:
     """``--account-for-embedding-in-pipeline-split``: the embedding counts as one layer."""
     account_for_loss: bool = False
     """``--account-for-loss-in-pipeline-split``: the loss counts as one layer."""
+    pipeline_layout: tuple[int, ...] = ()
+    """Decoder layers per virtual stage, in Megatron's virtual-stage order (chunk-major), as
+    ``--pipeline-model-parallel-layout`` expresses it; () = derived from the options above."""
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "vp", "cp", "ep", "dp", "mbs", "recompute_num_layers"):
@@ -189,6 +192,7 @@ class LayoutTable:
     last_stage_layers: int = 0
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    pipeline_layout: tuple[int, ...] = ()
     _extra: dict[str, object] = field(default_factory=dict)
 
     @property

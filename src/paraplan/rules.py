@@ -58,7 +58,8 @@ def _layers_total(c: RuleContext) -> int:
 
 
 def _even_split(c: RuleContext) -> bool:
-    return not (c.layout.first_stage_layers or c.layout.last_stage_layers)
+    lay = c.layout
+    return not (lay.first_stage_layers or lay.last_stage_layers or lay.pipeline_layout)
 
 
 RULES: tuple[Rule, ...] = (

@@ -30,7 +30,8 @@ SCHEMA_VERSION = 1
 
 LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "recompute", "recompute_modules",
                "sequence_parallel", "distributed_optimizer", "fsdp", "overlap_grad_reduce",
-               "overlap_param_gather", "tp_comm_overlap")
+               "overlap_param_gather", "tp_comm_overlap", "first_stage_layers", "last_stage_layers",
+               "pipeline_layout")
 
 
 def inputs_dict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> dict[str, Any]:
@@ -84,8 +85,9 @@ class LoadedPlan:
 def layout_from_config(config: dict[str, Any]) -> ParallelLayout:
     """ParallelLayout from a ``config`` block of estimate/plan JSON."""
     kw = {k: config[k] for k in LAYOUT_KEYS if k in config}
-    if "recompute_modules" in kw:
-        kw["recompute_modules"] = tuple(kw["recompute_modules"])
+    for key in ("recompute_modules", "pipeline_layout"):
+        if key in kw:
+            kw[key] = tuple(kw[key])
     return ParallelLayout(**kw)
 
 

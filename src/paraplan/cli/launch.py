@@ -2,29 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import StrEnum
 
 import typer
 
 from paraplan.cli._app import app
 from paraplan.cli.options import (
-    GbsOpt,
-    GpuOpt,
+    GPU_HELP,
+    MODEL_HELP,
     GpuSetOpt,
     GpusPerNodeOpt,
-    ModelOpt,
-    NumGpusOpt,
     PipelineSplitOpt,
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
     RecomputeChoice,
-    SeqLenOpt,
     apply_pipeline_split,
     build_layout,
     resolve_inputs,
 )
 from paraplan.cli.render import console
+from paraplan.errors import SpecError
+from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as run_estimate
 from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
 from paraplan.launch.site import load_site
@@ -41,14 +41,31 @@ class Target(StrEnum):
     all = "all"
 
 
+def _from_plan(path: str, rank: int) -> tuple[LaunchSpec, Estimate]:
+    """The rank-th layout (1 = best) of a saved plan.json, re-estimated."""
+    from paraplan.serialize import load_plan
+
+    loaded = load_plan(path)
+    if not 1 <= rank <= len(loaded.layouts):
+        raise SpecError(f"--rank {rank}: the plan has {len(loaded.layouts)} layouts (1 = best)")
+    layout = loaded.layouts[rank - 1]
+    result = run_estimate(loaded.model, loaded.cluster, loaded.training, layout)
+    spec = LaunchSpec(model=loaded.model, cluster=loaded.cluster, training=loaded.training,
+                      layout=layout, prediction=result.to_dict())
+    return spec, result
+
+
 @app.command("launch")
 def launch(
-    model: str = ModelOpt,
-    gpu: str = GpuOpt,
-    num_gpus: int = NumGpusOpt,
+    plan: str | None = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save` "
+                                    "(instead of the layout flags)."),
+    rank: int = typer.Option(1, "--rank", help="Which layout of --plan (1 = best)."),
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    gpu: str | None = typer.Option(None, "--gpu", "-g", help=GPU_HELP),
+    num_gpus: int | None = typer.Option(None, "--num-gpus", "-n", help="World size (GPUs)."),
     gpus_per_node: int | None = GpusPerNodeOpt,
-    seq_len: int = SeqLenOpt,
-    gbs: int = GbsOpt,
+    seq_len: int | None = typer.Option(None, "--seq-len", "-s", help="Sequence length (tokens)."),
+    gbs: int | None = typer.Option(None, "--gbs", help="Global batch size (sequences)."),
     mbs: int = typer.Option(1, "--mbs", help="Micro-batch size (sequences)."),
     tp: int = typer.Option(1, "--tp", help="Tensor parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline parallel size."),
@@ -85,32 +102,44 @@ def launch(
     """Write launch files for one layout: megatron_args.sh, env.sh, torchrun.sh, job.sbatch,
     pytorchjob.yaml and manifest.json (layout, prediction, candidate id).
 
-    The layout is validated and estimated first (same flags as ``paraplan estimate``).
+    The layout comes from --plan (and --rank) or from the same flags as ``paraplan estimate``;
+    it is validated and estimated first, and nothing is written when it breaks a rule.
     Example: paraplan launch --model llama3-70b --gpu h100-80gb --num-gpus 64 --tp 4 --pp 4
     --cp 2 --seq-len 8192 --gbs 512 --target slurm --out runs/llama70b --site site.yaml
     """
     site_profile = load_site(site)
-    inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
-                            seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
-                            profile=profile)
-    layout = build_layout(
-        num_gpus=num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, mbs=mbs,
-        recompute=recompute.value, recompute_modules=recompute_modules,
-        recompute_num_layers=recompute_num_layers, sequence_parallel=not no_sequence_parallel,
-        distributed_optimizer=not no_distributed_optimizer, fsdp=fsdp,
-        overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,
-        tp_comm_overlap=tp_comm_overlap, first_stage_layers=first_stage_layers,
-        last_stage_layers=last_stage_layers, account_for_embedding=account_for_embedding,
-        account_for_loss=account_for_loss,
-    )
-    layout, notes = apply_pipeline_split(inputs.model, layout, str(pipeline_split))
-    result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, extra_notes=notes)
-    spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
-                      layout=layout, prediction=result.to_dict(), site=site_profile)
+    if plan is not None:
+        spec, result = _from_plan(plan, rank)
+    else:
+        missing = [f"--{n}" for n, v in (("model", model), ("gpu", gpu), ("num-gpus", num_gpus),
+                                         ("seq-len", seq_len), ("gbs", gbs)) if v is None]
+        if missing:
+            raise SpecError(f"launch needs --plan plan.json or the layout flags; missing {', '.join(missing)}")
+        assert model is not None and gpu is not None and num_gpus is not None
+        assert seq_len is not None and gbs is not None
+        inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
+                                seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
+                                profile=profile)
+        layout = build_layout(
+            num_gpus=num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+            recompute=recompute.value, recompute_modules=recompute_modules,
+            recompute_num_layers=recompute_num_layers, sequence_parallel=not no_sequence_parallel,
+            distributed_optimizer=not no_distributed_optimizer, fsdp=fsdp,
+            overlap_grad_reduce=not no_overlap_grad_reduce,
+            overlap_param_gather=not no_overlap_param_gather,
+            tp_comm_overlap=tp_comm_overlap, first_stage_layers=first_stage_layers,
+            last_stage_layers=last_stage_layers, account_for_embedding=account_for_embedding,
+            account_for_loss=account_for_loss,
+        )
+        layout, notes = apply_pipeline_split(inputs.model, layout, str(pipeline_split))
+        result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, extra_notes=notes)
+        spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
+                          layout=layout, prediction=result.to_dict())
+    spec = replace(spec, site=site_profile)
     files = render_files(spec, [target.value])
     paths = write_files(files, out, force=force)
     con = console()
-    con.print(f"candidate {candidate_id(spec)}: {layout.short()} | peak "
+    con.print(f"candidate {candidate_id(spec)}: {spec.layout.short()} | peak "
               f"{result.peak_bytes / GIB:.1f} GiB of {result.usable_bytes / GIB:.1f} GiB | "
               f"MFU {100 * float(result.throughput.mfu):.1f}%")
     if not result.fits:

@@ -36,6 +36,7 @@ class PrecisionChoice(StrEnum):
 
     bf16 = "bf16"
     fp8 = "fp8"
+    fp16 = "fp16"
 
 
 MODEL_HELP = "Preset name (paraplan models), a Hugging Face config.json, or a Megatron-args JSON/YAML."
@@ -138,16 +139,18 @@ def apply_pipeline_split(model: ModelSpec, layout: ParallelLayout, split: str) -
     from paraplan.estimate.pipeline import balanced_uneven_split
 
     notes: list[str] = []
-    if split != "auto" or layout.first_stage_layers or layout.last_stage_layers:
+    if split != "auto" or layout.first_stage_layers or layout.last_stage_layers or layout.pipeline_layout:
         return layout, notes
     if model.num_layers % (layout.pp * layout.vp) == 0:
         return layout, notes
     found = balanced_uneven_split(model.num_layers, layout.pp, layout.vp)
     if found is None:
-        raise SpecError(
-            f"--pipeline-split auto: no first/last-stage split puts {model.num_layers} layers on "
-            f"PP {layout.pp} x VP {layout.vp} with every stage divisible by VP"
-        )
+        from paraplan.estimate.pipeline import balanced_pipeline_layout, pipeline_layout_string
+
+        counts = balanced_pipeline_layout(model.num_layers, layout.pp, layout.vp)
+        notes.append(f"uneven pipeline split: --pipeline-model-parallel-layout "
+                     f"'{pipeline_layout_string(counts, layout.pp, mtp_layers=model.mtp_num_layers)}'")
+        return replace(layout, pipeline_layout=counts), notes
     first, last = found
     notes.append(f"uneven pipeline split: --decoder-first-pipeline-num-layers {first} "
                  f"--decoder-last-pipeline-num-layers {last} ({model.num_layers} layers over PP {layout.pp})")

@@ -5,7 +5,7 @@ NCCL's bus-bandwidth convention (nccl-tests ``doc/PERFORMANCE.md``; ecosystem.md
     all-reduce      t = 2(n-1)/n * S / busbw + 2 * log2(n) * alpha
     all-gather,
     reduce-scatter  t =  (n-1)/n * S / busbw +     log2(n) * alpha
-    all-to-all      t =  (n-1)/n * S / busbw +      (n-1)  * alpha     (S = bytes each rank holds)
+    all-to-all      t =  (n-1)/n * S / busbw +     log2(n) * alpha     (S = bytes each rank holds)
     send/recv       t =            S / bw    +               alpha
 The bandwidth term is the ring's; the latency term is a tree's (NCCL switches to tree/NVLS
 algorithms when latency dominates, so a ring's (n-1)*alpha over-states large groups).
@@ -73,7 +73,8 @@ def all_to_all_s(
     """All-to-all of S bytes per rank over a group of n ranks spaced ``stride`` apart.
 
     Peers inside the same NVLink domain are reached over NVLink, the rest over the network:
-    t = S*(n_intra/n)/bw_nvlink + S*(n_inter/n)/bw_network + (n-1)*alpha.
+    t = S*(n_intra/n)/bw_nvlink + S*(n_inter/n)/bw_network + log2(n)*alpha (the n-1 sends are
+    issued concurrently, so latency does not add up per peer).
     """
     eff = cluster.gpu.efficiency
     nvlink = cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac
@@ -83,7 +84,7 @@ def all_to_all_s(
     intra = np.minimum(n, per_domain) - 1
     inter = n - 1 - intra
     t = size_bytes * (intra / np.maximum(n, 1) / nvlink + inter / np.maximum(n, 1) / network)
-    return np.where(n > 1, t + (n - 1) * alpha_s, 0.0)
+    return np.where(n > 1, t + np.log2(np.maximum(n, 1)) * alpha_s, 0.0)
 
 
 def p2p_s(size_bytes: Num, bw: Num, alpha_s: float) -> Num:

@@ -24,7 +24,14 @@ from paraplan.estimate import activations as act
 from paraplan.estimate.params import StageLayers, StageParams, padded_vocab, stage_params
 from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.training import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, TrainingSpec
+from paraplan.specs.training import (
+    FP16_GRAD_BYTES,
+    FP16_MAIN_GRAD_BYTES,
+    GRAD_BYTES,
+    OPTIMIZER_BYTES,
+    PARAM_BYTES,
+    TrainingSpec,
+)
 
 Num = Any
 
@@ -79,20 +86,23 @@ class StageMemory:
     """Micro-batch chunks whose activations the stage holds at its peak."""
 
 
-def model_state_bytes(params: StageParams, layout: Any) -> tuple[Num, Num, Num]:
+def model_state_bytes(params: StageParams, layout: Any, precision: str = "bf16") -> tuple[Num, Num, Num]:
     """(weights, grads, optimizer) bytes per GPU.
 
     no sharding:           2P, 4P, 12P
     distributed optimizer: 2P, 4P, 12*P_dense/(dp*cp) + 12*P_expert/edp
     Megatron-FSDP:         all three divided by the same groups.
+    fp16: grads 2P and the fp32 main gradient (4 B) joins the optimizer state (Megatron's 20 B, 4 + 16/d).
     """
     dense_shards = np.where(layout.dist_opt, layout.dp * layout.cp, 1)
     expert_shards = np.where(layout.dist_opt, layout.edp, 1)
     state_shards_dense = np.where(layout.fsdp, dense_shards, 1)
     state_shards_expert = np.where(layout.fsdp, expert_shards, 1)
     weights = PARAM_BYTES * (params.dense / state_shards_dense + params.expert / state_shards_expert)
-    grads = GRAD_BYTES * (params.dense / state_shards_dense + params.expert / state_shards_expert)
-    optimizer = OPTIMIZER_BYTES * (params.dense / dense_shards + params.expert / expert_shards)
+    grad_bytes = FP16_GRAD_BYTES if precision == "fp16" else GRAD_BYTES
+    opt_bytes = OPTIMIZER_BYTES + (FP16_MAIN_GRAD_BYTES if precision == "fp16" else 0.0)
+    grads = grad_bytes * (params.dense / state_shards_dense + params.expert / state_shards_expert)
+    optimizer = opt_bytes * (params.dense / dense_shards + params.expert / expert_shards)
     return weights, grads, optimizer
 
 
@@ -163,7 +173,7 @@ def stage_memory(
     options = options or MemoryOptions()
     params = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                           max_positions=max_positions)
-    weights, grads, optimizer = model_state_bytes(params, layout)
+    weights, grads, optimizer = model_state_bytes(params, layout, training.precision)
     activations, units = stage_activation_bytes(
         model, training, layout, stage, rank=rank, num_microbatches=num_microbatches, options=options
     )

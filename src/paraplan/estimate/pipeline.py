@@ -94,15 +94,34 @@ def _rank_layer_counts(num_layers: int, layout: ParallelLayout) -> list[int]:
     return [per_rank] * pp
 
 
+def _layout_counts(num_layers: int, layout: ParallelLayout) -> list[list[int]]:
+    """Per-rank, per-chunk layer counts from an explicit ``pipeline_layout``."""
+    pp, vp = layout.pp, layout.vp
+    counts = layout.pipeline_layout
+    if len(counts) != pp * vp:
+        raise LayoutError(
+            f"The length of pipeline_model_parallel_layout must be divisible by pipeline_model_parallel_size "
+            f"(num_stages={len(counts)}, args.pipeline_model_parallel_size={pp}) and equal PP x VP = {pp * vp}",
+            reason="PIPELINE_LAYOUT_LENGTH",
+        )
+    if sum(counts) != num_layers or min(counts) < 0:
+        raise LayoutError(f"pipeline layout places {sum(counts)} decoder layers, the model has {num_layers}",
+                          reason="PIPELINE_LAYOUT_LAYERS")
+    return [[counts[chunk * pp + rank] for chunk in range(vp)] for rank in range(pp)]
+
+
 def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssignment]:
     """Which global layers each pipeline rank builds (chunk by chunk)."""
     pp, vp = layout.pp, layout.vp
-    counts = _rank_layer_counts(num_layers, layout)
-    per_chunk = [[c // vp] * vp for c in counts]
-    if layout.account_for_embedding:
-        per_chunk[0][0] -= 1
-    if layout.account_for_loss:
-        per_chunk[-1][-1] -= 1
+    if layout.pipeline_layout:
+        per_chunk = _layout_counts(num_layers, layout)
+    else:
+        counts = _rank_layer_counts(num_layers, layout)
+        per_chunk = [[c // vp] * vp for c in counts]
+        if layout.account_for_embedding:
+            per_chunk[0][0] -= 1
+        if layout.account_for_loss:
+            per_chunk[-1][-1] -= 1
     if min(min(c) for c in per_chunk) < 0:
         raise LayoutError("a pipeline stage would hold a negative number of layers",
                           reason="LAYERS_NOT_DIVISIBLE_BY_PP")
@@ -182,3 +201,34 @@ def balanced_uneven_split(num_layers: int, pp: int, vp: int = 1) -> tuple[int, i
         return None
     load, _, total, first = best
     return first, total - first
+
+
+def balanced_pipeline_layout(num_layers: int, pp: int, vp: int = 1) -> tuple[int, ...]:
+    """Decoder layers per virtual stage (chunk-major) for ``--pipeline-model-parallel-layout``.
+
+    The embedding and the loss count as one layer each (as the account-for flags do); the
+    L + 2 units are spread as evenly as possible over PP x VP virtual stages, extra units going to
+    the middle stages first, then the embedding and loss are taken off the first and last.
+    """
+    n = pp * vp
+    total = num_layers + 2
+    base, extra = divmod(total, n)
+    counts = [base] * n
+    order = sorted(range(n), key=lambda j: (j in (0, n - 1), abs(j - (n - 1) / 2)))
+    for j in order[:extra]:
+        counts[j] += 1
+    counts[0] -= 1
+    counts[-1] -= 1
+    if min(counts) < 0:
+        raise LayoutError(f"{num_layers} layers are too few for PP {pp} x VP {vp} virtual stages",
+                          reason="PIPELINE_LAYOUT_LAYERS")
+    return tuple(counts)
+
+
+def pipeline_layout_string(counts: tuple[int, ...], pp: int, *, mtp_layers: int = 0) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for per-virtual-stage counts: stages split by
+    '|', E = embedding, t = decoder layer, m = MTP layer, L = loss (ecosystem.md section 1.2)."""
+    parts = ["t" * c for c in counts]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "m" * mtp_layers + "L"
+    return "|".join(parts)

@@ -75,6 +75,9 @@ def _layout(parsed: ParsedScript, world: int) -> ParallelLayout:
 
 
 def _env_violations(parsed: ParsedScript, layout: ParallelLayout, gpu: GpuSpec) -> list[tuple[str, str]]:
+    """CUDA_DEVICE_MAX_CONNECTIONS as Megatron asserts it (only for scripts that launch)."""
+    if not parsed.launcher:
+        return []
     value = parsed.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if needs_max_connections_1(layout, gpu.arch) and value != "1":
         return [("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS_MESSAGE

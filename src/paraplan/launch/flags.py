@@ -180,7 +180,7 @@ def _attention_fields(r: _Reader, out: dict[str, Any]) -> None:
 def _model_defaults(r: _Reader, out: dict[str, Any]) -> None:
     if "vocab_size" not in out and "padded_vocab_size" not in out:
         model_name = (r.text("--tokenizer-model") or "").lower()
-        if r.text("--tokenizer-type") == "GPT2BPETokenizer":
+        if r.text("--tokenizer-type") == "GPT2BPETokenizer" or r.has("--merge-file"):
             model_name = "gpt2"
         guess = next((v for key, v in _TOKENIZER_VOCAB if key in model_name), None)
         out["vocab_size"] = guess or 32000

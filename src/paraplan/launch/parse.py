@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -147,15 +148,27 @@ def _world(launcher: tuple[str, ...], sbatch: dict[str, str], env: Env
     return world, sb_gpn, sb_nodes
 
 
+_NOT_LAUNCHERS: Final = ("echo", "printf", "cat", "[", "[[", "test", "ls", "cp", "mv", "rm", "mkdir",
+                          "cd", "realpath", "readlink", "dirname", "basename", "grep", "sed")
+
+
 def _find_command(commands: list[Command]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """(launcher words, Megatron arguments) of the first command running pretrain_gpt.py."""
+    """(launcher words, Megatron arguments) of the command running pretrain_gpt.py.
+
+    When several commands name it (a file test, an echo), the one with the most flags wins.
+    """
+    best: tuple[int, tuple[str, ...], tuple[str, ...]] | None = None
     for cmd in commands:
-        if cmd.fields[0] in ("echo", "printf", "cat"):
+        if cmd.fields[0].rsplit("/", 1)[-1] in _NOT_LAUNCHERS:
             continue
         for k, f in enumerate(cmd.fields):
             if f.rsplit("/", 1)[-1] == ENTRY_POINT:
-                return cmd.fields[:k], cmd.fields[k + 1:]
-    return None
+                args = cmd.fields[k + 1:]
+                score = sum(a.startswith("--") for a in args)
+                if best is None or score > best[0]:
+                    best = (score, cmd.fields[:k], args)
+                break
+    return None if best is None else (best[1], best[2])
 
 
 def _args_only(commands: list[Command], env: Env) -> tuple[str, ...]:
@@ -167,8 +180,28 @@ def _args_only(commands: list[Command], env: Env) -> tuple[str, ...]:
                  for f in arr)
 
 
-def parse_script(text: str, *, name: str = "custom", source: str = "") -> ParsedScript:
-    """Parse a script, an arguments file or a one-line command (see the module docstring)."""
+def _includer(base_dir: Path | None) -> Callable[[str], str | None]:
+    """Follow ``source FILE``: the file as written, else its name next to the script."""
+    def include(word: str) -> str | None:
+        candidates = [Path(word)] if "$" not in word else []
+        if base_dir is not None:
+            candidates.append(base_dir / word.rsplit("/", 1)[-1])
+        for path in candidates:
+            if path.is_file():
+                try:
+                    return path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    return None
+        return None
+    return include
+
+
+def parse_script(text: str, *, name: str = "custom", source: str = "",
+                 base_dir: str | Path | None = None) -> ParsedScript:
+    """Parse a script, an arguments file or a one-line command (see the module docstring).
+
+    ``source``d files are read from ``base_dir`` (the script's folder) when they exist there.
+    """
     sbatch = _sbatch_options(text)
     env = Env()
     for key, names in _SLURM_SEED.items():
@@ -178,7 +211,7 @@ def parse_script(text: str, *, name: str = "custom", source: str = "") -> Parsed
         for var in names:
             if value:
                 env.scalars[var] = str(_count(value) or value)
-    commands = read_commands(text, env)
+    commands = read_commands(text, env, include=_includer(Path(base_dir) if base_dir else None))
     found = _find_command(commands)
     launcher, args = found if found else ((), _args_only(commands, env))
     if not args:
@@ -197,7 +230,7 @@ def parse_file(path: str | Path) -> ParsedScript:
         text = p.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"cannot read '{path}': {err.strerror}") from None
-    return parse_script(text, name=p.stem, source=str(p))
+    return parse_script(text, name=p.stem, source=str(p), base_dir=p.parent)
 
 
 def parsed_summary(parsed: ParsedScript) -> dict[str, Any]:

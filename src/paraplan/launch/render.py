@@ -96,9 +96,12 @@ def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
 
 
 def _shword(value: Value) -> str:
+    """One array element: placeholders double-quoted (expanded), values shell-quoted; values with
+    commas are quoted too (shellcheck SC2054 reads a bare comma in an array as a mistake)."""
     if isinstance(value, Placeholder):
         return f'"{value.shell()}"'
-    return shlex.quote(value)
+    quoted = shlex.quote(value)
+    return f"'{value}'" if quoted == value and "," in value else quoted
 
 
 def _yamlstr(value: object) -> str:

@@ -12,26 +12,24 @@ It never runs anything.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
-Seg = tuple[str, str]
-"""(text, quote): quote is '' (unquoted), "'" or '"'."""
-Word = tuple[Seg, ...]
+from paraplan.launch.expand import Env, Seg, Word, expand_word
+
+__all__ = ["Command", "Env", "Token", "expand_word", "lex", "read_commands", "word_text"]
+
 Token = Word | str
 """A word, or an operator string: ; & | && || ( ) < >."""
 
-_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)", re.S)
-_EXPANSION: Final = re.compile(
-    r"\$(?:\{(?P<brace>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
-)
 _DECLARE: Final = ("export", "declare", "local", "readonly", "typeset")
 _KEYWORDS: Final = ("then", "else", "do", "{", "!", "elif", "if", "while", "until", "exec", "time")
 MAX_NESTING: Final = 3
 
 
-def _read_balanced(text: str, i: int, open_: str, close: str) -> int:
+def _read_balanced(text: str, i: int, open_: str, close: str, quotes: bool = True) -> int:
     """Index just after the ``close`` matching the ``open_`` at text[i] (quotes respected)."""
     depth, j, n = 0, i, len(text)
     while j < n:
@@ -39,7 +37,7 @@ def _read_balanced(text: str, i: int, open_: str, close: str) -> int:
         if c == "\\":
             j += 2
             continue
-        if c in "'\"":
+        if quotes and c in "'\"":
             end = text.find(c, j + 1)
             j = n if end < 0 else end + 1
             continue
@@ -144,7 +142,7 @@ class _Lexer:
                 j += 2
             elif text[j] == "$" and text[j + 1:j + 2] in ("(", "{"):
                 close = ")" if text[j + 1] == "(" else "}"
-                k = _read_balanced(text, j + 1, text[j + 1], close)
+                k = _read_balanced(text, j + 1, text[j + 1], close, quotes=close == ")")
                 out.append(text[j:k])
                 j = k
             else:
@@ -178,119 +176,6 @@ class _Lexer:
 def lex(text: str) -> list[list[Token]]:
     """Statements (newline-separated outside parentheses) of words and operators."""
     return _Lexer(text).run()
-
-
-@dataclass
-class Env:
-    """Shell variables and arrays known so far (seeded by the caller, e.g. from #SBATCH)."""
-
-    scalars: dict[str, str] = field(default_factory=dict)
-    arrays: dict[str, list[str]] = field(default_factory=dict)
-
-    def lookup(self, name: str) -> list[str] | None:
-        if name in self.arrays:
-            return list(self.arrays[name])
-        if name in self.scalars:
-            return [self.scalars[name]]
-        return None
-
-
-def _expand_braced(body: str, env: Env) -> tuple[list[str] | None, bool]:
-    """Fields of ${body} (None = unresolved) and whether they are array elements."""
-    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]", body)
-    if m:
-        return (list(env.arrays.get(m.group(1), [])) if m.group(1) in env.arrays else None), True
-    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=+?])?(.*)", body, re.S)
-    if not m:
-        return None, False
-    value = env.lookup(m.group(1))
-    joined = None if value is None else " ".join(value)
-    op, word = m.group(2), m.group(3)
-    if not op:
-        return (None if word or joined is None else [joined]), False
-    unset = joined is None or (op.startswith(":") and joined == "")
-    if op.endswith(("-", "=")):
-        if unset:
-            default = " ".join(expand_word(((word, '"'),), env))
-            if op.endswith("="):
-                env.scalars[m.group(1)] = default
-            return [default], False
-        return [str(joined)], False
-    if op.endswith("+"):
-        return ([] if unset else [" ".join(expand_word(((word, '"'),), env))]), False
-    return (None if unset else [str(joined)]), False
-
-
-class _Fields:
-    """Fields under construction: bash word splitting of unquoted expansions."""
-
-    def __init__(self) -> None:
-        self.fields: list[str] = []
-        self.open = False
-        self.quoted_text = False
-
-    def add(self, text: str) -> None:
-        if self.open:
-            self.fields[-1] += text
-        else:
-            self.fields.append(text)
-        self.open = True
-
-    def split_value(self, value: str) -> None:
-        """An unquoted expansion: split on whitespace, glue to the neighbours."""
-        if not value:
-            return
-        if value[0].isspace():
-            self.open = False
-        for k, part in enumerate(value.split()):
-            if k:
-                self.open = False
-            self.add(part)
-        if value[-1].isspace():
-            self.open = False
-
-    def values(self, values: list[str], *, quoted: bool, is_array: bool) -> None:
-        for k, v in enumerate(values):
-            if k and is_array:
-                self.open = False
-            if quoted:
-                self.add(v)
-            else:
-                self.split_value(v)
-
-    def segment(self, text: str, quoted: bool, env: Env) -> None:
-        pos = 0
-        for m in _EXPANSION.finditer(text):
-            if m.start() > pos:
-                self.add(text[pos:m.start()])
-                self.quoted_text |= quoted
-            pos = m.end()
-            if m.group("plain"):
-                found = env.lookup(m.group("plain"))
-                values, is_array = (None if found is None else [" ".join(found)]), False
-            else:
-                values, is_array = _expand_braced(m.group("brace"), env)
-            if values is None:
-                self.add(m.group(0))
-            else:
-                self.values(values, quoted=quoted, is_array=is_array)
-                self.quoted_text |= quoted and not is_array
-        if pos < len(text):
-            self.add(text[pos:])
-        self.quoted_text |= quoted and (pos < len(text) or not text)
-
-
-def expand_word(word: Word, env: Env) -> list[str]:
-    """Fields of one word after parameter expansion and word splitting."""
-    out = _Fields()
-    for text, quote in word:
-        if quote == "'":
-            out.add(text)
-        else:
-            out.segment(text, quote == '"', env)
-    if not out.fields and out.quoted_text:
-        return [""]
-    return out.fields
 
 
 def word_text(word: Word) -> str:
@@ -363,7 +248,12 @@ def _assignments(tokens: list[Token], i: int, env: Env) -> int:
     return i
 
 
-def _run_command(tokens: list[Token], env: Env, commands: list[Command], nesting: int) -> None:
+Include = Callable[[str], str | None]
+"""Returns the text of a ``source``d file (by the word after ``source``), or None to skip it."""
+
+
+def _run_command(tokens: list[Token], env: Env, out: list[Command], nesting: int,
+                 include: Include | None) -> None:
     i = 0
     while i < len(tokens) and not isinstance(tokens[i], str) and \
             word_text(tokens[i]) in _DECLARE + _KEYWORDS:  # type: ignore[arg-type]
@@ -372,28 +262,35 @@ def _run_command(tokens: list[Token], env: Env, commands: list[Command], nesting
                 word_text(tokens[i]).startswith("-"):  # type: ignore[arg-type]
             i += 1
     i = _assignments(tokens, i, env)
-    fields: list[str] = []
-    for tok in tokens[i:]:
-        if not isinstance(tok, str):
-            fields.extend(expand_word(tok, env))
+    fields = [f for tok in tokens[i:] if not isinstance(tok, str) for f in expand_word(tok, env)]
     while fields and fields[0] in _KEYWORDS:
         fields.pop(0)
     if not fields:
         return
-    commands.append(Command(tuple(fields)))
+    out.append(Command(tuple(fields)))
+    if nesting >= MAX_NESTING:
+        return
+    if fields[0] in ("source", ".") and len(fields) > 1 and include is not None:
+        text = include(fields[1])
+        if text is not None:
+            out.extend(read_commands(text, env, nesting=nesting + 1, include=include))
+        return
     for k, f in enumerate(fields[:-1]):
-        if f == "-c" and k > 0 and fields[k - 1].rsplit("/", 1)[-1] in ("bash", "sh") and \
-                nesting < MAX_NESTING:
-            for inner in read_commands(fields[k + 1], env, nesting=nesting + 1):
-                commands.append(Command(tuple(fields[:k - 1]) + inner.fields))
+        if f == "-c" and k > 0 and fields[k - 1].rsplit("/", 1)[-1] in ("bash", "sh"):
+            for inner in read_commands(fields[k + 1], env, nesting=nesting + 1, include=include):
+                out.append(Command(tuple(fields[:k - 1]) + inner.fields))
             break
 
 
-def read_commands(text: str, env: Env | None = None, *, nesting: int = 0) -> list[Command]:
-    """Every simple command of ``text`` with its expanded fields; ``env`` collects variables."""
+def read_commands(text: str, env: Env | None = None, *, nesting: int = 0,
+                  include: Include | None = None) -> list[Command]:
+    """Every simple command of ``text`` with its expanded fields; ``env`` collects variables.
+
+    ``source FILE`` / ``. FILE`` are followed when ``include`` returns the file's text.
+    """
     env = env if env is not None else Env()
     commands: list[Command] = []
     for statement in lex(text):
         for tokens in _split_commands(statement):
-            _run_command(tokens, env, commands, nesting)
+            _run_command(tokens, env, commands, nesting, include)
     return commands

@@ -109,7 +109,7 @@ class GpuSpec:
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for a precision ('bf16' or 'fp8')."""
-        if precision == "fp8":
+        if precision == "fp8":  # fp16 tensor cores run at the bf16 rate
             if self.peak_fp8_flops_per_s is None:
                 raise SpecError(f"precision fp8 is not supported on {self.name} (no FP8 tensor cores)")
             return self.peak_fp8_flops_per_s

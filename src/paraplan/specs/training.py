@@ -14,8 +14,8 @@ from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
 
-Precision = Literal["bf16", "fp8"]
-PRECISIONS: Final = ("bf16", "fp8")
+Precision = Literal["bf16", "fp8", "fp16"]
+PRECISIONS: Final = ("bf16", "fp8", "fp16")
 
 PARAM_BYTES: Final = 2.0
 """bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
@@ -23,6 +23,11 @@ GRAD_BYTES: Final = 4.0
 """fp32 main gradients (Megatron accumulates and reduces grads in fp32 by default)."""
 OPTIMIZER_BYTES: Final = 12.0
 """fp32 master weights + Adam first and second moments."""
+FP16_GRAD_BYTES: Final = 2.0
+"""fp16 training keeps fp16 model gradients; the fp32 main gradient (4 B) lives with the optimizer
+state, so Megatron's table gives 20 B/param, or 4 + 16/d with the distributed optimizer
+(``docs/user-guide/features/dist_optimizer.md``)."""
+FP16_MAIN_GRAD_BYTES: Final = 4.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

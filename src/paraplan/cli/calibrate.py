@@ -1,0 +1,113 @@
+"""``paraplan calibrate``: fit the efficiency parameters to measured runs and write a cluster profile."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.table import Table
+
+from paraplan.calibrate import (
+    DEFAULT_PARAMS,
+    PARAM_BOUNDS,
+    FitResult,
+    Run,
+    fit_profile,
+    profile_document,
+    read_pair,
+    read_runs_csv,
+    write_profile,
+)
+from paraplan.cli._app import app
+from paraplan.cli.options import FormatOpt, OutputFormat
+from paraplan.cli.render import console
+from paraplan.errors import SpecError
+from paraplan.specs.load import load_gpu
+
+
+def split_pair(text: str) -> tuple[str, list[str]]:
+    """``manifest.json:log1[,log2]`` -> (manifest, logs); split after ``.json:`` when present."""
+    cut = text.find(".json:")
+    head, tail = (text[: cut + 5], text[cut + 6 :]) if cut >= 0 else text.rpartition(":")[::2]
+    logs = [x for x in tail.split(",") if x]
+    if not head or not logs:
+        raise SpecError(f"--pair expects manifest.json:log.txt, got '{text}'")
+    return head, logs
+
+
+def _params(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return DEFAULT_PARAMS
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    for n in names:
+        if n not in PARAM_BOUNDS:
+            raise SpecError(f"--params: unknown '{n}' (allowed: {', '.join(PARAM_BOUNDS)})")
+    return names
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _render(res: FitResult, out: str) -> None:
+    con = console()
+    err = Table(title=f"step-time error on {res.before.n} run(s), {res.gpu}")
+    for col in ("", "median", "mean", "max", "RMS log"):
+        err.add_column(col, justify="right")
+    for label, s in (("before (preset)", res.before), ("after (fitted)", res.after)):
+        err.add_row(label, _pct(s.median_abs), _pct(s.mean_abs), _pct(s.max_abs), f"{s.rms_log:.3f}")
+    con.print(err)
+    par = Table(title="efficiency parameters")
+    for col in ("parameter", "preset", "fitted", "bounds"):
+        par.add_column(col, justify="right")
+    for name, value in res.fitted.items():
+        lo, hi = PARAM_BOUNDS[name]
+        par.add_row(name, f"{res.start[name]:.4g}", f"{value:.4g}", f"[{lo:g}, {hi:g}]")
+    con.print(par)
+    runs = Table(title="runs")
+    for col in ("run", "measured", "before", "after"):
+        runs.add_column(col, justify="right")
+    for label, meas, before, after in res.per_run:
+        runs.add_row(label, f"{meas:.4g} s", f"{before:.4g} s ({100 * (before / meas - 1):+.0f}%)",
+                     f"{after:.4g} s ({100 * (after / meas - 1):+.0f}%)")
+    con.print(runs)
+    if res.before.n < len(res.fitted):
+        con.print(f"[yellow]note:[/] {res.before.n} run(s) for {len(res.fitted)} parameters: the fit leans on the "
+                  "preset values; add runs with other layouts (TP, PP, DP sizes) to pin them down")
+    con.print(f"wrote {out}: use it with --profile {out} on any command")
+
+
+@app.command("calibrate")
+def calibrate(
+    runs: str | None = typer.Option(None, "--runs", help="CSV of measured runs (columns: paraplan.calibrate)."),
+    pair: list[str] | None = typer.Option(None, "--pair", help="manifest.json:log.txt of a run (repeat; several "
+                                          "logs of one run: manifest.json:a.log,b.log)."),
+    gpu: str = typer.Option(..., "--gpu", "-g", help="GPU preset (or file) the runs used."),
+    out: str = typer.Option(..., "--out", "-o", help="Cluster profile YAML to write."),
+    params: str | None = typer.Option(None, "--params",
+                                      help=f"Parameters to fit (default: {','.join(DEFAULT_PARAMS)})."),
+    source: str | None = typer.Option(None, "--source", help="Free text stored as the profile's source."),
+    skip_warmup: int = typer.Option(1, "--skip-warmup", help="Iteration records to skip per log segment."),
+    fmt: OutputFormat = FormatOpt,
+) -> None:
+    """Fit GEMM, collective and overlap efficiencies to measured runs; write a profile for --profile.
+
+    Example: paraplan calibrate --runs runs.csv --gpu h100-80gb --out cluster-profile.yaml
+    """
+    if not runs and not pair:
+        raise SpecError("calibrate: give --runs runs.csv or at least one --pair manifest.json:log.txt")
+    names = _params(params)
+    spec = load_gpu(gpu)
+    measured: list[Run] = read_runs_csv(runs, spec) if runs else []
+    for text in pair or []:
+        man, logs = split_pair(text)
+        measured.append(read_pair(man, logs, skip_warmup=skip_warmup, gpu=spec))
+    res = fit_profile(measured, spec, names)
+    write_profile(out, res, source or "")
+    if fmt == OutputFormat.json:
+        doc = profile_document(res, source or "")
+        doc["runs"] = [{"label": lb, "measured_s": m, "before_s": b, "after_s": a} for lb, m, b, a in res.per_run]
+        doc["out"] = out
+        print(json.dumps(doc, indent=1))
+    else:
+        _render(res, out)

@@ -1,0 +1,73 @@
+"""``paraplan check SCRIPT``: read a Megatron launch script, list the rules it breaks, estimate it."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.markup import escape
+
+from paraplan.cli._app import app, state
+from paraplan.cli.options import GPU_HELP, FormatOpt, GpusPerNodeOpt, OutputFormat
+from paraplan.cli.render import console, render_estimate
+from paraplan.launch.check import CheckResult, check_parsed, suggest_alternative
+from paraplan.launch.parse import parse_file
+from paraplan.specs.load import load_gpu
+
+DEFAULT_GPU = "h100-80gb"
+
+__all__ = ["check", "render_check", "suggest_alternative"]
+
+
+def render_check(result: CheckResult, script: str) -> None:
+    """Rules, unknown flags, defaults, notes, then the estimate (or why there is none)."""
+    con = console()
+    p = result.parsed
+    launcher = " ".join(p.launcher) if p.launcher else "(no launcher: --num-gpus or the default)"
+    con.print(f"[bold]{script}[/]: {result.model.name} | {result.cluster.num_gpus} x "
+              f"{result.cluster.gpu.name} | {result.layout.short()} | seq {result.training.seq_len}, "
+              f"GBS {result.training.global_batch_size}, {result.training.precision}")
+    con.print(f"launcher: {escape(launcher)}")
+    if result.violations:
+        con.print(f"[red]{len(result.violations)} rule(s) broken:[/]")
+        for code, message in result.violations:
+            con.print(f"  [red]{code}[/] {escape(message)}")
+    else:
+        con.print("[green]no Megatron rule broken[/]")
+    if p.unknown_flags:
+        con.print("unknown flags (not in Megatron-LM): " + escape(" ".join(p.unknown_flags)))
+    for line in p.defaults_applied:
+        con.print(f"[dim]default:[/] {escape(line)}")
+    if result.estimate is not None:
+        render_estimate(result.estimate)
+    else:
+        for note in p.flags.notes:
+            con.print(f"[yellow]note:[/] {escape(note)}")
+        con.print("no estimate: fix the broken rules first")
+    if result.alternative is not None:
+        con.print(f"plan would choose instead: {escape(str(result.alternative))}")
+
+
+@app.command("check")
+def check(
+    script: str = typer.Argument(..., help="Shell script, Slurm batch file or arguments file with a "
+                                 "pretrain_gpt.py command line (torchrun/srun/python)."),
+    num_gpus: int | None = typer.Option(None, "--num-gpus", "-n",
+                                        help="World size (default: from torchrun/srun/#SBATCH)."),
+    gpu: str = typer.Option(DEFAULT_GPU, "--gpu", "-g", help=GPU_HELP),
+    gpus_per_node: int | None = GpusPerNodeOpt,
+    fmt: OutputFormat = FormatOpt,
+) -> None:
+    """Read a Megatron-LM launch script: broken rules (Megatron's wording), unknown flags,
+    defaults applied, memory and throughput. Exit code 1 when a rule is broken.
+
+    Example: paraplan check train_llama3_8b.sh --gpu h100-80gb
+    """
+    parsed = parse_file(script)
+    result = check_parsed(parsed, load_gpu(gpu), num_gpus=num_gpus, gpus_per_node=gpus_per_node)
+    if fmt == OutputFormat.json:
+        print(json.dumps({"script": script, **result.to_dict()}, indent=1))
+    else:
+        render_check(result, script)
+    if result.violations:
+        state.exit_code = 1

@@ -1,0 +1,182 @@
+"""``paraplan report``: one self-contained HTML file with the plan's plots (``paraplan.report``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from paraplan.cli._app import app
+from paraplan.cli.options import GPU_HELP, MODEL_HELP, GpuSetOpt, PrecisionChoice, ProfileOpt
+from paraplan.cli.plan import (
+    CpOpt,
+    CrossOpt,
+    DpOpt,
+    EpOpt,
+    MaxPpOpt,
+    MbsOpt,
+    ObjectiveChoice,
+    PpOpt,
+    RecOpt,
+    TpOpt,
+    TpOvOpt,
+    VpOpt,
+    _ints,
+    _strs,
+    run_plan,
+)
+from paraplan.cli.render import console
+from paraplan.errors import SpecError
+from paraplan.search import Plan, SearchSpace
+
+PROGRESS_DELAY_S = 0.4
+"""The progress bar appears only when the work takes longer than this."""
+
+
+@contextmanager
+def progress(total: int, delay_s: float = PROGRESS_DELAY_S) -> Iterator[Callable[[str], None]]:
+    """A transient progress bar on stderr, shown once the work takes more than ``delay_s``.
+
+    Yields ``step(description)``: finishes the previous step and names the next one. Nothing is drawn
+    when stderr is not a terminal (pipes, CI logs).
+    """
+    con = Console(stderr=True)
+    if not con.is_terminal:
+        yield lambda _description: None
+        return
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                   console=con, transient=True)
+    task = bar.add_task("starting", total=total)
+    lock = threading.Lock()
+    state = {"done": False, "steps": 0}
+
+    def show() -> None:
+        with lock:
+            if not state["done"]:
+                bar.start()
+
+    def step(description: str) -> None:
+        bar.update(task, description=description, completed=state["steps"])
+        state["steps"] += 1
+
+    timer = threading.Timer(delay_s, show)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield step
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+        bar.stop()
+
+
+def _space(tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None, mbs: str | None,
+           max_pp: int | None, recompute: str | None, dp_variant: str | None, allow_cross_node: bool,
+           tp_comm_overlap: bool) -> SearchSpace:
+    return SearchSpace(
+        tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
+        mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
+        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
+        dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
+        allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap)
+
+
+def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace) -> Plan:
+    """Re-run the search from plan.json's resolved inputs (plan.json keeps only the top layouts) and
+    put plan.json's own layouts, re-estimated, first."""
+    from paraplan.estimator import estimate
+    from paraplan.search import plan
+    from paraplan.serialize import load_plan
+
+    loaded = load_plan(path)
+    obj = objective or str(loaded.document.get("plan", {}).get("objective", "throughput"))
+    p = plan(loaded.model, loaded.cluster, loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
+             top_k=top)
+    if not loaded.layouts:
+        return p
+    ests = tuple(estimate(loaded.model, loaded.cluster, loaded.training, lay) for lay in loaded.layouts[:top])
+    return replace(p, candidates=ests)
+
+
+_PLAN = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save` (instead of the plan flags).")
+_OUT = typer.Option(..., "--output", "-o", help="HTML file to write (written atomically).")
+_LOG = typer.Option(None, "--log", help="Training log or TensorBoard event file of a run (repeatable): adds "
+                                        "predicted vs measured.")
+_COMPARE = typer.Option(1, "--compare", min=1, help="Which top layout the logged run used (1 = the best).")
+_SKIP = typer.Option(1, "--skip-warmup", min=0, help="Iteration records to drop at the start of each log.")
+
+
+@app.command("report")
+def report_cmd(
+    output: Path = _OUT, plan_file: Path | None = _PLAN,
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    gpu: str | None = typer.Option(None, "--gpu", "-g", help=GPU_HELP),
+    num_gpus: int | None = typer.Option(None, "--num-gpus", "-n", help="World size (GPUs)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the preset's)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", "-s", help="Sequence length (tokens)."),
+    gbs: int | None = typer.Option(None, "--gbs", help="Global batch size (sequences)."),
+    precision: PrecisionChoice = typer.Option(PrecisionChoice.bf16, "--precision", help="GEMM precision."),
+    top: int = typer.Option(5, "--top", "-k", help="How many top layouts to show and highlight."),
+    objective: ObjectiveChoice | None = typer.Option(None, "--objective",
+                                                     help="Rank by throughput (default) or memory headroom."),
+    tp: str | None = TpOpt, pp: str | None = PpOpt, vp: str | None = VpOpt, cp: str | None = CpOpt,
+    ep: str | None = EpOpt, mbs: str | None = MbsOpt, max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt,
+    dp_variant: str | None = DpOpt, allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
+    gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
+    log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP,
+) -> None:
+    """Write an HTML report: candidate landscape, memory per stage, step time, pipeline schedule.
+
+    One self-contained file (plotly.js embedded): it opens offline and can be archived with the run.
+
+    Example: paraplan report --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512 -o report.html
+
+    Example: paraplan report --plan plan.json --log train.log -o report.html
+    """
+    from paraplan.explain import explain
+    from paraplan.report import build_context, charts, render_html, write_text_atomic
+
+    if top < 1:
+        raise SpecError(f"--top must be a positive integer, got {top}")
+    flags = {"--model": model, "--gpu": gpu, "--num-gpus": num_gpus, "--seq-len": seq_len, "--gbs": gbs}
+    if plan_file is None and any(v is None for v in flags.values()):
+        missing = ", ".join(k for k, v in flags.items() if v is None)
+        raise SpecError(f"report: give --plan plan.json, or the plan flags (missing {missing})")
+    if plan_file is not None and any(v for v in (model, gpu, num_gpus, seq_len, gbs, gpus_per_node, gpu_set, profile)):
+        raise SpecError("report: --plan already holds the resolved inputs; drop --model/--gpu/--num-gpus/"
+                        "--gpus-per-node/--seq-len/--gbs/--gpu-set/--profile")
+    with progress(6) as step:
+        step("searching layouts")
+        if plan_file is not None:
+            space = _space(tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap)
+            p = plan_from_file(plan_file, top, objective.value if objective else None, space)
+        else:
+            assert model and gpu and num_gpus and seq_len and gbs
+            p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
+                         (objective or ObjectiveChoice.throughput).value, tp, pp, vp, cp, ep, mbs, max_pp, recompute,
+                         dp_variant, allow_cross_node, tp_comm_overlap)
+        step("reading logs")
+        runlog = None
+        if log:
+            from paraplan.ingest import read_logs
+
+            runlog = read_logs(list(log))
+        step("explaining")
+        findings = explain(p)
+        step("simulating pipeline schedules")
+        ctx = build_context(p, findings=findings, log=runlog, compare_rank=compare, skip_warmup=skip_warmup)
+        step("drawing charts")
+        html = render_html(ctx, charts(ctx))
+        step(f"writing {output}")
+        write_text_atomic(output, html)
+    size = len(html.encode("utf-8"))
+    console().print(f"wrote {output} ({size / 1e6:.1f} MB): {len(ctx.top)} top layouts of {ctx.num_feasible:,} "
+                    f"that fit ({ctx.num_evaluated:,} evaluated), {len(ctx.schedules)} pipeline schedule(s)"
+                    + (", predicted vs measured" if ctx.measured else ""))

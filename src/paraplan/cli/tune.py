@@ -1,0 +1,181 @@
+"""``paraplan tune``: a measured run next to its prediction, the diagnosis, and the next layout to try."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from paraplan.calibrate import RunInputs, read_manifest
+from paraplan.cli._app import app
+from paraplan.cli.options import (
+    FormatOpt,
+    GpuSetOpt,
+    OutputFormat,
+    PipelineSplitOpt,
+    PrecisionChoice,
+    PrecisionOpt,
+    ProfileOpt,
+    RecomputeChoice,
+    apply_pipeline_split,
+    build_layout,
+    resolve_inputs,
+)
+from paraplan.cli.render import console
+from paraplan.errors import IngestError, SpecError
+from paraplan.estimator import estimate
+from paraplan.ingest import RunLog, read_logs
+from paraplan.serialize import load_plan
+from paraplan.specs.cluster import make_cluster
+from paraplan.specs.load import gpu_preset_names, model_preset_names, override_gpu
+from paraplan.tune import Comparison, Metric, compare, diagnose
+from paraplan.units import GIB
+
+
+def _from_plan(path: str, rank: int) -> RunInputs:
+    loaded = load_plan(path)
+    if not 1 <= rank <= len(loaded.layouts):
+        raise SpecError(f"--rank {rank}: the plan has candidates 1 to {len(loaded.layouts)}")
+    return RunInputs(model=loaded.model, cluster=loaded.cluster, training=loaded.training,
+                     layout=loaded.layouts[rank - 1], prediction=loaded.predictions[rank - 1])
+
+
+def _with_profile(inp: RunInputs, profile: str | None) -> RunInputs:
+    if not profile:
+        return inp
+    from paraplan.specs.profile import load_profile
+
+    gpu = override_gpu(inp.cluster.gpu, {"efficiency": load_profile(profile, inp.cluster.gpu.name)})
+    return replace(inp, cluster=make_cluster(gpu, inp.cluster.num_gpus, inp.cluster.gpus_per_node))
+
+
+def _fmt(m: Metric, unit: str) -> tuple[str, str, str]:
+    scale = {"GiB": GIB, "%": 0.01}.get(unit, 1.0)
+
+    def one(v: float | None) -> str:
+        return "-" if v is None else f"{v / scale:,.3g} {unit}" if abs(v / scale) < 1000 else f"{v / scale:,.0f} {unit}"
+
+    return one(m.predicted), one(m.measured), "-" if m.ratio is None else f"x{m.ratio:.2f}"
+
+
+def _render(cmp: Comparison, findings_: list[dict[str, object]], log: RunLog) -> None:
+    con, est = console(), cmp.estimate
+    con.print(f"[bold]{est.model.name}[/] on {est.cluster.num_gpus} x {est.cluster.gpu.name} | layout "
+              f"{est.layout.short()} | {cmp.iterations} iteration record(s) from {', '.join(log.sources)}")
+    table = Table(title="predicted vs measured")
+    for col in ("", "predicted", "measured", "measured/predicted"):
+        table.add_column(col, justify="right" if col else "left")
+    rows = [("step time", "step_time_s", "s"), ("tokens/s/GPU", "tokens_per_s_per_gpu", ""), ("MFU", "mfu", "%"),
+            ("model TFLOP/s/GPU", "model_tflops_per_gpu", ""), ("TFLOP/s/GPU in the log", "log_tflops_per_gpu", ""),
+            ("peak memory (max allocated)", "peak_memory_bytes", "GiB"),
+            ("bubble + PP wait", "bubble_and_pp_s", "s"), ("optimizer", "optimizer_s", "s")]
+    for label, key, unit in rows:
+        table.add_row(label, *_fmt(cmp.metrics[key], unit))
+    for axis, m in cmp.comm.items():
+        if m.predicted or m.measured is not None:
+            table.add_row(f"exposed {axis.upper()} comm", *_fmt(m, "s"))
+    con.print(table)
+    mem = Table(title="peak memory per pipeline stage (rank // (TP x CP x DP))")
+    for col in ("stage", "ranks", "predicted", "max allocated", "max reserved", "ratio"):
+        mem.add_column(col, justify="right")
+    for s in cmp.stages:
+        ranks = ",".join(map(str, s.ranks[:6])) + ("..." if len(s.ranks) > 6 else "")
+        mem.add_row(str(s.stage), ranks or "-", f"{s.predicted_bytes / GIB:.1f} GiB",
+                    "-" if s.measured_bytes is None else f"{s.measured_bytes / GIB:.1f} GiB",
+                    "-" if s.reserved_bytes is None else f"{s.reserved_bytes / GIB:.1f} GiB",
+                    "-" if s.ratio is None else f"x{s.ratio:.2f}")
+    con.print(mem)
+    for note in cmp.notes:
+        con.print(f"[yellow]note:[/] {escape(note)}")
+    for f in findings_:
+        con.print(f"[bold]{f['code']}[/] {escape(str(f['text']))}", soft_wrap=True)
+
+
+def _refs(inp: RunInputs, model: str | None, gpu: str | None) -> tuple[str, str]:
+    """--model / --gpu for the launch command: as given, else the preset name, else a placeholder."""
+    name, gname = inp.model.name, inp.cluster.gpu.name
+    return (model or (name if name in model_preset_names() else "<model config>"),
+            gpu or (gname if gname in gpu_preset_names() else "<gpu file>"))
+
+
+@app.command("tune")
+def tune(
+    log: list[str] = typer.Option(..., "--log", "-l", help="Megatron log or TensorBoard dir (repeat for several)."),
+    plan_path: str | None = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save`."),
+    rank: int = typer.Option(1, "--rank", help="Candidate of --plan that ran (1 = best)."),
+    manifest: str | None = typer.Option(None, "--manifest", help="manifest.json of the launch directory that ran."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model (estimate flags instead of --plan)."),
+    gpu: str | None = typer.Option(None, "--gpu", "-g", help="GPU preset or file."),
+    num_gpus: int | None = typer.Option(None, "--num-gpus", "-n", help="World size."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    seq_len: int | None = typer.Option(None, "--seq-len", "-s"),
+    gbs: int | None = typer.Option(None, "--gbs"),
+    mbs: int = typer.Option(1, "--mbs"),
+    tp: int = typer.Option(1, "--tp"),
+    pp: int = typer.Option(1, "--pp"),
+    vp: int = typer.Option(1, "--vp"),
+    cp: int = typer.Option(1, "--cp"),
+    ep: int = typer.Option(1, "--ep"),
+    etp: int | None = typer.Option(None, "--etp"),
+    recompute: RecomputeChoice = typer.Option(RecomputeChoice.selective, "--recompute"),
+    recompute_modules: list[str] | None = typer.Option(None, "--recompute-modules"),
+    no_sequence_parallel: bool = typer.Option(False, "--no-sequence-parallel"),
+    no_distributed_optimizer: bool = typer.Option(False, "--no-distributed-optimizer"),
+    fsdp: bool = typer.Option(False, "--fsdp"),
+    no_overlap_grad_reduce: bool = typer.Option(False, "--no-overlap-grad-reduce"),
+    no_overlap_param_gather: bool = typer.Option(False, "--no-overlap-param-gather"),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap"),
+    pipeline_split: str = PipelineSplitOpt,
+    precision: PrecisionChoice = PrecisionOpt,
+    gpu_set: list[str] | None = GpuSetOpt,
+    profile: str | None = ProfileOpt,
+    skip_warmup: int = typer.Option(1, "--skip-warmup", help="Iteration records to skip per log segment."),
+    no_search: bool = typer.Option(False, "--no-search", help="Skip the search for the next layout."),
+    fmt: OutputFormat = FormatOpt,
+) -> None:
+    """Compare a measured Megatron run with its prediction, diagnose it, and propose the next layout.
+
+    Example: paraplan tune --log train.log --manifest runs/a/manifest.json
+    """
+    sources = [s for s in (plan_path, manifest, model) if s]
+    if len(sources) != 1:
+        raise SpecError("tune: give exactly one of --plan, --manifest or the estimate flags (--model ...)")
+    if plan_path:
+        inp = _with_profile(_from_plan(plan_path, rank), profile)
+    elif manifest:
+        inp = _with_profile(read_manifest(manifest), profile)
+    else:
+        missing = [f"--{k}" for k, v in (("gpu", gpu), ("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs))
+                   if v is None]
+        if missing:
+            raise SpecError(f"tune: with --model, also give {', '.join(missing)}")
+        assert model and gpu and num_gpus and seq_len and gbs
+        specs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
+                               gbs=gbs, precision=precision.value, gpu_set=gpu_set, profile=profile)
+        layout = build_layout(
+            num_gpus=num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute.value,
+            recompute_modules=recompute_modules, recompute_num_layers=1, sequence_parallel=not no_sequence_parallel,
+            distributed_optimizer=not no_distributed_optimizer, fsdp=fsdp,
+            overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,
+            tp_comm_overlap=tp_comm_overlap, first_stage_layers=None, last_stage_layers=None,
+            account_for_embedding=False, account_for_loss=False)
+        layout, _ = apply_pipeline_split(specs.model, layout, str(pipeline_split))
+        inp = RunInputs(model=specs.model, cluster=specs.cluster, training=specs.training, layout=layout)
+    try:
+        run_log = read_logs(log)
+    except IngestError as err:
+        raise SpecError(str(err)) from None
+    est = estimate(inp.model, inp.cluster, inp.training, inp.layout)
+    cmp = compare(est, run_log, skip_warmup=skip_warmup)
+    model_ref, gpu_ref = _refs(inp, model, gpu)
+    findings = [f.as_dict() for f in diagnose(cmp, None, search=not no_search, model_ref=model_ref,
+                                              gpu_ref=gpu_ref, profile=profile)]
+    if fmt == OutputFormat.json:
+        doc = {"sources": list(run_log.sources), "candidate_id": inp.candidate_id, "comparison": cmp.to_dict(),
+               "findings": findings}
+        print(json.dumps(doc, indent=1))
+    else:
+        _render(cmp, findings, run_log)

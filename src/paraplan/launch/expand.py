@@ -1,0 +1,131 @@
+"""Parameter expansion for ``paraplan.launch.shell``: ``$NAME``, ``${NAME}``, ``${NAME:-default}``,
+``${NAME:=default}``, ``${NAME:+alt}``, ``${NAME[@]}``, with bash word splitting of unquoted
+expansions. Unknown variables and other forms (``$(...)``, ``$((...))``) stay as literal text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+Seg = tuple[str, str]
+"""(text, quote): quote is '' (unquoted), "'" or '"'."""
+Word = tuple[Seg, ...]
+
+_EXPANSION: Final = re.compile(
+    r"\$(?:\{(?P<brace>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+@dataclass
+class Env:
+    """Shell variables and arrays known so far (seeded by the caller, e.g. from #SBATCH)."""
+
+    scalars: dict[str, str] = field(default_factory=dict)
+    arrays: dict[str, list[str]] = field(default_factory=dict)
+
+    def lookup(self, name: str) -> list[str] | None:
+        if name in self.arrays:
+            return list(self.arrays[name])
+        if name in self.scalars:
+            return [self.scalars[name]]
+        return None
+
+
+def _expand_braced(body: str, env: Env) -> tuple[list[str] | None, bool]:
+    """Fields of ${body} (None = unresolved) and whether they are array elements."""
+    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]", body)
+    if m:
+        return (list(env.arrays.get(m.group(1), [])) if m.group(1) in env.arrays else None), True
+    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?[-=+?])?(.*)", body, re.S)
+    if not m:
+        return None, False
+    value = env.lookup(m.group(1))
+    joined = None if value is None else " ".join(value)
+    op, word = m.group(2), m.group(3)
+    if not op:
+        return (None if word or joined is None else [joined]), False
+    unset = joined is None or (op.startswith(":") and joined == "")
+    if op.endswith(("-", "=")):
+        if unset:
+            default = " ".join(expand_word(((word, '"'),), env))
+            if op.endswith("="):
+                env.scalars[m.group(1)] = default
+            return [default], False
+        return [str(joined)], False
+    if op.endswith("+"):
+        return ([] if unset else [" ".join(expand_word(((word, '"'),), env))]), False
+    return (None if unset else [str(joined)]), False
+
+
+class _Fields:
+    """Fields under construction: bash word splitting of unquoted expansions."""
+
+    def __init__(self) -> None:
+        self.fields: list[str] = []
+        self.open = False
+        self.quoted_text = False
+
+    def add(self, text: str) -> None:
+        if self.open:
+            self.fields[-1] += text
+        else:
+            self.fields.append(text)
+        self.open = True
+
+    def split_value(self, value: str) -> None:
+        """An unquoted expansion: split on whitespace, glue to the neighbours."""
+        if not value:
+            return
+        if value[0].isspace():
+            self.open = False
+        for k, part in enumerate(value.split()):
+            if k:
+                self.open = False
+            self.add(part)
+        if value[-1].isspace():
+            self.open = False
+
+    def values(self, values: list[str], *, quoted: bool, is_array: bool) -> None:
+        for k, v in enumerate(values):
+            if k and is_array:
+                self.open = False
+            if quoted:
+                self.add(v)
+            else:
+                self.split_value(v)
+
+    def segment(self, text: str, quoted: bool, env: Env) -> None:
+        pos = 0
+        for m in _EXPANSION.finditer(text):
+            if m.start() > pos:
+                self.add(text[pos:m.start()])
+                self.quoted_text |= quoted
+            pos = m.end()
+            if m.group("plain"):
+                found = env.lookup(m.group("plain"))
+                values, is_array = (None if found is None else [" ".join(found)]), False
+            else:
+                values, is_array = _expand_braced(m.group("brace"), env)
+            if values is None:
+                self.add(m.group(0))
+            else:
+                self.values(values, quoted=quoted, is_array=is_array)
+                self.quoted_text |= quoted and not is_array
+        if pos < len(text):
+            self.add(text[pos:])
+        self.quoted_text |= quoted and (pos < len(text) or not text)
+
+
+def expand_word(word: Word, env: Env) -> list[str]:
+    """Fields of one word after parameter expansion and word splitting."""
+    out = _Fields()
+    for text, quote in word:
+        if quote == "'":
+            out.add(text)
+        else:
+            out.segment(text, quote == '"', env)
+    if not out.fields and out.quoted_text:
+        return [""]
+    return out.fields

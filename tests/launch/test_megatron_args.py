@@ -1,0 +1,204 @@
+"""The layout -> pretrain_gpt.py argument mapping: flag names, flag choices, Megatron's rules."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paraplan.errors import LayoutError
+from paraplan.launch.flags import known_flags
+from paraplan.launch.megatron import (
+    EMITTED_FLAGS,
+    MEGATRON_COMMIT,
+    argv,
+    flag_pairs,
+    megatron_args,
+    moe_layer_freq_string,
+    needs_max_connections_1,
+)
+from paraplan.launch.render import environment
+from paraplan.layout import ParallelLayout, layout_for_world
+from paraplan.specs.load import load_model, model_preset_names
+from paraplan.specs.training import TrainingSpec
+
+from .cases import TSV, deepseek_uneven_spec, llama70b_spec, moe_single_node_spec
+
+TRAIN = TrainingSpec(seq_len=4096, global_batch_size=256)
+
+
+def tsv_flags() -> set[str]:
+    if not TSV.exists():
+        pytest.skip(f"{TSV} not available")
+    lines = TSV.read_text(encoding="utf-8").splitlines()
+    return {name for line in lines[2:] for name in line.split("\t")[0].split("|")}
+
+
+def flags_of(words: list[str]) -> list[str]:
+    return [w for w in words if w.startswith("--")]
+
+
+LAYOUTS = [
+    ParallelLayout(),
+    ParallelLayout(tp=8, pp=4, vp=2, cp=2, recompute="full", recompute_num_layers=2),
+    ParallelLayout(tp=2, pp=2, fsdp=True, distributed_optimizer=False, tp_comm_overlap=True,
+                   recompute="selective", recompute_modules=("core_attn", "mlp")),
+    ParallelLayout(tp=2, pp=4, vp=2, first_stage_layers=2, last_stage_layers=2, recompute="none",
+                   overlap_param_gather=False, overlap_grad_reduce=False,
+                   distributed_optimizer=False),
+    ParallelLayout(pp=2, account_for_embedding=True, account_for_loss=True, ep=2, etp=1),
+]
+
+
+def all_emitted() -> set[str]:
+    out: set[str] = set()
+    for name in model_preset_names():
+        model = load_model(name)
+        for lay in LAYOUTS:
+            for precision in ("bf16", "fp8"):
+                training = replace(TRAIN, precision=precision)  # type: ignore[arg-type]
+                for arch in ("hopper", "blackwell", "cdna3"):
+                    out.update(flags_of(argv(megatron_args(model, lay, training, arch=arch))))
+    return out
+
+
+def test_every_emittable_flag_exists_in_megatron_main() -> None:
+    missing = sorted(set(EMITTED_FLAGS) - tsv_flags())
+    assert not missing, f"not Megatron-LM flags at {MEGATRON_COMMIT}: {missing}"
+
+
+def test_every_emitted_flag_is_declared_and_exists_in_megatron() -> None:
+    emitted = all_emitted()
+    assert emitted <= set(EMITTED_FLAGS)
+    assert emitted <= tsv_flags()
+    assert emitted <= known_flags()
+
+
+def test_packaged_flag_list_is_the_tsv() -> None:
+    assert known_flags() == tsv_flags()
+
+
+def test_even_interleaving_uses_layers_per_virtual_stage() -> None:
+    model = load_model("llama3-70b")  # 80 layers / PP 4 / VP 5 = 4 layers per virtual stage
+    pairs = dict(flag_pairs(megatron_args(model, llama70b_spec().layout, TRAIN)))
+    assert pairs["--num-layers-per-virtual-pipeline-stage"] == "4"
+    assert "--num-virtual-stages-per-pipeline-rank" not in pairs
+    assert "--virtual-pipeline-model-parallel-size" not in pairs
+
+
+def test_uneven_split_uses_virtual_stages_per_rank_and_first_last() -> None:
+    model = load_model("llama3-8b")  # 32 layers: first 4, last 4, 2 middle ranks of 12
+    lay = ParallelLayout(tp=1, pp=4, vp=2, first_stage_layers=4, last_stage_layers=4)
+    pairs = dict(flag_pairs(megatron_args(model, lay, TRAIN)))
+    assert pairs["--num-virtual-stages-per-pipeline-rank"] == "2"
+    assert pairs["--decoder-first-pipeline-num-layers"] == "4"
+    assert pairs["--decoder-last-pipeline-num-layers"] == "4"
+    assert "--num-layers-per-virtual-pipeline-stage" not in pairs
+
+
+def test_sequence_parallel_is_not_emitted_at_tp1() -> None:
+    pairs = dict(flag_pairs(megatron_args(load_model("llama3-8b"), ParallelLayout(tp=1), TRAIN)))
+    assert "--sequence-parallel" not in pairs
+
+
+def test_recompute_flags() -> None:
+    model = load_model("llama3-8b")
+    full = dict(flag_pairs(megatron_args(model, ParallelLayout(recompute="full", recompute_num_layers=4),
+                                         TRAIN)))
+    assert (full["--recompute-granularity"], full["--recompute-method"], full["--recompute-num-layers"]) == \
+        ("full", "uniform", "4")
+    sel = dict(flag_pairs(megatron_args(model, ParallelLayout(recompute_modules=("core_attn", "mlp")), TRAIN)))
+    assert sel["--recompute-granularity"] == "selective" and sel["--recompute-modules"] == "core_attn mlp"
+    assert "--recompute-method" not in sel
+    none = dict(flag_pairs(megatron_args(model, ParallelLayout(recompute="none"), TRAIN)))
+    assert not any(f.startswith("--recompute") for f in none)
+
+
+def test_fp8_recipe_follows_the_architecture() -> None:
+    model = load_model("llama3-8b")
+    fp8 = replace(TRAIN, precision="fp8")
+    hopper = dict(flag_pairs(megatron_args(model, ParallelLayout(), fp8, arch="hopper")))
+    blackwell = dict(flag_pairs(megatron_args(model, ParallelLayout(), fp8, arch="blackwell")))
+    assert (hopper["--fp8-format"], hopper["--fp8-recipe"]) == ("hybrid", "delayed")
+    assert blackwell["--fp8-recipe"] == "mxfp8"
+    assert "--bf16" in hopper
+
+
+def test_fsdp_flags_and_checkpoint_format() -> None:
+    pairs = dict(flag_pairs(megatron_args(moe_single_node_spec().model, moe_single_node_spec().layout,
+                                          moe_single_node_spec().training)))
+    assert "--use-megatron-fsdp" in pairs
+    assert pairs["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    assert pairs["--ckpt-format"] == "fsdp_dtensor"
+    assert "--use-distributed-optimizer" not in pairs
+
+
+def test_model_flags_for_gqa_llama() -> None:
+    pairs = dict(flag_pairs(megatron_args(load_model("llama3-70b"), ParallelLayout(tp=8), TRAIN)))
+    assert "--group-query-attention" in pairs and pairs["--num-query-groups"] == "8"
+    for flag in ("--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"):
+        assert flag in pairs
+    assert pairs["--position-embedding-type"] == "rope" and pairs["--normalization"] == "RMSNorm"
+    assert pairs["--max-position-embeddings"] == "8192"
+
+
+def test_max_position_embeddings_is_at_least_the_sequence() -> None:
+    model = replace(load_model("llama3-8b"), max_position_embeddings=2048)
+    pairs = dict(flag_pairs(megatron_args(model, ParallelLayout(), TRAIN)))
+    assert pairs["--max-position-embeddings"] == "4096"
+
+
+def test_mla_moe_mtp_flags_for_deepseek() -> None:
+    spec = deepseek_uneven_spec()
+    pairs = dict(flag_pairs(megatron_args(spec.model, spec.layout, spec.training)))
+    assert "--multi-latent-attention" in pairs and "--group-query-attention" not in pairs
+    assert (pairs["--q-lora-rank"], pairs["--kv-lora-rank"]) == ("1536", "512")
+    assert pairs["--moe-layer-freq"] == "[0]*3+[1]*58"
+    assert pairs["--moe-token-dispatcher-type"] == "alltoall" and "--moe-grouped-gemm" in pairs
+    assert pairs["--mtp-num-layers"] == "1"
+    assert pairs["--expert-model-parallel-size"] == "64" and pairs["--expert-tensor-parallel-size"] == "1"
+
+
+def test_moe_layer_freq_string_round_trips() -> None:
+    assert moe_layer_freq_string(1) == "1"
+    assert moe_layer_freq_string((0, 1, 1, 0)) == "[0]+[1]*2+[0]"
+    assert eval(moe_layer_freq_string((0,) * 3 + (1,) * 58)) == [0] * 3 + [1] * 58  # Megatron evals it
+
+
+def test_data_and_tokenizer_are_marked_placeholders() -> None:
+    words = argv(megatron_args(load_model("llama3-8b"), ParallelLayout(), TRAIN))
+    assert "${DATA_PATH:?set DATA_PATH" in words[words.index("--data-path") + 1]
+    assert words[words.index("--tokenizer-model") + 1].startswith("${TOKENIZER_MODEL:?")
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    (ParallelLayout(tp=1, tp_comm_overlap=True),
+     "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled"),
+    (ParallelLayout(distributed_optimizer=False, overlap_param_gather=True),
+     "--overlap-param-gather only supported with distributed optimizer, megatron fsdp, or dist_muon"),
+    (ParallelLayout(overlap_grad_reduce=False, overlap_param_gather=True),
+     "Must use --overlap-param-gather with --overlap-grad-reduce"),
+    (ParallelLayout(pp=4, recompute="full", recompute_num_layers=9),
+     "recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: 8"),
+])
+def test_flag_combinations_megatron_rejects_raise_its_message(layout: ParallelLayout, message: str) -> None:
+    with pytest.raises(LayoutError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        megatron_args(load_model("llama3-8b"), layout, TRAIN)
+
+
+def test_cuda_device_max_connections_rule() -> None:
+    assert needs_max_connections_1(ParallelLayout(tp=2), "hopper")
+    assert needs_max_connections_1(ParallelLayout(cp=2), "ampere")
+    assert not needs_max_connections_1(ParallelLayout(tp=2), "blackwell")
+    assert not needs_max_connections_1(ParallelLayout(tp=2, fsdp=True), "hopper")
+    assert not needs_max_connections_1(ParallelLayout(), "hopper")
+    env = {name: value for name, value, _ in environment(llama70b_spec())}
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["NCCL_IB_SL"] == "1"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in {n for n, _, _ in environment(moe_single_node_spec())}
+
+
+def test_layout_for_world_layouts_render_for_every_preset() -> None:
+    for name in model_preset_names():
+        model = load_model(name)
+        words = argv(megatron_args(model, layout_for_world(8, tp=1), TRAIN))
+        assert words[words.index("--num-layers") + 1] == str(model.num_layers)

@@ -1,0 +1,71 @@
+"""The site profile: safe defaults, validation, unknown keys rejected in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paraplan.errors import SpecError
+from paraplan.launch.render import render_files
+from paraplan.launch.site import DEFAULT_MEGATRON_PATH, SiteProfile, load_site, site_from_dict
+
+from .cases import SITE, llama70b_spec
+
+
+def test_defaults_emit_nothing_site_specific() -> None:
+    site = load_site(None)
+    assert site == SiteProfile() and site.megatron_path == DEFAULT_MEGATRON_PATH
+    files = render_files(llama70b_spec(SiteProfile()), ["all"])
+    sbatch = files["job.sbatch"]
+    assert "--partition" not in sbatch and "--account" not in sbatch and "--container-image" not in sbatch
+    assert "module load" not in sbatch
+
+
+def test_yaml_file_round_trips(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(SITE), encoding="utf-8")
+    site = load_site(path)
+    assert site.partition == "batch" and site.container_mounts == ("/lustre:/lustre",)
+    assert dict(site.env)["NCCL_IB_SL"] == "1"
+    assert site.as_dict()["env"] == SITE["env"]
+
+
+def test_unknown_key_is_named_in_one_line() -> None:
+    with pytest.raises(SpecError, match="site: unknown key 'partion'") as err:
+        site_from_dict({"partion": "batch"})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    ({"time": 14400}, "quote the time limit"),
+    ({"partition": "batch; rm -rf /"}, "site.partition"),
+    ({"env": {"BAD-NAME": "1"}}, "not a valid environment variable name"),
+    ({"env": {"NCCL_DEBUG": True}}, "quote values"),
+    ({"env": ["NCCL_DEBUG=INFO"]}, "expected a mapping"),
+    ({"modules": 3}, "expected a list of strings"),
+    ({"extra_sbatch": ["qos high"]}, "not an sbatch option"),
+    ({"megatron_path": "/opt/megatron lm"}, "site.megatron_path"),
+])
+def test_bad_values_are_rejected(data: dict[str, object], match: str) -> None:
+    with pytest.raises(SpecError, match=match):
+        site_from_dict(data)
+
+
+def test_container_mounts_accept_the_pyxis_string() -> None:
+    assert site_from_dict({"container_mounts": "/a:/a,/b:/b"}).container_mounts == ("/a:/a", "/b:/b")
+
+
+def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("partition: [\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_site(bad)
+    with pytest.raises(SpecError, match="cannot read"):
+        load_site(tmp_path / "missing.yaml")
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="must hold a mapping"):
+        load_site(listing)
