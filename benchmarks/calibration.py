@@ -78,8 +78,8 @@ def ranking_check(cases: list[Case]) -> tuple[int, int, list[str]]:
             lay = dict(c.layout, overlap_grad_reduce=True, overlap_param_gather=dpv != "ddp",
                        distributed_optimizer=dpv == "distopt", fsdp=False)
             published = estimate(model, cluster, training, ParallelLayout(**lay))
-            space = SearchSpace(recompute=(rec,), dp_variants=(dpv,), sequence_parallel=(c.layout["sequence_parallel"],),
-                                allow_cross_node=True)
+            space = SearchSpace(recompute=(rec,), dp_variants=(dpv,),
+                                sequence_parallel=(c.layout["sequence_parallel"],), allow_cross_node=True)
             p = plan(model, cluster, training, space=space, top_k=5)
         except PlannerError as err:
             lines.append(f"  {c.id} {c.label}: {str(err)[:90]}")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from paraplan.search import plan  # noqa: E402
-from paraplan.specs.cluster import make_cluster  # noqa: E402
-from paraplan.specs.load import load_gpu, load_model  # noqa: E402
-from paraplan.specs.training import TrainingSpec  # noqa: E402
+from paraplan.search import plan
+from paraplan.specs.cluster import make_cluster
+from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.training import TrainingSpec
 
 CASES = [("llama3.1-405b", "h100-80gb", 16384, 8192, 2048), ("deepseek-v3", "h100-80gb", 2048, 4096, 8192)]
 

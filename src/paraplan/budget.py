@@ -3,10 +3,9 @@
 For each GPU type the GPU count is swept in node multiples (node x 1, 2, 4, ... up to 65,536; one
 count past the first meeting the deadline; or exactly ``num_gpus``); each count takes
 the best layout of the vectorised search (``paraplan.search.plan``, top 1). Time to train is
-tokens / (tokens/s/GPU x GPUs); GPU-hours and cost follow. Rows are flagged where scaling stops
-paying: per-GPU throughput below 70% of the best at a smaller count, fewer micro-batches than
-pipeline stages, one micro-batch per DP rank; counts the global batch cannot be split over are
-infeasible rows with the reason.
+tokens / (tokens/s/GPU x GPUs); GPU-hours and cost follow. Rows are flagged where scaling stops paying
+(per-GPU throughput below 70% of the best at a smaller count, fewer micro-batches than pipeline stages,
+one micro-batch per DP rank); counts the global batch cannot be split over are infeasible rows.
 
 Sanity check (tests/budget): the closed form time = 6*T*P/(n*X), X the planner's model FLOP/s
 per GPU, equals the planner's time times 6*P*tokens / model FLOPs (attention scores and logits
@@ -34,8 +33,7 @@ MAX_GPUS: Final = 65_536
 """Largest count swept without a deadline (the largest published single jobs are ~16-32K GPUs)."""
 EFFICIENCY_FLOOR: Final = 0.70
 """Per-GPU throughput relative to the best at a smaller count below which scaling stops paying."""
-STOP_EFFICIENCY: Final = 0.25
-"""The sweep of a GPU type stops after a count this far below the best per-GPU throughput."""
+STOP_EFFICIENCY: Final = 0.25  # a GPU type's sweep stops after a count this far below the best per-GPU rate
 GBS_TOLERANCE: Final = 0.02
 """With a GBS range, the smallest GBS within this fraction of the best throughput is kept."""
 DEFAULT_BATCH_TOKENS: Final = 4 * 2**20
@@ -68,14 +66,16 @@ def parse_token_count(text: str, flag: str = "--tokens") -> float:
     return value
 
 
-def parse_prices(text: str | None, gpu_names: Sequence[str], flag: str = "--price-per-gpu-hour") -> dict[str, float]:
-    """'h100-80gb=2.5,b200=4' (or one number for every GPU) -> {gpu: USD per GPU-hour}."""
+def parse_prices(text: str | None, gpu_names: Sequence[str], flag: str = "--price-per-gpu-hour",
+                 known: Sequence[str] = ()) -> dict[str, float]:
+    """'h100-80gb=2.5,b200=4' (or one number for every GPU) -> {gpu: USD per GPU-hour}; ``known`` names
+    that are not swept are accepted (a standing price list), others are errors."""
     if not text or not text.strip():
         return {}
     out: dict[str, float] = {}
     for item in (x.strip() for x in text.split(",") if x.strip()):
         name, _, raw = item.rpartition("=")
-        if name and name not in gpu_names:
+        if name and name not in gpu_names and name not in known:
             raise SpecError(f"{flag}: '{name}' is not one of the GPUs swept ({', '.join(gpu_names)})")
         try:
             price = float(raw)
@@ -384,15 +384,16 @@ def budget(model: ModelSpec, gpus: Sequence[GpuSpec], *, tokens: float, seq_len:
     notes = [f"GBS {base} sequences x seq {seq_len} = {base * seq_len / 1e6:.2f}M tokens per step"
              + (" (default: ~4M tokens)" if gbs is None else "")]
     if not num_gpus:
-        notes.append(f"each GPU type's sweep stops one count past the first meeting the deadline, when the GBS "
-                     f"cannot be split further, or below {STOP_EFFICIENCY:.0%} efficiency (else at {max_gpus:,})")
+        past = "one count past the first meeting the deadline, " if days else ""
+        notes.append(f"each GPU type's sweep stops {past}when the GBS cannot be split further or below "
+                     f"{STOP_EFFICIENCY:.0%} efficiency, else at {max_gpus:,} GPUs")
     if max_gbs is not None:
         notes.append(f"GBS may grow with DP up to {max_gbs} (the smallest within {GBS_TOLERANCE:.0%} of the best "
                      f"throughput is used): {CONVERGENCE_NOTE}")
     if model.is_moe:
         notes.append("closed_form_days uses the active parameters per token" + (
-            "" if space and space.allow_cross_node else "; EP groups stay inside one NVLink domain (allow "
-            "cross-node EP, as large MoE runs do, with --allow-cross-node)"))
+            "" if space is None or space.allow_cross_node else "; EP groups stay inside one NVLink domain "
+            "(--nvlink-only); large MoE runs use cross-node EP"))
     return BudgetResult(model=model.name, tokens=tokens, seq_len=seq_len, gbs=base, max_gbs=max_gbs,
                         deadline_days=days, params=counts_p.active_per_token, rows=tuple(rows),
                         recommendation=_recommend(rows, names, days), notes=tuple(notes))

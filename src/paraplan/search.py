@@ -50,8 +50,9 @@ class SearchSpace:
     dp_variants: tuple[str, ...] = ("distopt", "fsdp")
     sequence_parallel: tuple[bool, ...] = (True,)
     max_pp: int | None = None
-    allow_cross_node: bool = False
-    """Allow CP and EP groups to span NVLink domains (costed on the network)."""
+    allow_cross_node: bool = True
+    """Let CP and EP groups span NVLink domains, costed on the network (large MoE runs need EP
+    beyond a node); False keeps them inside one domain."""
     tp_comm_overlap: bool = False
 
 

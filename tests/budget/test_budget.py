@@ -18,6 +18,7 @@ from paraplan.budget import (
     sweep_counts,
 )
 from paraplan.errors import SpecError
+from paraplan.search import SearchSpace
 from paraplan.specs.load import load_gpu, load_model
 from paraplan.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
 
@@ -55,6 +56,7 @@ def test_prices_per_gpu_or_for_all() -> None:
     assert parse_prices("3", names) == {"h100-80gb": 3.0, "b200": 3.0}
     assert parse_prices("3,b200=5", names) == {"h100-80gb": 3.0, "b200": 5.0}
     assert parse_prices(None, names) == {} and parse_prices("", names) == {}
+    assert parse_prices("b200=4,a100-80gb=1.5", names, known=["a100-80gb"]) == {"b200": 4.0, "a100-80gb": 1.5}
 
 
 @pytest.mark.parametrize(("text", "pattern"), [
@@ -154,7 +156,9 @@ def test_fixed_count_gives_one_row_per_gpu_type() -> None:
 
 
 def test_memory_and_batch_limits_are_infeasible_rows_with_reasons() -> None:
-    res = budget(load_model("llama3.1-405b"), [H100], tokens=15e12, seq_len=8192, gbs=64, max_gpus=8192)
+    # CP/EP kept inside the node so that the batch, not a cross-node CP group, is what runs out
+    res = budget(load_model("llama3.1-405b"), [H100], tokens=15e12, seq_len=8192, gbs=64, max_gpus=8192,
+                 space=SearchSpace(allow_cross_node=False))
     first = res.rows[0]
     assert not first.feasible and first.reason_code == "OOM" and "out of memory" in (first.reason or "")
     last = res.rows[-1]

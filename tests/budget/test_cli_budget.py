@@ -100,8 +100,8 @@ def test_bad_input_is_one_line_exit_1(change: list[str], pattern: str, capsys: p
 
 def test_moe_note_and_cross_node_ep(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["budget", "--model", "qwen3-30b-a3b", "--tokens", "1T", "--gpu", "h100-80gb", "--gpus", "16", "-f", "json"]
+    code, out, _ = run([*args, "--nvlink-only"], capsys)
+    assert code == 0 and any("--nvlink-only" in n for n in json.loads(out)["notes"])
     code, out, _ = run(args, capsys)
-    assert code == 0 and any("--allow-cross-node" in n for n in json.loads(out)["notes"])
-    code, out, _ = run([*args, "--allow-cross-node"], capsys)
     d = json.loads(out)
-    assert code == 0 and d["rows"][0]["feasible"] and not any("--allow-cross-node" in n for n in d["notes"])
+    assert code == 0 and d["rows"][0]["feasible"] and not any("--nvlink-only" in n for n in d["notes"])

@@ -47,7 +47,8 @@ def test_estimate_table_renders(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(("change", "pattern"), [
     (["--num-gpus", "72"], r"world size \(72\) is not divisible"),
     (["--num-gpus", "60"], r"num_gpus \(60\) must be a multiple of gpus_per_node \(8\)"),
-    (["--tp", "3", "--num-gpus", "48"], r"num_attention_heads \(64\) must be a multiple of tensor_model_parallel_size \(3\)"),
+    (["--tp", "3", "--num-gpus", "48"],
+     r"num_attention_heads \(64\) must be a multiple of tensor_model_parallel_size \(3\)"),
     (["--tp", "16", "--num-gpus", "128"], r"NVLink domain"),
     (["--gbs", "511"], r"global batch size \(511\) is not divisible by micro batch size"),
     (["--seq-len", "8190"], r"seq-length should be a multiple of 2 \* context-parallel-size"),
@@ -153,5 +154,5 @@ def test_readme_commands_run(capsys: pytest.CaptureFixture[str]) -> None:
     commands = re.findall(r"\.venv/bin/paraplan ([^\n`&]+)", readme)
     assert commands, "README lost its example commands"
     for cmd in commands:
-        code, out, err = run(shlex.split(cmd), capsys)
+        code, _out, err = run(shlex.split(cmd), capsys)
         assert code == 0, (cmd, err)

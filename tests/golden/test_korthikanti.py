@@ -12,10 +12,10 @@ softmax and dropout tensors), 16-bit activations. Per layer:
 from __future__ import annotations
 
 import pytest
-from tests.conftest import gpt_model
 
 from paraplan.estimate import activations as act
 from paraplan.layout import RECOMPUTE_CODES
+from tests.conftest import gpt_model
 
 S, B, H, A = 2048, 2, 1024, 16
 

@@ -100,7 +100,7 @@ def test_check_reports_memory_for_a_valid_script(capsys: pytest.CaptureFixture[s
 def test_check_lists_every_broken_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "bad.sh"
     script.write_text(
-        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 30 --hidden-size 4096 "
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 31 --hidden-size 3840 "
         "--num-attention-heads 30 --seq-length 4098 --max-position-embeddings 4096 --micro-batch-size 1 "
         "--global-batch-size 100 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 "
         "--context-parallel-size 1 --sequence-parallel --bf16 --vocab-size 32000 --overlap-param-gather\n",

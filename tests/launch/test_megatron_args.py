@@ -202,3 +202,27 @@ def test_layout_for_world_layouts_render_for_every_preset() -> None:
         model = load_model(name)
         words = argv(megatron_args(model, layout_for_world(8, tp=1), TRAIN))
         assert words[words.index("--num-layers") + 1] == str(model.num_layers)
+
+
+def test_moe_rules_from_megatron_core() -> None:
+    moe = load_model("mixtral-8x7b")
+    with pytest.raises(LayoutError, match="Bias in Moe is only supported when ETP==1"):
+        megatron_args(replace(moe, add_bias_linear=True), ParallelLayout(tp=2, ep=2), TRAIN)
+    fp8 = replace(TRAIN, precision="fp8")
+    with pytest.raises(LayoutError, match="Delayed scaling does not support moe_act and layernorm"):
+        megatron_args(moe, ParallelLayout(recompute_modules=("moe_act",)), fp8)
+    megatron_args(moe, ParallelLayout(recompute_modules=("moe_act",)), fp8, arch="blackwell")  # mxfp8
+    top1 = dict(flag_pairs(megatron_args(replace(moe, moe_router_topk=1), ParallelLayout(), TRAIN)))
+    assert "--moe-router-pre-softmax" in top1
+
+
+def test_explicit_pipeline_layout_is_emitted_as_megatrons_string() -> None:
+    model = load_model("deepseek-v3")
+    counts = (3,) + (4,) * 14 + (2,)  # 61 layers over PP 16
+    pairs = dict(flag_pairs(megatron_args(model, ParallelLayout(pp=16, ep=8, etp=1, pipeline_layout=counts),
+                                          TRAIN)))
+    text = pairs["--pipeline-model-parallel-layout"]
+    assert text.startswith("Ettt|tttt|") and text.endswith("|ttmL") and text.count("|") == 15
+    for flag in ("--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+                 "--num-virtual-stages-per-pipeline-rank"):
+        assert flag not in pairs

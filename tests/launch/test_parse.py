@@ -134,5 +134,22 @@ def test_file_tests_and_echo_lines_are_not_the_command() -> None:
 
 
 def test_nothing_to_parse_is_an_error() -> None:
-    with pytest.raises(SpecError, match="no pretrain_gpt.py command line"):
+    with pytest.raises(SpecError, match=r"no pretrain_gpt\.py command line"):
         parse_script("echo hello\n")
+
+
+def test_pipeline_layout_string_with_repetition() -> None:
+    # megatron-core's own docstring example: 61 decoder layers and one MTP layer over 32 virtual stages
+    p = parse_script("python pretrain_gpt.py --num-layers 61 --hidden-size 64 --num-attention-heads 4 "
+                     "--seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 --mtp-num-layers 1 "
+                     "--pipeline-model-parallel-size 8 "
+                     "--pipeline-model-parallel-layout 'Ettt|(tt|)*29,m|L'")
+    lay = p.layout(8)
+    assert (lay.pp, lay.vp) == (8, 4)
+    assert lay.pipeline_layout == (3,) + (2,) * 29 + (0, 0)
+    assert p.flags.problems == ()
+    bad = parse_script("python pretrain_gpt.py --num-layers 8 --hidden-size 64 --num-attention-heads 4 "
+                       "--seq-length 64 --micro-batch-size 1 --pipeline-model-parallel-size 2 "
+                       "--pipeline-model-parallel-layout 'Et*4|t*3|L' --decoder-first-pipeline-num-layers 4")
+    codes = dict(bad.flags.problems)
+    assert codes["PIPELINE_LAYOUT_LENGTH"].startswith("The length of pipeline_model_parallel_layout must be")

@@ -73,15 +73,21 @@ def launch_cases(draw: st.DrawFn) -> tuple[ModelSpec, ParallelLayout, TrainingSp
     tp, pp, cp, dp = (draw(st.sampled_from(v)) for v in ([1, 2, 4, 8], [1, 2, 4], [1, 2], [1, 2, 4]))
     vp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
     ep = draw(st.sampled_from([e for e in (1, 2, 4) if (tp * cp * dp) % e == 0]))
-    uneven = pp > 2 and draw(st.booleans())
+    split = draw(st.sampled_from(["even", "uneven", "layout"])) if pp > 1 else "even"
+    uneven = split == "uneven" and pp > 2
     first = last = 0
-    if uneven:
+    counts: tuple[int, ...] = ()
+    if split == "layout":  # --pipeline-model-parallel-layout: any layer count per virtual stage
+        counts = tuple(draw(st.lists(st.integers(0, 3), min_size=pp * vp, max_size=pp * vp)))
+        num_layers = sum(counts)
+        assume(num_layers > 0)
+    elif uneven:
         first, last = vp * draw(st.integers(1, 2)), vp * draw(st.integers(1, 2))
         num_layers = first + last + (pp - 2) * vp * draw(st.integers(1, 2))
     else:
         num_layers = pp * vp * draw(st.integers(1, 3))
     emb = loss = False
-    if not uneven and vp == 1 and pp > 1:  # count embedding / loss as layers of the split
+    if split == "even" and vp == 1 and pp > 1:  # count embedding / loss as layers of the split
         emb, loss = draw(st.booleans()), draw(st.booleans())
         num_layers = pp * draw(st.integers(1, 3)) + pp - int(emb) - int(loss)
     model = model_from_megatron_args(draw(model_fields(tp, ep, num_layers)))
@@ -96,7 +102,7 @@ def launch_cases(draw: st.DrawFn) -> tuple[ModelSpec, ParallelLayout, TrainingSp
         sequence_parallel=draw(st.booleans()), distributed_optimizer=dist_opt, fsdp=fsdp,
         overlap_grad_reduce=grad, overlap_param_gather=grad and (dist_opt or fsdp) and draw(st.booleans()),
         tp_comm_overlap=tp > 1 and draw(st.booleans()), first_stage_layers=first, last_stage_layers=last,
-        account_for_embedding=emb, account_for_loss=loss,
+        account_for_embedding=emb, account_for_loss=loss, pipeline_layout=counts,
     )
     seq = 2 * cp * tp * draw(st.sampled_from([64, 128]))
     gbs = layout.mbs * dp * pp * draw(st.integers(1, 4))

@@ -52,8 +52,8 @@ def _brute_force_valid(model, cluster, training, space):  # type: ignore[no-unty
     found = set()
     etps = [1, 2, 4, 8] if model.is_moe else [0]
     eps = [1, 2, 4, 8] if model.is_moe else [1]
-    for tp, pp, cp, dp, vp, ep, etp, mbs in itertools.product([1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], range(1, world + 1),
-                                                              [1, 2, 3, 4, 6, 8], eps, etps, space.mbs):
+    axes = ([1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], range(1, world + 1), [1, 2, 3, 4, 6, 8], eps, etps, space.mbs)
+    for tp, pp, cp, dp, vp, ep, etp, mbs in itertools.product(*axes):
         if tp * pp * cp * dp != world or (model.is_moe and etp not in (1, tp)):
             continue
         lay = ParallelLayout(tp=tp, pp=pp, vp=vp, cp=cp, dp=dp, ep=ep, etp=etp, mbs=mbs)
@@ -61,7 +61,7 @@ def _brute_force_valid(model, cluster, training, space):  # type: ignore[no-unty
             check_layout(model, training, cluster, lay)
         except LayoutError:
             continue
-        if cp > 1 and tp * cp > cluster.nvlink_domain_size or ep > 1 and ep * lay.etp > cluster.nvlink_domain_size:
+        if (cp > 1 and tp * cp > cluster.nvlink_domain_size) or (ep > 1 and ep * lay.etp > cluster.nvlink_domain_size):
             continue
         found.add((tp, pp, vp, cp, dp, ep, lay.etp, mbs))
     return found

@@ -22,6 +22,8 @@ _COMMAND_MODULES = (
     "paraplan.cli.estimate",
     "paraplan.cli.plan",
     "paraplan.cli.ingest",
+    "paraplan.cli.budget",
+    "paraplan.cli.report",
 )
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name)

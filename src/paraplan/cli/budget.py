@@ -22,7 +22,7 @@ from paraplan.cli.render import console
 from paraplan.errors import SpecError
 from paraplan.search import SearchSpace
 from paraplan.specs.cluster import GpuSpec
-from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.load import gpu_preset_names, load_gpu, load_model
 from paraplan.units import format_count
 
 DEFAULT_GPUS = "h100-80gb,h200-141gb,b200"
@@ -67,16 +67,40 @@ def _money(usd: float | None) -> str:
     return "-" if usd is None else f"${format_count(usd)}"
 
 
+SHORT_FLAGS = {"LOW_EFFICIENCY": "eff<70%", "MICROBATCHES_LT_PP": "m<PP", "SMALL_BATCH_PER_DP": "m=1",
+               "GBS_RAISED": "GBS+"}
+LEGEND = ("eff<70% per-GPU throughput below 70% of the best at fewer GPUs (scaling stops paying); m<PP fewer "
+          "micro-batches than pipeline stages; m=1 one micro-batch per DP rank (DP cannot grow at this GBS); "
+          "GBS+ GBS raised above the base (convergence trade-off)")
+SHORT_REASONS = {"OOM": "does not fit in memory", "GBS_NOT_DIVISIBLE": "GBS too small to split over DP"}
+
+
+COLUMNS = ("GPU", "GPUs", "layout", "GBS", "tok/s/GPU", "MFU", "eff.", "days", "GPU-h", "cost", "met", "notes")
+
+
 def _cells(r: BudgetRow) -> list[str]:
     if not r.feasible:
-        return [r.gpu, f"{r.num_gpus:,}", f"[red]{r.reason_code}[/]", str(r.gbs)] + ["-"] * 7 + [r.reason or ""]
+        why = SHORT_REASONS.get(r.reason_code or "", r.reason or "")
+        return [r.gpu, f"{r.num_gpus:,}", f"[red]{r.reason_code}[/]", str(r.gbs)] + ["-"] * 7 + [why]
     assert r.tokens_per_s_per_gpu is not None and r.mfu is not None and r.days is not None
     assert r.gpu_hours is not None and r.efficiency is not None
     deadline = {None: "-", True: "[green]yes[/]", False: "[red]no[/]"}[r.meets_deadline]
     eff = f"{r.efficiency:.0%}" if r.scaling_pays else f"[yellow]{r.efficiency:.0%}[/]"
-    notes = "; ".join(t for _, t in r.flags)
+    notes = " ".join(SHORT_FLAGS.get(c, c) for c, _ in r.flags)
+    days = f"{r.days:,.0f}" if r.days >= 100 else f"{r.days:.1f}"
     return [r.gpu, f"{r.num_gpus:,}", r.layout or "", str(r.gbs), f"{r.tokens_per_s_per_gpu:,.0f}",
-            f"{r.mfu:.1%}", eff, f"{r.days:,.1f}", format_count(r.gpu_hours), _money(r.cost_usd), deadline, notes]
+            f"{r.mfu:.0%}", eff, days, format_count(r.gpu_hours), _money(r.cost_usd), deadline, notes]
+
+
+def _columns(res: BudgetResult, width: int) -> list[str]:
+    """Columns that carry information (and fit: narrow terminals lose GPU-hours or cost, and efficiency)."""
+    priced = any(r.cost_usd is not None for r in res.rows)
+    drop = {"GBS"} if res.max_gbs is None else set()
+    drop |= {"met"} if res.deadline_days is None else set()
+    drop |= set() if priced else {"cost"}
+    if width < 110:
+        drop |= {"eff.", "tok/s/GPU", "GBS", "GPU-h" if priced else ""}
+    return [c for c in COLUMNS if c not in drop]
 
 
 def _pick_line(r: dict[str, object] | None) -> str:
@@ -92,17 +116,22 @@ def render_budget(res: BudgetResult, con: Console | None = None) -> None:
     deadline = f", deadline {res.deadline_days:g} days" if res.deadline_days is not None else ""
     con.print(f"[bold]{res.model}[/] | {format_count(res.tokens)} tokens, seq {res.seq_len}, GBS {res.gbs}"
               + (f"..{res.max_gbs}" if res.max_gbs else "") + f"{deadline} | {res.layouts_evaluated:,} layouts")
-    table = Table(title="time and cost to train (best layout per GPU count)")
-    for col in ("GPU", "GPUs", "layout", "GBS", "tok/s/GPU", "MFU", "eff.", "days", "GPU-h", "cost", "deadline",
-                "notes"):
-        table.add_column(col, justify="left" if col in ("GPU", "layout", "notes") else "right")
+    table = Table(title="time and cost to train (best layout per GPU count)", show_edge=con.width >= 110)
+    cols = _columns(res, con.width)
+    for col in cols:
+        wrap = col in ("layout", "notes")
+        table.add_column(col, justify="left" if col in ("GPU", "layout", "notes") else "right", no_wrap=not wrap,
+                         min_width={"layout": 12, "notes": 6}.get(col))
     prev = None
     for r in res.rows:
         if prev is not None and r.gpu != prev:
             table.add_section()
         prev = r.gpu
-        table.add_row(*_cells(r))
+        cells = dict(zip(COLUMNS, _cells(r), strict=True))
+        table.add_row(*(cells[c] for c in cols))
     con.print(table)
+    if any(r.flags for r in res.rows):
+        con.print(f"[dim]{LEGEND}[/]")
     rec = res.recommendation
     con.print(f"[bold]recommendation[/] per GPU ({rec['per_gpu_rule']}):")
     for name, pick in rec["per_gpu"].items():
@@ -189,8 +218,8 @@ def budget_cmd(
     gpus_per_node: str | None = typer.Option(None, "--gpus-per-node", help="GPUs per node: N or GPU=N,..."),
     max_gpus: int = typer.Option(65_536, "--max-gpus", help="Largest count swept."),
     precision: PrecisionChoice = PrecisionOpt,
-    allow_cross_node: bool = typer.Option(False, "--allow-cross-node",
-                                          help="Let CP and EP groups span NVLink domains (large MoE runs do)."),
+    allow_cross_node: bool = typer.Option(True, "--allow-cross-node/--nvlink-only",
+                                          help="CP and EP groups may span NVLink domains (large MoE runs do)."),
     fmt: BudgetFormat = typer.Option(BudgetFormat.table, "--format", "-f", help="Output format."),
     html: str | None = typer.Option(None, "--html", help="Also write the time/cost plot (plotly HTML) here."),
 ) -> None:
@@ -210,13 +239,13 @@ def budget_cmd(
     model_spec = load_model(model)
     gpu_specs = load_gpus(gpu)
     names = [g.name for g in gpu_specs]
-    prices = parse_prices(price, names, "--price-per-gpu-hour")
+    prices = parse_prices(price, names, "--price-per-gpu-hour", known=gpu_preset_names())
     per_node = parse_gpus_per_node(gpus_per_node, names)
     with _progress() as progress:
         res = budget(model_spec, gpu_specs, tokens=n_tokens, seq_len=seq_len, gbs=gbs, max_gbs=max_gbs, days=days,
                      num_gpus=gpus, prices=prices, gpus_per_node=per_node, precision=precision.value,
                      max_gpus=max_gpus, progress=progress,
-                     space=SearchSpace(allow_cross_node=True) if allow_cross_node else None)
+                     space=SearchSpace(allow_cross_node=allow_cross_node))
     if html:
         budget_figure(res).write_html(html, include_plotlyjs="cdn")
     if fmt == BudgetFormat.json:

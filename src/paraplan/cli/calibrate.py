@@ -10,9 +10,12 @@ from rich.table import Table
 from paraplan.calibrate import (
     DEFAULT_PARAMS,
     PARAM_BOUNDS,
+    ErrorStats,
     FitResult,
     Run,
+    error_stats,
     fit_profile,
+    predict_step_s,
     profile_document,
     read_pair,
     read_runs_csv,
@@ -22,6 +25,7 @@ from paraplan.cli._app import app
 from paraplan.cli.options import FormatOpt, OutputFormat
 from paraplan.cli.render import console
 from paraplan.errors import SpecError
+from paraplan.specs.cluster import GpuSpec
 from paraplan.specs.load import load_gpu
 
 
@@ -43,6 +47,16 @@ def _params(text: str | None) -> tuple[str, ...]:
         if n not in PARAM_BOUNDS:
             raise SpecError(f"--params: unknown '{n}' (allowed: {', '.join(PARAM_BOUNDS)})")
     return names
+
+
+def leave_one_out(runs: list[Run], gpu: GpuSpec, params: tuple[str, ...]) -> tuple[ErrorStats, ErrorStats]:
+    """Hold-out error: every run predicted by a fit on the other runs (before: the preset)."""
+    if len(runs) < 2:
+        raise SpecError("--cross-validate needs at least 2 runs")
+    after = [predict_step_s(r, fit_profile(runs[:i] + runs[i + 1 :], gpu, params).efficiency)
+             for i, r in enumerate(runs)]
+    measured = [r.measured_step_s for r in runs]
+    return error_stats([predict_step_s(r, gpu.efficiency) for r in runs], measured), error_stats(after, measured)
 
 
 def _pct(x: float) -> str:
@@ -73,13 +87,16 @@ def _render(res: FitResult, out: str) -> None:
     con.print(runs)
     if res.before.n < len(res.fitted):
         con.print(f"[yellow]note:[/] {res.before.n} run(s) for {len(res.fitted)} parameters: the fit leans on the "
-                  "preset values; add runs with other layouts (TP, PP, DP sizes) to pin them down")
-    con.print(f"wrote {out}: use it with --profile {out} on any command")
+                  "preset values; add runs with other layouts (TP, PP, DP sizes) to pin them down", soft_wrap=True)
+    con.print(f"wrote {out}: use it with --profile {out} on any command", soft_wrap=True)
 
 
 @app.command("calibrate")
 def calibrate(
-    runs: str | None = typer.Option(None, "--runs", help="CSV of measured runs (columns: paraplan.calibrate)."),
+    runs: str | None = typer.Option(
+        None, "--runs", help="CSV of measured runs: model,num_gpus,tp,pp,mbs,gbs,seq_len and step_time_s or "
+        "tokens_per_s_per_gpu; optional gpu,gpus_per_node,vp,cp,ep,etp,recompute,precision,sequence_parallel,"
+        "distributed_optimizer,overlap_grad_reduce,overlap_param_gather,fsdp,tp_comm_overlap,label."),
     pair: list[str] | None = typer.Option(None, "--pair", help="manifest.json:log.txt of a run (repeat; several "
                                           "logs of one run: manifest.json:a.log,b.log)."),
     gpu: str = typer.Option(..., "--gpu", "-g", help="GPU preset (or file) the runs used."),
@@ -88,6 +105,8 @@ def calibrate(
                                       help=f"Parameters to fit (default: {','.join(DEFAULT_PARAMS)})."),
     source: str | None = typer.Option(None, "--source", help="Free text stored as the profile's source."),
     skip_warmup: int = typer.Option(1, "--skip-warmup", help="Iteration records to skip per log segment."),
+    cross_validate: bool = typer.Option(False, "--cross-validate",
+                                        help="Also report leave-one-out error (each run predicted without it)."),
     fmt: OutputFormat = FormatOpt,
 ) -> None:
     """Fit GEMM, collective and overlap efficiencies to measured runs; write a profile for --profile.
@@ -104,10 +123,17 @@ def calibrate(
         measured.append(read_pair(man, logs, skip_warmup=skip_warmup, gpu=spec))
     res = fit_profile(measured, spec, names)
     write_profile(out, res, source or "")
+    loo = leave_one_out(measured, spec, names) if cross_validate else None
     if fmt == OutputFormat.json:
         doc = profile_document(res, source or "")
         doc["runs"] = [{"label": lb, "measured_s": m, "before_s": b, "after_s": a} for lb, m, b, a in res.per_run]
         doc["out"] = out
+        if loo is not None:
+            doc["leave_one_out"] = {"before": loo[0].as_dict(), "after": loo[1].as_dict()}
         print(json.dumps(doc, indent=1))
     else:
         _render(res, out)
+        if loo is not None:
+            console().print(f"leave-one-out (each run predicted by a fit on the others): median error "
+                            f"{_pct(loo[0].median_abs)} with the preset -> {_pct(loo[1].median_abs)} fitted, max "
+                            f"{_pct(loo[0].max_abs)} -> {_pct(loo[1].max_abs)}", soft_wrap=True)

@@ -154,7 +154,8 @@ MbsOpt = typer.Option(None, "--mbs", help="Allowed micro-batch sizes (default 1,
 MaxPpOpt = typer.Option(None, "--max-pp", help="Largest PP to consider.")
 RecOpt = typer.Option(None, "--recompute", help="Allowed recompute modes: none,selective,full.")
 DpOpt = typer.Option(None, "--dp-variant", help="Data-parallel variants: distopt,fsdp,ddp (default distopt,fsdp).")
-CrossOpt = typer.Option(False, "--allow-cross-node", help="Let CP and EP groups span NVLink domains.")
+CrossOpt = typer.Option(True, "--allow-cross-node/--nvlink-only",
+                        help="CP and EP groups may span NVLink domains (costed on the network), or must not.")
 TpOvOpt = typer.Option(False, "--tp-comm-overlap", help="Assume --tp-comm-overlap (TE userbuffers).")
 
 
@@ -200,7 +201,6 @@ def explain_cmd(
 
     Example: paraplan explain --model llama3-8b --gpu h100-80gb --num-gpus 16 --seq-len 8192 --gbs 256
     """
-    p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
-                 objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
-                 tp_comm_overlap)
-    emit(p, fmt, True)
+    plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
+             mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
+             explain=True, save=None, fmt=fmt)

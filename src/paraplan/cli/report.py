@@ -153,6 +153,12 @@ def report_cmd(
         raise SpecError("report: --plan already holds the resolved inputs; drop --model/--gpu/--num-gpus/"
                         "--gpus-per-node/--seq-len/--gbs/--gpu-set/--profile")
     with progress(6) as step:
+        step("reading logs")
+        runlog = None
+        if log:
+            from paraplan.ingest import read_logs
+
+            runlog = read_logs(list(log))
         step("searching layouts")
         if plan_file is not None:
             space = _space(tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap)
@@ -162,12 +168,6 @@ def report_cmd(
             p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                          (objective or ObjectiveChoice.throughput).value, tp, pp, vp, cp, ep, mbs, max_pp, recompute,
                          dp_variant, allow_cross_node, tp_comm_overlap)
-        step("reading logs")
-        runlog = None
-        if log:
-            from paraplan.ingest import read_logs
-
-            runlog = read_logs(list(log))
         step("explaining")
         findings = explain(p)
         step("simulating pipeline schedules")

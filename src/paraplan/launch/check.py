@@ -8,7 +8,7 @@ Megatron asserts (CUDA_DEVICE_MAX_CONNECTIONS, ecosystem.md 1.4). Messages are M
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,7 @@ class CheckResult:
         return {
             "world_size": self.cluster.num_gpus, "gpu": self.cluster.gpu.name,
             "gpus_per_node": self.cluster.gpus_per_node, "layout": self.layout.short(),
+            "layout_fields": asdict(self.layout), "training": asdict(self.training),
             "model": self.model.name,
             "violations": [{"code": c, "message": m} for c, m in self.violations],
             "unknown_flags": list(p.unknown_flags), "defaults_applied": list(p.defaults_applied),
@@ -103,7 +104,7 @@ def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
                 found.append((err.reason, str(err)))
         except SpecError as err:
             found.append(("PRECISION_UNSUPPORTED", str(err)))
-    return found + launch_violations(model, layout)
+    return found + launch_violations(model, layout, training, cluster.gpu.arch)
 
 
 def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
@@ -129,7 +130,4 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     result = CheckResult(parsed=parsed, model=model, cluster=cluster, training=training,
                          layout=layout, violations=tuple(found), estimate=est)
     alternative = suggest_alternative(result)
-    if alternative is None:
-        return result
-    return CheckResult(parsed=parsed, model=model, cluster=cluster, training=training, layout=layout,
-                       violations=tuple(found), estimate=est, alternative=alternative)
+    return result if alternative is None else replace(result, alternative=alternative)

@@ -8,6 +8,7 @@ own defaults (ecosystem.md 1.2), and each one is stated in ``defaults_applied``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -208,7 +209,7 @@ def _vp(r: _Reader, num_layers: int, pp: int, lay: dict[str, Any]) -> int:
         r.problems.append(("VP_FLAGS_CONFLICT", "No more than one of the following arguments can "
                            "be set at the same time: " + ", ".join(_VP_FLAGS)))
     if r.has("--pipeline-model-parallel-layout"):
-        r.notes.append("--pipeline-model-parallel-layout is not modelled: read as an even split")
+        return _pipeline_layout(r, r.text("--pipeline-model-parallel-layout") or "", num_layers, pp, lay)
     if r.has("--num-virtual-stages-per-pipeline-rank"):
         return r.int("--num-virtual-stages-per-pipeline-rank") or 1
     per_vstage = r.int("--num-layers-per-virtual-pipeline-stage")
@@ -229,6 +230,40 @@ def _vp(r: _Reader, num_layers: int, pp: int, lay: dict[str, Any]) -> int:
                            " be divisible number of layers per virtual pipeline stage"))
         return 1
     return total // pp // per_vstage
+
+
+def layout_stage_counts(text: str) -> tuple[int, ...] | None:
+    """Decoder layers per virtual stage of a ``--pipeline-model-parallel-layout`` string, read as
+    megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list`` does (None if malformed)."""
+    text = text.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    stages = text.split("|")
+    if any(set(stage) - set("ELtm") for stage in stages):
+        return None
+    return tuple(stage.count("t") for stage in stages)
+
+
+def _pipeline_layout(r: _Reader, text: str, num_layers: int, pp: int, lay: dict[str, Any]) -> int:
+    counts = layout_stage_counts(text)
+    if counts is None:
+        r.problems.append(("PIPELINE_LAYOUT_CHARS", f"Invalid layer character in {text!r}, known layer "
+                           "characters: ['E', 'L', 't', 'm']"))
+        return 1
+    if len(counts) % pp:
+        r.problems.append(("PIPELINE_LAYOUT_LENGTH", "The length of pipeline_model_parallel_layout must be "
+                           f"divisible by pipeline_model_parallel_size (num_stages={len(counts)}, "
+                           f"args.pipeline_model_parallel_size={pp})"))
+        return 1
+    if sum(counts) != num_layers:
+        r.problems.append(("PIPELINE_LAYOUT_LAYERS", f"Number of decoder layers {sum(counts)}must match "
+                           f"num_layers {num_layers}"))
+    if lay["first_stage_layers"] or lay["last_stage_layers"] or lay["account_for_embedding"] \
+            or lay["account_for_loss"]:
+        r.problems.append(("PIPELINE_LAYOUT_CONFLICT", "pipeline_model_parallel_layout cannot be set with "
+                           "other pipeline layout arguments."))
+    lay["pipeline_layout"] = counts
+    return len(counts) // pp
 
 
 def _recompute(r: _Reader, lay: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from paraplan.errors import LayoutError
+from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
@@ -31,6 +32,7 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--expert-tensor-parallel-size",
     "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--pipeline-model-parallel-layout",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
@@ -48,7 +50,8 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     # MoE, MLA, MTP
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-shared-expert-gate", "--moe-layer-freq",
-    "--moe-grouped-gemm", "--moe-token-dispatcher-type", "--multi-latent-attention",
+    "--moe-grouped-gemm", "--moe-token-dispatcher-type", "--moe-router-pre-softmax",
+    "--multi-latent-attention",
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
     "--mtp-num-layers",
     # batch, precision
@@ -132,9 +135,17 @@ def needs_max_connections_1(layout: ParallelLayout, arch: str) -> bool:
     return (layout.tp > 1 or layout.cp > 1) and arch not in BLACKWELL_ARCHS and not layout.fsdp
 
 
-def launch_violations(model: ModelSpec, layout: ParallelLayout) -> list[tuple[str, str]]:
+def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
+                      arch: str = "hopper") -> list[tuple[str, str]]:
     """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
     out: list[tuple[str, str]] = []
+    if model.is_moe and model.add_bias_linear and layout.etp != 1:
+        out.append(("MOE_BIAS_NEEDS_ETP1", "Bias in Moe is only supported when ETP==1"))
+    fp8_delayed = training is not None and training.precision == "fp8" and arch not in BLACKWELL_ARCHS
+    if fp8_delayed and layout.recompute == "selective" and \
+            {"moe_act", "layernorm"} & set(layout.recompute_modules):
+        out.append(("FP8_DELAYED_RECOMPUTE", "Delayed scaling does not support moe_act and layernorm "
+                    "recompute for fp8."))
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))
@@ -168,6 +179,9 @@ def as_launched(
                     moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
                     moe_layer_freq=1)
     lay = replace(layout, sequence_parallel=layout.sp, etp=layout.etp if model.is_moe else layout.tp)
+    if lay.pipeline_layout:
+        lay = replace(lay, first_stage_layers=0, last_stage_layers=0, account_for_embedding=False,
+                      account_for_loss=False)
     if lay.recompute != "selective":
         lay = replace(lay, recompute_modules=("core_attn",))
     if lay.recompute != "full":
@@ -175,14 +189,14 @@ def as_launched(
     return m, lay
 
 
-def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
-    args = [_a("--tensor-model-parallel-size", lay.tp), _a("--pipeline-model-parallel-size", lay.pp),
-            _a("--context-parallel-size", lay.cp)]
-    if model.is_moe:
-        args += [_a("--expert-model-parallel-size", lay.ep),
-                 _a("--expert-tensor-parallel-size", lay.etp)]
+def _pipeline_split(model: ModelSpec, lay: ParallelLayout) -> list[Arg]:
+    """Interleaving and uneven stages: a layout string, or VP with first/last and account-for flags."""
+    args: list[Arg] = []
     uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
-    if lay.vp > 1 and uneven:
+    if lay.pipeline_layout:  # cannot be combined with the VP, first/last or account-for flags
+        args.append(_a("--pipeline-model-parallel-layout",
+                       pipeline_layout_string(lay.pipeline_layout, lay.pp, mtp_layers=model.mtp_num_layers)))
+    elif lay.vp > 1 and uneven:
         args.append(_a("--num-virtual-stages-per-pipeline-rank", lay.vp))
     elif lay.vp > 1:
         total = model.num_layers + int(lay.account_for_embedding) + int(lay.account_for_loss)
@@ -195,6 +209,16 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--account-for-embedding-in-pipeline-split"))
     if lay.account_for_loss:
         args.append(_a("--account-for-loss-in-pipeline-split"))
+    return args
+
+
+def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
+    args = [_a("--tensor-model-parallel-size", lay.tp), _a("--pipeline-model-parallel-size", lay.pp),
+            _a("--context-parallel-size", lay.cp)]
+    if model.is_moe:
+        args += [_a("--expert-model-parallel-size", lay.ep),
+                 _a("--expert-tensor-parallel-size", lay.etp)]
+    args += _pipeline_split(model, lay)
     if lay.sp:
         args.append(_a("--sequence-parallel"))
     if lay.distributed_optimizer:
@@ -262,6 +286,8 @@ def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
                            m.moe_shared_expert_intermediate_size))
         if m.moe_shared_expert_gate:
             args.append(_a("--moe-shared-expert-gate"))
+        if m.moe_router_topk == 1:  # TC: 'Please use --moe-router-pre-softmax when topk is 1.'
+            args.append(_a("--moe-router-pre-softmax"))
         args.append(_a("--moe-layer-freq", moe_layer_freq_string(m.moe_layer_freq)))
         if arch != "cdna3":  # grouped GEMM kernels need CUDA compute capability >= 8
             args.append(_a("--moe-grouped-gemm"))
@@ -323,7 +349,7 @@ def megatron_args(
     Raises LayoutError (Megatron's message) when a flag combination would fail Megatron's
     ``validate_args``; the layout rules themselves are ``paraplan.rules`` (run by ``estimate``).
     """
-    broken = launch_violations(model, layout)
+    broken = launch_violations(model, layout, training, arch)
     if broken:
         code, message = broken[0]
         raise LayoutError(message, reason=code)

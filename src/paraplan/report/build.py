@@ -165,7 +165,8 @@ def top_layout(rank: int, est: Estimate) -> TopLayout:
                        total_gib=float(s.memory.total_bytes) / GIB, in_flight=float(s.in_flight))
         for i, s in enumerate(est.stages))
     return TopLayout(
-        rank=rank, label=f"#{rank} {est.layout.short()}", short=est.layout.short(), config=d["config"], num_microbatches=est.num_microbatches,
+        rank=rank, label=f"#{rank} {est.layout.short()}", short=est.layout.short(), config=d["config"],
+        num_microbatches=est.num_microbatches,
         peak_gib=est.peak_bytes / GIB, peak_stage=est.peak_stage, usable_gib=est.usable_bytes / GIB,
         capacity_gib=float(est.cluster.gpu.hbm_bytes) / GIB, step_s=float(est.time.step_s),
         tokens_per_s_per_gpu=float(est.throughput.tokens_per_s_per_gpu),
@@ -275,7 +276,8 @@ def inputs_text(plan: Plan) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ..
                ("NVLink domain", f"{c.nvlink_domain_size} GPUs"),
                ("HBM / usable", f"{g.hbm_bytes / GIB:.1f} / {(g.hbm_bytes - g.reserved_bytes) / GIB:.1f} GiB"),
                ("dense BF16 peak", f"{g.peak_bf16_flops_per_s / TFLOP:.0f} TFLOP/s"),
-               ("NVLink / network per GPU", f"{g.nvlink_bytes_per_s / 1e9:.0f} / {g.network_bytes_per_s / 1e9:.1f} GB/s")]
+               ("NVLink / network per GPU",
+                f"{g.nvlink_bytes_per_s / 1e9:.0f} / {g.network_bytes_per_s / 1e9:.1f} GB/s per direction")]
     training = [("sequence length", str(t.seq_len)), ("global batch size", str(t.global_batch_size)),
                 ("tokens per step", f"{t.tokens_per_step:,}"), ("precision", t.precision),
                 ("objective", plan.objective)]
@@ -349,6 +351,9 @@ def build_context(plan: Plan, *, findings: Sequence[Finding] | None = None, log:
     if land.total > len(land.labels):
         notes.append(f"the landscape shows {len(land.labels)} of {land.total} feasible layouts "
                      "(the Pareto front and an even sample)")
+    views = schedules(plan, plan.candidates, max_blocks)
+    if not views:
+        notes.append("no feasible layout uses a pipeline (PP = 1 everywhere), so there is no schedule to draw")
     from paraplan.serialize import inputs_dict
 
     rej = tuple((k, v, plan.rejection_examples.get(k, ""))
@@ -362,7 +367,7 @@ def build_context(plan: Plan, *, findings: Sequence[Finding] | None = None, log:
         inputs_json=json.dumps(inputs_dict(plan.model, plan.cluster, plan.training), indent=1, sort_keys=True),
         top=top, landscape=land, num_evaluated=plan.num_evaluated, num_feasible=plan.num_feasible,
         rejections=rej, findings=tuple((f.code, f.text) for f in found),
-        schedules=schedules(plan, plan.candidates, max_blocks), measured=measured, notes=tuple(notes))
+        schedules=views, measured=measured, notes=tuple(notes))
 
 
 def context_dict(ctx: ReportContext) -> dict[str, Any]:

@@ -18,6 +18,7 @@ TIME_COLOURS = dict(zip(TIME_TERMS, ("#4C78A8", "#9ECAE9", "#F58518", "#FFBF79",
 FORWARD_RANGE = ("#9CC3E6", "#1F4E79")
 BACKWARD_RANGE = ("#FDC086", "#A0440C")
 MAX_LABELLED_BLOCKS = 400
+LEGEND = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 1.0, "xanchor": "right"}
 FONT = "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"
 
 
@@ -43,10 +44,29 @@ def _layout(fig: Any, *, title: str, height: int, **kw: Any) -> Any:
                   "pad": {"t": 10}, "font": {"size": 15}},
         "template": "plotly_white", "height": height, "margin": {"l": 70, "r": 30, "t": 90, "b": 55},
         "font": {"family": FONT, "size": 12},
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 1.0, "xanchor": "right"}}
+        "legend": dict(LEGEND)}
     base.update(kw)
     fig.update_layout(**base)
     return fig
+
+
+def _star_labels(ctx: ReportContext, tolerance: float = 0.03) -> list[str]:
+    """``#k`` labels of the top layouts; stars closer than ``tolerance`` of the axis spans share one label."""
+    land, top = ctx.landscape, ctx.top
+    xs = [*land.peak_gib, *(t.peak_gib for t in top)]
+    ys = [*land.tokens_per_s_per_gpu, *(t.tokens_per_s_per_gpu for t in top)]
+    dx, dy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    heads: list[int] = []
+    labels = ["" for _ in top]
+    for i, t in enumerate(top):
+        near = next((h for h in heads if abs(top[h].peak_gib - t.peak_gib) <= tolerance * dx
+                     and abs(top[h].tokens_per_s_per_gpu - t.tokens_per_s_per_gpu) <= tolerance * dy), None)
+        if near is None:
+            heads.append(i)
+            labels[i] = f"#{t.rank}"
+        else:
+            labels[near] += f" #{t.rank}"
+    return labels
 
 
 def landscape_figure(ctx: ReportContext) -> Any:
@@ -68,14 +88,9 @@ def landscape_figure(ctx: ReportContext) -> Any:
             for key in groups:
                 visibility.setdefault(key, []).append(axis == key)
     top = ctx.top
-    same: dict[tuple[float, float], list[int]] = {}
-    for t in top:
-        same.setdefault((round(t.peak_gib, 2), round(t.tokens_per_s_per_gpu)), []).append(t.rank)
     fig.add_trace(go.Scatter(
         x=[t.peak_gib for t in top], y=[t.tokens_per_s_per_gpu for t in top], mode="markers+text",
-        name=f"top {len(top)}", textposition="top center",
-        text=[" ".join(f"#{r}" for r in same[(round(t.peak_gib, 2), round(t.tokens_per_s_per_gpu))])
-              if same[(round(t.peak_gib, 2), round(t.tokens_per_s_per_gpu))][0] == t.rank else "" for t in top],
+        name=f"top {len(top)}", textposition="top center", text=_star_labels(ctx),
         marker={"symbol": "star", "size": 15, "color": "#E45756", "line": {"width": 1, "color": "#000"}},
         customdata=[[t.label, t.step_s] for t in top], hovertemplate=hover))
     for key in groups:
@@ -120,11 +135,11 @@ def memory_figure(ctx: ReportContext) -> Any:
     if ctx.top:
         t0 = ctx.top[0]
         fig.add_hline(y=t0.usable_gib, line={"dash": "dash", "color": "#E45756", "width": 1.5},
-                      annotation_text=f"usable {t0.usable_gib:.1f} GiB", annotation_position="top left")
+                      annotation_text=f"usable {t0.usable_gib:.1f} GiB", annotation_position="bottom left")
         fig.add_hline(y=t0.capacity_gib, line={"dash": "dot", "color": "#555", "width": 1},
                       annotation_text=f"HBM {t0.capacity_gib:.1f} GiB", annotation_position="top right")
     return _layout(fig, title="memory per GPU by pipeline stage (top layouts)", height=460, barmode="stack",
-                   yaxis_title="GiB", bargap=0.15)
+                   yaxis_title="GiB", bargap=0.15, legend={**LEGEND, "traceorder": "normal"})
 
 
 def time_figure(ctx: ReportContext) -> Any:
@@ -141,7 +156,7 @@ def time_figure(ctx: ReportContext) -> Any:
                                                               "(%{customdata:.1f}%)<extra></extra>"))
     fig.update_yaxes(autorange="reversed", automargin=True)
     return _layout(fig, title="step-time breakdown (exposed communication per axis)", height=140 + 44 * len(ys),
-                   barmode="stack", xaxis_title="seconds per step")
+                   barmode="stack", xaxis_title="seconds per step", legend={**LEGEND, "traceorder": "normal"})
 
 
 def _shades(light: str, dark: str, n: int) -> list[str]:
@@ -150,6 +165,11 @@ def _shades(light: str, dark: str, n: int) -> list[str]:
     b = [int(dark[i:i + 2], 16) for i in (1, 3, 5)]
     fracs = [0.6] if n == 1 else [i / (n - 1) for i in range(n)]
     return ["#" + "".join(f"{round(x + (y - x) * f):02x}" for x, y in zip(a, b, strict=True)) for f in fracs]
+
+
+def _window(view: ScheduleView) -> float:
+    """Length of the warm-up / cool-down views: the staircase plus a few steady micro-batches."""
+    return min(view.makespan, 3.0 * (view.pp - 1) / view.vp + 4.0)
 
 
 def schedule_figure(view: ScheduleView) -> Any:
@@ -174,7 +194,7 @@ def schedule_figure(view: ScheduleView) -> Any:
     kind = "1F1B" if view.vp == 1 else f"interleaved 1F1B (VP {view.vp})"
     title = (f"{kind}, PP {view.pp}, {view.num_microbatches} micro-batches: bubble "
              f"{100 * view.estimated_bubble_frac:.1f}% of compute")
-    window = min(view.makespan, 3.0 * (view.pp - 1) / view.vp + 4.0)
+    window = _window(view)
     long_step = view.makespan > 2.5 * window
     views = (("whole step", [0.0, view.makespan]), ("warm-up", [0.0, window]),
              ("cool-down", [view.makespan - window, view.makespan]))
@@ -193,7 +213,7 @@ def schedule_caption(view: ScheduleView) -> str:
             "the bubble." + (" Darker shades are later model chunks." if view.vp > 1 else "")
             + (" Numbers are micro-batches." if len(view.blocks) <= MAX_LABELLED_BLOCKS else " Zoom in to see blocks.")
             + (" The step is long, so the view starts on the warm-up; the buttons show the whole step or the "
-               "cool-down." if view.makespan > 2.5 * min(view.makespan, 3.0 * (view.pp - 1) / view.vp + 4.0) else ""))
+               "cool-down." if view.makespan > 2.5 * _window(view) else ""))
     if view.drawn_microbatches != view.num_microbatches:
         text += (f" Drawn with {view.drawn_microbatches} of the {view.num_microbatches} micro-batches (idle "
                  f"{100 * view.bubble_frac:.1f}% as drawn).")
@@ -232,7 +252,7 @@ def measured_figure(ctx: ReportContext) -> Any:
                          hovertemplate="stage %{x}: max allocated %{y:.2f} GiB<extra></extra>"), row=1, col=3)
     if ctx.top:
         fig.add_hline(y=ctx.top[0].usable_gib, line={"dash": "dash", "color": "#E45756", "width": 1},
-                      row=1, col=3)  # type: ignore[arg-type]
+                      annotation_text="usable", annotation_position="bottom right", row=1, col=3)
     fig.update_annotations(yshift=4)
     return _layout(fig, title=f"predicted ({cmp.layout_label}) vs measured ({cmp.iterations} iterations after "
                               "warm-up)", height=440, barmode="group", margin={"l": 70, "r": 30, "t": 110, "b": 40},

@@ -1,0 +1,92 @@
+"""``paraplan report`` in-process: plan flags or plan.json, --log, one-line errors, the progress bar."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import paraplan.cli.report as report_cli
+from paraplan.cli import main
+from tests.report.conftest import LOG_PATH
+
+FLAGS = ["-m", "llama3-8b", "-g", "h100-80gb", "-n", "16", "-s", "4096", "--gbs", "256"]
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_report_from_plan_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.html"
+    code, stdout, err = run(["report", *FLAGS, "--pp", "2,4", "--top", "2", "--log", str(LOG_PATH), "-o", str(out)],
+                            capsys)
+    assert code == 0, err
+    html = out.read_text(encoding="utf-8")
+    for chart_id in ("chart-landscape", "chart-memory", "chart-time", "chart-schedule-0", "chart-measured"):
+        assert f'id="{chart_id}"' in html
+    assert "wrote" in stdout and "2 top layouts" in stdout and "predicted vs measured" in stdout
+    assert err == ""  # stderr is not a terminal: no progress bar
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_report_from_plan_json_keeps_its_layouts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "plan.json"
+    code, _, err = run(["plan", *FLAGS, "--top", "3", "--save", str(saved), "--format", "json"], capsys)
+    assert code == 0, err
+    out = tmp_path / "r.html"
+    code, stdout, err = run(["report", "--plan", str(saved), "-o", str(out)], capsys)
+    assert code == 0, err
+    from paraplan.serialize import load_plan
+
+    html = out.read_text(encoding="utf-8")
+    for i, lay in enumerate(load_plan(saved).layouts):
+        assert f"#{i + 1} {lay.short()}" in html
+    assert "3 top layouts" in stdout
+
+
+def test_same_inputs_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.html", tmp_path / "b.html"
+    assert run(["report", *FLAGS, "--top", "2", "-o", str(a)], capsys)[0] == 0
+    assert run(["report", *FLAGS, "--top", "2", "-o", str(b)], capsys)[0] == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-o", "x.html"], "give --plan plan.json, or the plan flags (missing --model"),
+    (["--plan", "p.json", "-m", "llama3-8b", "-o", "x.html"], "--plan already holds the resolved inputs"),
+    (["--plan", "missing.json", "-o", "x.html"], "not found"),
+    ([*FLAGS, "--top", "0", "-o", "x.html"], "--top must be a positive integer"),
+    ([*FLAGS, "--log", "missing.log", "-o", "x.html"], "missing.log"),
+])
+def test_bad_input_is_one_line_and_exit_1(args: list[str], message: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["report", *args], capsys)
+    assert code == 1
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["report", "--help"], capsys)
+    assert code == 0 and "Example: paraplan report" in out
+
+
+def test_progress_shows_only_when_the_work_takes_a_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = io.StringIO()
+    monkeypatch.setattr(report_cli, "Console", lambda stderr: Console(file=buf, force_terminal=True, width=80))
+    with report_cli.progress(2, delay_s=10.0) as step:
+        step("quick")
+    assert buf.getvalue() == ""
+    with report_cli.progress(2, delay_s=0.0) as step:
+        step("searching layouts")
+        time.sleep(0.3)
+        step("writing")
+    assert "searching layouts" in buf.getvalue() or "writing" in buf.getvalue()
