@@ -98,6 +98,10 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.model.is_moe & (c.model.moe_ffn % c.layout.etp != 0),
          lambda c: f"{c.model.moe_ffn} is not divisible by {c.layout.etp} (moe_ffn_hidden_size over expert TP)",
          "megatron/core/utils.py::ensure_divisibility"),
+    Rule("MOE_BIAS_NEEDS_ETP1",
+         lambda c: c.model.is_moe & c.model.add_bias_linear & (c.layout.etp != 1),
+         lambda c: f"Bias in Moe is only supported when ETP==1 (ETP={c.layout.etp})",
+         "TC: __post_init__ (found by the megatron-core oracle, tests/oracle/test_transformer_config.py)"),
     Rule("EXPERT_GRID",
          lambda c: (c.layout.tp * c.layout.cp * c.layout.dp) % (c.layout.ep * c.layout.etp) != 0,
          lambda c: (f"world_size ({_world(c)}) is not divisible by expert_tensor_model_pipeline_parallel "

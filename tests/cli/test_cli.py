@@ -156,3 +156,34 @@ def test_readme_commands_run(capsys: pytest.CaptureFixture[str]) -> None:
     for cmd in commands:
         code, _out, err = run(shlex.split(cmd), capsys)
         assert code == 0, (cmd, err)
+
+
+LLAMA3_8B_ARGS = (
+    "torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+    "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --swiglu "
+    "--normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights "
+    "--disable-bias-linear --vocab-size 128256 --seq-length 8192 --max-position-embeddings 8192 "
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel "
+    "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 128 --bf16")
+
+
+def test_estimate_reads_megatron_args(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["estimate", "--gpu", "h100-80gb", "--megatron-args", LLAMA3_8B_ARGS, "--format", "json"],
+                       capsys)
+    assert code == 0
+    d = json.loads(out)
+    assert d["params"]["total"] == 8_030_261_248  # Llama-3-8B, parsed back from Megatron flags
+    assert (d["config"]["tp"], d["config"]["pp"], d["config"]["dp"], d["config"]["gbs"]) == (2, 2, 4, 128)
+
+
+def test_estimate_megatron_args_rule_is_megatrons_message(capsys: pytest.CaptureFixture[str]) -> None:
+    bad = LLAMA3_8B_ARGS.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 4") \
+        .replace("--num-layers 32", "--num-layers 30")
+    code, _, err = run(["estimate", "--gpu", "h100-80gb", "--megatron-args", bad], capsys)
+    assert code == 1 and "Number of layers should be divisible by the pipeline-model-parallel size" in err
+
+
+def test_estimate_without_model_names_the_missing_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["estimate", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096", "--gbs", "8"],
+                       capsys)
+    assert code == 1 and "--model is required" in err

@@ -24,6 +24,8 @@ _COMMAND_MODULES = (
     "paraplan.cli.ingest",
     "paraplan.cli.budget",
     "paraplan.cli.report",
+    "paraplan.cli.launch",
+    "paraplan.cli.check",
 )
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name)

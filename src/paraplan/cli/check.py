@@ -45,7 +45,17 @@ def render_check(result: CheckResult, script: str) -> None:
             con.print(f"[yellow]note:[/] {escape(note)}")
         con.print("no estimate: fix the broken rules first")
     if result.alternative is not None:
-        con.print(f"plan would choose instead: {escape(str(result.alternative))}")
+        alt = result.alternative
+        if alt.get("layout") is None:
+            con.print(f"plan finds no layout that fits: {escape(str(alt.get('reason', '')))}")
+        elif alt.get("same_as_script") or (alt.get("predicted_gain") is not None and alt["predicted_gain"] < 0.01):
+            con.print(f"plan's best layout ({escape(alt['layout'])}) is within 1% of this script's")
+        else:
+            gain = alt.get("predicted_gain")
+            gain_text = f" ({100 * gain:+.1f}% tokens/s/GPU)" if gain is not None else ""
+            con.print(f"plan would choose instead: [bold]{escape(alt['layout'])}[/] at "
+                      f"{alt['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{gain_text}; estimate flags: "
+                      f"{escape(alt['estimate_flags'])}")
 
 
 @app.command("check")

@@ -8,36 +8,39 @@ import typer
 
 from paraplan.cli._app import app
 from paraplan.cli.options import (
+    MODEL_HELP,
     FormatOpt,
-    GbsOpt,
     GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
-    ModelOpt,
-    NumGpusOpt,
     OutputFormat,
     PipelineSplitOpt,
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
     RecomputeChoice,
-    SeqLenOpt,
     apply_pipeline_split,
     build_layout,
+    parse_overrides,
     resolve_inputs,
 )
-from paraplan.cli.render import render_estimate
+from paraplan.cli.render import estimate_csv, render_estimate
+from paraplan.errors import LayoutError, SpecError
+from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as run_estimate
 
 
 @app.command("estimate")
 def estimate(
-    model: str = ModelOpt,
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     gpu: str = GpuOpt,
-    num_gpus: int = NumGpusOpt,
+    num_gpus: int | None = typer.Option(None, "--num-gpus", "-n", help="World size (GPUs)."),
     gpus_per_node: int | None = GpusPerNodeOpt,
-    seq_len: int = SeqLenOpt,
-    gbs: int = GbsOpt,
+    seq_len: int | None = typer.Option(None, "--seq-len", "-s", help="Sequence length (tokens)."),
+    gbs: int | None = typer.Option(None, "--gbs", help="Global batch size (sequences)."),
+    megatron_args: str | None = typer.Option(
+        None, "--megatron-args",
+        help="A pretrain_gpt.py / torchrun command line (or @FILE): model, layout and batch are read from it."),
     mbs: int = typer.Option(1, "--mbs", help="Micro-batch size (sequences)."),
     tp: int = typer.Option(1, "--tp", help="Tensor parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline parallel size."),
@@ -74,6 +77,14 @@ def estimate(
     Example: paraplan estimate --model llama3-70b --gpu h100-80gb --num-gpus 64 --tp 4 --pp 4
     --cp 2 --seq-len 8192 --gbs 512 --mbs 1
     """
+    if megatron_args is not None:
+        result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile)
+        _emit(result, fmt)
+        return
+    for flag, value in (("model", model), ("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs)):
+        if value is None:
+            raise SpecError(f"--{flag} is required (or give --megatron-args)")
+    assert model is not None and num_gpus is not None and seq_len is not None and gbs is not None
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                             profile=profile)
@@ -90,7 +101,45 @@ def estimate(
     layout, notes = apply_pipeline_split(inputs.model, layout, str(pipeline_split))
     result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
                           extra_notes=notes)
+    _emit(result, fmt)
+
+
+def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,
+                        gpu_set: list[str] | None, profile: str | None) -> Estimate:
+    """Estimate the layout a Megatron command line describes; its first broken rule is the error."""
+    from pathlib import Path
+
+    from paraplan.launch.check import check_parsed
+    from paraplan.launch.parse import parse_script
+    from paraplan.specs.load import load_gpu, override_gpu
+
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as err:
+            raise SpecError(f"--megatron-args: cannot read '{text[1:]}': {err.strerror}") from None
+    gpu_spec = load_gpu(gpu)
+    if profile:
+        from paraplan.specs.profile import load_profile
+
+        gpu_spec = override_gpu(gpu_spec, {"efficiency": load_profile(profile, gpu_spec.name)})
+    gpu_spec = override_gpu(gpu_spec, parse_overrides(gpu_set))
+    result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node)
+    # the environment a launcher sets is `paraplan check`'s business; the estimate needs the layout only
+    blocking = [(c, m) for c, m in result.violations if c != "CUDA_DEVICE_MAX_CONNECTIONS"]
+    if blocking:
+        code, message = blocking[0]
+        raise LayoutError(message, reason=code)
+    if result.estimate is None:
+        return run_estimate(result.model, result.cluster, result.training, result.layout,
+                            extra_notes=list(result.parsed.flags.notes))
+    return result.estimate
+
+
+def _emit(result: Estimate, fmt: OutputFormat) -> None:
     if fmt == OutputFormat.json:
         print(json.dumps(result.to_dict(), indent=1))
+    elif fmt == OutputFormat.csv:
+        print(estimate_csv(result), end="")
     else:
         render_estimate(result)

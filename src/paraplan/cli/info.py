@@ -10,6 +10,7 @@ from rich.table import Table
 
 from paraplan.cli._app import app
 from paraplan.cli.options import FormatOpt, OutputFormat
+from paraplan.cli.render import rows_csv
 from paraplan.estimate.params import model_param_counts
 from paraplan.specs.load import gpu_preset_names, load_gpu, load_model_preset, model_preset_names
 from paraplan.units import GIB, TB, TFLOP, format_count
@@ -32,6 +33,9 @@ def models(fmt: OutputFormat = FormatOpt) -> None:
                      "source": m.source})
     if fmt == OutputFormat.json:
         print(json.dumps(rows, indent=1))
+        return
+    if fmt == OutputFormat.csv:
+        print(rows_csv(rows), end="")
         return
     table = Table(title="paraplan model presets")
     for col in ("name", "layers", "hidden", "heads", "kv", "experts", "params", "active", "source"):
@@ -61,6 +65,9 @@ def gpus(fmt: OutputFormat = FormatOpt) -> None:
                      "source": g.source})
     if fmt == OutputFormat.json:
         print(json.dumps(rows, indent=1))
+        return
+    if fmt == OutputFormat.csv:
+        print(rows_csv(rows), end="")
         return
     table = Table(title="paraplan GPU presets (dense peaks, per-direction bandwidth)")
     for col in ("name", "HBM GiB", "HBM TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "NVLink GB/s", "net GB/s",

@@ -21,6 +21,7 @@ class OutputFormat(StrEnum):
 
     table = "table"
     json = "json"
+    csv = "csv"
 
 
 class RecomputeChoice(StrEnum):

@@ -93,19 +93,21 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
 def render_plan(p: Plan) -> None:
     con = console()
     con.print(f"[bold]{p.model.name}[/] on {p.cluster.num_gpus} x {p.cluster.gpu.name} | seq {p.training.seq_len}, "
-              f"GBS {p.training.global_batch_size}, {p.training.precision} | {p.num_evaluated} layouts, "
-              f"{p.num_feasible} fit | objective {p.objective}")
+              f"GBS {p.training.global_batch_size}, {p.training.precision}")
+    con.print(f"{p.num_evaluated:,} layouts searched, {p.num_feasible:,} fit | ranked by {p.objective}")
     table = Table(title="best layouts")
-    for col in ("#", "layout", "mem peak / usable", "step", "tokens/s/GPU", "MFU", "dominant cost"):
-        table.add_column(col, justify="right" if col != "layout" else "left")
+    for col in ("#", "layout", "peak/usable GiB", "step s", "tokens/s/GPU", "MFU", "dominant cost"):
+        table.add_column(col, justify="right" if col != "layout" else "left", no_wrap=True)
     for i, c in enumerate(p.candidates):
         terms = {"compute": float(c.time.compute_s), "bubble": float(c.time.bubble_s),
                  "recompute": float(c.time.recompute_s)}
         terms.update({f"{k} comm": float(v) for k, v in c.time.exposed_comm_s.items()})
         dom = max(terms, key=lambda k: terms[k])
-        table.add_row(str(i + 1), c.layout.short(), f"{c.peak_bytes / GIB:.1f} / {c.usable_bytes / GIB:.1f} GiB",
-                      f"{float(c.time.step_s):.2f} s", f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}",
-                      f"{100 * float(c.throughput.mfu):.1f}%",
+        mfu = 100 * float(c.throughput.mfu)
+        colour = "green" if mfu >= 40 else ("yellow" if mfu >= 25 else "red")
+        table.add_row(f"[bold]{i + 1}[/]" if i == 0 else str(i + 1), c.layout.short(),
+                      f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}", f"{float(c.time.step_s):.2f}",
+                      f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}", f"[{colour}]{mfu:.1f}%[/]",
                       f"{dom} {100 * terms[dom] / float(c.time.step_s):.0f}%")
     con.print(table)
     rej = ", ".join(f"{k} {v}" for k, v in sorted(p.rejections.items(), key=lambda kv: -kv[1]))

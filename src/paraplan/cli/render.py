@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import csv
+import io
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
 from paraplan.estimator import Estimate
-from paraplan.units import GIB, format_bytes_binary, format_count, format_seconds
+from paraplan.units import GIB, format_count, format_seconds
 
 
 def console() -> Console:
@@ -23,17 +27,19 @@ def render_estimate(est: Estimate) -> None:
               f"seq {est.training.seq_len}, GBS {est.training.global_batch_size}, {est.training.precision}")
     con.print(f"layout: {lay.short()} | micro-batches {est.num_microbatches} | "
               f"params {format_count(est.params.total)} (active {format_count(est.params.active_per_token)})")
-    table = Table(title="memory per GPU by pipeline stage")
-    for col in ("stage", "params/GPU", "weights", "grads", "optimizer", "activations", "other", "total", "in flight"):
-        table.add_column(col, justify="right")
+    table = Table(title="memory per GPU by pipeline stage (GiB)")
+    for col in ("stage", "params", "weights", "grads", "optim", "activ", "other", "total", "in flight"):
+        table.add_column(col, justify="right", no_wrap=True)
+    usable = est.usable_bytes
     for i, st in enumerate(est.stages):
         m = st.memory
+        total = float(m.total_bytes)
+        style = "red" if total > usable else ("yellow" if total > 0.9 * usable else "")
         mark = " *" if i == est.peak_stage else ""
         table.add_row(f"{i}{mark}", format_count(float(st.params.total)),
-                      format_bytes_binary(float(m.weights_bytes)), format_bytes_binary(float(m.grads_bytes)),
-                      format_bytes_binary(float(m.optimizer_bytes)),
-                      format_bytes_binary(float(m.activations_bytes)),
-                      format_bytes_binary(float(m.other_bytes)), format_bytes_binary(float(m.total_bytes)),
+                      *(f"{float(v) / GIB:.1f}" for v in (m.weights_bytes, m.grads_bytes, m.optimizer_bytes,
+                                                          m.activations_bytes, m.other_bytes)),
+                      f"[{style}]{total / GIB:.1f}[/]" if style else f"{total / GIB:.1f}",
                       f"{float(st.in_flight):.0f}")
     con.print(table)
     verdict = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
@@ -57,3 +63,24 @@ def render_estimate(est: Estimate) -> None:
               f"HFU {100 * float(th.hfu):.1f}% (vs dense {th.mfu_peak} peak)")
     for note in est.notes:
         con.print(f"[yellow]note:[/] {note}")
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    """A list of flat dicts as CSV text (header from the first row)."""
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def estimate_csv(est: Estimate) -> str:
+    """One row per pipeline stage: the layout, the memory terms and the step-level time/throughput."""
+    d = est.to_dict()
+    cfg = {k: v for k, v in d["config"].items() if not isinstance(v, list)}
+    step = {"step_s": d["time"]["step_s"], "tokens_per_s_per_gpu": d["throughput"]["tokens_per_s_per_gpu"],
+            "mfu": d["throughput"]["mfu"], "fits": d["memory"]["fits"]}
+    rows = [{**cfg, **{k: v for k, v in s.items()}, "params_per_rank": d["params"]["per_stage_per_rank"][i], **step}
+            for i, s in enumerate(d["memory"]["per_stage"])]
+    return rows_csv(rows)

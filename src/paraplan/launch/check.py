@@ -61,11 +61,29 @@ class CheckResult:
 
 
 def suggest_alternative(result: CheckResult) -> dict[str, Any] | None:
-    """Hook: what ``paraplan plan`` would choose instead, with the predicted gain.
+    """What ``paraplan plan`` would choose for the same model, cluster and batch, with the
+    predicted gain over the script's layout (None when the script's estimate is unavailable and
+    no layout fits either)."""
+    from paraplan.errors import PlannerError
+    from paraplan.search import plan
 
-    Not implemented yet: returns None (the report then shows no alternative).
-    """
-    return None
+    try:
+        p = plan(result.model, result.cluster, result.training, top_k=1)
+    except PlannerError as err:  # nothing fits, or the model itself breaks a rule (e.g. positions < seq)
+        return {"layout": None, "reason": str(err)}
+    best = p.candidates[0]
+    tokens = float(best.throughput.tokens_per_s_per_gpu)
+    current = float(result.estimate.throughput.tokens_per_s_per_gpu) if result.estimate is not None else None
+    gain = None if current is None else tokens / current - 1.0
+    cfg = best.to_dict()["config"]
+    flags = " ".join(f"--{k} {cfg[k]}" for k in ("tp", "pp", "vp", "cp", "ep", "etp", "mbs") if cfg[k] != 1)
+    return {
+        "layout": best.layout.short(), "config": cfg, "tokens_per_s_per_gpu": tokens,
+        "step_s": float(best.time.step_s), "peak_bytes": best.peak_bytes,
+        "predicted_gain": gain, "same_as_script": best.layout == result.layout,
+        "estimate_flags": flags + f" --recompute {best.layout.recompute}"
+                          + (" --fsdp" if best.layout.fsdp else ""),
+    }
 
 
 def _layout(parsed: ParsedScript, world: int) -> ParallelLayout:
