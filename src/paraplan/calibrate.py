@@ -172,7 +172,7 @@ def nelder_mead(f: Callable[[NDArray[np.float64]], float], x0: NDArray[np.float6
 
 
 def fit_profile(runs: Sequence[Run], gpu: GpuSpec, params: Sequence[str] = DEFAULT_PARAMS, *,
-                prior_weight: float = 0.01, max_evals: int = 800) -> FitResult:
+                prior_weight: float = 0.03, max_evals: int = 800) -> FitResult:
     """Fit ``params`` of ``gpu.efficiency`` to the runs' measured step times, starting from the preset."""
     if not runs:
         raise SpecError("calibrate: no runs to fit")

@@ -348,15 +348,15 @@ def launch_command(est: Estimate, *, model_ref: str | None = None, gpu_ref: str 
                    profile: str | None = None, out: str | None = None) -> str:
     """``paraplan launch`` command line for a layout (estimate flags)."""
     lay, tr, cl = est.layout, est.training, est.cluster
-    args = ["paraplan", "launch", "--model", model_ref or est.model.name, "--gpu", gpu_ref or cl.gpu.name,
-            "--num-gpus", str(cl.num_gpus)]
-    if cl.gpus_per_node != cl.gpu.gpus_per_node:
-        args += ["--gpus-per-node", str(cl.gpus_per_node)]
-    args += ["--seq-len", str(tr.seq_len), "--gbs", str(tr.global_batch_size)]
-    args += ["--precision", tr.precision] if tr.precision != "bf16" else []
-    sizes = {"tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp, "ep": lay.ep,
-             "etp": lay.etp if est.model.is_moe and lay.etp != lay.tp else 1, "mbs": lay.mbs}
-    args += [w for k, v in sizes.items() if v > 1 or k in ("tp", "pp", "mbs") for w in (f"--{k}", str(v))]
+    args = ["paraplan", "launch", "--model", model_ref or est.model.name, "--gpu", gpu_ref or cl.gpu.name]
+    on = {"num-gpus": cl.num_gpus, "gpus-per-node": cl.gpus_per_node if cl.gpus_per_node != cl.gpu.gpus_per_node
+          else None, "seq-len": tr.seq_len, "gbs": tr.global_batch_size, "tp": lay.tp, "pp": lay.pp,
+          "vp": lay.vp if lay.vp > 1 else None, "cp": lay.cp if lay.cp > 1 else None,
+          "ep": lay.ep if lay.ep > 1 else None, "etp": lay.etp if est.model.is_moe and lay.etp != lay.tp else None,
+          "mbs": lay.mbs, "precision": tr.precision if tr.precision != "bf16" else None,
+          "decoder-first-pipeline-num-layers": lay.first_stage_layers or None,
+          "decoder-last-pipeline-num-layers": lay.last_stage_layers or None}
+    args += [w for k, v in on.items() if v is not None for w in (f"--{k}", str(v))]
     switches = {"--no-sequence-parallel": not lay.sequence_parallel and lay.tp > 1, "--fsdp": lay.fsdp,
                 "--no-distributed-optimizer": not lay.distributed_optimizer and not lay.fsdp,
                 "--no-overlap-grad-reduce": not lay.overlap_grad_reduce, "--tp-comm-overlap": lay.tp_comm_overlap,

@@ -37,7 +37,7 @@ def test_holdout_error_drops(runs: list[Run]) -> None:
     train, held = runs[:8], runs[8:]
     res = fit_profile(train, gpu)
     assert res.before.median_abs > 0.15  # the preset is ~25% off on this "cluster"
-    assert res.after.median_abs < 0.03 and res.after.rms_log < res.before.rms_log / 5
+    assert res.after.median_abs < 0.05 and res.after.rms_log < res.before.rms_log / 5
     before, after = evaluate(held, gpu.efficiency), evaluate(held, res.efficiency)
     assert before.median_abs > 0.15
     assert after.median_abs < before.median_abs / 4 and after.max_abs < before.max_abs / 2

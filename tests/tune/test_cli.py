@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,14 @@ def test_calibrate_cross_validate(tmp_path: Path, capsys: pytest.CaptureFixture[
                          "--params", "gemm_max_frac,nvlink_bus_frac", "--cross-validate", "-f", "json"])
     loo = doc["leave_one_out"]
     assert loo["before"]["n"] == 4 and loo["after"]["median_abs"] < loo["before"]["median_abs"]
+
+
+def test_next_layout_command_runs_through_launch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("paraplan.cli.launch")
+    est = make_estimate("llama3-8b", 16, 4096, 16, tp=2, pp=4)
+    doc = _json(capsys, ["tune", "-f", "json", "--log", _log(tmp_path, est), *FLAGS])
+    cmd = shlex.split(doc["findings"][-1]["numbers"]["command"])
+    cmd[cmd.index("--out") + 1] = str(tmp_path / "next")
+    assert main(cmd[1:]) == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "next" / "manifest.json").read_text())
+    assert manifest["layout"]["tp"] == doc["findings"][-1]["numbers"]["layout"]["tp"]

@@ -26,6 +26,8 @@ _COMMAND_MODULES = (
     "paraplan.cli.report",
     "paraplan.cli.launch",
     "paraplan.cli.check",
+    "paraplan.cli.tune",
+    "paraplan.cli.calibrate",
 )
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name)
