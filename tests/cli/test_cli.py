@@ -149,13 +149,20 @@ def test_models_gpus_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and out.startswith("paraplan ")
 
 
-def test_readme_commands_run(capsys: pytest.CaptureFixture[str]) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_readme_commands_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Every `.venv/bin/paraplan ...` line of the README, in order, in a scratch folder."""
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
     commands = re.findall(r"\.venv/bin/paraplan ([^\n`&]+)", readme)
-    assert commands, "README lost its example commands"
+    assert len(commands) >= 9, "README lost its example commands"
+    monkeypatch.chdir(tmp_path)
     for cmd in commands:
-        code, _out, err = run(shlex.split(cmd), capsys)
+        args = [str(root / a) if a.startswith("tests/") else a for a in shlex.split(cmd)]
+        code, _out, err = run(args, capsys)
         assert code == 0, (cmd, err)
+    assert (tmp_path / "report.html").stat().st_size > 100_000
+    assert (tmp_path / "launch" / "llama3-70b" / "manifest.json").exists()
 
 
 LLAMA3_8B_ARGS = (
