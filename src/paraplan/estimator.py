@@ -7,7 +7,7 @@ called with Python numbers, with all stages evaluated (not only the representati
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from paraplan.errors import LayoutError
@@ -63,6 +63,7 @@ class Estimate:
                 "gpu": self.cluster.gpu.name, "num_gpus": self.cluster.num_gpus,
                 "gpus_per_node": self.cluster.gpus_per_node,
                 "nvlink_domain_size": self.cluster.nvlink_domain_size,
+                "efficiency": asdict(self.cluster.gpu.efficiency),
             },
             "model": {"name": self.model.name, "num_layers": self.model.num_layers,
                       "hidden_size": self.model.hidden_size, "moe": self.model.is_moe},

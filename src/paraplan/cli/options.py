@@ -174,3 +174,34 @@ PipelineSplitOpt = typer.Option(
     help="even: Megatron's rule (layers divisible by PP x VP); auto: pick "
          "--decoder-first/last-pipeline-num-layers when they are not.")
 ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")
+
+
+# Layout flags shared by estimate, launch and tune (one definition each) ------------------
+OptModelOpt = typer.Option(None, "--model", "-m", help=MODEL_HELP)
+OptGpuOpt = typer.Option(None, "--gpu", "-g", help=GPU_HELP)
+OptNumGpusOpt = typer.Option(None, "--num-gpus", "-n", help="World size (GPUs).")
+OptSeqLenOpt = typer.Option(None, "--seq-len", "-s", help="Sequence length (tokens).")
+OptGbsOpt = typer.Option(None, "--gbs", help="Global batch size (sequences).")
+MbsOpt = typer.Option(1, "--mbs", help="Micro-batch size (sequences).")
+TpOpt = typer.Option(1, "--tp", help="Tensor parallel size.")
+PpOpt = typer.Option(1, "--pp", help="Pipeline parallel size.")
+VpOpt = typer.Option(1, "--vp", help="Virtual pipeline chunks per rank (interleaving).")
+CpOpt = typer.Option(1, "--cp", help="Context parallel size.")
+EpOpt = typer.Option(1, "--ep", help="Expert parallel size.")
+EtpOpt = typer.Option(None, "--etp", help="Expert tensor parallel size (default: TP).")
+RecomputeOpt = typer.Option(RecomputeChoice.selective, "--recompute", help="Activation recomputation granularity.")
+RecomputeModulesOpt = typer.Option(None, "--recompute-modules",
+                                   help="Selective recompute modules (repeat): core_attn, mlp, moe, ...")
+RecomputeNumLayersOpt = typer.Option(1, "--recompute-num-layers", help="Layers per checkpoint (full).")
+NoSpOpt = typer.Option(False, "--no-sequence-parallel", help="Turn sequence parallel off.")
+NoDistOptOpt = typer.Option(False, "--no-distributed-optimizer", help="Replicate optimizer states (no ZeRO-1).")
+FsdpOpt = typer.Option(False, "--fsdp", help="Megatron-FSDP (parameters, grads and optimizer sharded).")
+NoOverlapGradOpt = typer.Option(False, "--no-overlap-grad-reduce", help="Turn --overlap-grad-reduce off.")
+NoOverlapParamOpt = typer.Option(False, "--no-overlap-param-gather", help="Turn --overlap-param-gather off.")
+TpCommOverlapOpt = typer.Option(False, "--tp-comm-overlap", help="TE userbuffer TP overlap.")
+FirstStageOpt = typer.Option(None, "--decoder-first-pipeline-num-layers", help="Layers on the first stage.")
+LastStageOpt = typer.Option(None, "--decoder-last-pipeline-num-layers", help="Layers on the last stage.")
+AccountEmbOpt = typer.Option(False, "--account-for-embedding-in-pipeline-split",
+                             help="Count the embedding as a layer in the split.")
+AccountLossOpt = typer.Option(False, "--account-for-loss-in-pipeline-split",
+                              help="Count the loss as a layer in the split.")
