@@ -112,6 +112,11 @@ class ParallelLayout:
         return self.sequence_parallel and self.tp > 1
 
     @property
+    def uneven(self) -> bool:
+        """Layers split by explicit first/last counts or a pipeline layout, not evenly."""
+        return bool(self.first_stage_layers or self.last_stage_layers or self.pipeline_layout)
+
+    @property
     def dist_opt(self) -> bool:
         """Optimizer states sharded (distributed optimizer or FSDP)."""
         return self.distributed_optimizer or self.fsdp
@@ -193,7 +198,17 @@ class LayoutTable:
     account_for_embedding: bool = False
     account_for_loss: bool = False
     pipeline_layout: tuple[int, ...] = ()
-    _extra: dict[str, object] = field(default_factory=dict)
+    pipeline_layouts: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    """Balanced per-virtual-stage layer counts for (pp, vp) pairs whose layers do not divide
+    evenly (``--pipeline-model-parallel-layout``); rows with those pairs use them."""
+
+    @property
+    def uneven(self) -> BoolArray:
+        """Rows whose (pp, vp) uses an entry of ``pipeline_layouts``."""
+        if not self.pipeline_layouts:
+            return np.zeros(len(self.tp), dtype=bool)
+        keys = np.array([p * 1000 + v for p, v in self.pipeline_layouts], dtype=np.int64)
+        return np.isin(self.pp * 1000 + self.vp, keys)
 
     @property
     def sp(self) -> BoolArray:
@@ -232,6 +247,7 @@ class LayoutTable:
             overlap_grad_reduce=bool(self.overlap_grad_reduce[i]),
             overlap_param_gather=bool(self.overlap_param_gather[i]),
             tp_comm_overlap=bool(self.tp_comm_overlap[i]),
+            pipeline_layout=self.pipeline_layouts.get((int(self.pp[i]), int(self.vp[i])), ()),
         )
 
     def take(self, index: NDArray[np.int64] | BoolArray) -> LayoutTable:

@@ -57,9 +57,8 @@ def _layers_total(c: RuleContext) -> int:
     return c.model.num_layers + int(c.layout.account_for_embedding) + int(c.layout.account_for_loss)
 
 
-def _even_split(c: RuleContext) -> bool:
-    lay = c.layout
-    return not (lay.first_stage_layers or lay.last_stage_layers or lay.pipeline_layout)
+def _even_split(c: RuleContext) -> Any:
+    return np.logical_not(c.layout.uneven)
 
 
 RULES: tuple[Rule, ...] = (

@@ -20,8 +20,9 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from paraplan.errors import NoFeasiblePlanError
+from paraplan.errors import LayoutError, NoFeasiblePlanError
 from paraplan.estimate.memory import MemoryOptions, stage_memory
+from paraplan.estimate.pipeline import balanced_pipeline_layout, balanced_uneven_split
 from paraplan.estimate.stages import representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
@@ -100,6 +101,7 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         keep &= (etp == 1) | (etp == tp)  # ETP 1 (folding) or = TP (Megatron's default)
     keep &= (r[:, 0] == 1) | (pp > 1)  # VP needs PP (also a rule; trims the table)
     sel = np.nonzero(keep)[0]
+    layouts = uneven_layouts(model, pp[sel], r[sel, 0])
     dpv_col = r[sel, 5]
     sp_col = r[sel, 6].astype(bool)
     return LayoutTable(
@@ -111,7 +113,31 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         overlap_grad_reduce=np.ones(len(sel), dtype=bool),
         overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
         tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
+        pipeline_layouts=layouts,
     )
+
+
+def uneven_layouts(model: ModelSpec, pp: NDArray[np.int64],
+                   vp: NDArray[np.int64]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Balanced per-virtual-stage layer counts for every (pp, vp) whose layers do not divide:
+    Megatron accepts them through --decoder-first/last-pipeline-num-layers or
+    --pipeline-model-parallel-layout (DeepSeek-V3's 61 layers, Qwen3-235B's 94, Llama-3.1's 126)."""
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
+    for key in np.unique(pp * 1000 + vp):
+        p, v = int(key // 1000), int(key % 1000)
+        if p < 2 or model.num_layers % (p * v) == 0:
+            continue
+        split = balanced_uneven_split(model.num_layers, p, v)
+        try:
+            if split is not None and v == 1:
+                first, last = split
+                middle = (model.num_layers - first - last) // max(p - 2, 1)
+                out[(p, v)] = (first, *([middle] * (p - 2)), last)
+            else:
+                out[(p, v)] = balanced_pipeline_layout(model.num_layers, p, v)
+        except LayoutError:
+            continue  # too few layers for that many virtual stages: the rules reject these rows
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +156,8 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     """Peak memory (stages 0, 1, p-1) and step time of every row, vectorised."""
     max_positions, _ = max_positions_for(model, training)
     m = training.global_batch_size // (table.mbs * table.dp)
-    stages = [stage_layers_table(model, table.pp, table.vp, rank) for rank in representative_ranks(table.pp)]
-    ranks = representative_ranks(table.pp)
+    ranks = representative_ranks(model, table.pp, table.vp, table.pipeline_layouts)
+    stages = [stage_layers_table(model, table.pp, table.vp, rank, table.pipeline_layouts) for rank in ranks]
     peaks = [
         np.asarray(stage_memory(model, training, table, st, rank=rk, num_microbatches=m,
                                 max_positions=max_positions, options=options).memory.total_bytes, dtype=float)

@@ -16,7 +16,7 @@ from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimator import estimate, max_positions_for
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
-from paraplan.search import SearchSpace, candidate_table, evaluate_table, plan, rank_order
+from paraplan.search import SearchSpace, candidate_table, evaluate_table, plan, rank_order, uneven_layouts
 from paraplan.specs.cluster import make_cluster, with_efficiency
 from paraplan.specs.load import load_gpu, load_model, model_from_megatron_args
 from paraplan.specs.training import TrainingSpec
@@ -56,7 +56,10 @@ def _brute_force_valid(model, cluster, training, space):  # type: ignore[no-unty
     for tp, pp, cp, dp, vp, ep, etp, mbs in itertools.product(*axes):
         if tp * pp * cp * dp != world or (model.is_moe and etp not in (1, tp)):
             continue
-        lay = ParallelLayout(tp=tp, pp=pp, vp=vp, cp=cp, dp=dp, ep=ep, etp=etp, mbs=mbs)
+        # layer counts that do not divide get the balanced layout Megatron accepts through
+        # --pipeline-model-parallel-layout / --decoder-first/last-pipeline-num-layers
+        uneven = uneven_layouts(model, np.array([pp]), np.array([vp])).get((pp, vp), ())
+        lay = ParallelLayout(tp=tp, pp=pp, vp=vp, cp=cp, dp=dp, ep=ep, etp=etp, mbs=mbs, pipeline_layout=uneven)
         try:
             check_layout(model, training, cluster, lay)
         except LayoutError:

@@ -64,11 +64,12 @@ def test_schedule_of_the_top_layout_follows_the_estimate(plan_70b: Plan) -> None
     best = plan_70b.candidates[0]
     view = ctx.schedules[0]
     assert view.in_top and view.pp == best.layout.pp and view.vp == best.layout.vp
-    assert view.num_microbatches == view.drawn_microbatches == best.num_microbatches
-    assert len(view.blocks) == 2 * view.pp * view.vp * view.num_microbatches
+    assert view.num_microbatches == best.num_microbatches
+    assert 0 < view.drawn_microbatches <= view.num_microbatches  # long schedules are drawn in part
+    assert len(view.blocks) == 2 * view.pp * view.vp * view.drawn_microbatches
     # stages differ a little (embedding, loss), so the simulated bubble is close to (p-1)/(v m), not equal
     assert view.bubble_frac == pytest.approx(view.estimated_bubble_frac, rel=0.5, abs=0.01)
-    assert view.makespan >= view.num_microbatches
+    assert view.makespan >= view.drawn_microbatches
     fwd, bwd = stage_times(best)
     assert view.unit_s == pytest.approx(max(f + b for f, b in zip(fwd, bwd, strict=True)))
     assert len({(s.pp, s.vp, s.num_microbatches) for s in ctx.schedules}) == len(ctx.schedules) <= 2

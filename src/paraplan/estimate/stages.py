@@ -36,16 +36,42 @@ def all_stage_layers(model: ModelSpec, layout: ParallelLayout) -> list[StageLaye
     ]
 
 
-def representative_ranks(pp: NDArray[np.int64]) -> list[NDArray[np.int64]]:
-    """Ranks whose memory bounds every stage with even splits: 0 (most in flight, embedding),
-    1 (most in flight among middle stages) and p - 1 (output layer, logits)."""
-    return [np.zeros_like(pp), np.minimum(1, pp - 1), pp - 1]
+def _per_key_layout(model: ModelSpec, p: int, v: int,
+                    layouts: dict[tuple[int, int], tuple[int, ...]]) -> list[StageLayers] | None:
+    """Stage assignment for one (pp, vp): even, or the balanced layout given for it."""
+    if (p, v) in layouts:
+        return all_stage_layers(model, ParallelLayout(pp=p, vp=v, pipeline_layout=layouts[(p, v)]))
+    if model.num_layers % (p * v):
+        return None  # rejected by the rules
+    return all_stage_layers(model, ParallelLayout(pp=p, vp=v))
+
+
+def representative_ranks(
+    model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64],
+    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None,
+) -> list[NDArray[np.int64]]:
+    """Ranks whose memory and time bound every stage: 0 (most in flight, embedding), 1 (most in
+    flight among middle stages), the rank holding the most layers (uneven layouts) and p - 1
+    (output layer, logits)."""
+    layouts = layouts or {}
+    heaviest = np.zeros_like(pp)
+    keys = pp * 1000 + vp
+    for key in np.unique(keys):
+        p, v = int(key // 1000), int(key % 1000)
+        per_rank = _per_key_layout(model, p, v, layouts)
+        if per_rank is None:
+            continue
+        counts = [s.num_dense_layers + s.num_moe_layers for s in per_rank]
+        heaviest[keys == key] = int(np.argmax(counts))
+    return [np.zeros_like(pp), np.minimum(1, pp - 1), heaviest, pp - 1]
 
 
 def stage_layers_table(
-    model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64], rank: NDArray[np.int64]
+    model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64], rank: NDArray[np.int64],
+    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None,
 ) -> StageLayers:
-    """StageLayers arrays for (pp, vp, rank) rows with even splits (the search space).
+    """StageLayers arrays for (pp, vp, rank) rows (the search space): even splits, or the
+    balanced ``layouts`` given for (pp, vp) pairs that do not divide.
 
     Assignments are computed once per distinct (pp, vp) and gathered, so the cost does not grow
     with the number of candidates.
@@ -57,10 +83,9 @@ def stage_layers_table(
     for key in np.unique(keys):
         p, v = int(key // 1000), int(key % 1000)
         rows = keys == key
-        if model.num_layers % (p * v):
+        per_rank = _per_key_layout(model, p, v, layouts or {})
+        if per_rank is None:
             continue  # rejected by the rules; leave zeros
-        lay = ParallelLayout(pp=p, vp=v)
-        per_rank = all_stage_layers(model, lay)
         d = np.array([s.num_dense_layers for s in per_rank], dtype=np.int64)
         m = np.array([s.num_moe_layers for s in per_rank], dtype=np.int64)
         dense[rows] = d[rank[rows]]
