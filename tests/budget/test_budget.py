@@ -163,8 +163,8 @@ def test_memory_and_batch_limits_are_infeasible_rows_with_reasons() -> None:
     assert not first.feasible and first.reason_code == "OOM" and "out of memory" in (first.reason or "")
     last = res.rows[-1]
     # the batch limit shows up either as an infeasible row or as a flag on the last feasible one
-    batch_limited = (not last.feasible and last.reason_code == "GBS_NOT_DIVISIBLE" and "GBS 32" in (last.reason or "")) \
-        or any(code == "SMALL_BATCH_PER_DP" for code, _ in last.flags)
+    gbs_row = not last.feasible and last.reason_code == "GBS_NOT_DIVISIBLE" and "GBS 32" in (last.reason or "")
+    batch_limited = gbs_row or any(code == "SMALL_BATCH_PER_DP" for code, _ in last.flags)
     assert batch_limited, last
     assert last.num_gpus < 8192  # the sweep stops once the batch cannot be split further
     assert any(r.feasible for r in res.rows)
