@@ -151,26 +151,50 @@ class Evaluated:
     fits: NDArray[np.bool_]
 
 
-def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,
-                   options: MemoryOptions | None = None) -> Evaluated:
-    """Peak memory (stages 0, 1, p-1) and step time of every row, vectorised."""
+def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
+                     options: MemoryOptions | None = None) -> NDArray[np.float64]:
+    """Peak per-GPU memory of every row: the largest of the representative stages."""
     max_positions, _ = max_positions_for(model, training)
     m = training.global_batch_size // (table.mbs * table.dp)
     ranks = representative_ranks(model, table.pp, table.vp, table.pipeline_layouts)
-    stages = [stage_layers_table(model, table.pp, table.vp, rank, table.pipeline_layouts) for rank in ranks]
     peaks = [
-        np.asarray(stage_memory(model, training, table, st, rank=rk, num_microbatches=m,
-                                max_positions=max_positions, options=options).memory.total_bytes, dtype=float)
-        for st, rk in zip(stages, ranks, strict=True)
+        np.asarray(stage_memory(model, training, table,
+                                stage_layers_table(model, table.pp, table.vp, rk, table.pipeline_layouts),
+                                rank=rk, num_microbatches=m, max_positions=max_positions,
+                                options=options).memory.total_bytes, dtype=float)
+        for rk in ranks
     ]
-    peak = np.max(np.stack(peaks), axis=0)
+    return np.max(np.stack(peaks), axis=0)  # type: ignore[no-any-return]
+
+
+def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 table: LayoutTable) -> NDArray[np.float64]:
+    """Step time of every row (slowest of the representative stages)."""
+    max_positions, _ = max_positions_for(model, training)
+    m = training.global_batch_size // (table.mbs * table.dp)
+    ranks = representative_ranks(model, table.pp, table.vp, table.pipeline_layouts)
+    stages = [stage_layers_table(model, table.pp, table.vp, rk, table.pipeline_layouts) for rk in ranks]
     t = step_time_from_stages(model, cluster, training, table, stages, num_microbatches=m,
                               max_positions=max_positions)
-    step = np.asarray(t.step_s, dtype=float)
+    return np.asarray(t.step_s, dtype=float)
+
+
+def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,
+                   options: MemoryOptions | None = None, *, time_all: bool = True) -> Evaluated:
+    """Peak memory and step time of every row, vectorised. With ``time_all=False`` only rows that
+    fit are timed (the others get an infinite step time): the search's fast path."""
+    peak = peak_bytes_table(model, training, table, options)
     usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    fits = peak <= usable
+    if time_all:
+        step = step_s_table(model, cluster, training, table)
+    else:
+        step = np.full(len(table), np.inf)
+        idx = np.nonzero(fits)[0]
+        if len(idx):
+            step[idx] = step_s_table(model, cluster, training, table.take(idx))
     return Evaluated(table=table, peak_bytes=peak, step_s=step,
-                     tokens_per_s_per_gpu=training.tokens_per_step / (step * cluster.num_gpus),
-                     fits=peak <= usable)
+                     tokens_per_s_per_gpu=training.tokens_per_step / (step * cluster.num_gpus), fits=fits)
 
 
 def simplicity_key(table: LayoutTable) -> list[NDArray[np.int64]]:
@@ -248,7 +272,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                                           f"({cluster.nvlink_domain_size} GPUs)")
             alive &= ~mask
     valid = table.take(np.nonzero(alive)[0])
-    ev = evaluate_table(model, cluster, training, valid, options) if len(valid) else None
+    ev = evaluate_table(model, cluster, training, valid, options, time_all=False) if len(valid) else None
     if ev is None or not ev.fits.any():
         if ev is not None and len(valid):
             rejections["OOM"] = len(valid)
