@@ -49,20 +49,24 @@ def plan_document(p: Plan) -> dict[str, Any]:
             "inputs": inputs_dict(p.model, p.cluster, p.training), "plan": p.to_dict()}
 
 
-def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> None:
-    """Write JSON through a temporary file in the same folder, so no partial file is left."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write text through a temporary file in the same folder, so no partial file is left."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write JSON atomically (see ``write_text_atomic``)."""
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
 def save_plan(p: Plan, path: str | Path) -> None:

@@ -247,7 +247,10 @@ def budget_cmd(
                      max_gpus=max_gpus, progress=progress,
                      space=SearchSpace(allow_cross_node=allow_cross_node))
     if html:
-        budget_figure(res).write_html(html, include_plotlyjs="cdn")
+        from paraplan.serialize import write_text_atomic
+
+        # self-contained (plotly.js embedded): opens offline, like `paraplan report`
+        write_text_atomic(html, budget_figure(res).to_html(include_plotlyjs=True, full_html=True))
     if fmt == BudgetFormat.json:
         print(json.dumps(res.to_dict(), indent=1))
     elif fmt == BudgetFormat.csv:
