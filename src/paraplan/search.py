@@ -155,16 +155,22 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
                      options: MemoryOptions | None = None) -> NDArray[np.float64]:
     """Peak per-GPU memory of every row: the largest of the representative stages."""
     max_positions, _ = max_positions_for(model, training)
-    m = training.global_batch_size // (table.mbs * table.dp)
-    ranks = representative_ranks(model, table.pp, table.vp, table.pipeline_layouts)
-    peaks = [
-        np.asarray(stage_memory(model, training, table,
-                                stage_layers_table(model, table.pp, table.vp, rk, table.pipeline_layouts),
-                                rank=rk, num_microbatches=m, max_positions=max_positions,
-                                options=options).memory.total_bytes, dtype=float)
-        for rk in ranks
-    ]
-    return np.max(np.stack(peaks), axis=0)  # type: ignore[no-any-return]
+    ranks = np.stack(representative_ranks(model, table.pp, table.vp, table.pipeline_layouts), axis=1)
+    # evaluate each distinct (row, rank) once: PP = 1 rows need one stage, PP = 2 rows two
+    ranks = np.sort(ranks, axis=1)
+    distinct = np.ones(ranks.shape, dtype=bool)
+    distinct[:, 1:] = ranks[:, 1:] != ranks[:, :-1]
+    rows, cols = np.nonzero(distinct)
+    rank = ranks[rows, cols]
+    sub = table.take(rows)
+    m = training.global_batch_size // (sub.mbs * sub.dp)
+    totals = np.asarray(stage_memory(model, training, sub,
+                                     stage_layers_table(model, sub.pp, sub.vp, rank, sub.pipeline_layouts),
+                                     rank=rank, num_microbatches=m, max_positions=max_positions,
+                                     options=options).memory.total_bytes, dtype=float)
+    peak = np.full(len(table), -np.inf)
+    np.maximum.at(peak, rows, totals)
+    return peak
 
 
 def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

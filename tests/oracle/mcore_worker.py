@@ -4,7 +4,12 @@
 Adapted from ``shared/tools/mcore_params.py`` (the project's shared oracle tool: builds an
 mcore GPTModel on CPU per rank and prints per-rank parameter counts as JSON). Changes here:
 a ``dp`` field (expert grids larger than TP x PP), ``pos`` / ``seq`` for learned-absolute vs
-RoPE positions, per-chunk layer numbers and EP ranks in the output, and an optional output file.
+RoPE positions, per-chunk layer numbers and EP ranks in the output, an optional output file,
+MoE layer patterns and shared experts (built, as Megatron-LM's ``gpt_builders`` does for MoE
+models, from ``get_gpt_decoder_block_spec(config, use_transformer_engine=False)``), QK norms,
+multi-latent attention, MTP blocks, uneven first/last pipeline stages and
+``pipeline_model_parallel_layout``, and fork-after-import rank processes (the ~4 s
+torch + megatron-core import is paid once per case, not once per rank).
 
 Builds a megatron-core GPTModel on CPU with the gloo backend, one process per rank
 (TP x PP x DP ranks), using the "local" layer spec (no CUDA, no Transformer Engine, no Apex),
@@ -23,9 +28,23 @@ Case fields (all optional; defaults in DEFAULT_CASE):
     swiglu (bool), tied (bool: share embeddings and output weights),
     norm ("RMSNorm"|"LayerNorm"), bias (bool: add_bias_linear),
     moe_num_experts (null = dense), moe_ffn, moe_topk, ep, etp (null = TP),
+    moe_layer_freq (int, or a 0/1 list of num_layers values: Megatron's --moe-layer-freq),
+    moe_shared_ffn (moe_shared_expert_intermediate_size, null = none), moe_shared_gate (bool),
+    qk_layernorm (bool),
+    mla (bool: MLATransformerConfig + MLA local spec), q_lora_rank (null = full-rank Q),
+    kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim,
+    mla_down_proj ("duplicated": the MLA down projections are whole on every TP rank, as the
+    Transformer Engine spec builds them (TELinear, parallel_mode="duplicated"); "column": the
+    local spec's ColumnParallelLinear, which splits them over TP),
+    mtp_num_layers (null = none; the MTP layer copies the spec of the last decoder layer),
     tp, pp, vpp (virtual pipeline chunks per rank, or null), dp,
+    first_stage_layers / last_stage_layers (num_layers_in_first/last_pipeline_stage, null = even),
+    pipeline_layout (pipeline_model_parallel_layout string, e.g. "Ett|ttt|tt|tL", or null),
     make_vocab_size_divisible_by (padding rule, as in Megatron-LM training:
     padded = ceil(vocab / (divisible_by * tp)) * divisible_by * tp)
+
+Environment: MCORE_WORKER_START=spawn starts the rank processes with "spawn" (fresh
+interpreters) instead of the default "fork" after importing megatron-core in the parent.
 """
 
 from __future__ import annotations
@@ -60,6 +79,21 @@ DEFAULT_CASE: dict[str, Any] = {
     "vpp": None,
     "dp": 1,
     "make_vocab_size_divisible_by": 128,
+    "moe_layer_freq": 1,
+    "moe_shared_ffn": None,
+    "moe_shared_gate": False,
+    "qk_layernorm": False,
+    "mla": False,
+    "q_lora_rank": None,
+    "kv_lora_rank": 64,
+    "qk_head_dim": 32,
+    "qk_pos_emb_head_dim": 16,
+    "v_head_dim": 32,
+    "mla_down_proj": "duplicated",
+    "mtp_num_layers": None,
+    "first_stage_layers": None,
+    "last_stage_layers": None,
+    "pipeline_layout": None,
 }
 
 
@@ -70,7 +104,9 @@ def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
 
 
 def classify(name: str) -> str:
-    """Bucket of a named parameter."""
+    """Bucket of a named parameter (MTP blocks apart, their routed experts with the others)."""
+    if name.startswith("mtp."):
+        return "routed_experts" if ".experts." in name else "mtp"
     if "embedding" in name:
         return "embedding"
     if name.startswith("output_layer") or ".output_layer." in name:
@@ -87,7 +123,7 @@ def classify(name: str) -> str:
 def _config(case: dict[str, Any]) -> Any:
     import torch
     import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     kw: dict[str, Any] = dict(
         num_layers=case["num_layers"],
@@ -110,7 +146,16 @@ def _config(case: dict[str, Any]) -> Any:
         perform_initialization=False,
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
+        qk_layernorm=bool(case["qk_layernorm"]),
     )
+    if case["mtp_num_layers"]:
+        kw["mtp_num_layers"] = case["mtp_num_layers"]
+    if case["first_stage_layers"] is not None:
+        kw["num_layers_in_first_pipeline_stage"] = case["first_stage_layers"]
+    if case["last_stage_layers"] is not None:
+        kw["num_layers_in_last_pipeline_stage"] = case["last_stage_layers"]
+    if case["pipeline_layout"] is not None:
+        kw["pipeline_model_parallel_layout"] = case["pipeline_layout"]
     if case["etp"] is not None:
         kw["expert_tensor_parallel_size"] = case["etp"]
     if case["moe_num_experts"]:
@@ -118,8 +163,76 @@ def _config(case: dict[str, Any]) -> Any:
             num_moe_experts=case["moe_num_experts"],
             moe_ffn_hidden_size=case["moe_ffn"] or case["ffn"],
             moe_router_topk=case["moe_topk"],
+            moe_layer_freq=case["moe_layer_freq"],
+            moe_shared_expert_intermediate_size=case["moe_shared_ffn"],
+            moe_shared_expert_gate=bool(case["moe_shared_gate"]),
         )
+    if case["mla"]:
+        kw.pop("num_query_groups")
+        kw.update(
+            q_lora_rank=case["q_lora_rank"],
+            kv_lora_rank=case["kv_lora_rank"],
+            qk_head_dim=case["qk_head_dim"],
+            qk_pos_emb_head_dim=case["qk_pos_emb_head_dim"],
+            v_head_dim=case["v_head_dim"],
+            rope_type="rope",
+        )
+        return MLATransformerConfig(**kw)
     return TransformerConfig(**kw)
+
+
+def _duplicated_linear_class() -> type:
+    """A stand-in for Transformer Engine's ``TELinear(parallel_mode="duplicated")``.
+
+    The TE layer spec builds the MLA down projections (linear_q_down_proj, linear_kv_down_proj)
+    as duplicated TELinear: the whole h x c weight on every TP rank. Without TE, mcore only
+    accepts ColumnParallelLinear (split over TP) or modelopt's ``Linear`` (imported only with
+    TE; None here). This class, installed as ``multi_latent_attention.Linear``, allocates the
+    whole weight like TELinear does; it is never run forward (we only count parameters).
+    """
+    import torch
+
+    class DuplicatedLinear(torch.nn.Module):
+        def __init__(self, input_size: int, output_size: int, *, bias: bool = False,
+                     config: Any = None, **_: Any) -> None:
+            super().__init__()
+            dtype = config.params_dtype if config is not None else torch.float32
+            self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=dtype))
+            self.bias = torch.nn.Parameter(torch.empty(output_size, dtype=dtype)) if bias else None
+
+    return DuplicatedLinear
+
+
+def _use_duplicated_mla_down_proj(layer_specs: list[Any]) -> None:
+    """Point the MLA down projections of these layer specs at the duplicated stand-in."""
+    from megatron.core.transformer import multi_latent_attention as mla_module
+
+    if mla_module.Linear is None:
+        mla_module.Linear = _duplicated_linear_class()
+    for spec in layer_specs:
+        sub = spec.submodules.self_attention.submodules
+        sub.linear_q_down_proj = mla_module.Linear
+        sub.linear_kv_down_proj = mla_module.Linear
+
+
+def _import_mcore() -> None:
+    """Import what the ranks use (done once in the parent before forking them)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    from megatron.core import parallel_state  # noqa: F401
+    from megatron.core.models.gpt import gpt_layer_specs, gpt_model  # noqa: F401
+    from megatron.core.transformer import multi_latent_attention  # noqa: F401
+
+
+def _layout_vpp(case: dict[str, Any]) -> int | None:
+    """Virtual pipeline size implied by a pipeline layout string (None without one or if 1)."""
+    if not case["pipeline_layout"]:
+        return None
+    vpp = len(case["pipeline_layout"].split("|")) // case["pp"]
+    return vpp if vpp > 1 else None
 
 
 def worker(rank: int, world_size: int, case: dict[str, Any], init_file: str, out_dir: str) -> None:
@@ -139,24 +252,58 @@ def worker(rank: int, world_size: int, case: dict[str, Any], init_file: str, out
         backend="gloo", init_method=f"file://{init_file}", world_size=world_size, rank=rank
     )
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_decoder_layer_specs,
+        get_gpt_layer_local_spec,
+        get_gpt_mtp_block_spec,
+    )
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     ps.initialize_model_parallel(
         tensor_model_parallel_size=case["tp"],
         pipeline_model_parallel_size=case["pp"],
-        virtual_pipeline_model_parallel_size=case["vpp"],
+        virtual_pipeline_model_parallel_size=case["vpp"] or _layout_vpp(case),
         expert_model_parallel_size=case["ep"],
         expert_tensor_parallel_size=case["etp"],
     )
     config = _config(case)
-    spec = get_gpt_layer_local_spec(num_experts=case["moe_num_experts"], normalization=case["norm"])
     vocab = padded_vocab(case["vocab"], case["make_vocab_size_divisible_by"], case["tp"])
+    vpp = config.virtual_pipeline_model_parallel_size  # also set by a pipeline layout
 
     models = []
-    for vp in range(case["vpp"] or 1):
+    for vp in range(vpp or 1):
+        vp_stage = vp if vpp else None
+        if case["moe_num_experts"]:
+            # Megatron-LM's gpt_builders: MoE models use the decoder block spec, which mixes
+            # dense and MoE layers by moe_layer_freq and slices this stage's layers.
+            spec: Any = get_gpt_decoder_block_spec(
+                config, use_transformer_engine=False, normalization=case["norm"],
+                vp_stage=vp_stage,
+            )
+            layer_specs = list(spec.layer_specs)
+            # The MTP layer copies the global last decoder layer (gpt_builders falls back to
+            # the full layer spec when this stage builds no decoder layer).
+            mtp_layer = get_gpt_decoder_layer_specs(
+                config, use_transformer_engine=False, normalization=case["norm"])[-1]
+            mtp_src: Any = spec if layer_specs else mtp_layer
+            layer_specs.append(mtp_layer)
+        else:
+            spec = get_gpt_layer_local_spec(
+                num_experts=None, normalization=case["norm"],
+                qk_layernorm=bool(case["qk_layernorm"]), multi_latent_attention=bool(case["mla"]),
+            )
+            mtp_src, layer_specs = spec, [spec]
+        if case["mla"] and case["mla_down_proj"] == "duplicated":
+            _use_duplicated_mla_down_proj(layer_specs)
+        mtp_spec = None
+        if case["mtp_num_layers"]:
+            mtp_spec = get_gpt_mtp_block_spec(
+                config, mtp_src, use_transformer_engine=False, vp_stage=vp_stage)
         kw: dict[str, Any] = {}
-        if case["vpp"]:
+        if mtp_spec is not None:
+            kw["mtp_block_spec"] = mtp_spec
+        if vpp:
             kw["vp_stage"] = vp
             pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
             post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
@@ -215,12 +362,15 @@ def run_case(case_in: dict[str, Any]) -> dict[str, Any]:
     world = case["tp"] * case["pp"] * case["dp"]
     tmp = tempfile.mkdtemp(prefix="mcore_worker_")
     try:
+        start = os.environ.get("MCORE_WORKER_START", "fork")
+        if start == "fork":
+            _import_mcore()
         mp.start_processes(
             worker,
             args=(world, case, os.path.join(tmp, "init"), tmp),
             nprocs=world,
             join=True,
-            start_method="spawn",
+            start_method=start,
         )
         ranks = []
         for r in range(world):

@@ -184,3 +184,19 @@ def test_scalar_stage_memory_matches_estimate_stages() -> None:
         sm = stage_memory(model, training, lay, st_layers, rank=r, num_microbatches=est.num_microbatches,
                           max_positions=mp)
         assert float(sm.memory.total_bytes) == float(est.stages[r].memory.total_bytes)
+
+
+def test_search_plans_uneven_pipelines_for_layer_counts_that_do_not_divide() -> None:
+    """DeepSeek-V3 has 61 layers: PP 8/16 layouts come with a balanced split Megatron accepts."""
+    model = load_model("deepseek-v3")
+    cluster = make_cluster(GPU, 512)
+    training = TrainingSpec(seq_len=4096, global_batch_size=1024)
+    p = plan(model, cluster, training, space=SearchSpace(pp=(8, 16), ep=(8, 16, 32), mbs=(1,),
+                                                        dp_variants=("distopt",)), top_k=3)
+    best = p.candidates[0]
+    assert best.layout.pp in (8, 16) and best.layout.pipeline_layout
+    assert sum(best.layout.pipeline_layout) == 61
+    ev = p.feasible
+    assert ev is not None
+    i = int(np.argmin(ev.step_s))
+    assert float(best.time.step_s) == pytest.approx(float(ev.step_s[i]), rel=1e-9)

@@ -1,8 +1,10 @@
-"""ReportContext: plain numbers that add up, landscape, rejections, schedules, predicted vs measured."""
+"""ReportContext: plain numbers that add up, landscape, rejections, schedules, predicted vs measured and the
+run's diagnosis (``paraplan.tune``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -17,6 +19,7 @@ from paraplan.report.build import (
     stage_times,
 )
 from paraplan.search import Plan
+from paraplan.tune import compare, diagnose
 from paraplan.units import GIB
 from tests.report.conftest import LOG
 
@@ -97,20 +100,44 @@ def test_predicted_vs_measured(plan_8b: Plan) -> None:
     log = parse_text(LOG, source="train.log")
     ctx = build_context(plan_8b, log=log)
     cmp = ctx.measured
-    assert cmp is not None and cmp.sources == ("train.log",) and cmp.iterations == 2
-    metrics = {m.name: m for m in cmp.metrics}
-    assert metrics["step time"].measured == pytest.approx(5.925)
-    assert metrics["step time"].measured_p90 == pytest.approx(5.945)
-    assert metrics["throughput"].measured == pytest.approx(390.5)
-    assert metrics["peak memory"].measured == pytest.approx(66000 * 2**20 / GIB)
-    ratio = metrics["step time"].ratio
-    assert ratio is not None and ratio == pytest.approx(5.925 / plan_8b.candidates[0].time.step_s)
-    # world 16, PP 2: ranks 0-7 are stage 0, ranks 8-15 stage 1
-    assert [(s, m) for s, _, m in cmp.stage_memory] == [(0, pytest.approx(66000 / 1024)),
-                                                        (1, pytest.approx(61000 / 1024))]
-    assert any(line.startswith("throughput:") for line in cmp.diagnosis)
+    assert cmp is not None and cmp.sources == ("train.log",) and cmp.iterations == 2 and not cmp.warmup_only
+    step = cmp.metric("step_time_s")
+    assert step.measured == pytest.approx(5.925) and step.measured_p90 == pytest.approx(5.945)
+    assert step.ratio == pytest.approx(5.925 / plan_8b.candidates[0].time.step_s)
+    assert cmp.metric("log_tflops_per_gpu").measured == pytest.approx(390.5)
+    assert cmp.metric("log_tflops_per_gpu").measured_p90 == pytest.approx(391.7)
+    tokens = cmp.metric("tokens_per_s_per_gpu")
+    assert tokens.measured == pytest.approx(256 * 4096 / (5.925 * 16)) and tokens.measured_p90 is None
+    mfu = cmp.metric("mfu")  # shown in percent
+    assert mfu.unit == "%" and mfu.predicted == pytest.approx(100 * plan_8b.candidates[0].throughput.mfu)
+    assert mfu.ratio == pytest.approx(mfu.measured / mfu.predicted)  # type: ignore[operator]
+    assert cmp.metric("peak_memory_bytes").measured == pytest.approx(66000 * 2**20 / GIB)
+    # world 16, PP 2 (TP 1, CP 1, DP 8): ranks 0-7 are stage 0, ranks 8-15 stage 1
+    assert cmp.has_stage_memory
+    assert [(s.stage, s.ranks, s.measured_gib, s.reserved_gib) for s in cmp.stages] == [
+        (0, (0,), pytest.approx(66000 / 1024), pytest.approx(70000 / 1024)),
+        (1, (8,), pytest.approx(61000 / 1024), pytest.approx(65000 / 1024))]
     second = build_context(plan_8b, log=log, compare_rank=2).measured
     assert second is not None and second.layout_label.startswith("#2 ")
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_the_diagnosis_is_paraplan_tune_s(plan_8b: Plan, rank: int) -> None:
+    log = parse_text(LOG, source="train.log")
+    est = plan_8b.candidates[rank - 1]
+    expected = [(f.code, f.text) for f in diagnose(compare(est, log))]
+    cmp = build_context(plan_8b, log=log, compare_rank=rank).measured
+    assert cmp is not None and list(cmp.diagnosis) == expected
+    assert cmp.diagnosis[0][0] == "STEP_TIME" and cmp.diagnosis[-1][0] == "NEXT_LAYOUT"
+    assert "Launch: paraplan launch --model llama3-8b --gpu h100-80gb" in cmp.diagnosis[-1][1]
+    if rank == 2:  # the FSDP layout: the log's 64.5 GiB is well above its prediction
+        assert "MEMORY_ABOVE_PREDICTION" in [c for c, _ in cmp.diagnosis]
+    refs = build_context(plan_8b, log=log, compare_rank=rank, model_ref="my.yaml", gpu_ref="g.yaml",
+                         profile="p.yaml").measured
+    assert refs is not None and "--model my.yaml --gpu g.yaml" in refs.diagnosis[-1][1]
+    assert "--profile p.yaml" in refs.diagnosis[-1][1]
+    quiet = build_context(plan_8b, log=log, compare_rank=rank, search=False).measured
+    assert quiet is not None and quiet.diagnosis[-1][1].startswith("no other layout around the current one fits")
 
 
 def test_measured_values_missing_from_the_log_stay_none(plan_8b: Plan) -> None:
@@ -118,15 +145,31 @@ def test_measured_values_missing_from_the_log_stay_none(plan_8b: Plan) -> None:
                      " iteration 20/100 | elapsed time per iteration (ms): 800.0 |\n", source="short.log")
     cmp = build_context(plan_8b, log=log).measured
     assert cmp is not None
-    metrics = {m.name: m for m in cmp.metrics}
-    assert metrics["throughput"].measured is None and metrics["throughput"].ratio is None
-    assert metrics["peak memory"].measured is None
-    assert all(m is None for _, _, m in cmp.stage_memory)
-    assert "throughput: not in the log" in cmp.diagnosis
+    assert cmp.metric("log_tflops_per_gpu").measured is None and cmp.metric("log_tflops_per_gpu").ratio is None
+    assert cmp.metric("peak_memory_bytes").measured is None
+    assert cmp.metric("step_time_s").measured == pytest.approx(0.8)
+    assert not cmp.has_stage_memory and all(s.measured_gib is None and not s.ranks for s in cmp.stages)
+    assert [c for c, _ in cmp.diagnosis][0] == "STEP_TIME" and cmp.diagnosis[-1][0] == "NEXT_LAYOUT"
+
+
+def test_notes_of_the_comparison_reach_the_report(plan_8b: Plan) -> None:
+    warm = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 9000.0 | global batch size: 128 |\n",
+                      source="warm.log")
+    cmp = build_context(plan_8b, log=warm, compare_rank=9).measured
+    assert cmp is not None and cmp.warmup_only and cmp.iterations == 1
+    assert cmp.layout_label.startswith("#3 ")  # the last top layout
+    assert cmp.notes[0] == "asked to compare layout #9; the report has 3 top layouts, so the run is compared with #3"
+    assert any("only warm-up iterations" in n for n in cmp.notes)
+    assert any("global batch size [128]" in n for n in cmp.notes)
+    assert "(warm-up only: includes start-up)" in cmp.diagnosis[0][1]
 
 
 def test_the_context_is_deterministic(plan_8b: Plan) -> None:
     assert context_dict(build_context(plan_8b)) == context_dict(build_context(plan_8b))
+    log = parse_text(LOG, source="train.log")
+    one = context_dict(build_context(plan_8b, log=log))
+    assert one == context_dict(build_context(plan_8b, log=log))
+    json.dumps(one)  # plain data only
 
 
 def test_a_plan_without_candidates_is_an_error(plan_8b: Plan) -> None:

@@ -108,8 +108,8 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
 _PLAN = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save` (instead of the plan flags).")
 _OUT = typer.Option(..., "--output", "-o", help="HTML file to write (written atomically).")
 _LOG = typer.Option(None, "--log", help="Training log or TensorBoard event file of a run (repeatable): adds "
-                                        "predicted vs measured.")
-_COMPARE = typer.Option(1, "--compare", min=1, help="Which top layout the logged run used (1 = the best).")
+                                        "predicted vs measured and the diagnosis of `paraplan tune`.")
+_COMPARE = typer.Option(1, "--compare", "--rank", min=1, help="Which top layout the logged run used (1 = the best).")
 _SKIP = typer.Option(1, "--skip-warmup", min=0, help="Iteration records to drop at the start of each log.")
 
 
@@ -135,11 +135,14 @@ def report_cmd(
     """Write an HTML report: candidate landscape, memory per stage, step time, pipeline schedule.
 
     One self-contained file (plotly.js embedded): it opens offline and can be archived with the run.
+    With --log, the page adds the run's predicted vs measured numbers and the `paraplan tune` diagnosis.
 
     Example: paraplan report --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512 -o report.html
 
     Example: paraplan report --plan plan.json --log train.log -o report.html
     """
+    from paraplan.calibrate import RunInputs
+    from paraplan.cli.tune import _refs
     from paraplan.explain import explain
     from paraplan.report import build_context, charts, render_html, write_text_atomic
 
@@ -170,8 +173,11 @@ def report_cmd(
                          dp_variant, allow_cross_node, tp_comm_overlap)
         step("explaining")
         findings = explain(p)
-        step("simulating pipeline schedules")
-        ctx = build_context(p, findings=findings, log=runlog, compare_rank=compare, skip_warmup=skip_warmup)
+        step("simulating pipeline schedules" + (" and diagnosing the run" if runlog is not None else ""))
+        refs = _refs(RunInputs(model=p.model, cluster=p.cluster, training=p.training,
+                               layout=p.candidates[0].layout), model, gpu) if runlog is not None else (None, None)
+        ctx = build_context(p, findings=findings, log=runlog, compare_rank=compare, skip_warmup=skip_warmup,
+                            model_ref=refs[0], gpu_ref=refs[1], profile=profile)
         step("drawing charts")
         html = render_html(ctx, charts(ctx))
         step(f"writing {output}")
@@ -179,4 +185,5 @@ def report_cmd(
     size = len(html.encode("utf-8"))
     console().print(f"wrote {output} ({size / 1e6:.1f} MB): {len(ctx.top)} top layouts of {ctx.num_feasible:,} "
                     f"that fit ({ctx.num_evaluated:,} evaluated), {len(ctx.schedules)} pipeline schedule(s)"
-                    + (", predicted vs measured" if ctx.measured else ""))
+                    + (f", predicted vs measured with {len(ctx.measured.diagnosis)} diagnosis finding(s)"
+                       if ctx.measured else ""))

@@ -51,19 +51,25 @@ def representative_ranks(
     layouts: dict[tuple[int, int], tuple[int, ...]] | None = None,
 ) -> list[NDArray[np.int64]]:
     """Ranks whose memory and time bound every stage: 0 (most in flight, embedding), 1 (most in
-    flight among middle stages), the rank holding the most layers (uneven layouts) and p - 1
-    (output layer, logits)."""
+    flight among middle stages), the ranks holding the most layers (most MoE layers first, and
+    most dense layers first: uneven layouts and mixed dense/MoE patterns) and p - 1 (output
+    layer, logits)."""
     layouts = layouts or {}
-    heaviest = np.zeros_like(pp)
+    most_moe = np.zeros_like(pp)
+    most_dense = np.zeros_like(pp)
+    moe_heavy = np.zeros_like(pp)
     keys = pp * 1000 + vp
     for key in np.unique(keys):
         p, v = int(key // 1000), int(key % 1000)
         per_rank = _per_key_layout(model, p, v, layouts)
         if per_rank is None:
             continue
-        counts = [s.num_dense_layers + s.num_moe_layers for s in per_rank]
-        heaviest[keys == key] = int(np.argmax(counts))
-    return [np.zeros_like(pp), np.minimum(1, pp - 1), heaviest, pp - 1]
+        totals = [s.num_dense_layers + s.num_moe_layers for s in per_rank]
+        most_moe[keys == key] = max(range(p), key=lambda r: (totals[r], per_rank[r].num_moe_layers, -r))
+        most_dense[keys == key] = max(range(p), key=lambda r: (totals[r], per_rank[r].num_dense_layers, -r))
+        moe_heavy[keys == key] = max(range(p), key=lambda r: (per_rank[r].num_moe_layers, totals[r], -r))
+    ranks = [np.zeros_like(pp), np.minimum(1, pp - 1), most_moe, most_dense, pp - 1]
+    return [*ranks, moe_heavy] if model.is_moe else ranks
 
 
 def stage_layers_table(

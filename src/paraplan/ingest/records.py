@@ -123,19 +123,66 @@ class StepReport:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TheoreticalMemory:
-    """``Theoretical memory footprints: weight and optimizer=X MB[, activation=Y MB, total=Z MB]``.
+class TheoreticalMemoryRecord:
+    """Megatron's own memory estimate (reference §3, ``theoretical_memory_usage.py``, rank 0 only):
+    the verbose lines and the ``Theoretical memory footprints: ...`` summary line, one block.
 
-    From ``theoretical_memory_usage.py`` (reference §3): MB there is MiB; the numbers describe the
-    most loaded shard (first PP stage). ``components`` keeps every ``name=X MB`` pair (Bridge).
+    Each line of the block parses to a record with its own numbers set (``paraplan.ingest.
+    theoretical``); ``combine`` merges them. Parameter counts are counts (printed in billions, so
+    exact only to the printed 2 or 4 decimals); bytes from ``MB`` = MiB (2**20). The estimate is for
+    the most loaded shard (first pipeline stage); ``other_shards_params`` only when PP > 1.
+    ``activation_formula``: ``without_sp`` (``compute_activation_memory_without_sp`` / ``(precise,
+    without SP)``, 2025-08+) or ``with_sp`` (Korthikanti Table 2, SP + selective recompute).
+    ``components`` keeps every ``name=X MB`` pair of the summary line (Bridge: per component);
+    ``unsupported`` is set by ``Theoretical memory footprints not yet supported for <what>.``
+    ``extra``: other ``Number of ... in billions:`` lines (label, count). ``raw``: the text of each
+    line read, newline-separated; ``line``: the block's first line number.
     """
 
     weight_and_optimizer_bytes: float | None = None
     activation_bytes: float | None = None
     total_bytes: float | None = None
     components: Pairs = ()
+    transformer_params: int | None = None
+    active_transformer_params: int | None = None
+    mtp_params: int | None = None
+    embedding_params: int | None = None
+    total_params: int | None = None
+    total_active_params: int | None = None
+    most_loaded_shard_params: int | None = None
+    other_shards_params: int | None = None
+    activation_per_layer_bytes: float | None = None
+    activation_formula: str | None = None
+    interleaved_penalty: float | None = None
+    in_flight_microbatches: int | None = None
+    unsupported: str | None = None
+    extra: Pairs = ()
+    raw: str = ""
     line: int | None = None
     partial: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """True once the summary line (or the ``not yet supported`` line) closed the block."""
+        return bool(self.components) or self.unsupported is not None
+
+    def combine(self, other: TheoreticalMemoryRecord) -> TheoreticalMemoryRecord:
+        """This block plus a later line of it: fields this one lacks come from ``other``. A
+        complete block ignores later lines (the first block of a log wins, as in ``merge``)."""
+        if self.complete:
+            return self
+        merged: dict[str, Any] = {}
+        for f in fields(self):
+            mine = getattr(self, f.name)
+            merged[f.name] = getattr(other, f.name) if mine is None or mine == () else mine
+        merged["extra"] = self.extra + other.extra
+        merged["raw"] = "\n".join(r for r in (self.raw, other.raw) if r)
+        merged["partial"] = self.partial or other.partial
+        return TheoreticalMemoryRecord(**merged)
+
+
+TheoreticalMemory = TheoreticalMemoryRecord
+"""Former name (summary line only), kept for ``paraplan.ingest`` importers."""
 
 
 Record = (
@@ -144,7 +191,7 @@ Record = (
     | TimerRecord
     | ValidationRecord
     | StepReport
-    | TheoreticalMemory
+    | TheoreticalMemoryRecord
 )
 
 
@@ -163,7 +210,7 @@ class RunLog:
     timers: tuple[TimerRecord, ...] = ()
     validation: tuple[ValidationRecord, ...] = ()
     step_reports: tuple[StepReport, ...] = ()
-    theoretical: TheoreticalMemory | None = None
+    theoretical: TheoreticalMemoryRecord | None = None
     segment_starts: tuple[int, ...] = ()
     lines: int = 0
     unparsed_lines: int = 0
@@ -188,7 +235,7 @@ class RunLog:
             "timers": timers,
             "validation": [record_to_dict(r) for r in self.validation],
             "step_reports": [record_to_dict(r) for r in self.step_reports],
-            "theoretical_memory": record_to_dict(self.theoretical) if self.theoretical else None,
+            "theoretical": record_to_dict(self.theoretical) if self.theoretical else None,
             "summary": self.summary(skip_warmup),
         }
 
@@ -230,7 +277,7 @@ class RunLogBuilder:
     timers: list[TimerRecord] = field(default_factory=list)
     validation: list[ValidationRecord] = field(default_factory=list)
     step_reports: list[StepReport] = field(default_factory=list)
-    theoretical: TheoreticalMemory | None = None
+    theoretical: TheoreticalMemoryRecord | None = None
     segment_starts: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # lines, unparsed, partial
 
@@ -248,8 +295,8 @@ class RunLogBuilder:
             self.validation.append(record)
         elif isinstance(record, StepReport):
             self.step_reports.append(record)
-        elif self.theoretical is None:
-            self.theoretical = record
+        else:
+            self.theoretical = record if self.theoretical is None else self.theoretical.combine(record)
 
     def _add_iteration(self, record: IterationRecord) -> None:
         prev = self.iterations[-1] if self.iterations else None

@@ -21,6 +21,8 @@ from paraplan.explain import Finding, explain
 from paraplan.ingest import RunLog
 from paraplan.report.schedule import Block, simulate
 from paraplan.search import Plan, rank_order
+from paraplan.tune import Comparison, compare, diagnose
+from paraplan.tune import Metric as TuneMetric
 from paraplan.units import GIB, TFLOP
 
 MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
@@ -100,31 +102,52 @@ class ScheduleView:
 
 
 @dataclass(frozen=True, slots=True)
-class Metric:
-    """Predicted vs measured value of one quantity."""
+class MeasuredMetric:
+    """One row of predicted vs measured, in display units (``ratio`` is measured / predicted)."""
 
+    key: str
     name: str
     unit: str
-    predicted: float
+    predicted: float | None
     measured: float | None
+    ratio: float | None
     measured_p90: float | None = None
-
-    @property
-    def ratio(self) -> float | None:
-        """measured / predicted."""
-        return None if self.measured is None or self.predicted == 0 else self.measured / self.predicted
 
 
 @dataclass(frozen=True, slots=True)
-class Comparison:
-    """Predicted (one top layout) vs measured (run logs)."""
+class MeasuredStage:
+    """Peak memory of one pipeline stage in GiB: predicted vs max allocated / reserved over its ranks."""
+
+    stage: int
+    ranks: tuple[int, ...]
+    predicted_gib: float
+    measured_gib: float | None
+    reserved_gib: float | None
+    ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A logged run next to the prediction of the layout it used (``paraplan.tune.compare``) and the
+    diagnosis of ``paraplan.tune.diagnose`` as (code, text)."""
 
     sources: tuple[str, ...]
     layout_label: str
     iterations: int
-    metrics: tuple[Metric, ...]
-    stage_memory: tuple[tuple[int, float, float | None], ...]
-    diagnosis: tuple[str, ...]
+    warmup_only: bool
+    metrics: tuple[MeasuredMetric, ...]
+    stages: tuple[MeasuredStage, ...]
+    notes: tuple[str, ...]
+    diagnosis: tuple[tuple[str, str], ...]
+
+    def metric(self, key: str) -> MeasuredMetric:
+        """The row of one ``paraplan.tune.Comparison.metrics`` key."""
+        return next(m for m in self.metrics if m.key == key)
+
+    @property
+    def has_stage_memory(self) -> bool:
+        """Whether the log reported memory of ranks in at least one stage."""
+        return any(s.measured_gib is not None for s in self.stages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +167,7 @@ class ReportContext:
     rejections: tuple[tuple[str, int, str], ...]
     findings: tuple[tuple[str, str], ...]
     schedules: tuple[ScheduleView, ...]
-    measured: Comparison | None
+    measured: Measured | None
     notes: tuple[str, ...]
 
 
@@ -284,60 +307,51 @@ def inputs_text(plan: Plan) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ..
     return (("model", tuple(model)), ("cluster", tuple(cluster)), ("training", tuple(training)))
 
 
-def _stage_of_rank(rank: int, world: int, pp: int) -> int:
-    """Pipeline stage of a global rank (Megatron order tp-cp-ep-dp-pp: PP outermost)."""
-    return min(rank // max(world // pp, 1), pp - 1)
+MEASURED_ROWS = (("step_time_s", "step time", "s", 1.0), ("tokens_per_s_per_gpu", "tokens/s/GPU", "tokens/s", 1.0),
+                 ("mfu", "MFU", "%", 100.0), ("model_tflops_per_gpu", "model TFLOP/s/GPU", "TFLOP/s", 1.0),
+                 ("log_tflops_per_gpu", "TFLOP/s/GPU in the log (Megatron's formula)", "TFLOP/s", 1.0),
+                 ("peak_memory_bytes", "peak memory (max allocated)", "GiB", 1.0 / GIB),
+                 ("bubble_and_pp_s", "bubble + PP wait", "s", 1.0), ("optimizer_s", "optimizer", "s", 1.0))
+"""(``paraplan.tune.Comparison.metrics`` key, label, display unit, factor from the tune unit)."""
+P90_KEYS = {"step_time_s": "step_time_s", "log_tflops_per_gpu": "tflops_per_gpu"}
+"""Rows whose p90 comes straight from the log summary."""
 
 
-def _diagnosis(metrics: Sequence[Metric], est: Estimate, log_gbs: int | None) -> list[str]:
-    out = []
-    for mt in metrics:
-        r = mt.ratio
-        if r is None:
-            out.append(f"{mt.name}: not in the log")
-        elif abs(r - 1.0) <= 0.10:
-            out.append(f"{mt.name}: measured within {100 * abs(r - 1):.0f}% of the prediction")
-        else:
-            out.append(f"{mt.name}: measured is {100 * (r - 1):+.0f}% vs predicted ({mt.measured:.4g} vs "
-                       f"{mt.predicted:.4g} {mt.unit})")
-    step = next((x for x in metrics if x.name == "step time"), None)
-    if step is not None and step.ratio is not None and step.ratio > 1.10:
-        out.append("slower than predicted: calibrate the efficiencies on this cluster (paraplan calibrate / "
-                   "--profile), check that communication overlap flags match the layout")
-    if log_gbs is not None and log_gbs != est.training.global_batch_size:
-        out.append(f"the log's global batch size {log_gbs} differs from the plan's {est.training.global_batch_size}")
-    return out
+def _row(key: str, name: str, unit: str, scale: float, m: TuneMetric, p90: float | None = None) -> MeasuredMetric:
+    def sc(v: float | None) -> float | None:
+        return None if v is None else v * scale
+
+    return MeasuredMetric(key=key, name=name, unit=unit, predicted=sc(m.predicted), measured=sc(m.measured),
+                          ratio=m.ratio, measured_p90=sc(p90))
 
 
-def comparison(est: Estimate, label: str, log: RunLog, skip_warmup: int = 1) -> Comparison:
-    """Predicted (``est``) vs measured (``log``): step time, throughput, peak memory, memory per stage."""
-    s = log.summary(skip_warmup)
-    step, tf = s["step_time_s"], s["tflops_per_gpu"]
-    n = est.cluster.num_gpus
-    tokens = est.training.tokens_per_step
-    metrics = (
-        Metric("step time", "s", float(est.time.step_s), step["median"], step["p90"]),
-        Metric("throughput", "TFLOP/s/GPU", float(est.throughput.model_tflops_per_gpu), tf["median"], tf["p90"]),
-        Metric("tokens/s/GPU", "tokens/s", float(est.throughput.tokens_per_s_per_gpu),
-               None if not step["median"] else tokens / (step["median"] * n)),
-        Metric("peak memory", "GiB", est.peak_bytes / GIB,
-               None if s["max_allocated_bytes"] is None else s["max_allocated_bytes"] / GIB),
-    )
-    measured: dict[int, float] = {}
-    for rec in log.memory:
-        if rec.rank is not None and rec.max_allocated_bytes is not None:
-            st = _stage_of_rank(rec.rank, n, est.layout.pp)
-            measured[st] = max(measured.get(st, 0.0), rec.max_allocated_bytes / GIB)
-    stages = tuple((i, float(sm.memory.total_bytes) / GIB, measured.get(i)) for i, sm in enumerate(est.stages))
-    gbs = next((r.global_batch_size for r in log.iterations if r.global_batch_size is not None), None)
-    return Comparison(sources=log.sources, layout_label=label, iterations=int(s["iterations"]), metrics=metrics,
-                      stage_memory=stages, diagnosis=tuple(_diagnosis(metrics, est, gbs)))
+def measured_view(cmp: Comparison, log: RunLog, label: str, findings: Sequence[Finding], *,
+                  skip_warmup: int = 1, notes: Sequence[str] = ()) -> Measured:
+    """The report's view of a ``paraplan.tune`` comparison and its findings (display units, plain numbers)."""
+    summary = log.summary(0 if cmp.warmup_only else skip_warmup)
+    rows = [_row(key, name, unit, scale, cmp.metrics[key], summary[P90_KEYS[key]]["p90"] if key in P90_KEYS else None)
+            for key, name, unit, scale in MEASURED_ROWS]
+    rows += [_row(f"comm_{axis}", f"exposed {axis.upper()} communication", "s", 1.0, m)
+             for axis, m in cmp.comm.items() if m.predicted or m.measured is not None]
+    stages = tuple(MeasuredStage(stage=s.stage, ranks=s.ranks, predicted_gib=s.predicted_bytes / GIB,
+                                 measured_gib=None if s.measured_bytes is None else s.measured_bytes / GIB,
+                                 reserved_gib=None if s.reserved_bytes is None else s.reserved_bytes / GIB,
+                                 ratio=s.ratio) for s in cmp.stages)
+    return Measured(sources=log.sources, layout_label=label, iterations=cmp.iterations, warmup_only=cmp.warmup_only,
+                    metrics=tuple(rows), stages=stages, notes=(*notes, *cmp.notes),
+                    diagnosis=tuple((f.code, f.text) for f in findings))
 
 
 def build_context(plan: Plan, *, findings: Sequence[Finding] | None = None, log: RunLog | None = None,
-                  compare_rank: int = 1, skip_warmup: int = 1, max_points: int = MAX_POINTS,
+                  compare_rank: int = 1, skip_warmup: int = 1, search: bool = True, model_ref: str | None = None,
+                  gpu_ref: str | None = None, profile: str | None = None, max_points: int = MAX_POINTS,
                   max_blocks: int = MAX_BLOCKS, title: str | None = None) -> ReportContext:
-    """The report context of a plan (``plan.candidates`` are the top layouts, best first)."""
+    """The report context of a plan (``plan.candidates`` are the top layouts, best first).
+
+    With ``log``, the run (which used top layout ``compare_rank``) is put next to its prediction with
+    ``paraplan.tune.compare`` and diagnosed with ``paraplan.tune.diagnose``; ``search``, ``model_ref``,
+    ``gpu_ref`` and ``profile`` go to ``diagnose`` (the neighbourhood search and the launch command of the
+    next layout)."""
     if not plan.candidates:
         raise ValueError("the plan has no candidates")
     found = list(explain(plan) if findings is None else findings)
@@ -346,7 +360,11 @@ def build_context(plan: Plan, *, findings: Sequence[Finding] | None = None, log:
     measured = None
     if log is not None:
         k = min(max(compare_rank, 1), len(plan.candidates))
-        measured = comparison(plan.candidates[k - 1], top[k - 1].label, log, skip_warmup)
+        clamped = ([f"asked to compare layout #{compare_rank}; the report has {len(top)} top layouts, so the run "
+                    f"is compared with #{k}"] if k != compare_rank else [])
+        cmp = compare(plan.candidates[k - 1], log, skip_warmup=skip_warmup)
+        diag = diagnose(cmp, None, search=search, model_ref=model_ref, gpu_ref=gpu_ref, profile=profile)
+        measured = measured_view(cmp, log, top[k - 1].label, diag, skip_warmup=skip_warmup, notes=clamped)
     land = landscape(plan, max_points)
     if land.total > len(land.labels):
         notes.append(f"the landscape shows {len(land.labels)} of {land.total} feasible layouts "

@@ -224,39 +224,59 @@ def schedule_caption(view: ScheduleView) -> str:
     return text
 
 
+MEASURED_PANELS = (("step_time_s", "step time (s)"), ("tokens_per_s_per_gpu", "tokens/s/GPU"), ("mfu", "MFU (%)"))
+"""Predicted vs measured panels: (``Measured.metric`` key, subplot title), then memory per stage."""
+
+
 def measured_figure(ctx: ReportContext) -> Any:
-    """Predicted vs measured: step time, throughput, memory per stage."""
+    """Predicted vs measured: step time, tokens/s/GPU, MFU, and memory per stage when the log has it."""
     cmp = ctx.measured
     assert cmp is not None
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.2, 0.2, 0.6],
-                        subplot_titles=("step time (s)", "TFLOP/s/GPU", "memory per stage (GiB)"))
-    metrics = {m.name: m for m in cmp.metrics}
-    for col, key in ((1, "step time"), (2, "throughput")):
-        mt = metrics[key]
+    memory = cmp.has_stage_memory
+    titles = [t for _, t in MEASURED_PANELS] + (["memory per stage (GiB)"] if memory else [])
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles,
+                        column_widths=[0.16, 0.16, 0.16, 0.52] if memory else None)
+    for col, (key, _) in enumerate(MEASURED_PANELS, start=1):
+        mt = cmp.metric(key)
         fig.add_trace(go.Bar(x=["predicted"], y=[mt.predicted], marker={"color": "#4C78A8"}, name="predicted",
                              legendgroup="p", showlegend=col == 1, hovertemplate="predicted %{y:.4g}<extra></extra>"),
                       row=1, col=col)
         err = None if mt.measured is None or mt.measured_p90 is None else {
             "type": "data", "symmetric": False, "array": [max(mt.measured_p90 - mt.measured, 0.0)],
             "arrayminus": [0.0]}
-        fig.add_trace(go.Bar(x=["measured"], y=[mt.measured if mt.measured is not None else 0.0], error_y=err,
-                             marker={"color": "#F58518"}, name="measured (median, p90)", legendgroup="m",
-                             showlegend=col == 1, hovertemplate="measured median %{y:.4g}<extra></extra>"),
-                      row=1, col=col)
-    stages = [f"s{s[0]}" for s in cmp.stage_memory]
-    fig.add_trace(go.Bar(x=stages, y=[s[1] for s in cmp.stage_memory], marker={"color": "#4C78A8"},
-                         name="predicted", legendgroup="p", showlegend=False,
-                         hovertemplate="stage %{x}: predicted %{y:.2f} GiB<extra></extra>"), row=1, col=3)
-    fig.add_trace(go.Bar(x=stages, y=[s[2] if s[2] is not None else 0.0 for s in cmp.stage_memory],
-                         marker={"color": "#F58518"}, name="measured", legendgroup="m", showlegend=False,
-                         hovertemplate="stage %{x}: max allocated %{y:.2f} GiB<extra></extra>"), row=1, col=3)
-    if ctx.top:
-        fig.add_hline(y=ctx.top[0].usable_gib, line={"dash": "dash", "color": "#E45756", "width": 1},
-                      annotation_text="usable", annotation_position="bottom right", row=1, col=3)
+        fig.add_trace(go.Bar(x=["measured"], y=[mt.measured], error_y=err, marker={"color": "#F58518"},
+                             name="measured (median, p90 of the step time)", legendgroup="m", showlegend=col == 1,
+                             hovertemplate="measured median %{y:.4g}<extra></extra>"), row=1, col=col)
+    if memory:
+        col = len(titles)
+        stages = [f"s{s.stage}" for s in cmp.stages]
+        fig.add_trace(go.Bar(x=stages, y=[s.predicted_gib for s in cmp.stages], marker={"color": "#4C78A8"},
+                             name="predicted", legendgroup="p", showlegend=False,
+                             hovertemplate="stage %{x}: predicted %{y:.2f} GiB<extra></extra>"), row=1, col=col)
+        fig.add_trace(go.Bar(x=stages, y=[s.measured_gib for s in cmp.stages], marker={"color": "#F58518"},
+                             name="measured", legendgroup="m", showlegend=False,
+                             customdata=[", ".join(map(str, s.ranks)) or "-" for s in cmp.stages],
+                             hovertemplate="stage %{x}: max allocated %{y:.2f} GiB (ranks %{customdata})"
+                                           "<extra></extra>"), row=1, col=col)
+        if ctx.top:
+            fig.add_hline(y=ctx.top[0].usable_gib, line={"dash": "dash", "color": "#E45756", "width": 1},
+                          annotation_text="usable", annotation_position="bottom right", row=1, col=col)
     fig.update_annotations(yshift=4)
-    return _layout(fig, title=f"predicted ({cmp.layout_label}) vs measured ({cmp.iterations} iterations after "
-                              "warm-up)", height=440, barmode="group", margin={"l": 70, "r": 30, "t": 110, "b": 40},
+    runs = f"{cmp.iterations} warm-up iterations only" if cmp.warmup_only else f"{cmp.iterations} iterations after warm-up"
+    return _layout(fig, title=f"predicted ({cmp.layout_label}) vs measured ({runs})", height=440, barmode="group",
+                   margin={"l": 70, "r": 30, "t": 110, "b": 40},
                    legend={"orientation": "h", "yanchor": "bottom", "y": 1.09, "x": 1.0, "xanchor": "right"})
+
+
+def measured_caption(ctx: ReportContext) -> str:
+    """What the predicted-vs-measured figure shows."""
+    cmp = ctx.measured
+    assert cmp is not None
+    text = ("The prediction for the layout the run used against the run logs (median, error bar to the p90 of the "
+            "step time).")
+    if cmp.has_stage_memory:
+        return text + " Memory is the max allocated over each pipeline stage's ranks (rank // (TP x CP x DP))."
+    return text + " The logs have no per-rank memory report, so memory per stage is not drawn."
 
 
 def charts(ctx: ReportContext) -> list[Chart]:
@@ -279,7 +299,5 @@ def charts(ctx: ReportContext) -> list[Chart]:
         out.append(Chart(f"chart-schedule-{i}", f"Pipeline schedule: {view.layout_label}", schedule_caption(view),
                          schedule_figure(view)))
     if ctx.measured is not None:
-        out.append(Chart("chart-measured", "Predicted vs measured",
-                         "The prediction for the compared layout against the run logs (median after warm-up, "
-                         "error bar to p90; memory is max allocated per stage).", measured_figure(ctx)))
+        out.append(Chart("chart-measured", "Predicted vs measured", measured_caption(ctx), measured_figure(ctx)))
     return out
