@@ -181,38 +181,51 @@ def _config(case: dict[str, Any]) -> Any:
     return TransformerConfig(**kw)
 
 
-def _duplicated_linear_class() -> type:
-    """A stand-in for Transformer Engine's ``TELinear(parallel_mode="duplicated")``.
+def _core_attention_class() -> type:
+    """A parameter-free core attention that accepts MLA's constructor arguments.
 
-    The TE layer spec builds the MLA down projections (linear_q_down_proj, linear_kv_down_proj)
-    as duplicated TELinear: the whole h x c weight on every TP rank. Without TE, mcore only
-    accepts ColumnParallelLinear (split over TP) or modelopt's ``Linear`` (imported only with
-    TE; None here). This class, installed as ``multi_latent_attention.Linear``, allocates the
-    whole weight like TELinear does; it is never run forward (we only count parameters).
+    megatron-core 0.16.1's local MLA spec cannot be built: ``MLASelfAttention`` passes
+    ``k_channels`` / ``v_channels`` to its core attention, which the local
+    ``DotProductAttention`` does not accept (only TEDotProductAttention does). Core attention
+    holds no parameters in either backend, so this stand-in changes no count.
     """
     import torch
 
-    class DuplicatedLinear(torch.nn.Module):
-        def __init__(self, input_size: int, output_size: int, *, bias: bool = False,
-                     config: Any = None, **_: Any) -> None:
+    class MLACoreAttention(torch.nn.Module):
+        def __init__(self, **_: Any) -> None:
             super().__init__()
-            dtype = config.params_dtype if config is not None else torch.float32
-            self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=dtype))
-            self.bias = torch.nn.Parameter(torch.empty(output_size, dtype=dtype)) if bias else None
 
-    return DuplicatedLinear
+    return MLACoreAttention
 
 
-def _use_duplicated_mla_down_proj(layer_specs: list[Any]) -> None:
-    """Point the MLA down projections of these layer specs at the duplicated stand-in."""
+def _patch_mla_specs(layer_specs: list[Any], down_proj: str) -> None:
+    """Make megatron-core 0.16.1's local MLA layer spec buildable on CPU, and choose how its
+    down projections are split.
+
+    Two fixes, neither changing a parameter count:
+    * ``multi_latent_attention.HAVE_TE`` is True without Transformer Engine (its TE names are
+      MagicMocks from ``megatron.core.extensions.transformer_engine``), so
+      ``isinstance(self.linear_proj, TELinear)`` raises; set it to False.
+    * core attention: ``_core_attention_class``.
+
+    ``down_proj`` "duplicated" builds linear_q_down_proj / linear_kv_down_proj with mcore's
+    own ``megatron.core.post_training.modelopt.layers.Linear`` (a torch.nn.Linear holding the
+    whole h x c weight on every TP rank, what ModelOpt's local MLA spec uses), which matches the
+    Transformer Engine spec (``backend.linear()`` = TELinear, parallel_mode="duplicated").
+    "column" keeps the local spec's ColumnParallelLinear, which splits them over TP.
+    """
+    from megatron.core.post_training.modelopt.layers import Linear
     from megatron.core.transformer import multi_latent_attention as mla_module
 
-    if mla_module.Linear is None:
-        mla_module.Linear = _duplicated_linear_class()
+    mla_module.HAVE_TE = False
+    mla_module.Linear = Linear
+    core = _core_attention_class()
     for spec in layer_specs:
         sub = spec.submodules.self_attention.submodules
-        sub.linear_q_down_proj = mla_module.Linear
-        sub.linear_kv_down_proj = mla_module.Linear
+        sub.core_attention = core
+        if down_proj == "duplicated":
+            sub.linear_q_down_proj = Linear
+            sub.linear_kv_down_proj = Linear
 
 
 def _import_mcore() -> None:
@@ -220,10 +233,11 @@ def _import_mcore() -> None:
     import warnings
 
     warnings.simplefilter("ignore")
-    import torch  # noqa: F401
+    import torch
     import torch.distributed  # noqa: F401
     from megatron.core import parallel_state  # noqa: F401
     from megatron.core.models.gpt import gpt_layer_specs, gpt_model  # noqa: F401
+    from megatron.core.post_training.modelopt import layers  # noqa: F401
     from megatron.core.transformer import multi_latent_attention  # noqa: F401
 
 
@@ -246,8 +260,10 @@ def worker(rank: int, world_size: int, case: dict[str, Any], init_file: str, out
     torch.set_num_threads(1)
     if not torch.cuda.is_available():
         # mcore moves the tied embedding copy (and MoE router parameters) to CUDA in places;
-        # we only count parameters, so let .cuda() be a no-op on this CPU-only torch.
+        # we only count parameters, so let .cuda() be a no-op on this CPU-only torch, and let
+        # "the current CUDA device" be the CPU (MLA's RotaryEmbedding builds inv_freq there).
         torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     dist.init_process_group(
         backend="gloo", init_method=f"file://{init_file}", world_size=world_size, rank=rank
     )
@@ -294,8 +310,8 @@ def worker(rank: int, world_size: int, case: dict[str, Any], init_file: str, out
                 qk_layernorm=bool(case["qk_layernorm"]), multi_latent_attention=bool(case["mla"]),
             )
             mtp_src, layer_specs = spec, [spec]
-        if case["mla"] and case["mla_down_proj"] == "duplicated":
-            _use_duplicated_mla_down_proj(layer_specs)
+        if case["mla"]:
+            _patch_mla_specs(layer_specs, case["mla_down_proj"])
         mtp_spec = None
         if case["mtp_num_layers"]:
             mtp_spec = get_gpt_mtp_block_spec(

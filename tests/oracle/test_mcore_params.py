@@ -7,6 +7,11 @@ subprocess (``mcore_worker.py``) and, for every pipeline rank, checks that
 * the global layers that rank builds are the ones ``paraplan.estimate.pipeline`` assigns it;
 * that number equals ``stage_params(...).total`` for the stage, exactly.
 
+Coverage: GPT/Llama-style dense models, MQA, interleaved and uneven pipelines (first/last stage
+counts, ``pipeline_model_parallel_layout``), MoE with EP/ETP, layer patterns and shared experts,
+QK norms, multi-latent attention (TE-like duplicated down projections, see mcore_worker.py) and
+MTP blocks. Ranks are forked after one megatron-core import per case (about 4-6 s a case).
+
 Needs the ``oracle`` extra (torch CPU + megatron-core); skipped otherwise.
 Run: ``PYTHONPATH=src .venv-oracle/bin/pytest tests/oracle -q -m oracle``.
 """
@@ -32,7 +37,7 @@ with warnings.catch_warnings():
     pytest.importorskip("megatron.core")
 
 from paraplan.estimate.params import stage_params
-from paraplan.estimate.pipeline import stage_assignment
+from paraplan.estimate.pipeline import pipeline_layout_string, stage_assignment
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.layout import ParallelLayout
 from paraplan.specs.load import model_from_megatron_args
@@ -51,6 +56,12 @@ LLAMA = dict(hidden=512, heads=8, kv_heads=4, ffn=1408, swiglu=True, norm="RMSNo
              bias=False, pos="rope", tied=False)
 MOE = dict(LLAMA, hidden=256, heads=4, kv_heads=2, ffn=1024, moe_num_experts=4, moe_topk=2,
            moe_ffn=512)
+SMALL = dict(LLAMA, hidden=256, heads=4, kv_heads=2, ffn=1024)
+# DeepSeek-style MLA (RMSNorm, no biases, RoPE, untied); mcore's MLA ignores num_query_groups.
+MLA = dict(SMALL, kv_heads=None, mla=True, q_lora_rank=96, kv_lora_rank=64, qk_head_dim=32,
+           qk_pos_emb_head_dim=16, v_head_dim=48)
+# First two layers dense, the rest MoE (DeepSeek's first_k_dense_replace = 2).
+FIRST2_DENSE = [0, 0, 1, 1, 1, 1, 1, 1]
 
 CASES: dict[str, dict[str, Any]] = {
     # GPT-style: GeLU, LayerNorm, biases, learned positions, tied embeddings (copy on last stage).
@@ -70,6 +81,37 @@ CASES: dict[str, dict[str, Any]] = {
                                   ep=2, etp=1),
     # Vocabulary padding: 50257 -> 50432 at TP 2 (multiple 128 x 2), untied output.
     "vocab_pad_50257_tp2": dict(LLAMA, vocab=50257, tp=2, pp=1),
+    # MoE layer pattern (decoder block spec): stage 0 holds 2 dense + 2 MoE layers, stage 1
+    # 4 MoE layers; EP inside the TP group.
+    "moe_first2dense_tp2_pp2_ep2_etp1": dict(MOE, moe_layer_freq=FIRST2_DENSE, tp=2, pp=2, ep=2,
+                                              etp=1),
+    # Shared expert (width 1024) with its sigmoid gate (h weights), EP across TP ranks.
+    "moe_shared_gate_tp2_ep2_etp1": dict(MOE, moe_shared_ffn=1024, moe_shared_gate=True, tp=2,
+                                         pp=1, ep=2, etp=1),
+    # Qwen3-style: per-head Q/K RMSNorm with GQA (2 KV heads at TP 2), two stages.
+    "qwen3_qknorm_gqa_tp2_pp2": dict(SMALL, qk_layernorm=True, tp=2, pp=2),
+    # MLA with a query low-rank (q_layernorm over c_q, kv_layernorm over c_kv).
+    "mla_qlora_qknorm_tp2": dict(MLA, qk_layernorm=True, tp=2, pp=1),
+    # MLA with a full-rank query, LayerNorm + biases (linear_proj bias only), no QK norms.
+    "mla_noqlora_ln_bias_tp2": dict(MLA, q_lora_rank=None, norm="LayerNorm", bias=True, tp=2,
+                                    pp=1),
+    # GPT-style dense + 1 MTP layer, tied, learned positions: the last stage holds the tied
+    # output copy and the MTP stage's own embedding copy (word + positions).
+    "mtp1_gpt_tied_tp2_pp2": dict(GPT, hidden=256, heads=4, ffn=1024, mtp_num_layers=1, tp=2,
+                                  pp=2),
+    # DeepSeek-V3 in small: MLA + first 2 dense then MoE + shared expert (no gate) + 1 MTP
+    # layer (an MoE layer, like the last decoder layer), PP 2, EP 2 across DP.
+    "deepseek_mini_mla_moe_shared_mtp_pp2_ep2": dict(
+        MLA, qk_layernorm=True, moe_num_experts=4, moe_topk=2, moe_ffn=256, moe_shared_ffn=512,
+        moe_layer_freq=FIRST2_DENSE, mtp_num_layers=1, tp=1, pp=2, dp=2, ep=2),
+    # Untied, PP 4 x VP 2 with uneven stages: first rank 4 layers (2 per chunk), middle ranks
+    # 2 each, last rank 2 (--decoder-first/last-pipeline-num-layers 4/2).
+    "untied_pp4_vp2_first4_last2": dict(SMALL, num_layers=10, tp=1, pp=4, vpp=2,
+                                        first_stage_layers=4, last_stage_layers=2),
+    # --pipeline-model-parallel-layout, PP 2 x VP 2 (virtual stages chunk-major), MTP in the
+    # last virtual stage.
+    "pipeline_layout_pp2_vp2_mtp": dict(SMALL, mtp_num_layers=1, tp=1, pp=2,
+                                        pipeline_layout="Ett|ttt|tt|tmL"),
 }
 
 
@@ -102,13 +144,40 @@ def model_spec(case: dict[str, Any]) -> ModelSpec:
         args.update(group_query_attention=True, num_query_groups=case["kv_heads"])
     if case["moe_num_experts"]:
         args.update(num_experts=case["moe_num_experts"], moe_router_topk=case["moe_topk"],
-                    moe_ffn_hidden_size=case["moe_ffn"] or case["ffn"])
+                    moe_ffn_hidden_size=case["moe_ffn"] or case["ffn"],
+                    moe_layer_freq=case["moe_layer_freq"],
+                    moe_shared_expert_intermediate_size=case["moe_shared_ffn"],
+                    moe_shared_expert_gate=case["moe_shared_gate"])
+    if case["qk_layernorm"]:
+        args["qk_layernorm"] = True
+    if case["mla"]:
+        assert case["mla_down_proj"] == "duplicated", "paraplan models the TE spec's MLA"
+        args.pop("num_query_groups", None)
+        args.update(multi_latent_attention=True, q_lora_rank=case["q_lora_rank"],
+                    kv_lora_rank=case["kv_lora_rank"], qk_head_dim=case["qk_head_dim"],
+                    qk_pos_emb_head_dim=case["qk_pos_emb_head_dim"],
+                    v_head_dim=case["v_head_dim"])
+    if case["mtp_num_layers"]:
+        args["mtp_num_layers"] = case["mtp_num_layers"]
     return model_from_megatron_args(args, name="oracle")
 
 
+def layout_counts(pipeline_layout: str) -> tuple[int, ...]:
+    """Decoder layers ('t') per virtual stage of a ``--pipeline-model-parallel-layout`` string."""
+    return tuple(stage.count("t") for stage in pipeline_layout.split("|"))
+
+
 def layout(case: dict[str, Any]) -> ParallelLayout:
-    return ParallelLayout(tp=case["tp"], pp=case["pp"], vp=case["vpp"] or 1, ep=case["ep"],
-                          etp=case["etp"] or 0, dp=case["dp"])
+    kw: dict[str, Any] = {}
+    vp = case["vpp"] or 1
+    if case["pipeline_layout"]:
+        counts = layout_counts(case["pipeline_layout"])
+        vp = len(counts) // case["pp"]
+        kw["pipeline_layout"] = counts
+    return ParallelLayout(tp=case["tp"], pp=case["pp"], vp=vp, ep=case["ep"],
+                          etp=case["etp"] or 0, dp=case["dp"],
+                          first_stage_layers=case["first_stage_layers"] or 0,
+                          last_stage_layers=case["last_stage_layers"] or 0, **kw)
 
 
 def run_worker(case: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
@@ -132,15 +201,28 @@ def run_worker(case: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     return json.loads(out_file.read_text())  # type: ignore[no-any-return]
 
 
-def _mcore_modules(breakdown: dict[str, int]) -> dict[str, int]:
-    """mcore's buckets mapped onto StageParams fields (final norm belongs to output_layer)."""
+def _mcore_modules(breakdown: dict[str, int], pp_rank: int) -> dict[str, int]:
+    """mcore's buckets mapped onto StageParams fields (final norm belongs to output_layer; an
+    embedding past the first stage is the MTP stage's copy, counted in StageParams.mtp)."""
+    emb = breakdown.get("embedding", 0)
     return {
-        "embedding": breakdown.get("embedding", 0),
+        "embedding": emb if pp_rank == 0 else 0,
         "output_layer": breakdown.get("output_layer", 0) + breakdown.get("final_norm", 0),
         "layers_dense": breakdown.get("decoder_layers", 0),
         "layers_experts": breakdown.get("routed_experts", 0),
+        "mtp": breakdown.get("mtp", 0) + (emb if pp_rank > 0 else 0),
         "other": breakdown.get("other", 0),
     }
+
+
+def test_layout_strings_round_trip() -> None:
+    """The layout strings used here are what paraplan emits for those counts (no megatron)."""
+    for case in CASES.values():
+        text = case.get("pipeline_layout")
+        if text:
+            full = _full_case(case)
+            assert pipeline_layout_string(layout_counts(text), full["pp"],
+                                          mtp_layers=full["mtp_num_layers"] or 0) == text
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
@@ -169,7 +251,7 @@ def test_stage_params_match_mcore(case_id: str, tmp_path: Path) -> None:
                             max_positions=case["seq"])
         total = float(ours.total)
         if total != mcore_total:
-            theirs = _mcore_modules(ranks[0]["breakdown"])
+            theirs = _mcore_modules(ranks[0]["breakdown"], pp_rank)
             mine = {k: v for k, v in ours.as_dict().items() if k != "total"}
             keys = sorted(set(mine) | set(theirs))
             diffs = {k: mine.get(k, 0.0) - theirs.get(k, 0)

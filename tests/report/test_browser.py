@@ -48,8 +48,14 @@ def _load(tmp_path: Path, report: Path, screenshot: Path) -> dict[str, Any]:
             str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=ARGS,
             viewport={"width": 1400, "height": 900})
         try:
-            ctx.route("**/*", lambda route: (external.append(route.request.url), route.abort())
-                      if not route.request.url.startswith(("file:", "data:", "blob:")) else route.continue_())
+            def offline(route: Any) -> None:  # file: and data: only; anything else is recorded and refused
+                if route.request.url.startswith(("file:", "data:", "blob:")):
+                    route.continue_()
+                else:
+                    external.append(route.request.url)
+                    route.abort()
+
+            ctx.route("**/*", offline)
             page = ctx.new_page()
             page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
             page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -62,7 +68,10 @@ def _load(tmp_path: Path, report: Path, screenshot: Path) -> dict[str, Any]:
                 return {charts: document.querySelectorAll('div.chart').length, plots: plots.length,
                         data: plots.map(p => [p.id, (p.data || []).length,
                                               (p.data || []).reduce((n, t) => n + ((t.x || []).length || 0), 0)]),
-                        drawn: plots.map(p => p.querySelectorAll('.main-svg').length)};
+                        drawn: plots.map(p => p.querySelectorAll('.main-svg').length),
+                        diagnosis: Array.from(document.querySelectorAll('#diagnosis li code.tag'))
+                            .map(e => e.textContent),
+                        subplots: plots.map(p => p.querySelectorAll('.cartesianlayer > .subplot').length)};
             }""")
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
@@ -94,6 +103,9 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     _check(info)
     ids = [d[0] for d in info["data"]]
     assert "chart-measured" in ids and "chart-schedule-0" in ids
+    # step time, tokens/s/GPU, MFU and memory per stage (the log reports ranks 0 and 8)
+    assert info["subplots"][ids.index("chart-measured")] == 4
+    assert info["diagnosis"][0] == "STEP_TIME" and info["diagnosis"][-1] == "NEXT_LAYOUT"
     assert (OUT / "report.png").stat().st_size > 10_000
 
 
@@ -102,3 +114,4 @@ def test_interleaved_report_renders_in_chromium(tmp_path: Path) -> None:
                                       "512", "--top", "4"], None)
     info = _load(tmp_path, report, OUT / "report-70b.png")
     _check(info)
+    assert info["diagnosis"] == []  # no --log, no diagnosis section

@@ -1,12 +1,16 @@
-"""``paraplan report`` in-process: plan flags or plan.json, --log, one-line errors, the progress bar."""
+"""``paraplan report`` in-process: plan flags or plan.json, --log (with `paraplan tune`'s diagnosis), one-line
+errors, the progress bar."""
 
 from __future__ import annotations
 
 import io
+import json
+import re
 import time
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 from rich.console import Console
 
 import paraplan.cli.report as report_cli
@@ -31,6 +35,9 @@ def test_report_from_plan_flags(tmp_path: Path, capsys: pytest.CaptureFixture[st
     for chart_id in ("chart-landscape", "chart-memory", "chart-time", "chart-schedule-0", "chart-measured"):
         assert f'id="{chart_id}"' in html
     assert "wrote" in stdout and "2 top layouts" in stdout and "predicted vs measured" in stdout
+    assert "diagnosis finding(s)" in stdout
+    assert '<code class="tag">NEXT_LAYOUT</code>' in html
+    assert "Launch: paraplan launch --model llama3-8b --gpu h100-80gb --num-gpus 16" in html
     assert err == ""  # stderr is not a terminal: no progress bar
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -50,10 +57,33 @@ def test_report_from_plan_json_keeps_its_layouts(tmp_path: Path, capsys: pytest.
     assert "3 top layouts" in stdout
 
 
-def test_same_inputs_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_diagnosis_matches_paraplan_tune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "plan.json"
+    code, _, err = run(["plan", *FLAGS, "--pp", "2,4", "--top", "3", "--save", str(saved), "--format", "json"], capsys)
+    assert code == 0, err
+    code, stdout, err = run(["tune", "--plan", str(saved), "--rank", "2", "--log", str(LOG_PATH), "--format", "json"],
+                            capsys)
+    assert code == 0, err
+    findings = json.loads(stdout)["findings"]
+    out = tmp_path / "r.html"
+    code, _, err = run(["report", "--plan", str(saved), "--rank", "2", "--log", str(LOG_PATH), "-o", str(out)],
+                       capsys)
+    assert code == 0, err
+    html = out.read_text(encoding="utf-8")
+    section = html[html.index('<section id="diagnosis">'):html.index('<section id="findings">')]
+    items = re.findall(r'<li><code class="tag">([A-Z_]+)</code>(.*?)</li>', section, re.S)
+    assert items == [(f["code"], str(escape(f["text"]))) for f in findings]
+    assert findings[-1]["code"] == "NEXT_LAYOUT" and "--model llama3-8b --gpu h100-80gb" in findings[-1]["text"]
+    from paraplan.serialize import load_plan
+
+    assert f"Compared layout #2 {load_plan(saved).layouts[1].short()}" in section
+
+
+@pytest.mark.parametrize("log", [[], ["--log", str(LOG_PATH)]])
+def test_same_inputs_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], log: list[str]) -> None:
     a, b = tmp_path / "a.html", tmp_path / "b.html"
-    assert run(["report", *FLAGS, "--top", "2", "-o", str(a)], capsys)[0] == 0
-    assert run(["report", *FLAGS, "--top", "2", "-o", str(b)], capsys)[0] == 0
+    assert run(["report", *FLAGS, "--top", "2", *log, "-o", str(a)], capsys)[0] == 0
+    assert run(["report", *FLAGS, "--top", "2", *log, "-o", str(b)], capsys)[0] == 0
     assert a.read_bytes() == b.read_bytes()
 
 

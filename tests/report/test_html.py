@@ -1,4 +1,5 @@
-"""The HTML page: self-contained (plotly.js once, no external scripts), every chart, stable bytes."""
+"""The HTML page: self-contained (plotly.js once, no external scripts), every chart, the run's diagnosis,
+stable bytes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
+from markupsafe import escape
 
 from paraplan.ingest import parse_text
 from paraplan.report import (
@@ -21,6 +23,7 @@ from paraplan.report import (
     write_text_atomic,
 )
 from paraplan.search import Plan
+from paraplan.tune import compare, diagnose
 from tests.report.conftest import LOG
 
 STUB = "/* plotly stub */ window.Plotly = {newPlot: function () {}};"
@@ -72,9 +75,53 @@ def test_text_sections(plan_8b: Plan, html_8b: str) -> None:
     assert "Predicted vs measured" in html_8b and "train.log" in html_8b
 
 
-def test_the_same_inputs_give_the_same_bytes(plan_8b: Plan) -> None:
-    one = render_html(build_context(plan_8b), plotly_bundle=STUB)
-    two = render_html(build_context(plan_8b), plotly_bundle=STUB)
+def _section(html: str, section_id: str) -> str:
+    m = re.search(rf'<section id="{section_id}">(.*?)</section>', html, re.S)
+    assert m is not None
+    return m.group(1)
+
+
+def test_the_diagnosis_section_shows_paraplan_tune_s_findings(plan_8b: Plan, html_8b: str) -> None:
+    log = parse_text(LOG, source="train.log")
+    section = _section(html_8b, "diagnosis")
+    findings = diagnose(compare(plan_8b.candidates[0], log))
+    items = re.findall(r'<li><code class="tag">([A-Z_]+)</code>(.*?)</li>', section, re.S)
+    assert items == [(f.code, str(escape(f.text))) for f in findings]
+    assert items[-1][0] == "NEXT_LAYOUT" and "Launch: paraplan launch" in items[-1][1]
+    for name in ("step time (s)", "throughput (tokens/s/GPU)", "MFU (%)", "peak memory (max allocated) (GiB)"):
+        assert f"<td>{name}</td>" in section
+    assert "Peak memory per pipeline stage" in section and "64.5 GiB" in section  # rank 0: 66000 MB
+    assert "measured within" not in html_8b  # the report's old ad-hoc diagnosis is gone
+    assert '<a href="#diagnosis">diagnosis</a>' in html_8b
+
+
+def test_the_measured_chart_has_step_time_throughput_mfu_and_memory(html_8b: str) -> None:
+    fig = _figures(html_8b)["chart-measured"]
+    titles = [a["text"] for a in fig["layout"]["annotations"]]  # type: ignore[index]
+    assert titles[:4] == ["step time (s)", "tokens/s/GPU", "MFU (%)", "memory per stage (GiB)"]
+    data = fig["data"]
+    assert isinstance(data, list) and len(data) == 8
+    assert data[7]["x"] == ["s0", "s1"] and data[7]["customdata"] == ["0", "8"]
+
+
+def test_without_per_rank_memory_the_memory_panel_is_left_out(plan_8b: Plan) -> None:
+    log = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 812.5 |\n"
+                     " iteration 20/100 | elapsed time per iteration (ms): 800.0 |\n", source="short.log")
+    html = render_html(build_context(plan_8b, log=log), plotly_bundle=STUB)
+    fig = _figures(html)["chart-measured"]
+    assert [a["text"] for a in fig["layout"]["annotations"]] == [  # type: ignore[index]
+        "step time (s)", "tokens/s/GPU", "MFU (%)"]
+    assert "no per-rank memory report" in html
+    assert "Peak memory per pipeline stage" not in _section(html, "diagnosis")
+
+
+@pytest.mark.parametrize("with_log", [False, True])
+def test_the_same_inputs_give_the_same_bytes(plan_8b: Plan, with_log: bool) -> None:
+    def render() -> str:
+        log = parse_text(LOG, source="train.log") if with_log else None
+        return render_html(build_context(plan_8b, log=log), plotly_bundle=STUB)
+
+    one, two = render(), render()
     assert one == two
     page = one.replace(STUB, "")
     assert not re.search(r"\b20\d\d-\d\d-\d\d", page)  # no dates

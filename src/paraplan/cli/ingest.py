@@ -15,7 +15,7 @@ from rich.table import Table
 
 from paraplan.cli._app import app
 from paraplan.ingest import RunLog, read_logs
-from paraplan.units import GIB, MS
+from paraplan.units import GIB, MIB, MS
 
 _MAX_RANK_ROWS = 16
 
@@ -71,6 +71,8 @@ def _summary_table(log: RunLog, s: dict[str, Any]) -> Table:
     table.add_row("peak allocated (max over ranks)",
                   _gib(s["max_allocated_bytes"]) + (f" (rank {rank})" if rank is not None else ""))
     table.add_row("peak reserved", _gib(s["max_reserved_bytes"]))
+    if s["max_device_used_bytes"] is not None:
+        table.add_row("peak device memory used", _gib(s["max_device_used_bytes"]))
     if log.theoretical is not None:
         table.add_row("theoretical weight+optimizer / total",
                       f"{_gib(s['theoretical_weight_and_optimizer_bytes'])} / "
@@ -106,6 +108,36 @@ def _memory_table(log: RunLog) -> Table | None:
     return table
 
 
+def _theoretical_table(log: RunLog) -> Table | None:
+    """Megatron's own estimate (rank 0, most loaded shard): every line of the block that was read."""
+    t = log.theoretical
+    if t is None:
+        return None
+    table = Table(title="Megatron theoretical memory (most loaded shard)", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    params = (("transformer block", t.transformer_params), ("transformer block, active", t.active_transformer_params),
+              ("MTP block", t.mtp_params), ("embedding layers", t.embedding_params),
+              ("total", t.total_params), ("total, active", t.total_active_params),
+              ("most loaded shard", t.most_loaded_shard_params), ("other shards", t.other_shards_params),
+              *((name, int(v)) for name, v in t.extra))
+    for name, count in params:
+        if count is not None:
+            table.add_row(f"parameters: {name}", f"{count / 10**9:g} B")  # as printed: billions
+    if t.activation_per_layer_bytes is not None:
+        table.add_row(f"activation per layer ({t.activation_formula or '?'})",
+                      f"{t.activation_per_layer_bytes / MIB:,.1f} MiB")
+    if t.interleaved_penalty is not None:
+        table.add_row("interleaved-schedule penalty", f"{t.interleaved_penalty:.2f}")
+    if t.in_flight_microbatches is not None:
+        table.add_row("in-flight microbatches", str(t.in_flight_microbatches))
+    for name, value in t.components:
+        table.add_row(name, _gib(value))
+    if t.unsupported is not None:
+        table.add_row("not supported", t.unsupported)
+    return table
+
+
 def _timer_table(s: dict[str, Any]) -> Table | None:
     timers: dict[str, dict[str, float | None]] = s["timers_s"]
     setup: dict[str, float] = s["setup_timers_s"]
@@ -127,7 +159,7 @@ def render_runlog(log: RunLog, skip_warmup: int) -> None:
     con.print(f"[bold]{', '.join(log.sources)}[/]")
     summary = log.summary(skip_warmup)
     con.print(_summary_table(log, summary))
-    for table in (_memory_table(log), _timer_table(summary)):
+    for table in (_memory_table(log), _theoretical_table(log), _timer_table(summary)):
         if table is not None:
             con.print(table)
 

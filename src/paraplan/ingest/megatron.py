@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from paraplan.ingest import records as rec
+from paraplan.ingest.primus import with_primus
 from paraplan.ingest.records import IterationRecord, MemoryRecord, Record, RunLog, TimerRecord
+from paraplan.ingest.theoretical import parse_theoretical
 from paraplan.units import GB, GIB, MIB, MS
 
 NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)"
@@ -246,26 +248,6 @@ def parse_timer_body(text: str, line: int | None = None, kind: str = "minmax") -
     return TimerRecord(name=m.group(1), value_s=hi, min_s=lo, max_s=hi, kind=kind, line=line)
 
 
-_THEO = re.compile(r"Theoretical memory footprints:\s*(.*)$")
-_THEO_PAIR = re.compile(rf"(\w[\w ]*?)\s*=\s*({NUM})\s*MB")
-
-
-def parse_theoretical(text: str, line: int | None = None) -> rec.TheoreticalMemory | None:
-    """``Theoretical memory footprints: weight and optimizer=X MB, activation=Y MB, total=Z MB``
-    (§3, ``report_theoretical_memory``; weight-only before 2025-08; Bridge components). MiB."""
-    m = _THEO.search(text)
-    found = _THEO_PAIR.findall(m.group(1) if m else "")
-    comps = tuple((k.strip(), float(v) * MIB) for k, v in found)
-    if m is None or not comps:
-        return None
-    d = dict(comps)
-    return rec.TheoreticalMemory(
-        weight_and_optimizer_bytes=d.get("weight and optimizer"), total_bytes=d.get("total"),
-        activation_bytes=d.get("activation"), components=comps, line=line,
-        partial=bool(_THEO_PAIR.sub("", m.group(1)).strip(" ,")),
-    )  # fmt: skip
-
-
 _VALID = re.compile(r"^(validation(?:-\d+)? loss at (?:iteration (\d+)|the end of training for "
                     r"\w+ data))\s*\|(.*)$")
 
@@ -295,9 +277,9 @@ def parse_bridge_step(text: str, line: int | None = None) -> rec.StepReport | No
                           line=line)
 
 
-_Parser = Callable[[str, "int | None"], "Record | list[TimerRecord] | None"]
+_Parser = Callable[[str, "int | None"], "Record | list[TimerRecord] | list[Record] | None"]
 PARSERS: tuple[_Parser, ...] = (
-    parse_memory, parse_legacy_timers, parse_timer_body, parse_validation, parse_iteration,
+    parse_memory, parse_legacy_timers, parse_timer_body, parse_validation, with_primus(parse_iteration),
     parse_nemo1, parse_deepspeed_memory, parse_theoretical, parse_bridge_step,
 )  # fmt: skip
 """Tried in this order on each segment; the first that returns something wins."""

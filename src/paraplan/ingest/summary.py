@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from paraplan.ingest.records import IterationRecord, RunLog, TheoreticalMemory, json_float
+from paraplan.ingest.records import IterationRecord, RunLog, TheoreticalMemoryRecord, json_float
 
 
 def quantile(values: Iterable[float], q: float) -> float | None:
@@ -65,13 +65,18 @@ def _memory(log: RunLog) -> dict[str, Any]:
     peak = [m for m in log.memory if _finite(m.max_allocated_bytes)]
     top = max(peak, key=lambda m: m.max_allocated_bytes or 0.0, default=None)
     reserved = [m.max_reserved_bytes for m in log.memory if _finite(m.max_reserved_bytes)]
-    theo = log.theoretical or TheoreticalMemory()
+    used = [m.device_used_bytes for m in log.memory if _finite(m.device_used_bytes)]
+    theo = log.theoretical or TheoreticalMemoryRecord()
     return {
         "max_allocated_bytes": top.max_allocated_bytes if top else None,
         "max_allocated_rank": top.rank if top else None,
         "max_reserved_bytes": max((r for r in reserved if r is not None), default=None),
+        "max_device_used_bytes": max((u for u in used if u is not None), default=None),
         "theoretical_total_bytes": json_float(theo.total_bytes),
         "theoretical_weight_and_optimizer_bytes": json_float(theo.weight_and_optimizer_bytes),
+        "theoretical_activation_bytes": json_float(theo.activation_bytes),
+        "theoretical_total_params": theo.total_params,
+        "theoretical_most_loaded_shard_params": theo.most_loaded_shard_params,
     }
 
 

@@ -1,5 +1,8 @@
 """Plan (and optionally measured runs) -> ``ReportContext``: plain numbers and labels, no plotting.
 
+A measured run is compared and diagnosed by ``paraplan.tune`` (``compare``, ``diagnose``); this module
+only turns the result into display rows.
+
 Everything the HTML shows is decided here; ``paraplan.report.charts`` only draws it. Nothing here
 depends on the clock or on random ids, so the same inputs give the same context (and bytes).
 """
@@ -307,9 +310,9 @@ def inputs_text(plan: Plan) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ..
     return (("model", tuple(model)), ("cluster", tuple(cluster)), ("training", tuple(training)))
 
 
-MEASURED_ROWS = (("step_time_s", "step time", "s", 1.0), ("tokens_per_s_per_gpu", "tokens/s/GPU", "tokens/s", 1.0),
-                 ("mfu", "MFU", "%", 100.0), ("model_tflops_per_gpu", "model TFLOP/s/GPU", "TFLOP/s", 1.0),
-                 ("log_tflops_per_gpu", "TFLOP/s/GPU in the log (Megatron's formula)", "TFLOP/s", 1.0),
+MEASURED_ROWS = (("step_time_s", "step time", "s", 1.0), ("tokens_per_s_per_gpu", "throughput", "tokens/s/GPU", 1.0),
+                 ("mfu", "MFU", "%", 100.0), ("model_tflops_per_gpu", "model FLOP rate", "TFLOP/s/GPU", 1.0),
+                 ("log_tflops_per_gpu", "FLOP rate in the log (Megatron's formula)", "TFLOP/s/GPU", 1.0),
                  ("peak_memory_bytes", "peak memory (max allocated)", "GiB", 1.0 / GIB),
                  ("bubble_and_pp_s", "bubble + PP wait", "s", 1.0), ("optimizer_s", "optimizer", "s", 1.0))
 """(``paraplan.tune.Comparison.metrics`` key, label, display unit, factor from the tune unit)."""

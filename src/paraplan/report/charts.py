@@ -262,7 +262,7 @@ def measured_figure(ctx: ReportContext) -> Any:
             fig.add_hline(y=ctx.top[0].usable_gib, line={"dash": "dash", "color": "#E45756", "width": 1},
                           annotation_text="usable", annotation_position="bottom right", row=1, col=col)
     fig.update_annotations(yshift=4)
-    runs = f"{cmp.iterations} warm-up iterations only" if cmp.warmup_only else f"{cmp.iterations} iterations after warm-up"
+    runs = f"{cmp.iterations} " + ("warm-up iterations only" if cmp.warmup_only else "iterations after warm-up")
     return _layout(fig, title=f"predicted ({cmp.layout_label}) vs measured ({runs})", height=440, barmode="group",
                    margin={"l": 70, "r": 30, "t": 110, "b": 40},
                    legend={"orientation": "h", "yanchor": "bottom", "y": 1.09, "x": 1.0, "xanchor": "right"})
