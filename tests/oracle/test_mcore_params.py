@@ -85,9 +85,10 @@ CASES: dict[str, dict[str, Any]] = {
     # 4 MoE layers; EP inside the TP group.
     "moe_first2dense_tp2_pp2_ep2_etp1": dict(MOE, moe_layer_freq=FIRST2_DENSE, tp=2, pp=2, ep=2,
                                               etp=1),
-    # Shared expert (width 1024) with its sigmoid gate (h weights), EP across TP ranks.
-    "moe_shared_gate_tp2_ep2_etp1": dict(MOE, moe_shared_ffn=1024, moe_shared_gate=True, tp=2,
-                                         pp=1, ep=2, etp=1),
+    # Shared expert (width 1024) with its sigmoid gate (h weights), EP across TP ranks; every
+    # other layer MoE (moe_layer_freq 2: layers 0, 2, 4, 6).
+    "moe_shared_gate_freq2_tp2_ep2_etp1": dict(MOE, moe_shared_ffn=1024, moe_shared_gate=True,
+                                               moe_layer_freq=2, tp=2, pp=1, ep=2, etp=1),
     # Qwen3-style: per-head Q/K RMSNorm with GQA (2 KV heads at TP 2), two stages.
     "qwen3_qknorm_gqa_tp2_pp2": dict(SMALL, qk_layernorm=True, tp=2, pp=2),
     # MLA with a query low-rank (q_layernorm over c_q, kv_layernorm over c_kv).
@@ -95,6 +96,12 @@ CASES: dict[str, dict[str, Any]] = {
     # MLA with a full-rank query, LayerNorm + biases (linear_proj bias only), no QK norms.
     "mla_noqlora_ln_bias_tp2": dict(MLA, q_lora_rank=None, norm="LayerNorm", bias=True, tp=2,
                                     pp=1),
+    # MLA, full-rank query with QK norms as LayerNorm: kv_layernorm only (2 * kv_lora_rank).
+    "mla_noqlora_qknorm_layernorm_tp2": dict(MLA, q_lora_rank=None, qk_layernorm=True,
+                                             norm="LayerNorm", tp=2, pp=1),
+    # MTP at PP 1, tied, with LayerNorm QK norms: no embedding or output copies.
+    "mtp1_gpt_tied_qknorm_tp2_pp1": dict(GPT, hidden=256, heads=4, ffn=1024, qk_layernorm=True,
+                                         mtp_num_layers=1, tp=2, pp=1),
     # GPT-style dense + 1 MTP layer, tied, learned positions: the last stage holds the tied
     # output copy and the MTP stage's own embedding copy (word + positions).
     "mtp1_gpt_tied_tp2_pp2": dict(GPT, hidden=256, heads=4, ffn=1024, mtp_num_layers=1, tp=2,

@@ -172,7 +172,8 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     etp_link = np.where(layout.etp > 1, 4.0 * comm.all_gather_s(
         2.0 * te * h, layout.etp, comm.tier_busbw(cluster, layout.etp), eff.collective_latency_s), 0.0)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
-                    elementwise_s=elem, overhead_s=0.5 * eff.layer_overhead_s, tp_link_s=etp_link,
+                    elementwise_s=elem, overhead_s=0.5 * eff.layer_overhead_s + eff.moe_layer_overhead_s,
+                    tp_link_s=etp_link,
                     ep_link_s=ep_link, cp_link_s=0.0, mlp_gemm_fwd_s=routed)
     if model.shared_ffn:
         sh_t = dense_mlp_time(model, cluster, training, layout, ffn=model.shared_ffn)

@@ -62,6 +62,10 @@ class EfficiencySpec:
     """Share of the EP all-to-all hidden (0 unless overlap is configured)."""
     moe_overhead_frac: float = 0.25
     """Extra time of MoE layers over their GEMM time (permute, router, grouped-GEMM imbalance)."""
+    moe_layer_overhead_s: float = 0.0
+    """Fixed time per MoE layer per micro-batch, forward + backward: the token dispatcher's
+    host-device synchronisations (token counts per expert before each all-to-all) and its
+    small kernels, which do not shrink with the micro-batch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
