@@ -135,7 +135,7 @@ def explain(plan: Plan) -> list[Finding]:
     """All findings for the best layout of a plan."""
     best = plan.candidates[0]
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
-    rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1]))
+    rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
                        {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

@@ -280,13 +280,15 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     valid = table.take(np.nonzero(alive)[0])
     ev = evaluate_table(model, cluster, training, valid, options, time_all=False) if len(valid) else None
     if ev is None or not ev.fits.any():
+        smallest = None
         if ev is not None and len(valid):
             rejections["OOM"] = len(valid)
             i = int(np.argmin(ev.peak_bytes))
-            examples["OOM"] = (f"smallest footprint {valid.row(i).short()} needs "
-                               f"{ev.peak_bytes[i] / 2**30:.1f} GiB > "
+            smallest = (valid.row(i), float(ev.peak_bytes[i]))
+            examples["OOM"] = (f"smallest footprint {smallest[0].short()} needs "
+                               f"{smallest[1] / 2**30:.1f} GiB > "
                                f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
-        raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples),
+        raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples, space, smallest),
                                   rejections=rejections)
     if (~ev.fits).any():
         rejections["OOM"] = int((~ev.fits).sum())
@@ -316,12 +318,33 @@ def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[n
     return np.lexsort(keys)
 
 
+def _fit_advice(cluster: ClusterSpec, space: SearchSpace,
+                smallest: tuple[Any, float] | None) -> str:
+    """What would make the smallest-footprint layout fit, from its numbers."""
+    if smallest is None:
+        return "what would make it fit: relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
+    layout, need = smallest
+    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    ratio = need / usable
+    per_node = cluster.gpus_per_node
+    more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
+    tips = [f"about {more}+ GPUs (--num-gpus; it needs {ratio:.1f}x the usable memory)"]
+    if layout.recompute != "full" and "full" not in space.recompute:
+        tips.append("allow full recompute (--recompute none,selective,full)")
+    if space.max_pp is not None or space.pp is not None:
+        tips.append("allow more pipeline stages (--max-pp/--pp)")
+    if layout.mbs > 1:
+        tips.append("micro-batch 1 (--mbs 1)")
+    tips.append(f"a GPU with more than {need / 2**30:.0f} GiB usable")
+    return "what would make it fit: " + "; or ".join(tips)
+
+
 def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                    rejections: dict[str, int], examples: dict[str, str]) -> str:
+                    rejections: dict[str, int], examples: dict[str, str], space: SearchSpace,
+                    smallest: tuple[Any, float] | None) -> str:
     parts = ", ".join(f"{k} {v}" for k, v in sorted(rejections.items(), key=lambda kv: -kv[1]))
     hint = examples.get("OOM", "")
-    advice = ("what would make it fit: more GPUs (--num-gpus), full recompute (--recompute full), "
-              "more pipeline stages (raise --max-pp), a smaller micro-batch, or a GPU with more memory")
+    advice = _fit_advice(cluster, space, smallest)
     return (f"no layout of {model.name} fits on {cluster.num_gpus} x {cluster.gpu.name} at seq "
             f"{training.seq_len}, GBS {training.global_batch_size}: rejected {parts}"
             + (f"; {hint}" if hint else "") + f"; {advice}")
