@@ -65,6 +65,7 @@ class Estimate:
                 "nvlink_domain_size": self.cluster.nvlink_domain_size,
                 "efficiency": asdict(self.cluster.gpu.efficiency),
             },
+            "placement": placement_dict(self.layout, self.cluster),
             "model": {"name": self.model.name, "num_layers": self.model.num_layers,
                       "hidden_size": self.model.hidden_size, "moe": self.model.is_moe},
             "memory": {
@@ -89,6 +90,25 @@ class Estimate:
             "throughput": self.throughput.as_dict(),
             "notes": list(self.notes),
         }
+
+
+def placement_dict(layout: ParallelLayout, cluster: ClusterSpec) -> dict[str, Any]:
+    """Which parallel groups stay inside one NVLink domain (rank order tp-cp-ep-dp-pp): a group
+    spaced ``stride`` ranks apart spans stride x size ranks; outside the domain it runs on the
+    network and is costed there."""
+    from paraplan.estimate.comm import span_in_domain
+
+    spans = {"tp": layout.tp, "cp": layout.tp * layout.cp, "ep": layout.etp * layout.ep,
+             "dp": layout.tp * layout.cp * layout.dp, "pp": layout.world_size}
+    sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "dp": layout.dp * layout.cp, "pp": layout.pp}
+    return {
+        "rank_order": "tp-cp-ep-dp-pp",
+        "nvlink_domain_size": cluster.nvlink_domain_size,
+        "groups": {axis: {"size": sizes[axis], "span_ranks": spans[axis],
+                          "in_nvlink_domain": bool(sizes[axis] == 1 or span_in_domain(spans[axis],
+                                                                                      cluster.nvlink_domain_size))}
+                   for axis in spans},
+    }
 
 
 def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches: int) -> dict[str, Any]:

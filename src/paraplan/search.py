@@ -234,7 +234,7 @@ class Plan:
             "num_feasible": self.num_feasible,
             "candidates": [
                 {"rank": i + 1, **{k: v for k, v in c.to_dict().items()
-                                   if k in ("config", "memory", "time", "throughput", "notes")}}
+                                   if k in ("config", "placement", "memory", "time", "throughput", "notes")}}
                 for i, c in enumerate(self.candidates)
             ],
             "rejections": dict(sorted(self.rejections.items(), key=lambda kv: -kv[1])),

@@ -36,6 +36,10 @@ def test_estimate_json_has_the_stable_keys(capsys: pytest.CaptureFixture[str]) -
     assert set(d["time"]["exposed_comm_s"]) == {"tp", "cp", "ep", "pp", "dp"}
     assert set(d["throughput"]) >= {"tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "mfu_peak"}
     assert d["config"]["dp"] == 2 and d["config"]["num_microbatches"] == 256
+    groups = d["placement"]["groups"]
+    # TP 4 and TP x CP = 8 stay in the 8-GPU NVLink domain; DP x CP (span 16) and PP cross nodes
+    assert groups["tp"]["in_nvlink_domain"] and groups["cp"]["in_nvlink_domain"]
+    assert not groups["dp"]["in_nvlink_domain"] and not groups["pp"]["in_nvlink_domain"]
     assert d["params"]["total"] == 70_553_706_496
 
 
