@@ -8,44 +8,23 @@ import typer
 
 from paraplan.cli._app import app
 from paraplan.cli.options import (
-    AccountEmbOpt,
-    AccountLossOpt,
-    CpOpt,
-    EpOpt,
-    EtpOpt,
-    FirstStageOpt,
+    NO_FLAGS,
     FormatOpt,
-    FsdpOpt,
     GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
-    LastStageOpt,
-    MbsOpt,
-    NoDistOptOpt,
-    NoOverlapGradOpt,
-    NoOverlapParamOpt,
-    NoSpOpt,
+    LayoutFlags,
     OptGbsOpt,
     OptModelOpt,
     OptNumGpusOpt,
     OptSeqLenOpt,
     OutputFormat,
-    PipelineSplitOpt,
-    PpOpt,
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
-    RecomputeChoice,
-    RecomputeModulesOpt,
-    RecomputeNumLayersOpt,
-    RecomputeOpt,
-    TpCommOverlapOpt,
-    TpOpt,
-    VpOpt,
-    apply_pipeline_split,
-    build_layout,
     parse_overrides,
     resolve_inputs,
+    with_layout_flags,
 )
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
@@ -54,6 +33,7 @@ from paraplan.estimator import estimate as run_estimate
 
 
 @app.command("estimate")
+@with_layout_flags
 def estimate(
     model: str | None = OptModelOpt,
     gpu: str = GpuOpt,
@@ -64,33 +44,13 @@ def estimate(
     megatron_args: str | None = typer.Option(
         None, "--megatron-args",
         help="A pretrain_gpt.py / torchrun command line (or @FILE): model, layout and batch are read from it."),
-    mbs: int = MbsOpt,
-    tp: int = TpOpt,
-    pp: int = PpOpt,
-    vp: int = VpOpt,
-    cp: int = CpOpt,
-    ep: int = EpOpt,
-    etp: int | None = EtpOpt,
-    recompute: RecomputeChoice = RecomputeOpt,
-    recompute_modules: list[str] | None = RecomputeModulesOpt,
-    recompute_num_layers: int = RecomputeNumLayersOpt,
-    no_sequence_parallel: bool = NoSpOpt,
-    no_distributed_optimizer: bool = NoDistOptOpt,
-    fsdp: bool = FsdpOpt,
-    no_overlap_grad_reduce: bool = NoOverlapGradOpt,
-    no_overlap_param_gather: bool = NoOverlapParamOpt,
-    tp_comm_overlap: bool = TpCommOverlapOpt,
-    first_stage_layers: int | None = FirstStageOpt,
-    last_stage_layers: int | None = LastStageOpt,
-    account_for_embedding: bool = AccountEmbOpt,
-    account_for_loss: bool = AccountLossOpt,
-    pipeline_split: str = PipelineSplitOpt,
     precision: PrecisionChoice = PrecisionOpt,
     mfu_peak: PrecisionChoice = typer.Option(PrecisionChoice.bf16, "--mfu-peak",
                                              help="Dense peak MFU/HFU divide by."),
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
     fmt: OutputFormat = FormatOpt,
+    flags: LayoutFlags = NO_FLAGS,
 ) -> None:
     """Memory per pipeline stage, step time and throughput of one Megatron layout.
 
@@ -108,17 +68,7 @@ def estimate(
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                             profile=profile)
-    layout = build_layout(
-        num_gpus=num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, mbs=mbs,
-        recompute=recompute.value, recompute_modules=recompute_modules,
-        recompute_num_layers=recompute_num_layers, sequence_parallel=not no_sequence_parallel,
-        distributed_optimizer=not no_distributed_optimizer, fsdp=fsdp,
-        overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,
-        tp_comm_overlap=tp_comm_overlap, first_stage_layers=first_stage_layers,
-        last_stage_layers=last_stage_layers, account_for_embedding=account_for_embedding,
-        account_for_loss=account_for_loss,
-    )
-    layout, notes = apply_pipeline_split(inputs.model, layout, str(pipeline_split))
+    layout, notes = flags.layout(num_gpus, inputs.model)
     result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
                           extra_notes=notes)
     _emit(result, fmt)

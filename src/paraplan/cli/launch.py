@@ -9,41 +9,20 @@ import typer
 
 from paraplan.cli._app import app
 from paraplan.cli.options import (
-    AccountEmbOpt,
-    AccountLossOpt,
-    CpOpt,
-    EpOpt,
-    EtpOpt,
-    FirstStageOpt,
-    FsdpOpt,
+    NO_FLAGS,
     GpuSetOpt,
     GpusPerNodeOpt,
-    LastStageOpt,
-    MbsOpt,
-    NoDistOptOpt,
-    NoOverlapGradOpt,
-    NoOverlapParamOpt,
-    NoSpOpt,
+    LayoutFlags,
     OptGbsOpt,
     OptGpuOpt,
     OptModelOpt,
     OptNumGpusOpt,
     OptSeqLenOpt,
-    PipelineSplitOpt,
-    PpOpt,
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
-    RecomputeChoice,
-    RecomputeModulesOpt,
-    RecomputeNumLayersOpt,
-    RecomputeOpt,
-    TpCommOverlapOpt,
-    TpOpt,
-    VpOpt,
-    apply_pipeline_split,
-    build_layout,
     resolve_inputs,
+    with_layout_flags,
 )
 from paraplan.cli.render import console
 from paraplan.errors import SpecError
@@ -79,6 +58,7 @@ def _from_plan(path: str, rank: int) -> tuple[LaunchSpec, Estimate]:
 
 
 @app.command("launch")
+@with_layout_flags
 def launch(
     plan: str | None = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save` "
                                     "(instead of the layout flags)."),
@@ -89,27 +69,6 @@ def launch(
     gpus_per_node: int | None = GpusPerNodeOpt,
     seq_len: int | None = OptSeqLenOpt,
     gbs: int | None = OptGbsOpt,
-    mbs: int = MbsOpt,
-    tp: int = TpOpt,
-    pp: int = PpOpt,
-    vp: int = VpOpt,
-    cp: int = CpOpt,
-    ep: int = EpOpt,
-    etp: int | None = EtpOpt,
-    recompute: RecomputeChoice = RecomputeOpt,
-    recompute_modules: list[str] | None = RecomputeModulesOpt,
-    recompute_num_layers: int = RecomputeNumLayersOpt,
-    no_sequence_parallel: bool = NoSpOpt,
-    no_distributed_optimizer: bool = NoDistOptOpt,
-    fsdp: bool = FsdpOpt,
-    no_overlap_grad_reduce: bool = NoOverlapGradOpt,
-    no_overlap_param_gather: bool = NoOverlapParamOpt,
-    tp_comm_overlap: bool = TpCommOverlapOpt,
-    first_stage_layers: int | None = FirstStageOpt,
-    last_stage_layers: int | None = LastStageOpt,
-    account_for_embedding: bool = AccountEmbOpt,
-    account_for_loss: bool = AccountLossOpt,
-    pipeline_split: str = PipelineSplitOpt,
     precision: PrecisionChoice = PrecisionOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
@@ -118,6 +77,7 @@ def launch(
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (partition, account, "
                                     "container_image, container_mounts, modules, env, ...)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
+    flags: LayoutFlags = NO_FLAGS,
 ) -> None:
     """Write launch files for one layout: megatron_args.sh, env.sh, torchrun.sh, job.sbatch,
     pytorchjob.yaml and manifest.json (layout, prediction, candidate id).
@@ -140,18 +100,7 @@ def launch(
         inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                                 profile=profile)
-        layout = build_layout(
-            num_gpus=num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, mbs=mbs,
-            recompute=recompute.value, recompute_modules=recompute_modules,
-            recompute_num_layers=recompute_num_layers, sequence_parallel=not no_sequence_parallel,
-            distributed_optimizer=not no_distributed_optimizer, fsdp=fsdp,
-            overlap_grad_reduce=not no_overlap_grad_reduce,
-            overlap_param_gather=not no_overlap_param_gather,
-            tp_comm_overlap=tp_comm_overlap, first_stage_layers=first_stage_layers,
-            last_stage_layers=last_stage_layers, account_for_embedding=account_for_embedding,
-            account_for_loss=account_for_loss,
-        )
-        layout, notes = apply_pipeline_split(inputs.model, layout, str(pipeline_split))
+        layout, notes = flags.layout(num_gpus, inputs.model)
         result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, extra_notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())

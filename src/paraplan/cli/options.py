@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -205,3 +209,87 @@ AccountEmbOpt = typer.Option(False, "--account-for-embedding-in-pipeline-split",
                              help="Count the embedding as a layer in the split.")
 AccountLossOpt = typer.Option(False, "--account-for-loss-in-pipeline-split",
                               help="Count the loss as a layer in the split.")
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutFlags:
+    """The layout flags estimate, launch and tune share (declared once, in LAYOUT_OPTIONS)."""
+
+    mbs: int = 1
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    recompute: str = "selective"
+    recompute_modules: list[str] | None = None
+    recompute_num_layers: int = 1
+    no_sequence_parallel: bool = False
+    no_distributed_optimizer: bool = False
+    fsdp: bool = False
+    no_overlap_grad_reduce: bool = False
+    no_overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    pipeline_split: str = "even"
+
+    def layout(self, num_gpus: int, model: ModelSpec) -> tuple[ParallelLayout, list[str]]:
+        """The ParallelLayout the flags describe for ``num_gpus`` (with --pipeline-split applied)."""
+        layout = build_layout(
+            num_gpus=num_gpus, tp=self.tp, pp=self.pp, vp=self.vp, cp=self.cp, ep=self.ep, etp=self.etp,
+            mbs=self.mbs, recompute=str(getattr(self.recompute, "value", self.recompute)),
+            recompute_modules=self.recompute_modules, recompute_num_layers=self.recompute_num_layers,
+            sequence_parallel=not self.no_sequence_parallel,
+            distributed_optimizer=not self.no_distributed_optimizer, fsdp=self.fsdp,
+            overlap_grad_reduce=not self.no_overlap_grad_reduce,
+            overlap_param_gather=not self.no_overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
+            first_stage_layers=self.first_stage_layers, last_stage_layers=self.last_stage_layers,
+            account_for_embedding=self.account_for_embedding, account_for_loss=self.account_for_loss,
+        )
+        return apply_pipeline_split(model, layout, str(getattr(self.pipeline_split, "value", self.pipeline_split)))
+
+
+LAYOUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("mbs", int, MbsOpt), ("tp", int, TpOpt), ("pp", int, PpOpt), ("vp", int, VpOpt), ("cp", int, CpOpt),
+    ("ep", int, EpOpt), ("etp", int | None, EtpOpt), ("recompute", RecomputeChoice, RecomputeOpt),
+    ("recompute_modules", list[str] | None, RecomputeModulesOpt),
+    ("recompute_num_layers", int, RecomputeNumLayersOpt), ("no_sequence_parallel", bool, NoSpOpt),
+    ("no_distributed_optimizer", bool, NoDistOptOpt), ("fsdp", bool, FsdpOpt),
+    ("no_overlap_grad_reduce", bool, NoOverlapGradOpt), ("no_overlap_param_gather", bool, NoOverlapParamOpt),
+    ("tp_comm_overlap", bool, TpCommOverlapOpt), ("first_stage_layers", int | None, FirstStageOpt),
+    ("last_stage_layers", int | None, LastStageOpt), ("account_for_embedding", bool, AccountEmbOpt),
+    ("account_for_loss", bool, AccountLossOpt), ("pipeline_split", PipelineSplit, PipelineSplitOpt),
+)
+"""(parameter, type, typer option) of every layout flag, in --help order."""
+
+
+def with_layout_flags(func: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the layout flags of LAYOUT_OPTIONS; it receives them as ``flags: LayoutFlags``.
+
+    Typer reads the wrapper's signature: the command's own parameters (minus ``flags``) followed by
+    the layout options, with the command's annotations resolved in its own module.
+    """
+    hints = typing.get_type_hints(func)
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
+           for p in inspect.signature(func).parameters.values() if p.name != "flags"]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ)
+             for name, typ, opt in LAYOUT_OPTIONS]
+    names = [name for name, _, _ in LAYOUT_OPTIONS]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> None:
+        flags = LayoutFlags(**{n: kwargs.pop(n) for n in names if n in kwargs})
+        func(flags=flags, **kwargs)
+
+    params = own + extra
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return wrapper
+
+
+NO_FLAGS = LayoutFlags()
+"""Placeholder default of the ``flags`` parameter (with_layout_flags always passes real flags)."""

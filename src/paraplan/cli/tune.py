@@ -12,37 +12,21 @@ from rich.table import Table
 from paraplan.calibrate import RunInputs, read_manifest
 from paraplan.cli._app import app
 from paraplan.cli.options import (
-    CpOpt,
-    EpOpt,
-    EtpOpt,
+    NO_FLAGS,
     FormatOpt,
-    FsdpOpt,
     GpuSetOpt,
-    MbsOpt,
-    NoDistOptOpt,
-    NoOverlapGradOpt,
-    NoOverlapParamOpt,
-    NoSpOpt,
+    LayoutFlags,
     OptGbsOpt,
     OptGpuOpt,
     OptModelOpt,
     OptNumGpusOpt,
     OptSeqLenOpt,
     OutputFormat,
-    PipelineSplitOpt,
-    PpOpt,
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
-    RecomputeChoice,
-    RecomputeModulesOpt,
-    RecomputeOpt,
-    TpCommOverlapOpt,
-    TpOpt,
-    VpOpt,
-    apply_pipeline_split,
-    build_layout,
     resolve_inputs,
+    with_layout_flags,
 )
 from paraplan.cli.render import console
 from paraplan.errors import IngestError, SpecError
@@ -122,6 +106,7 @@ def _refs(inp: RunInputs, model: str | None, gpu: str | None) -> tuple[str, str]
 
 
 @app.command("tune")
+@with_layout_flags
 def tune(
     log: list[str] = typer.Option(..., "--log", "-l", help="Megatron log or TensorBoard dir (repeat for several)."),
     plan_path: str | None = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save`."),
@@ -133,28 +118,13 @@ def tune(
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
     seq_len: int | None = OptSeqLenOpt,
     gbs: int | None = OptGbsOpt,
-    mbs: int = MbsOpt,
-    tp: int = TpOpt,
-    pp: int = PpOpt,
-    vp: int = VpOpt,
-    cp: int = CpOpt,
-    ep: int = EpOpt,
-    etp: int | None = EtpOpt,
-    recompute: RecomputeChoice = RecomputeOpt,
-    recompute_modules: list[str] | None = RecomputeModulesOpt,
-    no_sequence_parallel: bool = NoSpOpt,
-    no_distributed_optimizer: bool = NoDistOptOpt,
-    fsdp: bool = FsdpOpt,
-    no_overlap_grad_reduce: bool = NoOverlapGradOpt,
-    no_overlap_param_gather: bool = NoOverlapParamOpt,
-    tp_comm_overlap: bool = TpCommOverlapOpt,
-    pipeline_split: str = PipelineSplitOpt,
     precision: PrecisionChoice = PrecisionOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
     skip_warmup: int = typer.Option(1, "--skip-warmup", help="Iteration records to skip per log segment."),
     no_search: bool = typer.Option(False, "--no-search", help="Skip the search for the next layout."),
     fmt: OutputFormat = FormatOpt,
+    flags: LayoutFlags = NO_FLAGS,
 ) -> None:
     """Compare a measured Megatron run with its prediction, diagnose it, and propose the next layout.
 
@@ -175,14 +145,7 @@ def tune(
         assert model and gpu and num_gpus and seq_len and gbs
         specs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
                                gbs=gbs, precision=precision.value, gpu_set=gpu_set, profile=profile)
-        layout = build_layout(
-            num_gpus=num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute.value,
-            recompute_modules=recompute_modules, recompute_num_layers=1, sequence_parallel=not no_sequence_parallel,
-            distributed_optimizer=not no_distributed_optimizer, fsdp=fsdp,
-            overlap_grad_reduce=not no_overlap_grad_reduce, overlap_param_gather=not no_overlap_param_gather,
-            tp_comm_overlap=tp_comm_overlap, first_stage_layers=None, last_stage_layers=None,
-            account_for_embedding=False, account_for_loss=False)
-        layout, _ = apply_pipeline_split(specs.model, layout, str(pipeline_split))
+        layout, _ = flags.layout(num_gpus, specs.model)
         inp = RunInputs(model=specs.model, cluster=specs.cluster, training=specs.training, layout=layout)
     try:
         run_log = read_logs(log)
