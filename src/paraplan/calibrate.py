@@ -21,8 +21,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -34,6 +32,7 @@ from numpy.typing import NDArray
 
 from paraplan.errors import PlannerError, SpecError
 from paraplan.estimate.step_time import step_time
+from paraplan.fileio import write_text_atomic
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
@@ -222,18 +221,7 @@ def profile_document(result: FitResult, source: str = "") -> dict[str, Any]:
 
 def write_profile(path: str | Path, result: FitResult, source: str = "") -> None:
     """Write the profile YAML atomically (temporary file in the same folder, then rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(profile_document(result, source), sort_keys=False)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, yaml.safe_dump(profile_document(result, source), sort_keys=False))
 
 
 # Reading runs ------------------------------------------------------------------------------

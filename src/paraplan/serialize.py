@@ -11,14 +11,13 @@ Inputs are fully resolved (every field written), so a plan reloads without the p
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from paraplan import __version__
 from paraplan.errors import SpecError
+from paraplan.fileio import write_text_atomic
 from paraplan.layout import ParallelLayout
 from paraplan.search import Plan
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
@@ -47,21 +46,6 @@ def plan_document(p: Plan) -> dict[str, Any]:
     """The full plan.json document."""
     return {"schema_version": SCHEMA_VERSION, "tool": "paraplan", "tool_version": __version__,
             "inputs": inputs_dict(p.model, p.cluster, p.training), "plan": p.to_dict()}
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write text through a temporary file in the same folder, so no partial file is left."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> None:

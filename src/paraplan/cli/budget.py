@@ -247,7 +247,7 @@ def budget_cmd(
                      max_gpus=max_gpus, progress=progress,
                      space=SearchSpace(allow_cross_node=allow_cross_node))
     if html:
-        from paraplan.serialize import write_text_atomic
+        from paraplan.fileio import write_text_atomic
 
         # self-contained (plotly.js embedded): opens offline, like `paraplan report`
         write_text_atomic(html, budget_figure(res).to_html(include_plotlyjs=True, full_html=True))

@@ -144,7 +144,8 @@ def report_cmd(
     from paraplan.calibrate import RunInputs
     from paraplan.cli.tune import _refs
     from paraplan.explain import explain
-    from paraplan.report import build_context, charts, render_html, write_text_atomic
+    from paraplan.fileio import write_text_atomic
+    from paraplan.report import build_context, charts, render_html
 
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")

@@ -10,11 +10,10 @@ The page opens offline and can be archived with a run: plotly.js is inlined once
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
+from paraplan.fileio import write_text_atomic
 from paraplan.report.build import ReportContext, build_context
 from paraplan.report.charts import Chart, charts
 
@@ -61,22 +60,6 @@ def render_html(ctx: ReportContext, items: list[Chart] | None = None, *, plotly_
     return template.render(ctx=ctx, charts=items, plotly_js=Markup(bundle), figures=Markup(figures_json(items)))
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write through a temporary file in the target folder and rename it: never a partial file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_report(ctx: ReportContext, path: str | Path) -> int:
     """Render and write the report atomically; returns its size in bytes."""
     html = render_html(ctx)
@@ -84,5 +67,4 @@ def write_report(ctx: ReportContext, path: str | Path) -> int:
     return len(html.encode("utf-8"))
 
 
-__all__ = ["Chart", "ReportContext", "build_context", "charts", "figures_json", "render_html", "write_report",
-           "write_text_atomic"]
+__all__ = ["Chart", "ReportContext", "build_context", "charts", "figures_json", "render_html", "write_report"]
