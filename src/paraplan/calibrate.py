@@ -36,7 +36,7 @@ from paraplan.fileio import write_text_atomic
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
-from paraplan.specs.load import _validate, load_gpu, load_model, model_from_megatron_args
+from paraplan.specs.load import load_gpu, load_model, model_from_megatron_args, validate_fields
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 
@@ -352,13 +352,13 @@ def read_manifest(path: str | Path) -> RunInputs:
         cl = inputs.get("cluster") or {}
         if isinstance(inputs.get("gpu"), dict):
             raw = dict(inputs["gpu"])
-            raw["efficiency"] = _validate(EfficiencySpec, raw.get("efficiency") or {}, "gpu.efficiency.")
-            gpu = _validate(GpuSpec, raw, "gpu.")
+            raw["efficiency"] = validate_fields(EfficiencySpec, raw.get("efficiency") or {}, "gpu.efficiency.")
+            gpu = validate_fields(GpuSpec, raw, "gpu.")
         else:
             gpu = load_gpu(str(cl.get("gpu") or inputs["gpu"]))
         cluster = make_cluster(gpu, int(inputs.get("num_gpus") or cl["num_gpus"]),
                                inputs.get("gpus_per_node") or cl.get("gpus_per_node"))
-        training = _validate(TrainingSpec, inputs["training"], "training.")
+        training = validate_fields(TrainingSpec, inputs["training"], "training.")
         lay = doc.get("layout") or inputs.get("layout") or (doc.get("prediction") or {})["config"]
         layout = layout_from_dict(lay)
     except (KeyError, TypeError) as err:

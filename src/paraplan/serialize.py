@@ -21,7 +21,7 @@ from paraplan.fileio import write_text_atomic
 from paraplan.layout import ParallelLayout
 from paraplan.search import Plan
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
-from paraplan.specs.load import _validate, model_from_megatron_args
+from paraplan.specs.load import model_from_megatron_args, validate_fields
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 
@@ -94,10 +94,10 @@ def load_plan(path: str | Path) -> LoadedPlan:
         inputs = doc["inputs"]
         model = model_from_megatron_args(inputs["model"], name=inputs["model"].get("name", "model"))
         gpu_raw = dict(inputs["gpu"])
-        gpu_raw["efficiency"] = _validate(EfficiencySpec, gpu_raw.get("efficiency") or {}, "gpu.efficiency.")
-        gpu = _validate(GpuSpec, gpu_raw, "gpu.")
+        gpu_raw["efficiency"] = validate_fields(EfficiencySpec, gpu_raw.get("efficiency") or {}, "gpu.efficiency.")
+        gpu = validate_fields(GpuSpec, gpu_raw, "gpu.")
         cluster = make_cluster(gpu, int(inputs["num_gpus"]), int(inputs["gpus_per_node"]))
-        training = _validate(TrainingSpec, inputs["training"], "training.")
+        training = validate_fields(TrainingSpec, inputs["training"], "training.")
         cands = doc["plan"]["candidates"]
         layouts = tuple(layout_from_config(c["config"]) for c in cands)
     except KeyError as err:

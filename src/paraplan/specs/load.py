@@ -47,7 +47,7 @@ def _format_validation_error(prefix: str, err: ValidationError) -> str:
     return f"{prefix}{loc}: {msg}"
 
 
-def _validate(cls: type, data: dict[str, Any], prefix: str) -> Any:
+def validate_fields(cls: type, data: dict[str, Any], prefix: str) -> Any:
     allowed = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -151,7 +151,7 @@ def model_from_megatron_args(data: dict[str, Any], *, name: str = "custom", sour
             out[key] = None
     out.setdefault("name", name)
     out.setdefault("source", source)
-    return _validate(ModelSpec, out, "model.")  # type: ignore[no-any-return]
+    return validate_fields(ModelSpec, out, "model.")  # type: ignore[no-any-return]
 
 
 def load_model_preset(name: str) -> ModelSpec:
@@ -215,12 +215,12 @@ def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
             target, scale = _HUMAN_GPU_KEYS[key]
             out[target] = None if value is None else float(value) * scale
         elif key == "efficiency":
-            out[key] = _validate(EfficiencySpec, dict(value or {}), "gpu.efficiency.")
+            out[key] = validate_fields(EfficiencySpec, dict(value or {}), "gpu.efficiency.")
         else:
             out[key] = value
     out.setdefault("name", name)
     out.setdefault("peak_fp8_flops_per_s", None)
-    return _validate(GpuSpec, out, "gpu.")  # type: ignore[no-any-return]
+    return validate_fields(GpuSpec, out, "gpu.")  # type: ignore[no-any-return]
 
 
 def load_gpu(ref: str) -> GpuSpec:
