@@ -198,3 +198,15 @@ def test_estimate_without_model_names_the_missing_flag(capsys: pytest.CaptureFix
     code, _, err = run(["estimate", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096", "--gbs", "8"],
                        capsys)
     assert code == 1 and "--model is required" in err
+
+
+def test_workspace_and_fragmentation_allowances_are_configurable(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+            "--gbs", "64", "--format", "json"]
+    peaks = []
+    for extra in ([], ["--workspace-gib", "1.125"], ["--fragmentation", "0"]):
+        code, out, _ = run([*base, *extra], capsys)
+        assert code == 0
+        peaks.append(json.loads(out)["memory"]["per_stage"][0]["other_bytes"])
+    assert peaks[1] == pytest.approx(peaks[0] + 2**30)  # default workspace 0.125 GiB -> 1.125 GiB
+    assert peaks[2] < peaks[0]

@@ -10,6 +10,7 @@ from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
     FormatOpt,
+    FragmentationOpt,
     GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
@@ -22,6 +23,8 @@ from paraplan.cli.options import (
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
+    WorkspaceOpt,
+    memory_options,
     parse_overrides,
     resolve_inputs,
     with_layout_flags,
@@ -49,6 +52,8 @@ def estimate(
                                              help="Dense peak MFU/HFU divide by."),
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
+    workspace_gib: float | None = WorkspaceOpt,
+    fragmentation: float | None = FragmentationOpt,
     fmt: OutputFormat = FormatOpt,
     flags: LayoutFlags = NO_FLAGS,
 ) -> None:
@@ -70,7 +75,7 @@ def estimate(
                             profile=profile)
     layout, notes = flags.layout(num_gpus, inputs.model)
     result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
-                          extra_notes=notes)
+                          extra_notes=notes, memory_options=memory_options(workspace_gib, fragmentation))
     _emit(result, fmt)
 
 

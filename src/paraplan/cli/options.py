@@ -13,11 +13,13 @@ from typing import Any
 import typer
 
 from paraplan.errors import SpecError
+from paraplan.estimate.memory import MemoryOptions
 from paraplan.layout import RECOMPUTE_MODULES, ParallelLayout, layout_for_world
 from paraplan.specs.cluster import ClusterSpec, make_cluster
 from paraplan.specs.load import load_gpu, load_model, override_gpu
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
+from paraplan.units import GIB
 
 
 class OutputFormat(StrEnum):
@@ -293,3 +295,23 @@ def with_layout_flags(func: Callable[..., None]) -> Callable[..., None]:
 
 NO_FLAGS = LayoutFlags()
 """Placeholder default of the ``flags`` parameter (with_layout_flags always passes real flags)."""
+
+
+WorkspaceOpt = typer.Option(None, "--workspace-gib", help="Workspace allowance per GPU in GiB (default 0.125, "
+                            "fitted to Megatron-LM CI; see docs/model.md).")
+FragmentationOpt = typer.Option(None, "--fragmentation", help="Fragmentation allowance as a fraction of "
+                                "activation-like memory (default 0.05).")
+
+
+def memory_options(workspace_gib: float | None, fragmentation: float | None) -> MemoryOptions:
+    """MemoryOptions from the CLI allowances (None keeps the documented default)."""
+    base = MemoryOptions()
+    if workspace_gib is not None and not workspace_gib >= 0:
+        raise SpecError(f"--workspace-gib must be >= 0, got {workspace_gib}")
+    if fragmentation is not None and not 0 <= fragmentation < 1:
+        raise SpecError(f"--fragmentation must be in [0, 1), got {fragmentation}")
+    return MemoryOptions(
+        workspace_bytes=base.workspace_bytes if workspace_gib is None else workspace_gib * GIB,
+        fragmentation_frac=base.fragmentation_frac if fragmentation is None else fragmentation,
+        backward_working_frac=base.backward_working_frac,
+    )

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from paraplan.cli._app import app
 from paraplan.cli.options import (
+    FragmentationOpt,
     GbsOpt,
     GpuOpt,
     GpuSetOpt,
@@ -23,6 +24,8 @@ from paraplan.cli.options import (
     PrecisionOpt,
     ProfileOpt,
     SeqLenOpt,
+    WorkspaceOpt,
+    memory_options,
     resolve_inputs,
 )
 from paraplan.cli.render import console
@@ -73,7 +76,8 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
              precision: str, gpu_set: list[str] | None, profile: str | None, top: int, objective: str,
              tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
              mbs: str | None, max_pp: int | None, recompute: str | None, dp_variant: str | None,
-             allow_cross_node: bool, tp_comm_overlap: bool) -> Plan:
+             allow_cross_node: bool, tp_comm_overlap: bool, workspace_gib: float | None = None,
+             fragmentation: float | None = None) -> Plan:
     """Resolve inputs and search."""
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile)
@@ -87,7 +91,7 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
         allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
     )
     return plan(inputs.model, inputs.cluster, inputs.training, space=space, objective=objective,  # type: ignore[arg-type]
-                top_k=top)
+                top_k=top, options=memory_options(workspace_gib, fragmentation))
 
 
 def render_plan(p: Plan) -> None:
@@ -170,6 +174,8 @@ def plan_cmd(
     max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt, dp_variant: str | None = DpOpt,
     allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
+    workspace_gib: float | None = WorkspaceOpt,
+    fragmentation: float | None = FragmentationOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
@@ -180,7 +186,7 @@ def plan_cmd(
     """
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
-                 tp_comm_overlap)
+                 tp_comm_overlap, workspace_gib, fragmentation)
     if save:
         from paraplan.serialize import save_plan
 
@@ -197,6 +203,7 @@ def explain_cmd(
     max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt, dp_variant: str | None = DpOpt,
     allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
+    workspace_gib: float | None = WorkspaceOpt, fragmentation: float | None = FragmentationOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
@@ -205,4 +212,4 @@ def explain_cmd(
     """
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
-             explain=True, save=None, fmt=fmt)
+             workspace_gib=workspace_gib, fragmentation=fragmentation, explain=True, save=None, fmt=fmt)
