@@ -100,8 +100,9 @@ def render_plan(p: Plan) -> None:
               f"GBS {p.training.global_batch_size}, {p.training.precision}")
     con.print(f"{p.num_evaluated:,} layouts searched, {p.num_feasible:,} fit | ranked by {p.objective}")
     table = Table(title="best layouts")
-    for col in ("#", "layout", "peak/usable GiB", "step s", "tokens/s/GPU", "MFU", "dominant cost"):
-        table.add_column(col, justify="right" if col != "layout" else "left", no_wrap=True)
+    for col in ("#", "layout", "GiB peak/use", "step s", "tok/s/GPU", "MFU", "dominant"):
+        wrap = col in ("layout", "dominant")  # numbers never wrap or get cut; text columns may wrap
+        table.add_column(col, justify="left" if wrap else "right", no_wrap=not wrap, min_width=10 if wrap else None)
     for i, c in enumerate(p.candidates):
         terms = {"compute": float(c.time.compute_s), "bubble": float(c.time.bubble_s),
                  "recompute": float(c.time.recompute_s)}
