@@ -123,11 +123,15 @@ def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
         diffs = {k: other[k] - terms[k] for k in terms}
         big = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:3]
         gap = float(runner_up.time.step_s) - step
-        out.append(Finding(
-            "RUNNER_UP_GAP",
-            f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%): " +
-            ", ".join(f"{k} {v:+.3f} s" for k, v in big),
-            {"gap_s": gap, **{k: v for k, v in big}}))
+        if abs(gap) <= 1e-9 * step:
+            mem = (runner_up.peak_bytes - best.peak_bytes) / 2**30
+            text = (f"runner-up {runner_up.layout.short()} ties on step time ({step:.3f} s) and needs "
+                    f"{mem:+.1f} GiB peak; the tie goes to the simpler layout (fewer parallel axes, then "
+                    "smaller TP, PP, VP, CP, EP, larger micro-batch, lighter recompute, no FSDP)")
+        else:
+            text = (f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%): "
+                    + ", ".join(f"{k} {v:+.3f} s" for k, v in big))
+        out.append(Finding("RUNNER_UP_GAP", text, {"gap_s": gap, **{k: v for k, v in big}}))
     return out
 
 

@@ -210,3 +210,16 @@ def test_workspace_and_fragmentation_allowances_are_configurable(capsys: pytest.
         peaks.append(json.loads(out)["memory"]["per_stage"][0]["other_bytes"])
     assert peaks[1] == pytest.approx(peaks[0] + 2**30)  # default workspace 0.125 GiB -> 1.125 GiB
     assert peaks[2] < peaks[0]
+
+
+def test_explain_says_when_the_runner_up_ties(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["explain", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16",
+                        "--seq-len", "4096", "--gbs", "128", "--format", "json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    gap = next(f for f in d["explanation"] if f["code"] == "RUNNER_UP_GAP")
+    steps = [c["time"]["step_s"] for c in d["candidates"][:2]]
+    if steps[0] == pytest.approx(steps[1], rel=1e-9):
+        assert "ties on step time" in gap["text"] and "simpler layout" in gap["text"]
+    else:
+        assert "s/step" in gap["text"]
