@@ -34,7 +34,7 @@ from paraplan.search import SearchSpace, plan  # noqa: E402
 from paraplan.specs.cluster import make_cluster  # noqa: E402
 from paraplan.specs.load import load_gpu, model_from_megatron_args  # noqa: E402
 from paraplan.specs.training import TrainingSpec  # noqa: E402
-from published_cases import Case, load_cases  # noqa: E402
+from published_cases import Case, load_cases, pct  # noqa: E402
 
 _GPUS: dict[str, Any] = {}
 
@@ -92,15 +92,6 @@ def ranking_check(cases: list[Case]) -> tuple[int, int, list[str]]:
         lines.append(f"  {c.id} {c.label[:24]:<24} published {published.layout.short():<32} {mine:8.0f} tok/s/GPU; "
                      f"top {p.candidates[0].layout.short():<32} {top:8.0f} -> {'ok' if in_top5 or close else 'MISS'}")
     return ok, len(checked), lines
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    k = (len(xs) - 1) * q
-    f, c = math.floor(k), math.ceil(k)
-    return xs[f] + (xs[c] - xs[f]) * (k - f)
 
 
 def score(cases: list[Case]) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from paraplan.layout import ParallelLayout  # noqa: E402
 from paraplan.specs.cluster import make_cluster  # noqa: E402
 from paraplan.specs.load import load_gpu, model_from_megatron_args, parse_moe_layer_freq  # noqa: E402
 from paraplan.specs.training import TrainingSpec  # noqa: E402
+from published_cases import pct  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "calibration"
 GOLDEN_GPU = {"dgx_a100": "a100-80gb", "dgxa100_dracooci": "a100-80gb", "dgxa100_dracooci-ord": "a100-80gb",
@@ -131,15 +132,6 @@ def golden_case(r: dict[str, str]) -> dict[str, Any] | None:  # noqa: C901 - a f
     return {"id": r["test_case"], "hw": r["hardware"], "gpu": GOLDEN_GPU[r["hardware"]], "n": n,
             "model": model, "layout": layout, "training": training, "measured": float(mem),
             "moe": model.is_moe}
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    k = (len(xs) - 1) * q
-    f, c = math.floor(k), math.ceil(k)
-    return xs[f] + (xs[c] - xs[f]) * (k - f)
 
 
 def run_golden(worst: int) -> tuple[dict[str, list[float]], list[tuple[float, str]]]:

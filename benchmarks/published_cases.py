@@ -10,10 +10,13 @@ the model's published config. Rows that cannot be expressed are skipped with a r
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from paraplan.ingest.summary import quantile
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "calibration"
 
@@ -247,6 +250,12 @@ def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - 
     return Case(id=f"{split}:{i:04d}", source=short, label=r["model"], model=model, gpu=gpu, num_gpus=n,
                 gpus_per_node=per_node, seq_len=seq, gbs=gbs, layout=layout, precision=precision,
                 target_tokens_per_s_per_gpu=target, moe=moe)
+
+
+def pct(xs: list[float], q: float) -> float:
+    """Quantile q of the errors (linear interpolation, as numpy's default); NaN when there are none."""
+    value = quantile(xs, q)
+    return math.nan if value is None else value
 
 
 def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
