@@ -62,8 +62,9 @@ def test_estimate_table_renders(capsys: pytest.CaptureFixture[str]) -> None:
     (["--model", "llama9-1t"], r"unknown model preset 'llama9-1t' \(known: .*llama3-70b"),
     (["--gpu", "v100"], r"unknown gpu 'v100' \(known: a100-40gb"),
     (["--precision", "fp8", "--gpu", "a100-80gb"], r"fp8 is not supported on a100-80gb"),
-    (["--pp", "3", "--num-gpus", "48"], r"Number of layers should be divisible by the pipeline-model-parallel size"),
-    (["--vp", "3"], r"number of layers per pipeline stage must be divisible"),
+    (["--pp", "3", "--num-gpus", "48", "--pipeline-split", "even"],
+     r"Number of layers should be divisible by the pipeline-model-parallel size"),
+    (["--vp", "3", "--pipeline-split", "even"], r"number of layers per pipeline stage must be divisible"),
 ])
 def test_bad_input_is_one_line_and_exit_1(change: list[str], pattern: str, capsys: pytest.CaptureFixture[str]) -> None:
     args = list(BASE)
@@ -185,6 +186,20 @@ def test_estimate_reads_megatron_args(capsys: pytest.CaptureFixture[str]) -> Non
     d = json.loads(out)
     assert d["params"]["total"] == 8_030_261_248  # Llama-3-8B, parsed back from Megatron flags
     assert (d["config"]["tp"], d["config"]["pp"], d["config"]["dp"], d["config"]["gbs"]) == (2, 2, 4, 128)
+
+
+def test_uneven_layers_get_megatrons_uneven_split_flags_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    args = list(BASE)
+    args[args.index("--pp") + 1] = "3"
+    args[args.index("--num-gpus") + 1] = "48"
+    code, out, _ = run(args + ["--format", "json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    note = next(n for n in d["notes"] if n.startswith("uneven pipeline split"))
+    first, last = (int(x) for x in re.findall(r"pipeline-num-layers (\d+)", note))
+    assert (d["config"]["first_stage_layers"], d["config"]["last_stage_layers"]) == (first, last)
+    middle = 80 - first - last  # Llama-3-70B: 80 layers; Megatron's rule: the middle stage gets the rest
+    assert middle > 0 and max(first, last, middle) - min(first, last, middle) <= 2
 
 
 def test_estimate_megatron_args_rule_is_megatrons_message(capsys: pytest.CaptureFixture[str]) -> None:

@@ -176,9 +176,10 @@ FormatOpt = typer.Option(OutputFormat.table, "--format", "-f", help="Output form
 GpuSetOpt = typer.Option(None, "--gpu-set", help="Override a GPU field: key=value (e.g. "
                          "network_gbit_per_s=200, efficiency.gemm_max_frac=0.7).")
 PipelineSplitOpt = typer.Option(
-    PipelineSplit.even, "--pipeline-split",
-    help="even: Megatron's rule (layers divisible by PP x VP); auto: pick "
-         "--decoder-first/last-pipeline-num-layers when they are not.")
+    PipelineSplit.auto, "--pipeline-split",
+    help="auto (default): when layers do not divide over PP x VP, use the balanced split and "
+         "say which --decoder-first/last-pipeline-num-layers (or --pipeline-model-parallel-layout) "
+         "Megatron needs; even: require layers divisible by PP x VP (Megatron's rule without those flags).")
 ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")
 
 
@@ -237,7 +238,7 @@ class LayoutFlags:
     last_stage_layers: int | None = None
     account_for_embedding: bool = False
     account_for_loss: bool = False
-    pipeline_split: str = "even"
+    pipeline_split: str = "auto"
 
     def layout(self, num_gpus: int, model: ModelSpec) -> tuple[ParallelLayout, list[str]]:
         """The ParallelLayout the flags describe for ``num_gpus`` (with --pipeline-split applied)."""

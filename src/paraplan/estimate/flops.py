@@ -47,6 +47,27 @@ def attention_projection_params(model: ModelSpec) -> int:
     return h * (model.query_width + 2 * model.kv_width) + model.query_width * h
 
 
+TENSOR_CORE_MULTIPLE_16BIT = 8
+"""16-bit GEMM dimensions tensor cores take at full speed are multiples of 8 elements (16 bytes);
+FlashAttention-2 and cuDNN fused attention need head dims that are multiples of 8 (NVIDIA Matrix
+Multiplication Background User's Guide, "Tensor Core Requirements"; flash-attn and Transformer
+Engine backend selection)."""
+
+
+def attention_heads_tensor_core_aligned(model: ModelSpec) -> bool:
+    """True when every attention head dim (q/k and v) is a multiple of 8.
+
+    Otherwise Transformer Engine falls back to unfused attention (torch baddbmm over the full,
+    not causal-halved, s x s scores) whose K = head_dim GEMMs miss tensor cores; measured on the
+    BLOOM prequel (Megatron-DeepSpeed, A100): head dims 108 and 150 ran 30-40% slower per step
+    than their neighbours with aligned heads (published_runs.csv, chronicles-prequel)."""
+    if model.multi_latent_attention:
+        dims = (model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim)
+    else:
+        dims = (model.head_dim,)
+    return all(d % TENSOR_CORE_MULTIPLE_16BIT == 0 for d in dims)
+
+
 def attention_score_width(model: ModelSpec) -> float:
     """Per-token width w of the two attention-score GEMMs: forward FLOPs per query token =
     2*s_kv*w (QK^T at the qk width plus AV at the v width, halved... see callers)."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.flops import (
+    attention_heads_tensor_core_aligned,
     attention_score_width,
     model_flops_per_step,
     recompute_flops_per_step,
@@ -120,7 +121,10 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         g = g + gemm_s(cluster, fp8, T, h, model.query_width / t)
         kv_bytes = 2.0 * 2.0 * T * kv_width / t
     score_flops = 2.0 * layout.mbs * training.seq_len ** 2 * attention_score_width(model) / (layout.cp * t)
-    attn = score_flops / (gpu.peak_bf16_flops_per_s * eff.attention_frac)
+    if attention_heads_tensor_core_aligned(model):
+        attn = score_flops / (gpu.peak_bf16_flops_per_s * eff.attention_frac)
+    else:  # unfused fallback: full (2x causal) score GEMMs on CUDA cores
+        attn = 2.0 * score_flops / (gpu.simt_flops_per_s * eff.attention_frac)
     hbm = gpu.hbm_bytes_per_s * eff.hbm_frac
     elem = 0.5 * eff.elementwise_bytes_per_token_hidden * T * h / sh / hbm
     act_bytes = 2.0 * T * h

@@ -84,6 +84,10 @@ class GpuSpec:
     """Dense BF16 tensor-core peak."""
     peak_fp8_flops_per_s: float | None
     """Dense FP8 tensor-core peak; None where the GPU has no FP8 (A100)."""
+    peak_fp32_simt_flops_per_s: float | None = None
+    """FP32 peak without tensor cores (CUDA cores): the rate of GEMMs whose dimensions tensor cores
+    cannot take; None where the datasheet read for this repo does not give it (then
+    ``simt_flops_per_s`` uses peak_bf16 / 16, the A100 ratio 312/19.5)."""
     nvlink_bytes_per_s: float
     """Scale-up (NVLink / Infinity Fabric) bandwidth per GPU per direction."""
     network_bytes_per_s: float
@@ -102,6 +106,13 @@ class GpuSpec:
     """How numbers were converted (per direction, dense, GiB)."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
+
+    @property
+    def simt_flops_per_s(self) -> float:
+        """FP32 CUDA-core peak: the datasheet figure, else peak_bf16 / 16 (A100: 312 / 19.5)."""
+        if self.peak_fp32_simt_flops_per_s is not None:
+            return self.peak_fp32_simt_flops_per_s
+        return self.peak_bf16_flops_per_s / 16.0
 
     def __post_init__(self) -> None:
         for fname in ("hbm_bytes", "hbm_bytes_per_s", "peak_bf16_flops_per_s",
