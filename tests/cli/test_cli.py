@@ -192,7 +192,7 @@ def test_uneven_layers_get_megatrons_uneven_split_flags_by_default(capsys: pytes
     args = list(BASE)
     args[args.index("--pp") + 1] = "3"
     args[args.index("--num-gpus") + 1] = "48"
-    code, out, _ = run(args + ["--format", "json"], capsys)
+    code, out, _ = run([*args, "--format", "json"], capsys)
     assert code == 0
     d = json.loads(out)
     note = next(n for n in d["notes"] if n.startswith("uneven pipeline split"))
