@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.errors import LayoutError, NoFeasiblePlanError
+from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, stage_memory
 from paraplan.estimate.pipeline import balanced_pipeline_layout, balanced_uneven_split
 from paraplan.estimate.stages import representative_ranks, stage_layers_table
@@ -247,8 +248,10 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
     domain = cluster.nvlink_domain_size
     if space.allow_cross_node:
         return {}
-    return {"CP_CROSSES_NVLINK": (table.cp > 1) & (table.tp * table.cp > domain),
-            "EP_CROSSES_NVLINK": (table.ep > 1) & (table.ep * table.etp > domain)}
+    # the same placement rule the cost model uses (comm.span_in_domain): a group stays on NVLink
+    # when its rank span tiles the domain
+    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(table.tp * table.cp, domain),
+            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(table.ep * table.etp, domain)}
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,

@@ -72,7 +72,9 @@ def all_to_all_s(
 ) -> Num:
     """All-to-all of S bytes per rank over a group of n ranks spaced ``stride`` apart.
 
-    Peers inside the same NVLink domain are reached over NVLink, the rest over the network:
+    Peers inside the same NVLink domain are reached over NVLink, the rest over the network
+    (placement as ``span_in_domain``; a group that does not tile the domain is costed for its
+    straddling member, at most half of its peers on NVLink):
     t = S*(n_intra/n)/bw_nvlink + S*(n_inter/n)/bw_network + log2(n)*alpha (the n-1 sends are
     issued concurrently, so latency does not add up per peer).
     """
@@ -81,7 +83,10 @@ def all_to_all_s(
     network = cluster.gpu.network_bytes_per_s * eff.network_bus_frac
     n = np.asarray(n)
     per_domain = np.clip(cluster.nvlink_domain_size // np.maximum(stride, 1), 1, None)
-    intra = np.minimum(n, per_domain) - 1
+    # a group whose span does not tile the domain straddles two domains somewhere; the slowest
+    # (straddling) group sets the pace, and it has at most half its peers on NVLink (even split)
+    tiles = span_in_domain(n * stride, cluster.nvlink_domain_size)
+    intra = np.where(tiles, n, np.minimum(np.minimum(n, per_domain), np.ceil(n / 2))) - 1
     inter = n - 1 - intra
     t = size_bytes * (intra / np.maximum(n, 1) / nvlink + inter / np.maximum(n, 1) / network)
     return np.where(n > 1, t + np.log2(np.maximum(n, 1)) * alpha_s, 0.0)

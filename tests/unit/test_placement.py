@@ -1,0 +1,44 @@
+"""One placement rule: the --nvlink-only mask of the search and the cost model agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paraplan.estimate import comm
+from paraplan.search import SearchSpace, candidate_table
+from paraplan.search import _placement_masks as placement_masks
+from paraplan.specs.cluster import make_cluster
+from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.training import TrainingSpec
+
+
+@pytest.mark.parametrize(("span", "domain", "inside"), [
+    (8, 8, True), (16, 8, False), (64, 72, True), (36, 72, True), (48, 72, False), (24, 72, True),
+    (96, 72, False), (1, 8, True),
+])
+def test_span_in_domain(span: int, domain: int, inside: bool) -> None:
+    assert bool(comm.span_in_domain(np.array(span), domain)) is inside
+
+
+def test_nvlink_only_mask_matches_the_cost_models_tier() -> None:
+    cluster = make_cluster(load_gpu("gb200"), 144)
+    model = load_model("qwen3-30b-a3b")  # 128 experts: EP 1..128
+    training = TrainingSpec(seq_len=4096, global_batch_size=1152)
+    table = candidate_table(model, cluster, training, SearchSpace())
+    masks = placement_masks(cluster, table, SearchSpace(allow_cross_node=False))
+    ep_span = table.ep * table.etp
+    nvlink_a2a = comm.all_to_all_s(cluster, 1e9, table.ep, table.etp, 0.0)
+    all_nvlink = np.isclose(nvlink_a2a, 1e9 * (table.ep - 1) / table.ep
+                            / (cluster.gpu.nvlink_bytes_per_s * cluster.gpu.efficiency.nvlink_bus_frac))
+    ep_rows = table.ep > 1
+    assert ep_rows.any() and (~comm.span_in_domain(ep_span, 72) & ep_rows).any()
+    # rejected by --nvlink-only exactly where the all-to-all is costed partly on the network
+    assert np.array_equal(masks["EP_CROSSES_NVLINK"][ep_rows], ~all_nvlink[ep_rows])
+
+
+def test_straddling_all_to_all_pays_the_network() -> None:
+    cluster = make_cluster(load_gpu("gb200"), 144)
+    inside = comm.all_to_all_s(cluster, 1e9, np.array(36), np.array(1), 0.0)
+    straddling = comm.all_to_all_s(cluster, 1e9, np.array(48), np.array(1), 0.0)  # 48 does not tile 72
+    assert float(straddling) > 2 * float(inside)
