@@ -69,8 +69,9 @@ def bloom_case(r: dict[str, str]) -> dict[str, Any] | None:
     }, name=r["model"])
     n, tp, pp = int(r["num_gpus"]), int(r["tp"]), int(r["pp"])
     dp = int(r["dp"] or n // (tp * pp))
+    zero1 = dp > 1 and not r["distributed_optimizer"].startswith("ZeRO stage 0")
     layout = ParallelLayout(tp=tp, pp=pp, dp=dp, mbs=int(r["mbs"]), recompute="full",
-                            sequence_parallel=False, distributed_optimizer=dp > 1,
+                            sequence_parallel=False, distributed_optimizer=zero1,
                             overlap_grad_reduce=False, overlap_param_gather=False)
     precision = "fp16" if r["precision"].strip() == "fp16" else "bf16"
     training = TrainingSpec(seq_len=int(r["seq_length"]), global_batch_size=int(r["gbs"]),
@@ -83,8 +84,9 @@ def bloom_case(r: dict[str, str]) -> dict[str, Any] | None:
 def deepspeed_state_extra_bytes(stage: MemoryBreakdown, precision: str, dp: int) -> dict[str, float]:
     """Per-GPU bytes Megatron-DeepSpeed (ZeRO-1) holds beyond Megatron-Core's accounting of a stage.
 
-    - ``zero_buckets`` = 2 x 5e8 elements x 2 B when DP > 1: ZeRO's reduce (ipg) bucket and
-      all-gather bucket (deepspeed/runtime/zero/stage_1_and_2.py; defaults above).
+    - ``zero_buckets`` = 2 x 5e8 elements x 2 B with ZeRO-1 over DP > 1: ZeRO's reduce (ipg)
+      bucket and all-gather bucket (deepspeed/runtime/zero/stage_1_and_2.py; defaults above).
+      Pass dp = 1 for ZeRO stage 0 (plain data parallel, no ZeRO buffers).
     - ``bf16_lp_grads`` = 2 B x parameters held, bf16 only: DeepSpeed's BF16_Optimizer accumulates
       gradients in an fp32 buffer for every parameter (``fp32_groups_gradients``) and keeps the bf16
       ``.grad`` of every parameter as well (deepspeed/runtime/bf16_optimizer.py, 2022): 2 + 4 B of
@@ -111,7 +113,8 @@ def predicted_rows(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             est = estimate(case["model"], make_cluster(gpu, case["n"], 8), case["training"], case["layout"])
         except SpecError:
             continue
-        precision, dp = case["training"].precision, case["layout"].dp
+        precision = case["training"].precision
+        dp = case["layout"].dp if case["layout"].distributed_optimizer else 1  # ZeRO buckets
         peak = 0.0
         for s in (est.stages[0], est.stages[-1]):  # the source read the first and last nodes
             extra = deepspeed_state_extra_bytes(s.memory, precision, dp)

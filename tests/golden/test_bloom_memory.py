@@ -43,9 +43,9 @@ def test_bloom_rows_used(figures: dict[str, object]) -> None:
 
 
 def test_bloom_peaks_leave_one_out(figures: dict[str, object]) -> None:
-    # Measured 2026-11-29: LOO median APE 3.5%, 65/70 within 15%; constant 7.7 GiB.
+    # Measured 2026-11-29: LOO median APE 3.5%, 66/70 within 15%; constant 7.7 GiB.
     assert figures["median_ape"] < 0.06
-    assert figures["within15"] >= 63
+    assert figures["within15"] >= 64
     # The constant is a property of the runtime, not of the precision: fitted on fp16 rows it
     # predicts the bf16 rows (3.4%) and vice versa (3.9%).
     for ape in figures["cross_precision"].values():  # type: ignore[attr-defined]
