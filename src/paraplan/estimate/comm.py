@@ -50,6 +50,28 @@ def tier_busbw(cluster: ClusterSpec, span: Num) -> Num:
     return np.where(span_in_domain(span, cluster.nvlink_domain_size), nvlink, network)
 
 
+def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:
+    """Per-GPU bus bandwidth (bytes/s) of a ring collective (all-reduce, reduce-scatter,
+    all-gather) over ``n`` ranks spaced ``stride`` apart.
+
+    Inside one NVLink domain (``span_in_domain``): the NVLink bus bandwidth. Across domains, NCCL
+    gives each ring channel its own NIC, so the edges that leave a domain together carry the NICs
+    of every group member in it: busbw = min(NVLink busbw, n_local x NIC busbw), n_local =
+    min(n, domain // stride) members per domain (ecosystem.md 4.3: multi-node H100 ring
+    all-reduce ~8 x 46-48 GB/s per node; nccl-tests#119: 4 HDR NICs per 8 GPUs, 100 GB/s
+    theoretical, 85-96 GB/s measured). A group with one member per domain (e.g. DP under TP 8)
+    gets one NIC.
+    """
+    eff = cluster.gpu.efficiency
+    nvlink = cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac
+    network = cluster.gpu.network_bytes_per_s * eff.network_bus_frac
+    n, stride = np.asarray(n), np.asarray(stride)
+    domain = cluster.nvlink_domain_size
+    n_local = np.clip(np.minimum(n, domain // np.maximum(stride, 1)), 1, None)
+    inside = span_in_domain(n * stride, domain)
+    return np.where(inside, nvlink, np.minimum(nvlink, n_local * network))
+
+
 def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
     """Ring all-reduce time; 0 for a group of one."""
     n = np.asarray(n)

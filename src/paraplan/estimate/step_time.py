@@ -128,7 +128,7 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
     hbm = gpu.hbm_bytes_per_s * eff.hbm_frac
     elem = 0.5 * eff.elementwise_bytes_per_token_hidden * T * h / sh / hbm
     act_bytes = 2.0 * T * h
-    tp_bw = comm.tier_busbw(cluster, t)
+    tp_bw = comm.ring_busbw(cluster, t, 1)
     tp_link = 4.0 * comm.all_gather_s(act_bytes, t, tp_bw, eff.collective_latency_s)
     cp_bw = comm.tier_busbw(cluster, t * layout.cp)
     cp_link = 3.0 * (layout.cp - 1) * comm.p2p_s(kv_bytes, cp_bw, eff.collective_latency_s)
@@ -149,7 +149,7 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     hbm = gpu.hbm_bytes_per_s * eff.hbm_frac
     elem = (0.5 * eff.elementwise_bytes_per_token_hidden * T * h / sh
             + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t) / hbm
-    tp_link = 4.0 * comm.all_gather_s(2.0 * T * h, t, comm.tier_busbw(cluster, t), eff.collective_latency_s)
+    tp_link = 4.0 * comm.all_gather_s(2.0 * T * h, t, comm.ring_busbw(cluster, t, 1), eff.collective_latency_s)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=0.5 * eff.layer_overhead_s,
                      tp_link_s=tp_link, ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
 
@@ -174,7 +174,7 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp + 24.0 * te * h) / hbm
     ep_link = 4.0 * comm.all_to_all_s(cluster, 2.0 * te * h, layout.ep, layout.etp, eff.collective_latency_s)
     etp_link = np.where(layout.etp > 1, 4.0 * comm.all_gather_s(
-        2.0 * te * h, layout.etp, comm.tier_busbw(cluster, layout.etp), eff.collective_latency_s), 0.0)
+        2.0 * te * h, layout.etp, comm.ring_busbw(cluster, layout.etp, 1), eff.collective_latency_s), 0.0)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
                     elementwise_s=elem, overhead_s=0.5 * eff.layer_overhead_s + eff.moe_layer_overhead_s,
                     tp_link_s=etp_link,
@@ -255,7 +255,7 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     compute = compute + np.where(stage.has_output, heads * logits, 0.0)
     compute = compute + np.where(stage.has_embedding, 8.0 * T * model.hidden_size / sh / hbm, 0.0)
     links["tp"] = links["tp"] + np.where(stage.has_output, 2.0 * comm.all_gather_s(
-        2.0 * T * model.hidden_size, t, comm.tier_busbw(cluster, t), eff.collective_latency_s), 0.0)
+        2.0 * T * model.hidden_size, t, comm.ring_busbw(cluster, t, 1), eff.collective_latency_s), 0.0)
     exposed = {
         "tp": (1.0 - _tp_overlap(layout, eff)) * links["tp"],
         "ep": (1.0 - eff.ep_overlap_frac) * links["ep"],
@@ -298,18 +298,19 @@ def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageL
     eff = cluster.gpu.efficiency
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                      max_positions=max_positions)
-    span = layout.tp * layout.cp * layout.dp
-    bw = comm.tier_busbw(cluster, span)
     n_dense, n_exp = layout.dp * layout.cp, layout.edp
+    # rank order tp-cp-ep-dp-pp: the DP x CP group strides over TP, expert-DP over ETP x EP
+    bw_d = comm.ring_busbw(cluster, n_dense, layout.tp)
+    bw_e = comm.ring_busbw(cluster, n_exp, layout.etp * layout.ep)
     alpha = eff.collective_latency_s
     buckets_d = np.ceil(p.dense / DDP_BUCKET_PARAMS)
     buckets_e = np.ceil(p.expert / DDP_BUCKET_PARAMS)
-    rs = (comm.reduce_scatter_s(4.0 * p.dense, n_dense, bw, alpha * buckets_d)
-          + comm.reduce_scatter_s(4.0 * p.expert, n_exp, bw, alpha * buckets_e))
-    ag = (comm.all_gather_s(2.0 * p.dense, n_dense, bw, alpha * buckets_d)
-          + comm.all_gather_s(2.0 * p.expert, n_exp, bw, alpha * buckets_e))
-    ar = (comm.all_reduce_s(4.0 * p.dense, n_dense, bw, alpha * buckets_d)
-          + comm.all_reduce_s(4.0 * p.expert, n_exp, bw, alpha * buckets_e))
+    rs = (comm.reduce_scatter_s(4.0 * p.dense, n_dense, bw_d, alpha * buckets_d)
+          + comm.reduce_scatter_s(4.0 * p.expert, n_exp, bw_e, alpha * buckets_e))
+    ag = (comm.all_gather_s(2.0 * p.dense, n_dense, bw_d, alpha * buckets_d)
+          + comm.all_gather_s(2.0 * p.expert, n_exp, bw_e, alpha * buckets_e))
+    ar = (comm.all_reduce_s(4.0 * p.dense, n_dense, bw_d, alpha * buckets_d)
+          + comm.all_reduce_s(4.0 * p.expert, n_exp, bw_e, alpha * buckets_e))
     grad = np.where(layout.dist_opt, rs, ar)
     gather = np.where(layout.dist_opt, ag, 0.0)
     local = np.where(layout.dist_opt, p.dense / n_dense + p.expert / n_exp, p.total)
