@@ -46,8 +46,8 @@ def predict(case: Case, gpu_override: Any = None) -> float | str:
         model = model_from_megatron_args(case.model, name=case.label)
         layout = ParallelLayout(**case.layout)
         layout, _ = apply_pipeline_split(model, layout, "auto")
-        training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs,
-                                precision=case.precision)  # type: ignore[arg-type]
+        training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
+                                attention_backend=case.attention_backend)  # type: ignore[arg-type]
         est = estimate(model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), training, layout)
     except SpecError as err:
         return str(err)
@@ -73,7 +73,8 @@ def ranking_check(cases: list[Case]) -> tuple[int, int, list[str]]:
             model = model_from_megatron_args(c.model, name=c.label)
             gpu = _GPUS.setdefault(c.gpu, load_gpu(c.gpu))
             cluster = make_cluster(gpu, c.num_gpus, c.gpus_per_node)
-            training = TrainingSpec(seq_len=c.seq_len, global_batch_size=c.gbs, precision=c.precision)  # type: ignore[arg-type]
+            training = TrainingSpec(seq_len=c.seq_len, global_batch_size=c.gbs, precision=c.precision,  # type: ignore[arg-type]
+                                    attention_backend=c.attention_backend)  # type: ignore[arg-type]
             # the published layout with the same switches the search uses (overlap flags)
             lay = dict(c.layout, overlap_grad_reduce=True, overlap_param_gather=dpv != "ddp",
                        distributed_optimizer=dpv == "distopt", fsdp=False)

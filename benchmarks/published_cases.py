@@ -33,6 +33,9 @@ PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "fp8-
              "fp8-blockwise": "fp8", "fp8 tensorwise": "fp8", "fp8 rowwise": "fp8",
              "fp8 (float8 linears)": "fp8", "fp8 (TransformerEngine)": "fp8"}
 # source prefix -> (short name, defaults: sp, distributed optimizer, recompute, tp_overlap, ogr)
+# attn: sources from before FlashAttention reached Megatron (2020-2022 Megatron-LM and
+# Megatron-DeepSpeed, and vTrain's Megatron-DeepSpeed) ran unfused attention (baddbmm + fused
+# scale-mask-softmax); the others run flash/cuDNN attention (TrainingSpec default).
 # ogr: overlap of the DP gradient reduce / parameter gather. Megatron-DeepSpeed sources (MT-NLG,
 # BLOOM, vTrain) run DeepSpeed's engine, which reduces after the backward pass (ZeRO overlap_comm
 # is off by default): False. Megatron-LM sources that do not say: paraplan's CLI default
@@ -48,17 +51,18 @@ SOURCES: list[tuple[str, str, dict[str, Any]]] = [
     ("MegaScale (NSDI'24) Table 3", "MegaScale T3", dict(sp=True, dopt=True, rec="selective")),
     ("Megatron-Core MoE technical report", "MCore MoE report", dict(sp=True, dopt=True, rec="none")),
     ("NVIDIA/Megatron-LM dev docs: DeepSeek-V3", "Megatron-LM DSv3 guide", dict(sp=True, dopt=True, rec="none")),
-    ("Narayanan et al. 2021", "SC21 Table 1", dict(sp=False, dopt=False, rec="full")),
-    ("NVIDIA Megatron-LM README (2020", "Megatron README 2020", dict(sp=False, dopt=False, rec="full")),
+    ("Narayanan et al. 2021", "SC21 Table 1", dict(attn="unfused", sp=False, dopt=False, rec="full")),
+    ("NVIDIA Megatron-LM README (2020", "Megatron README 2020", dict(attn="unfused", sp=False, dopt=False, rec="full")),
     ("NVIDIA Megatron-LM README (H100 weak", "Megatron README H100",
      dict(sp=True, dopt=True, rec="none", tp_overlap=True)),
-    ("Korthikanti et al. 2022 (arXiv 2205.05198) Tables", "Korthikanti T3/T5", dict(sp=False, dopt=False, rec=None)),
-    ("MT-NLG 530B", "MT-NLG 530B", dict(sp=False, dopt=True, rec="full", ogr=False)),
+    ("Korthikanti et al. 2022 (arXiv 2205.05198) Tables", "Korthikanti T3/T5",
+     dict(attn="unfused", sp=False, dopt=False, rec=None)),
+    ("MT-NLG 530B", "MT-NLG 530B", dict(attn="unfused", sp=False, dopt=True, rec="full", ogr=False)),
     ("bigscience-workshop/bigscience tr11-176B-ml chronicles", "BLOOM prequel",
-     dict(sp=False, dopt=True, rec="full", ogr=False)),
+     dict(attn="unfused", sp=False, dopt=True, rec="full", ogr=False)),
     ("bigscience-workshop/bigscience tr11-176B-ml README", "BLOOM-176B",
-     dict(sp=False, dopt=True, rec="full", ogr=False)),
-    ("vTrain data", "vTrain", dict(sp=False, dopt=False, rec="full", ogr=False)),
+     dict(attn="unfused", sp=False, dopt=True, rec="full", ogr=False)),
+    ("vTrain data", "vTrain", dict(attn="unfused", sp=False, dopt=False, rec="full", ogr=False)),
 ]
 NON_MEGATRON = ("MegaScale (NSDI'24) Table 2 - MegaScale", "MegaScale (NSDI'24) Figure 9 - MegaScale",
                 "pytorch/torchtitan", "mosaicml/llm-foundry", "Llama 3 paper", "OPT paper")
@@ -85,6 +89,7 @@ class Case:
     precision: str
     target_tokens_per_s_per_gpu: float
     moe: bool
+    attention_backend: str = "flash"
     notes: list[str] = field(default_factory=list)
 
 
@@ -256,7 +261,7 @@ def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - 
     per_node = None if gpu in NVL72 else (_i(r["gpus_per_node"]) or 8)
     return Case(id=f"{split}:{i:04d}", source=short, label=r["model"], model=model, gpu=gpu, num_gpus=n,
                 gpus_per_node=per_node, seq_len=seq, gbs=gbs, layout=layout, precision=precision,
-                target_tokens_per_s_per_gpu=target, moe=moe)
+                target_tokens_per_s_per_gpu=target, moe=moe, attention_backend=d.get("attn", "flash"))
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from paraplan.estimate import activations as act
+from paraplan.estimate.flops import attention_heads_tensor_core_aligned
 from paraplan.estimate.params import StageLayers, StageParams, padded_vocab, stage_params
 from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
 from paraplan.specs.model import ModelSpec
@@ -109,14 +110,15 @@ def model_state_bytes(params: StageParams, layout: Any, precision: str = "bf16")
 def activation_context(
     model: ModelSpec, training: TrainingSpec, layout: Any
 ) -> act.ActivationContext:
-    """The activation-formula inputs for a layout (or a table of layouts)."""
-    del model
+    """The activation-formula inputs for a layout (or a table of layouts). Head dims that are not
+    multiples of 8 run unfused attention whatever the backend (flops.attention_heads_tensor_core_aligned)."""
+    flash = training.attention_backend == "flash" and attention_heads_tensor_core_aligned(model)
     return act.ActivationContext(
         seq_len=training.seq_len, mbs=layout.mbs, tp=layout.tp, cp=layout.cp, sp=layout.sp,
         ep=layout.ep, etp=layout.etp, recompute_code=layout.recompute_code,
         recompute_modules=tuple(layout.recompute_modules),
         recompute_num_layers=int(layout.recompute_num_layers),
-        fp8=training.precision == "fp8", flash=training.attention_backend == "flash",
+        fp8=training.precision == "fp8", flash=flash,
     )
 
 

@@ -98,6 +98,38 @@ def _ctx(layout: Any, training: TrainingSpec) -> tuple[Num, Num, Num]:
     return tokens, sh, layout.tp
 
 
+SOFTMAX_BYTES_PER_SCORE = 10.0
+"""Unfused attention, HBM bytes per s x s score element, forward + backward: fused
+scale-mask-softmax reads 2 and writes 2 forward; its backward reads the gradient and the
+probabilities and writes 2 (Megatron ``FusedScaleMaskSoftmax``, bf16)."""
+DROPOUT_BYTES_PER_SCORE = 10.0
+"""Attention dropout on the scores, forward (read 2, write 2 + 1-byte mask) + backward (read 2 +
+mask, write 2); only when ``attention_dropout`` > 0."""
+
+
+def unfused_attention_fwd_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any,
+                            score_flops: Num, *, aligned: bool) -> Num:
+    """Unfused attention (``--attention-backend unfused``/local, or the fallback when head dims
+    are not multiples of 8) expressed as a forward time whose (1 + 2.5) multiple is its forward +
+    backward time: (3 G + E) / 3.5.
+
+    G: the two score GEMMs over the full s x s scores (2x the causal count), batched with
+    k = head dim, at GEMM efficiency (m = s/c, n = s, k = head dim) of the tensor-core peak, or of
+    the FP32 CUDA-core peak when head dims are not multiples of 8; backward = 2 G.
+    E: softmax (and dropout) traffic over b a s^2/(c t) score elements at HBM bandwidth
+    (Korthikanti et al. 2022, section 4.1 for the tensors; byte counts above).
+    """
+    eff, gpu = cluster.gpu.efficiency, cluster.gpu
+    s = training.seq_len
+    hd = model.qk_head_dim + model.qk_pos_emb_head_dim if model.multi_latent_attention else model.head_dim
+    peak = gpu.peak_bf16_flops_per_s if aligned else gpu.simt_flops_per_s
+    g = 2.0 * score_flops / (peak * gemm_efficiency(eff, s / layout.cp, s, hd))
+    scores = layout.mbs * model.num_attention_heads / layout.tp * s * s / layout.cp
+    per_score = SOFTMAX_BYTES_PER_SCORE + (DROPOUT_BYTES_PER_SCORE if model.attention_dropout > 0 else 0.0)
+    e = scores * per_score / (gpu.hbm_bytes_per_s * eff.hbm_frac)
+    return (3.0 * g + e) / (1.0 + ATTENTION_BWD_FACTOR)
+
+
 def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any) -> LayerTime:
     """Attention half of a layer: projections, flash attention, its norm/elementwise, TP/CP comm."""
     eff, gpu = cluster.gpu.efficiency, cluster.gpu
@@ -121,10 +153,11 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         g = g + gemm_s(cluster, fp8, T, h, model.query_width / t)
         kv_bytes = 2.0 * 2.0 * T * kv_width / t
     score_flops = 2.0 * layout.mbs * training.seq_len ** 2 * attention_score_width(model) / (layout.cp * t)
-    if attention_heads_tensor_core_aligned(model):
+    aligned = attention_heads_tensor_core_aligned(model)
+    if training.attention_backend == "flash" and aligned:
         attn = score_flops / (gpu.peak_bf16_flops_per_s * eff.attention_frac)
-    else:  # unfused fallback: full (2x causal) score GEMMs on CUDA cores
-        attn = 2.0 * score_flops / (gpu.simt_flops_per_s * eff.attention_frac)
+    else:
+        attn = unfused_attention_fwd_s(model, cluster, training, layout, score_flops, aligned=aligned)
     hbm = gpu.hbm_bytes_per_s * eff.hbm_frac
     elem = 0.5 * eff.elementwise_bytes_per_token_hidden * T * h / sh / hbm
     act_bytes = 2.0 * T * h
