@@ -37,6 +37,14 @@ from paraplan.specs.training import TrainingSpec  # noqa: E402
 from published_cases import Case, load_cases, pct  # noqa: E402
 
 _GPUS: dict[str, Any] = {}
+SOURCE_ATTENTION = False
+"""Score each row with the attention backend its source ran (published_cases ``attn``: unfused for
+2020-2022 Megatron and Megatron-DeepSpeed). Off by default: score.py cannot pass the backend,
+and with the presets' efficiencies the default (flash) scores better (CHANGELOG, session 2)."""
+
+
+def _backend(case: Case) -> str:
+    return case.attention_backend if SOURCE_ATTENTION else "flash"
 
 
 def predict(case: Case, gpu_override: Any = None) -> float | str:
@@ -47,7 +55,7 @@ def predict(case: Case, gpu_override: Any = None) -> float | str:
         layout = ParallelLayout(**case.layout)
         layout, _ = apply_pipeline_split(model, layout, "auto")
         training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
-                                attention_backend=case.attention_backend)  # type: ignore[arg-type]
+                                attention_backend=_backend(case))  # type: ignore[arg-type]
         est = estimate(model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), training, layout)
     except SpecError as err:
         return str(err)
@@ -74,7 +82,7 @@ def ranking_check(cases: list[Case]) -> tuple[int, int, list[str]]:
             gpu = _GPUS.setdefault(c.gpu, load_gpu(c.gpu))
             cluster = make_cluster(gpu, c.num_gpus, c.gpus_per_node)
             training = TrainingSpec(seq_len=c.seq_len, global_batch_size=c.gbs, precision=c.precision,  # type: ignore[arg-type]
-                                    attention_backend=c.attention_backend)  # type: ignore[arg-type]
+                                    attention_backend=_backend(c))  # type: ignore[arg-type]
             # the published layout with the same switches the search uses (overlap flags)
             lay = dict(c.layout, overlap_grad_reduce=True, overlap_param_gather=dpv != "ddp",
                        distributed_optimizer=dpv == "distopt", fsdp=False)
@@ -131,7 +139,11 @@ def main() -> int:
     ap.add_argument("--worst", type=int, default=10)
     ap.add_argument("--no-vtrain", action="store_true")
     ap.add_argument("--source", default="")
+    ap.add_argument("--source-attention", action="store_true",
+                    help="score rows with the attention backend their source ran (unfused before 2022)")
     args = ap.parse_args()
+    global SOURCE_ATTENTION
+    SOURCE_ATTENTION = args.source_attention
     cases, _skipped = load_cases("published")
     cases = [c for c in cases if args.source.lower() in c.source.lower()]
     rows = score(cases)

@@ -35,7 +35,8 @@ PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "fp8-
 # source prefix -> (short name, defaults: sp, distributed optimizer, recompute, tp_overlap, ogr)
 # attn: sources from before FlashAttention reached Megatron (2020-2022 Megatron-LM and
 # Megatron-DeepSpeed, and vTrain's Megatron-DeepSpeed) ran unfused attention (baddbmm + fused
-# scale-mask-softmax); the others run flash/cuDNN attention (TrainingSpec default).
+# scale-mask-softmax); the others run flash/cuDNN attention. Used only with
+# `calibration.py --source-attention` (the default scores every row with flash, as score.py).
 # ogr: overlap of the DP gradient reduce / parameter gather. Megatron-DeepSpeed sources (MT-NLG,
 # BLOOM, vTrain) run DeepSpeed's engine, which reduces after the backward pass (ZeRO overlap_comm
 # is off by default): False. Megatron-LM sources that do not say: paraplan's CLI default

@@ -164,7 +164,8 @@ def test_memory_and_batch_limits_are_infeasible_rows_with_reasons() -> None:
     last = res.rows[-1]
     # the batch limit shows up either as an infeasible row or as a flag on the last feasible one
     gbs_row = not last.feasible and last.reason_code == "GBS_NOT_DIVISIBLE" and "GBS 32" in (last.reason or "")
-    batch_limited = gbs_row or any(code == "SMALL_BATCH_PER_DP" for code, _ in last.flags)
+    # (one micro-batch per DP rank, or fewer micro-batches than pipeline stages)
+    batch_limited = gbs_row or any(code in ("SMALL_BATCH_PER_DP", "MICROBATCHES_LT_PP") for code, _ in last.flags)
     assert batch_limited, last
     assert last.num_gpus < 8192  # the sweep stops once the batch cannot be split further
     assert any(r.feasible for r in res.rows)

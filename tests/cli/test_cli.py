@@ -238,3 +238,17 @@ def test_explain_says_when_the_runner_up_ties(capsys: pytest.CaptureFixture[str]
         assert "ties on step time" in gap["text"] and "simpler layout" in gap["text"]
     else:
         assert "s/step" in gap["text"]
+
+
+def test_attention_backend_unfused_costs_time_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "--model", "llama3-8b", "--gpu", "a100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+            "--gbs", "64", "--mbs", "1", "--tp", "2", "--recompute", "none", "--format", "json"]
+    out = {}
+    for backend in ("flash", "unfused"):
+        code, text, _ = run([*base, "--attention-backend", backend], capsys)
+        assert code == 0
+        out[backend] = json.loads(text)
+    assert out["unfused"]["time"]["step_s"] > out["flash"]["time"]["step_s"]
+    assert out["unfused"]["memory"]["peak_bytes"] > out["flash"]["memory"]["peak_bytes"]
+    code, _, err = run([*base, "--attention-backend", "sdpa"], capsys)
+    assert code != 0 and "attention-backend" in err

@@ -4,7 +4,8 @@ Targets are tokens/s/GPU. SC21 (Narayanan et al. 2021, arXiv:2104.04473, Table 1
 Megatron-LM README image cases_april2021.png and examples/sc21 scripts) printed TFLOP/s/GPU with
 its Eq. 3 (recompute counted): tokens/s/GPU = TFLOP/s / (96 l h^2 (1 + s/6h + V/16lh)).
 Korthikanti et al. 2022 (arXiv:2205.05198) Tables 3 and 5: iteration times, no data parallelism.
-A100 80GB, sequence 2048, vocabulary 51,200, fp16 (SC21) / bf16.
+A100 80GB, sequence 2048, vocabulary 51,200, fp16 (SC21) / bf16, unfused attention (both
+papers predate FlashAttention in Megatron).
 
 Tolerances (why): the efficiency constants are per-architecture fits over ~300 A100 rows
 (benchmarks/fit_efficiency.py), not fits to these rows; SC21 within 20%, Korthikanti within 25%
@@ -63,7 +64,9 @@ def predict(L: int, h: int, a: int, n: int, gbs: int, tp: int, pp: int, vp: int,
     layout = ParallelLayout(tp=tp, pp=pp, vp=vp, dp=n // (tp * pp), mbs=mbs, recompute=recompute,  # type: ignore[arg-type]
                             sequence_parallel=sp, distributed_optimizer=False,
                             overlap_grad_reduce=False, overlap_param_gather=False)
-    training = TrainingSpec(seq_len=2048, global_batch_size=gbs, precision=precision)  # type: ignore[arg-type]
+    # 2021-2022 Megatron-LM: unfused attention (baddbmm + fused scale-mask-softmax), before FlashAttention
+    training = TrainingSpec(seq_len=2048, global_batch_size=gbs, precision=precision,  # type: ignore[arg-type]
+                            attention_backend="unfused")
     return float(estimate(model, make_cluster(A100, n), training, layout).throughput.tokens_per_s_per_gpu)
 
 

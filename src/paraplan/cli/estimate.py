@@ -9,6 +9,8 @@ import typer
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
+    AttentionChoice,
+    AttentionOpt,
     FormatOpt,
     FragmentationOpt,
     GpuOpt,
@@ -48,6 +50,7 @@ def estimate(
         None, "--megatron-args",
         help="A pretrain_gpt.py / torchrun command line (or @FILE): model, layout and batch are read from it."),
     precision: PrecisionChoice = PrecisionOpt,
+    attention_backend: AttentionChoice = AttentionOpt,
     mfu_peak: PrecisionChoice = typer.Option(PrecisionChoice.bf16, "--mfu-peak",
                                              help="Dense peak MFU/HFU divide by."),
     gpu_set: list[str] | None = GpuSetOpt,
@@ -72,7 +75,7 @@ def estimate(
     assert model is not None and num_gpus is not None and seq_len is not None and gbs is not None
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
-                            profile=profile)
+                            profile=profile, attention_backend=attention_backend.value)
     layout, notes = flags.layout(num_gpus, inputs.model)
     result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
                           extra_notes=notes, memory_options=memory_options(workspace_gib, fragmentation))

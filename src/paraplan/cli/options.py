@@ -38,6 +38,13 @@ class RecomputeChoice(StrEnum):
     full = "full"
 
 
+class AttentionChoice(StrEnum):
+    """Attention kernels (Megatron ``--attention-backend``)."""
+
+    flash = "flash"
+    unfused = "unfused"
+
+
 class PrecisionChoice(StrEnum):
     """GEMM precision."""
 
@@ -86,6 +93,7 @@ class Inputs:
 def resolve_inputs(
     *, model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
     precision: str, gpu_set: list[str] | None = None, profile: str | None = None,
+    attention_backend: str = "flash",
 ) -> Inputs:
     """Load model and GPU, apply overrides and a calibrated profile, build the specs."""
     positive("num-gpus", num_gpus)
@@ -100,7 +108,8 @@ def resolve_inputs(
         gpu_spec = override_gpu(gpu_spec, {"efficiency": load_profile(profile, gpu_spec.name)})
     gpu_spec = override_gpu(gpu_spec, parse_overrides(gpu_set))
     cluster = make_cluster(gpu_spec, num_gpus, gpus_per_node)
-    training = TrainingSpec(seq_len=seq_len, global_batch_size=gbs, precision=precision)  # type: ignore[arg-type]
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=gbs, precision=precision,  # type: ignore[arg-type]
+                            attention_backend=attention_backend)  # type: ignore[arg-type]
     return Inputs(model=model_spec, cluster=cluster, training=training)
 
 
@@ -172,6 +181,10 @@ GpusPerNodeOpt = typer.Option(None, "--gpus-per-node", help="GPUs per node (defa
 SeqLenOpt = typer.Option(..., "--seq-len", "-s", help="Sequence length (tokens).")
 GbsOpt = typer.Option(..., "--gbs", help="Global batch size (sequences).")
 PrecisionOpt = typer.Option(PrecisionChoice.bf16, "--precision", help="GEMM precision.")
+AttentionOpt = typer.Option(
+    AttentionChoice.flash, "--attention-backend",
+    help="flash (flash/cuDNN fused, the default) or unfused (Megatron's local/unfused attention: "
+         "s x s scores in memory and time).")
 FormatOpt = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.")
 GpuSetOpt = typer.Option(None, "--gpu-set", help="Override a GPU field: key=value (e.g. "
                          "network_gbit_per_s=200, efficiency.gemm_max_frac=0.7).")

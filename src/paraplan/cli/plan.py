@@ -13,6 +13,8 @@ from rich.table import Table
 
 from paraplan.cli._app import app
 from paraplan.cli.options import (
+    AttentionChoice,
+    AttentionOpt,
     FragmentationOpt,
     GbsOpt,
     GpuOpt,
@@ -77,10 +79,11 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
              tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
              mbs: str | None, max_pp: int | None, recompute: str | None, dp_variant: str | None,
              allow_cross_node: bool, tp_comm_overlap: bool, workspace_gib: float | None = None,
-             fragmentation: float | None = None) -> Plan:
+             fragmentation: float | None = None, attention_backend: str = "flash") -> Plan:
     """Resolve inputs and search."""
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
-                            seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile)
+                            seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile,
+                            attention_backend=attention_backend)
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")
     space = SearchSpace(
@@ -177,6 +180,7 @@ def plan_cmd(
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt,
     fragmentation: float | None = FragmentationOpt,
+    attention_backend: AttentionChoice = AttentionOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
@@ -187,7 +191,7 @@ def plan_cmd(
     """
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
-                 tp_comm_overlap, workspace_gib, fragmentation)
+                 tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value)
     if save:
         from paraplan.serialize import save_plan
 
@@ -205,6 +209,7 @@ def explain_cmd(
     allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt, fragmentation: float | None = FragmentationOpt,
+    attention_backend: AttentionChoice = AttentionOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
@@ -213,4 +218,5 @@ def explain_cmd(
     """
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
-             workspace_gib=workspace_gib, fragmentation=fragmentation, explain=True, save=None, fmt=fmt)
+             workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
+             explain=True, save=None, fmt=fmt)
