@@ -152,18 +152,16 @@ def apply_pipeline_split(model: ModelSpec, layout: ParallelLayout, split: str) -
     balanced first/last-stage split (``--decoder-first/last-pipeline-num-layers``)."""
     from dataclasses import replace
 
-    from paraplan.estimate.pipeline import balanced_uneven_split
+    from paraplan.estimate.pipeline import auto_uneven_split, pipeline_layout_string
 
     notes: list[str] = []
     if split != "auto" or layout.first_stage_layers or layout.last_stage_layers or layout.pipeline_layout:
         return layout, notes
     if model.num_layers % (layout.pp * layout.vp) == 0:
         return layout, notes
-    found = balanced_uneven_split(model.num_layers, layout.pp, layout.vp)
-    if found is None:
-        from paraplan.estimate.pipeline import balanced_pipeline_layout, pipeline_layout_string
-
-        counts = balanced_pipeline_layout(model.num_layers, layout.pp, layout.vp)
+    found = auto_uneven_split(model.num_layers, layout.pp, layout.vp)
+    if len(found) != 2:
+        counts = tuple(found)
         notes.append(f"uneven pipeline split: --pipeline-model-parallel-layout "
                      f"'{pipeline_layout_string(counts, layout.pp, mtp_layers=model.mtp_num_layers)}'")
         return replace(layout, pipeline_layout=counts), notes

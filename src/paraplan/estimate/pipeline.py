@@ -225,6 +225,33 @@ def balanced_pipeline_layout(num_layers: int, pp: int, vp: int = 1) -> tuple[int
     return tuple(counts)
 
 
+def _rank_loads(counts: tuple[int, ...], pp: int) -> list[int]:
+    """Layers per pipeline rank of a chunk-major layout, embedding and loss as one layer each."""
+    loads = [sum(counts[r::pp]) for r in range(pp)]
+    loads[0] += 1
+    loads[(len(counts) - 1) % pp] += 1
+    return loads
+
+
+def auto_uneven_split(num_layers: int, pp: int, vp: int = 1) -> tuple[int, int] | tuple[int, ...]:
+    """The split ``--pipeline-split auto`` and the search use when layers do not divide over PP x VP.
+
+    Returns (first, last) for ``--decoder-first/last-pipeline-num-layers`` when that split loads
+    the busiest rank no more than the balanced ``--pipeline-model-parallel-layout``; else the
+    layout's per-virtual-stage counts (longer than 2 entries whenever PP x VP > 2). Raises
+    LayoutError when there are too few layers for PP x VP stages.
+    """
+    counts = balanced_pipeline_layout(num_layers, pp, vp)
+    split = balanced_uneven_split(num_layers, pp, vp)
+    if split is not None:
+        first, last = split
+        per_mid = (num_layers - first - last) // max(pp - 2, 1) if pp > 2 else 0
+        split_load = max(first + 1, last + 1, per_mid)
+        if split_load <= max(_rank_loads(counts, pp)):
+            return split
+    return counts
+
+
 def pipeline_layout_string(counts: tuple[int, ...], pp: int, *, mtp_layers: int = 0) -> str:
     """Megatron's ``--pipeline-model-parallel-layout`` for per-virtual-stage counts: stages split by
     '|', E = embedding, t = decoder layer, m = MTP layer, L = loss (ecosystem.md section 1.2)."""
