@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from paraplan.errors import LayoutError, NoFeasiblePlanError
 from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, stage_memory
-from paraplan.estimate.pipeline import auto_uneven_split
+from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
 from paraplan.estimate.stages import representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
@@ -133,10 +133,7 @@ def uneven_layouts(model: ModelSpec, pp: NDArray[np.int64],
         except LayoutError:
             continue  # too few layers for that many virtual stages: the rules reject these rows
         if len(split) == 2 and p * v > 2:  # --decoder-first/last-pipeline-num-layers, as chunk counts
-            first, last = split
-            middle = (model.num_layers - first - last) // max(p - 2, 1)
-            per_rank = (first, *([middle] * (p - 2)), last)
-            split = tuple(per_rank[r] // v for _ in range(v) for r in range(p))
+            split = first_last_chunk_counts(model.num_layers, p, v, *split)
         out[(p, v)] = tuple(split)
     return out
 

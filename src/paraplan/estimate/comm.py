@@ -42,11 +42,16 @@ def span_in_domain(span: Num, domain: int) -> Num:
     return fits | (span <= 1)
 
 
+def tier_rates(cluster: ClusterSpec) -> tuple[float, float]:
+    """(NVLink, network) bus bandwidth per GPU in bytes/s: line rate x NCCL bus fraction."""
+    eff = cluster.gpu.efficiency
+    return (cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac,
+            cluster.gpu.network_bytes_per_s * eff.network_bus_frac)
+
+
 def tier_busbw(cluster: ClusterSpec, span: Num) -> Num:
     """Per-GPU bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks."""
-    eff = cluster.gpu.efficiency
-    nvlink = cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac
-    network = cluster.gpu.network_bytes_per_s * eff.network_bus_frac
+    nvlink, network = tier_rates(cluster)
     return np.where(span_in_domain(span, cluster.nvlink_domain_size), nvlink, network)
 
 
@@ -62,9 +67,7 @@ def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:
     theoretical, 85-96 GB/s measured). A group with one member per domain (e.g. DP under TP 8)
     gets one NIC.
     """
-    eff = cluster.gpu.efficiency
-    nvlink = cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac
-    network = cluster.gpu.network_bytes_per_s * eff.network_bus_frac
+    nvlink, network = tier_rates(cluster)
     n, stride = np.asarray(n), np.asarray(stride)
     domain = cluster.nvlink_domain_size
     n_local = np.clip(np.minimum(n, domain // np.maximum(stride, 1)), 1, None)
@@ -100,9 +103,7 @@ def all_to_all_s(
     t = S*(n_intra/n)/bw_nvlink + S*(n_inter/n)/bw_network + log2(n)*alpha (the n-1 sends are
     issued concurrently, so latency does not add up per peer).
     """
-    eff = cluster.gpu.efficiency
-    nvlink = cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac
-    network = cluster.gpu.network_bytes_per_s * eff.network_bus_frac
+    nvlink, network = tier_rates(cluster)
     n = np.asarray(n)
     per_domain = np.clip(cluster.nvlink_domain_size // np.maximum(stride, 1), 1, None)
     # a group whose span does not tile the domain straddles two domains somewhere; the slowest

@@ -61,10 +61,14 @@ def attention_heads_tensor_core_aligned(model: ModelSpec) -> bool:
     not causal-halved, s x s scores) whose K = head_dim GEMMs miss tensor cores; measured on the
     BLOOM prequel (Megatron-DeepSpeed, A100): head dims 108 and 150 ran 30-40% slower per step
     than their neighbours with aligned heads (published_runs.csv, chronicles-prequel)."""
-    dims: tuple[int, ...] = (model.head_dim,)
+    return all(d % TENSOR_CORE_MULTIPLE_16BIT == 0 for d in attention_head_dims(model))
+
+
+def attention_head_dims(model: ModelSpec) -> tuple[int, int]:
+    """(q/k head dim, v head dim): MLA's qk_head_dim + rope dim and v_head_dim, else kv_channels."""
     if model.multi_latent_attention:
-        dims = (model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim)
-    return all(d % TENSOR_CORE_MULTIPLE_16BIT == 0 for d in dims)
+        return model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+    return model.head_dim, model.head_dim
 
 
 def attention_score_width(model: ModelSpec) -> float:

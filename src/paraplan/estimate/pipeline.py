@@ -244,12 +244,19 @@ def auto_uneven_split(num_layers: int, pp: int, vp: int = 1) -> tuple[int, int] 
     counts = balanced_pipeline_layout(num_layers, pp, vp)
     split = balanced_uneven_split(num_layers, pp, vp)
     if split is not None:
-        first, last = split
-        per_mid = (num_layers - first - last) // max(pp - 2, 1) if pp > 2 else 0
-        split_load = max(first + 1, last + 1, per_mid)
-        if split_load <= max(_rank_loads(counts, pp)):
+        as_chunks = first_last_chunk_counts(num_layers, pp, vp, *split)
+        if max(_rank_loads(as_chunks, pp)) <= max(_rank_loads(counts, pp)):
             return split
     return counts
+
+
+def first_last_chunk_counts(num_layers: int, pp: int, vp: int, first: int, last: int) -> tuple[int, ...]:
+    """``--decoder-first/last-pipeline-num-layers`` as chunk-major per-virtual-stage counts: each
+    rank's layers (first, the rest evenly over the middle ranks, last) split evenly over its VP
+    chunks."""
+    middle = (num_layers - first - last) // max(pp - 2, 1)
+    per_rank = (first, *([middle] * (pp - 2)), last)
+    return tuple(per_rank[r] // vp for _ in range(vp) for r in range(pp))
 
 
 def pipeline_layout_string(counts: tuple[int, ...], pp: int, *, mtp_layers: int = 0) -> str:

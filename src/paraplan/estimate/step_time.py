@@ -23,6 +23,7 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.flops import (
+    attention_head_dims,
     attention_heads_tensor_core_aligned,
     attention_score_width,
     model_flops_per_step,
@@ -121,7 +122,7 @@ def unfused_attention_fwd_s(model: ModelSpec, cluster: ClusterSpec, training: Tr
     """
     eff, gpu = cluster.gpu.efficiency, cluster.gpu
     s = training.seq_len
-    hd = model.qk_head_dim + model.qk_pos_emb_head_dim if model.multi_latent_attention else model.head_dim
+    hd, _ = attention_head_dims(model)
     peak = gpu.peak_bf16_flops_per_s if aligned else gpu.simt_flops_per_s
     g = 2.0 * score_flops / (peak * gemm_efficiency(eff, s / layout.cp, s, hd))
     scores = layout.mbs * model.num_attention_heads / layout.tp * s * s / layout.cp
