@@ -49,6 +49,30 @@ def bloom_rows(path: Path = SHARED) -> list[dict[str, str]]:
         return [r for r in csv.DictReader(f) if r["source"].startswith("bigscience")]
 
 
+def deepspeed_layer_split(num_layers: int, pp: int, count_embedding: bool) -> list[int]:
+    """Transformer layers per pipeline stage as DeepSpeed's PipelineModule assigns them.
+
+    Megatron-DeepSpeed's GPTModelPipe partitions with ``partition_method='type:transformer'``
+    unless ``--pp-partition-method`` says otherwise; BLOOM's "Rebalancing layers" runs used
+    ``'type:transformer|embedding'``, which also counts the two tied EmbeddingPipe specs (first and
+    last) as units. DeepSpeed (deepspeed/runtime/utils.py ``partition_balanced``, 0.6.0) finds the
+    smallest bottleneck B that a greedy left-to-right fill can meet; with unit weights that is
+    B = ceil(units / pp), and the greedy fill (``_lprobe``) gives every stage B units until they run
+    out. So type:transformer puts B layers on every stage but the last (78 layers on PP 12: 7 x 11
+    and 1), and type:transformer|embedding gives the first and last stage one layer less than the
+    middle ones. Checked against DeepSpeed 0.6.0's own code (tests/golden/test_bloom_memory.py).
+    """
+    units = num_layers + (2 if count_embedding else 0)
+    bottleneck = -(-units // pp)
+    loads = [min(bottleneck, max(units - i * bottleneck, 0)) for i in range(pp)]
+    if count_embedding:
+        loads[0] -= 1
+        loads[-1] -= 1
+    if min(loads) < 0 or sum(loads) != num_layers:
+        raise SpecError(f"num_layers={num_layers} on pp={pp}: stage left without layers")
+    return loads
+
+
 def bloom_case(r: dict[str, str]) -> dict[str, Any] | None:
     """Row -> specs, or None when the row has no memory information."""
     oom = not r["step_time_s"] and not r["tflops_per_gpu"]
@@ -57,11 +81,6 @@ def bloom_case(r: dict[str, str]) -> dict[str, Any] | None:
     if "CHECK:" in r["notes"]:
         return None
     L, h, a = int(r["num_layers"]), int(r["hidden_size"]), int(r["num_heads"])
-    pp_ = int(r["pp"])
-    # DeepSpeed's PipelineModule splits layers unevenly (partition_method type:transformer), which
-    # Megatron-Core does not allow: stand in with ceil(L/PP) layers on every stage (the most any
-    # stage holds).
-    L = -(-L // pp_) * pp_
     model = model_from_megatron_args({
         "num_layers": L, "hidden_size": h, "num_attention_heads": a,
         "vocab_size": int(r["vocab_size"] or 250680), "normalization": "LayerNorm",
@@ -70,9 +89,13 @@ def bloom_case(r: dict[str, str]) -> dict[str, Any] | None:
     n, tp, pp = int(r["num_gpus"]), int(r["tp"]), int(r["pp"])
     dp = int(r["dp"] or n // (tp * pp))
     zero1 = dp > 1 and not r["distributed_optimizer"].startswith("ZeRO stage 0")
+    split = deepspeed_layer_split(L, pp, count_embedding="type:transformer|embedding" in r["notes"])
+    uneven = len(set(split)) > 1
     layout = ParallelLayout(tp=tp, pp=pp, dp=dp, mbs=int(r["mbs"]), recompute="full",
                             sequence_parallel=False, distributed_optimizer=zero1,
-                            overlap_grad_reduce=False, overlap_param_gather=False)
+                            overlap_grad_reduce=False, overlap_param_gather=False,
+                            first_stage_layers=split[0] if uneven else 0,
+                            last_stage_layers=split[-1] if uneven else 0)
     precision = "fp16" if r["precision"].strip() == "fp16" else "bf16"
     training = TrainingSpec(seq_len=int(r["seq_length"]), global_batch_size=int(r["gbs"]),
                             attention_backend="unfused", precision=precision)  # type: ignore[arg-type]
@@ -82,21 +105,32 @@ def bloom_case(r: dict[str, str]) -> dict[str, Any] | None:
 
 
 def deepspeed_state_extra_bytes(stage: MemoryBreakdown, precision: str, dp: int) -> dict[str, float]:
-    """Per-GPU bytes Megatron-DeepSpeed (ZeRO-1) holds beyond Megatron-Core's accounting of a stage.
+    """Per-GPU bytes Megatron-DeepSpeed holds beyond Megatron-Core's accounting of a stage.
 
-    - ``zero_buckets`` = 2 x 5e8 elements x 2 B with ZeRO-1 over DP > 1: ZeRO's reduce (ipg)
-      bucket and all-gather bucket (deepspeed/runtime/zero/stage_1_and_2.py; defaults above).
-      Pass dp = 1 for ZeRO stage 0 (plain data parallel, no ZeRO buffers).
-    - ``bf16_lp_grads`` = 2 B x parameters held, bf16 only: DeepSpeed's BF16_Optimizer accumulates
-      gradients in an fp32 buffer for every parameter (``fp32_groups_gradients``) and keeps the bf16
-      ``.grad`` of every parameter as well (deepspeed/runtime/bf16_optimizer.py, 2022): 2 + 4 B of
-      gradients per parameter, where Megatron-Core keeps 4 (fp32 main grads).
-    fp16 with ZeRO-1 keeps 2 B fp16 grads + a 4 B/DP fp32 gradient partition, which Megatron-Core's
-    distributed optimizer accounting already matches.
+    Sources: DeepSpeed 0.6.3 (the release with the BF16_Optimizer BLOOM used),
+    deepspeed/runtime/{pipe/engine.py, bf16_optimizer.py, zero/stage_1_and_2.py, utils.py}.
+
+    - ``reduce_bucket`` = 5e8 elements x 2 B, fp16 with ZeRO-1 over DP > 1: with pipeline
+      parallelism ZeRO-1's ``reduce_gradients`` allocates the ipg bucket (reduce_bucket_size).
+      bf16 has none: the pipeline engine runs bf16 only with ZeRO stage 0 plus BF16_Optimizer, and
+      all-reduces the optimizer's flat fp32 gradient groups in place (``_bf16_reduce_grads``;
+      ``flatten`` of a single tensor is a view).
+    - ``allgather_bucket`` = 5e8 elements x 2 B when optimizer state is sharded over DP > 1: both
+      optimizers all-gather the updated 16-bit weights with ``all_gather_dp_groups`` in shards of
+      allgather_bucket_size elements, which torch.distributed stages in one flat output buffer.
+    - ``bf16_lp_grads`` = 2 B x parameters held, bf16 only: BF16_Optimizer accumulates gradients in
+      an fp32 buffer for every parameter (``fp32_groups_gradients_flat``) and keeps the bf16
+      ``.grad`` of every parameter from the end of one backward to the start of the next
+      (``update_hp_grads(clear_lp_grads=False)``): 2 + 4 B of gradients per parameter, where
+      Megatron-Core keeps 4 (fp32 main grads).
+    fp16 with ZeRO-1 keeps 2 B fp16 grads and fp32 gradient partitions, which paraplan's fp16
+    accounting (2 B grads + 16 B/DP optimizer state) already matches.
     """
     params = float(stage.weights_bytes) / 2.0  # 16-bit weights
+    bucket = DS_BUCKET_ELEMENTS * 2
     return {
-        "zero_buckets": 2 * DS_BUCKET_ELEMENTS * 2 if dp > 1 else 0.0,
+        "reduce_bucket": bucket if dp > 1 and precision == "fp16" else 0.0,
+        "allgather_bucket": bucket if dp > 1 else 0.0,
         "bf16_lp_grads": 2.0 * params if precision == "bf16" else 0.0,
     }
 
@@ -114,13 +148,16 @@ def predicted_rows(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
         except SpecError:
             continue
         precision = case["training"].precision
-        dp = case["layout"].dp if case["layout"].distributed_optimizer else 1  # ZeRO buckets
-        peak = 0.0
-        for s in (est.stages[0], est.stages[-1]):  # the source read the first and last nodes
-            extra = deepspeed_state_extra_bytes(s.memory, precision, dp)
-            peak = max(peak, float(s.memory.total_bytes) + sum(extra.values()))
+        dp = case["layout"].dp if case["layout"].distributed_optimizer else 1  # sharded state
+        per_stage = [float(s.memory.total_bytes) + sum(deepspeed_state_extra_bytes(s.memory, precision, dp).values())
+                     for s in est.stages]
+        # The source read nvidia-smi on the first and last nodes (the first and last pipeline
+        # stages: Megatron-DeepSpeed puts TP innermost, then DP, then PP); an OOM or a fit is
+        # decided by the fullest stage anywhere.
         out.append({"label": case["label"], "precision": precision, "oom": case["oom"],
-                    "measured_bytes": case["measured"], "base_bytes": peak + gpu.reserved_bytes,
+                    "measured_bytes": case["measured"],
+                    "base_bytes": max(per_stage[0], per_stage[-1]) + gpu.reserved_bytes,
+                    "base_any_stage_bytes": max(per_stage) + gpu.reserved_bytes,
                     "capacity_bytes": gpu.hbm_bytes})
     return out
 
@@ -132,13 +169,14 @@ def score(preds: list[dict[str, Any]]) -> dict[str, Any]:
     constant = statistics.median(resid)
     apes, signed, fit_missed = [], [], []
     for i, p in enumerate(meas):
-        pred = p["base_bytes"] + statistics.median(resid[:i] + resid[i + 1:])
+        loo = statistics.median(resid[:i] + resid[i + 1:])
+        pred = p["base_bytes"] + loo
         apes.append(abs(pred - p["measured_bytes"]) / p["measured_bytes"])
         signed.append(pred / p["measured_bytes"] - 1)
-        if pred > p["capacity_bytes"]:
+        if p["base_any_stage_bytes"] + loo > p["capacity_bytes"]:
             fit_missed.append(p["label"])
     ooms = [p for p in preds if p["oom"]]
-    oom_missed = [p["label"] for p in ooms if p["base_bytes"] + constant <= p["capacity_bytes"]]
+    oom_missed = [p["label"] for p in ooms if p["base_any_stage_bytes"] + constant <= p["capacity_bytes"]]
     cross = {}
     for fit_on, test_on in (("fp16", "bf16"), ("bf16", "fp16")):
         train = [r for p, r in zip(meas, resid, strict=True) if p["precision"] == fit_on]

@@ -28,9 +28,26 @@ def _stage(params: float) -> MemoryBreakdown:
 
 def test_deepspeed_terms_follow_their_definitions() -> None:
     bf16 = bloom.deepspeed_state_extra_bytes(_stage(1e9), "bf16", dp=8)
-    assert bf16 == {"zero_buckets": 2e9, "bf16_lp_grads": 2e9}
-    fp16 = bloom.deepspeed_state_extra_bytes(_stage(1e9), "fp16", dp=1)
-    assert fp16 == {"zero_buckets": 0.0, "bf16_lp_grads": 0.0}
+    assert bf16 == {"reduce_bucket": 0.0, "allgather_bucket": 1e9, "bf16_lp_grads": 2e9}
+    fp16 = bloom.deepspeed_state_extra_bytes(_stage(1e9), "fp16", dp=8)
+    assert fp16 == {"reduce_bucket": 1e9, "allgather_bucket": 1e9, "bf16_lp_grads": 0.0}
+    plain = bloom.deepspeed_state_extra_bytes(_stage(1e9), "fp16", dp=1)
+    assert sum(plain.values()) == 0.0
+
+
+@pytest.mark.parametrize(("layers", "pp", "count_embedding", "expected"), [
+    # Expected values from running DeepSpeed 0.6.0's own partition_balanced (runtime/utils.py) on
+    # GPTModelPipe's layer specs with binary weights.
+    (78, 12, False, [7] * 11 + [1]),
+    (106, 12, False, [9] * 11 + [7]),
+    (72, 12, False, [6] * 12),
+    (70, 12, True, [5] + [6] * 10 + [5]),
+    (82, 12, True, [6] + [7] * 10 + [6]),
+    (100, 6, True, [16, 17, 17, 17, 17, 16]),
+])
+def test_deepspeed_layer_split_matches_deepspeed(layers: int, pp: int, count_embedding: bool,
+                                                 expected: list[int]) -> None:
+    assert bloom.deepspeed_layer_split(layers, pp, count_embedding) == expected
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +60,25 @@ def test_bloom_rows_used(figures: dict[str, object]) -> None:
 
 
 def test_bloom_peaks_leave_one_out(figures: dict[str, object]) -> None:
-    # Measured 2026-11-29: LOO median APE 3.5%, 66/70 within 15%; constant 7.7 GiB.
+    # Measured 2026-11-29 (session 3): LOO median APE 4.8%, 66/70 within 15%; constant 9.1 GiB.
     assert figures["median_ape"] < 0.06
     assert figures["within15"] >= 64
-    # The constant is a property of the runtime, not of the precision: fitted on fp16 rows it
-    # predicts the bf16 rows (3.4%) and vice versa (3.9%).
+    # The constant fitted on one precision predicts the other at 6.4% (fp16 -> bf16) and 8.3%
+    # (bf16 -> fp16): bf16 rows carry ~2 B/param more than the sourced BF16_Optimizer terms
+    # (regression of the residual on parameters held: 1.8 GiB per 1e9 params for bf16, 0.0 for
+    # fp16). Session 2 read 3.4% / 3.9% with every stage at ceil(L/PP) layers and ZeRO buckets
+    # on bf16 rows, both of which DeepSpeed's code contradicts.
     for ape in figures["cross_precision"].values():  # type: ignore[attr-defined]
-        assert ape < 0.06
-    # Without the DeepSpeed terms and constant the median error is 12.7%: the constant carries
-    # ~8 GiB, physically plausible for NCCL buffers + allocator cache, but fitted.
+        assert ape < 0.10
+    # Without the DeepSpeed terms and constant the median error is 16.8%: the constant carries
+    # ~9 GiB, physically plausible for NCCL buffers + allocator cache, but fitted.
     assert 4 * 2**30 < figures["constant_bytes"] < 12 * 2**30  # type: ignore[operator]
 
 
 def test_bloom_oom_rows(figures: dict[str, object]) -> None:
-    # 5/6 OOM rows predicted not to fit and 69/70 measured rows predicted to fit. The misses:
-    # line 957 (206B, predicted ~70 GiB, OOM recorded; its neighbour line 949 measured 60 GiB with
-    # one layer less per stage) and line 909 (measured 79.0 GiB, predicted 80.1 GiB).
+    # 5/6 OOM rows predicted not to fit and 70/70 measured rows predicted to fit (fullest stage).
+    # The miss: line 957 (206B, h=14336, L=82 on PP 12: 6 layers + embedding on stage 0, 7 on
+    # the others) predicted at 64 GiB; line 949, the same width with one layer less per stage,
+    # measured 60 GiB and is predicted at 57.6.
     assert figures["oom_said"] >= 5
-    assert figures["fit_said"] >= 69
+    assert figures["fit_said"] == figures["n"]
