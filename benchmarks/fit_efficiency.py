@@ -36,7 +36,7 @@ PARAMS = {
     "gemm_half_dim": (32.0, 600.0),
     "attention_frac": (0.35, 0.65),
     "fp8_gemm_speedup": (1.0, 2.0),
-    "layer_overhead_s": (0.0, 1e-3),
+    "layer_overhead_s": (0.0, 1e-2),
     "collective_latency_s": (5e-6, 1e-4),
     "elementwise_bytes_per_token_hidden": (10.0, 200.0),
     "moe_overhead_frac": (0.0, 3.0),

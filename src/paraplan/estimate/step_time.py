@@ -79,18 +79,23 @@ class LayerTime:
     elementwise_s: Num
     """Norms, activations, dropout, residual, rotary, permutation: forward + backward."""
     overhead_s: Num
-    """Kernel launch overhead, forward + backward."""
+    """Host time to issue the layer's kernels, forward + backward; the GPU runs behind it, so it
+    counts only where it is longer than the GPU's time (``compute_s``)."""
     tp_link_s: Num
     ep_link_s: Num
     cp_link_s: Num
     mlp_gemm_fwd_s: Num = 0.0
     """Part of gemm_fwd_s in the (dense or MoE) MLP, for selective recompute of mlp/moe."""
+    host_sync_s: Num = 0.0
+    """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
+    for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
 
     @property
     def compute_s(self) -> Num:
-        """Forward + backward compute."""
-        return (3.0 * self.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s
-                + self.elementwise_s + self.overhead_s)
+        """Forward + backward compute: the GPU's time, or the host's kernel-issue time when that
+        is longer (a launch-bound layer: the GPU waits for the CPU)."""
+        gpu = 3.0 * self.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s + self.elementwise_s
+        return np.maximum(gpu, self.overhead_s) + self.host_sync_s
 
 
 def _ctx(layout: Any, training: TrainingSpec) -> tuple[Num, Num, Num]:
@@ -210,7 +215,7 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     etp_link = np.where(layout.etp > 1, 4.0 * comm.all_gather_s(
         2.0 * te * h, layout.etp, comm.ring_busbw(cluster, layout.etp, 1), eff.collective_latency_s), 0.0)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
-                    elementwise_s=elem, overhead_s=0.5 * eff.layer_overhead_s + eff.moe_layer_overhead_s,
+                    elementwise_s=elem, overhead_s=0.5 * eff.layer_overhead_s, host_sync_s=eff.moe_layer_overhead_s,
                     tp_link_s=etp_link,
                     ep_link_s=ep_link, cp_link_s=0.0, mlp_gemm_fwd_s=routed)
     if model.shared_ffn:
@@ -249,7 +254,8 @@ class StageTime:
 
 
 def _recompute_s(lt: LayerTime, layout: Any, modules: tuple[str, ...], eff: EfficiencySpec) -> Num:
-    full = lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / 3.0 + lt.overhead_s / 2.0
+    full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / 3.0, lt.overhead_s / 2.0)
+            + lt.host_sync_s / 2.0)
     full = full + (1.0 - _tp_overlap(layout, eff)) * lt.tp_link_s / 2.0 + lt.ep_link_s / 2.0
     sel = lt.attn_fwd_s * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("mlp" in modules) or ("moe" in modules))

@@ -45,7 +45,9 @@ class EfficiencySpec:
     collective_latency_s: float = 20e-6
     """Latency per collective step (alpha of the alpha-beta model)."""
     layer_overhead_s: float = 100e-6
-    """Fixed time per layer per micro-batch (kernel launches, fwd+bwd), independent of size."""
+    """Host time to issue one layer's kernels per micro-batch (fwd+bwd), independent of size. The
+    GPU runs behind the host, so a layer takes max(GPU time, this): small layers are launch-bound
+    (vTrain: time per micro-batch flat from mbs 1 to 4 for h = 1024)."""
     step_overhead_s: float = 0.05
     """Fixed time per iteration (data loader, logging, optimizer launch)."""
     tp_overlap_frac: float = 0.0
