@@ -41,3 +41,17 @@ def test_micro_batch_size_is_free_while_launch_bound() -> None:
     t0 = [layer_time(model, make_cluster(fast, 8, 8), training, ParallelLayout(tp=1, pp=1, dp=8, mbs=b),
                      moe=False).compute_s for b in (1, 2)]
     assert t0[1] > 1.8 * t0[0]
+
+
+def test_fp16_gradients_are_reduced_in_fp16() -> None:
+    """Megatron forces fp32 gradient reduction for bf16 only; fp16 reduces 2 B per parameter."""
+    from paraplan.estimator import estimate
+
+    model = load_model("llama2-7b")
+    cluster = make_cluster(load_gpu("a100-80gb"), 16, 8)
+    layout = ParallelLayout(tp=8, pp=1, dp=2, mbs=1, distributed_optimizer=False)
+    dp = {}
+    for precision in ("bf16", "fp16"):
+        training = TrainingSpec(seq_len=2048, global_batch_size=32, precision=precision)  # type: ignore[arg-type]
+        dp[precision] = float(estimate(model, cluster, training, layout).time.link_comm_s["dp"])
+    assert 0.45 < dp["fp16"] / dp["bf16"] < 0.55

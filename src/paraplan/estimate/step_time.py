@@ -332,10 +332,22 @@ class StepTime:
         }
 
 
+def grad_reduce_bytes_per_param(precision: str) -> float:
+    """Bytes per parameter in the gradient all-reduce / reduce-scatter.
+
+    Megatron-LM reduces the main gradients in their accumulation dtype: bf16 (and fp8, whose
+    parameters are bf16) forces ``--accumulate-allreduce-grads-in-fp32`` (4 B; arguments.py:
+    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"), while fp16
+    leaves it off, so fp16 gradients are reduced as fp16 (2 B), as Megatron-DeepSpeed does too.
+    """
+    return 2.0 if precision == "fp16" else 4.0
+
+
 def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageLayers,
-              max_positions: int) -> tuple[Num, Num, Num]:
+              max_positions: int, precision: str) -> tuple[Num, Num, Num]:
     """(gradient reduce, parameter gather, local optimizer params) for one stage, link time."""
     eff = cluster.gpu.efficiency
+    gb = grad_reduce_bytes_per_param(precision)
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                      max_positions=max_positions)
     n_dense, n_exp = layout.dp * layout.cp, layout.edp
@@ -345,12 +357,12 @@ def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageL
     alpha = eff.collective_latency_s
     buckets_d = np.ceil(p.dense / DDP_BUCKET_PARAMS)
     buckets_e = np.ceil(p.expert / DDP_BUCKET_PARAMS)
-    rs = (comm.reduce_scatter_s(4.0 * p.dense, n_dense, bw_d, alpha * buckets_d)
-          + comm.reduce_scatter_s(4.0 * p.expert, n_exp, bw_e, alpha * buckets_e))
+    rs = (comm.reduce_scatter_s(gb * p.dense, n_dense, bw_d, alpha * buckets_d)
+          + comm.reduce_scatter_s(gb * p.expert, n_exp, bw_e, alpha * buckets_e))
     ag = (comm.all_gather_s(2.0 * p.dense, n_dense, bw_d, alpha * buckets_d)
           + comm.all_gather_s(2.0 * p.expert, n_exp, bw_e, alpha * buckets_e))
-    ar = (comm.all_reduce_s(4.0 * p.dense, n_dense, bw_d, alpha * buckets_d)
-          + comm.all_reduce_s(4.0 * p.expert, n_exp, bw_e, alpha * buckets_e))
+    ar = (comm.all_reduce_s(gb * p.dense, n_dense, bw_d, alpha * buckets_d)
+          + comm.all_reduce_s(gb * p.expert, n_exp, bw_e, alpha * buckets_e))
     grad = np.where(layout.dist_opt, rs, ar)
     gather = np.where(layout.dist_opt, ag, 0.0)
     local = np.where(layout.dist_opt, p.dense / n_dense + p.expert / n_exp, p.total)
@@ -377,7 +389,7 @@ def step_time_from_stages(
     bub_frac = bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
-    dp = [_dp_times(model, cluster, layout, st, max_positions) for st in stages]
+    dp = [_dp_times(model, cluster, layout, st, max_positions, training.precision) for st in stages]
     grad = np.max(np.stack([np.broadcast_to(np.asarray(d[0], dtype=float), totals.shape[1:]) for d in dp]), 0)
     gather = np.max(np.stack([np.broadcast_to(np.asarray(d[1], dtype=float), totals.shape[1:]) for d in dp]), 0)
     local = np.max(np.stack([np.broadcast_to(np.asarray(d[2], dtype=float), totals.shape[1:]) for d in dp]), 0)
