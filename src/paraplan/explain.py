@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from paraplan.estimate.step_time import launch_bound_layer
 from paraplan.estimator import Estimate
 from paraplan.search import Plan
 from paraplan.units import GIB
@@ -132,6 +133,15 @@ def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
             text = (f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%): "
                     + ", ".join(f"{k} {v:+.3f} s" for k, v in big))
         out.append(Finding("RUNNER_UP_GAP", text, {"gap_s": gap, **{k: v for k, v in big}}))
+    gpu_s, issue_s = launch_bound_layer(best.model, best.cluster, best.training, best.layout)
+    if gpu_s < issue_s:
+        out.append(Finding(
+            "LAUNCH_BOUND",
+            f"layers are launch-bound: {1e3 * gpu_s:.2f} ms of GPU work per layer and micro-batch is less "
+            f"than the {1e3 * issue_s:.2f} ms the host needs to issue its kernels (layer_overhead_s), so "
+            f"the GPU waits; more work per micro-batch (mbs {best.layout.mbs} now; a larger one, less TP, "
+            "or fewer GPUs for this batch) would cost no extra time per micro-batch",
+            {"gpu_s": gpu_s, "issue_s": issue_s, "mbs": best.layout.mbs}))
     return out
 
 

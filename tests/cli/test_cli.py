@@ -252,3 +252,17 @@ def test_attention_backend_unfused_costs_time_and_memory(capsys: pytest.CaptureF
     assert out["unfused"]["memory"]["peak_bytes"] > out["flash"]["memory"]["peak_bytes"]
     code, _, err = run([*base, "--attention-backend", "sdpa"], capsys)
     assert code != 0 and "attention-backend" in err
+
+
+def test_explain_names_launch_bound_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    # GPT-2 small on 64 A100s with GBS 64: one sample per GPU, mbs 1, a layer is ~0.4 ms of GPU
+    # work, below the A100 preset's host issue time per layer; Llama-3-70B layers are not.
+    code, out, _ = run(["explain", "--model", "gpt2", "--gpu", "a100-80gb", "--num-gpus", "64",
+                        "--seq-len", "1024", "--gbs", "64", "--format", "json"], capsys)
+    assert code == 0
+    found = [f for f in json.loads(out)["explanation"] if f["code"] == "LAUNCH_BOUND"]
+    assert len(found) == 1 and found[0]["numbers"]["gpu_s"] < found[0]["numbers"]["issue_s"]
+    code, out, _ = run(["explain", "--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "64",
+                        "--seq-len", "8192", "--gbs", "512", "--format", "json"], capsys)
+    assert code == 0
+    assert "LAUNCH_BOUND" not in {f["code"] for f in json.loads(out)["explanation"]}

@@ -238,6 +238,16 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     return LayerTime(**{f.name: getattr(att, f.name) + getattr(mlp, f.name) for f in fields(att)})
 
 
+def launch_bound_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                       layout: Any) -> tuple[float, float]:
+    """(GPU time, host issue time) of one layer per micro-batch, forward + backward, for the
+    layer kind most of the model has (MoE layers for MoE models). The layer is launch-bound
+    when the first is smaller: see ``LayerTime.compute_s``."""
+    lt = layer_time(model, cluster, training, layout, moe=model.is_moe)
+    gpu = 3.0 * lt.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * lt.attn_fwd_s + lt.elementwise_s
+    return float(np.max(gpu)), float(np.max(lt.overhead_s))
+
+
 @dataclass(frozen=True, slots=True)
 class StageTime:
     """One micro-batch (forward + backward) on one pipeline rank."""
