@@ -26,12 +26,12 @@ from paraplan.estimate.params import StageLayers, StageParams, padded_vocab, sta
 from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import (
-    FP16_GRAD_BYTES,
     FP16_MAIN_GRAD_BYTES,
     GRAD_BYTES,
     OPTIMIZER_BYTES,
     PARAM_BYTES,
     TrainingSpec,
+    grad_bytes_per_param,
 )
 
 Num = Any
@@ -100,7 +100,7 @@ def model_state_bytes(params: StageParams, layout: Any, precision: str = "bf16")
     state_shards_dense = np.where(layout.fsdp, dense_shards, 1)
     state_shards_expert = np.where(layout.fsdp, expert_shards, 1)
     weights = PARAM_BYTES * (params.dense / state_shards_dense + params.expert / state_shards_expert)
-    grad_bytes = FP16_GRAD_BYTES if precision == "fp16" else GRAD_BYTES
+    grad_bytes = grad_bytes_per_param(precision)
     opt_bytes = OPTIMIZER_BYTES + (FP16_MAIN_GRAD_BYTES if precision == "fp16" else 0.0)
     grads = grad_bytes * (params.dense / state_shards_dense + params.expert / state_shards_expert)
     optimizer = opt_bytes * (params.dense / dense_shards + params.expert / expert_shards)

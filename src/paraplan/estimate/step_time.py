@@ -33,7 +33,7 @@ from paraplan.estimate.params import StageLayers, padded_vocab, stage_params
 from paraplan.estimate.pipeline import bubble_frac
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.training import TrainingSpec
+from paraplan.specs.training import TrainingSpec, grad_bytes_per_param
 from paraplan.units import TFLOP
 
 Num = Any
@@ -91,11 +91,15 @@ class LayerTime:
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
 
     @property
+    def gpu_s(self) -> Num:
+        """GPU work, forward + backward (GEMMs, attention, element-wise)."""
+        return 3.0 * self.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s + self.elementwise_s
+
+    @property
     def compute_s(self) -> Num:
         """Forward + backward compute: the GPU's time, or the host's kernel-issue time when that
         is longer (a launch-bound layer: the GPU waits for the CPU)."""
-        gpu = 3.0 * self.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s + self.elementwise_s
-        return np.maximum(gpu, self.overhead_s) + self.host_sync_s
+        return np.maximum(self.gpu_s, self.overhead_s) + self.host_sync_s
 
 
 def _ctx(layout: Any, training: TrainingSpec) -> tuple[Num, Num, Num]:
@@ -244,8 +248,7 @@ def launch_bound_layer(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     layer kind most of the model has (MoE layers for MoE models). The layer is launch-bound
     when the first is smaller: see ``LayerTime.compute_s``."""
     lt = layer_time(model, cluster, training, layout, moe=model.is_moe)
-    gpu = 3.0 * lt.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * lt.attn_fwd_s + lt.elementwise_s
-    return float(np.max(gpu)), float(np.max(lt.overhead_s))
+    return float(np.max(lt.gpu_s)), float(np.max(lt.overhead_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,22 +345,11 @@ class StepTime:
         }
 
 
-def grad_reduce_bytes_per_param(precision: str) -> float:
-    """Bytes per parameter in the gradient all-reduce / reduce-scatter.
-
-    Megatron-LM reduces the main gradients in their accumulation dtype: bf16 (and fp8, whose
-    parameters are bf16) forces ``--accumulate-allreduce-grads-in-fp32`` (4 B; arguments.py:
-    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"), while fp16
-    leaves it off, so fp16 gradients are reduced as fp16 (2 B), as Megatron-DeepSpeed does too.
-    """
-    return 2.0 if precision == "fp16" else 4.0
-
-
 def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageLayers,
               max_positions: int, precision: str) -> tuple[Num, Num, Num]:
     """(gradient reduce, parameter gather, local optimizer params) for one stage, link time."""
     eff = cluster.gpu.efficiency
-    gb = grad_reduce_bytes_per_param(precision)
+    gb = grad_bytes_per_param(precision)
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                      max_positions=max_positions)
     n_dense, n_exp = layout.dp * layout.cp, layout.edp

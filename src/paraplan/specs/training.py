@@ -30,6 +30,17 @@ state, so Megatron's table gives 20 B/param, or 4 + 16/d with the distributed op
 FP16_MAIN_GRAD_BYTES: Final = 4.0
 
 
+def grad_bytes_per_param(precision: str) -> float:
+    """Bytes of one model gradient, as held and as reduced over data parallel.
+
+    Megatron keeps and reduces gradients in their accumulation dtype: bf16 (and fp8, whose
+    parameters are bf16) forces ``--accumulate-allreduce-grads-in-fp32`` (4 B; arguments.py:
+    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"), while fp16
+    leaves it off, so fp16 gradients are held and reduced as fp16 (2 B), as in Megatron-DeepSpeed.
+    """
+    return FP16_GRAD_BYTES if precision == "fp16" else GRAD_BYTES
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSpec:
     """What one training step processes."""
