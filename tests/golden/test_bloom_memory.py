@@ -97,3 +97,21 @@ def test_line_957_oom_is_not_implied_by_its_measured_neighbour() -> None:
         r957["notes"].replace("[OOM] run did not fit in 80GB (Mem column = OOM); ", "")
     bound_gb = float(r931["peak_mem_gb"]) * (int(r957["hidden_size"]) / int(r931["hidden_size"])) ** 2
     assert bound_gb < 72 < 80
+
+
+def test_line_957_oom_is_not_implied_by_its_other_measured_neighbour() -> None:
+    """A second, independent bound: line 949 has line 957's hidden size, heads, layout, precision
+    and partition method, with 70 layers instead of 82, and measured 60 GB. DeepSpeed's
+    type:transformer|embedding split gives line 949 at most 6 layers per stage and line 957 at
+    most 7, and the first/last stages 5 and 6 (plus the embedding). Every memory term at a fixed
+    hidden size and layout grows at most in proportion to the layers a stage holds (the embedding
+    and per-process constants do not grow at all), so line 957 is bounded by 60 GB x 6/5 = 72 GB."""
+    rows = {r["source_detail"].rsplit("(", 1)[-1].rstrip(")"): r for r in bloom.bloom_rows(ROWS)}
+    r949, r957 = rows["line 949"], rows["line 957"]
+    same = ("hidden_size", "num_heads", "tp", "pp", "dp", "mbs", "gbs", "precision", "seq_length")
+    assert all(r949[k] == r957[k] for k in same)
+    split_949 = bloom.deepspeed_layer_split(int(r949["num_layers"]), int(r949["pp"]), count_embedding=True)
+    split_957 = bloom.deepspeed_layer_split(int(r957["num_layers"]), int(r957["pp"]), count_embedding=True)
+    growth = max(b / a for a, b in zip(split_949, split_957, strict=True))
+    assert growth == 6 / 5
+    assert float(r949["peak_mem_gb"]) * growth < 80
