@@ -68,6 +68,30 @@ def memory_findings(plan: Plan, best: Estimate) -> list[Finding]:
     return out
 
 
+def _cp_finding(plan: Plan, best: Estimate) -> Finding:
+    """Why the best layout splits the sequence: for memory (no CP = 1 layout fits) or for speed,
+    with the best CP = 1 layout's throughput; below ``LONG_SEQUENCE_TOKENS`` that overrules the
+    tuning rule "CP only for long sequences" (tuning-method.md rule 5), and the finding says so."""
+    lay, tr, ev = best.layout, plan.training, plan.feasible
+    data: dict[str, Any] = {"cp": lay.cp, "seq_len": tr.seq_len, "tokens_per_rank": tr.seq_len // lay.cp}
+    head = f"CP {lay.cp} splits the {tr.seq_len}-token sequence ({tr.seq_len // lay.cp} tokens per rank)"
+    if ev is None or not (ev.table.cp == 1).any():
+        return Finding("CP_LONG_SEQUENCE", f"{head}: no layout with CP = 1 fits in memory", data)
+    cp1 = np.flatnonzero(ev.table.cp == 1)
+    i = int(cp1[np.argmax(ev.tokens_per_s_per_gpu[cp1])])
+    best_cp1, ours = float(ev.tokens_per_s_per_gpu[i]), float(best.throughput.tokens_per_s_per_gpu)
+    data.update(cp1_layout=ev.table.row(i).short(), cp1_tokens_per_s_per_gpu=best_cp1,
+                gain_frac=ours / best_cp1 - 1.0)
+    why = (f"the best CP = 1 layout ({ev.table.row(i).short()}) runs at {best_cp1:.0f} tokens/s/GPU vs "
+           f"{ours:.0f} ({100 * (ours / best_cp1 - 1.0):+.1f}%)")
+    if tr.seq_len >= LONG_SEQUENCE_TOKENS:
+        return Finding("CP_LONG_SEQUENCE", f"{head}: {why}", data)
+    return Finding("CP_SHORT_SEQUENCE",
+                   f"{head}, below the {LONG_SEQUENCE_TOKENS} tokens from which the tuning rule uses CP; the "
+                   f"numbers overrule the rule: {why}. Short chunks leave the ring exchange little attention "
+                   "to hide behind: measure both before committing", data)
+
+
 def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     """The tuning-order rules as they apply to the best layout."""
     lay, cl, tr = best.layout, plan.cluster, plan.training
@@ -85,9 +109,7 @@ def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     elif lay.pp == 1:
         out.append(Finding("PP_NOT_NEEDED", "PP = 1: TP alone fits the model, so no pipeline bubble", {"pp": 1}))
     if lay.cp > 1:
-        out.append(Finding("CP_LONG_SEQUENCE", f"CP {lay.cp} splits the {tr.seq_len}-token sequence "
-                           f"({tr.seq_len // lay.cp} tokens per rank) to cut activation memory",
-                           {"cp": lay.cp, "seq_len": tr.seq_len}))
+        out.append(_cp_finding(plan, best))
     elif tr.seq_len >= LONG_SEQUENCE_TOKENS:
         out.append(Finding("CP_NOT_NEEDED", f"CP = 1 although the sequence is {tr.seq_len} tokens: "
                            "activations fit without splitting it", {"seq_len": tr.seq_len}))

@@ -266,3 +266,23 @@ def test_explain_names_launch_bound_layers(capsys: pytest.CaptureFixture[str]) -
                         "--seq-len", "8192", "--gbs", "512", "--format", "json"], capsys)
     assert code == 0
     assert "LAUNCH_BOUND" not in {f["code"] for f in json.loads(out)["explanation"]}
+
+
+def test_explain_gives_cp_its_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    # Llama-3.1-405B at 4096 tokens on 1024 H100s: the winner uses CP 2 below the 8K rule of
+    # thumb, so the finding must say the numbers overrule it and name the best CP = 1 layout.
+    code, out, _ = run(["explain", "--model", "llama3.1-405b", "--gpu", "h100-80gb", "--num-gpus", "1024",
+                        "--seq-len", "4096", "--gbs", "512", "--format", "json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["candidates"][0]["config"]["cp"] > 1
+    found = {f["code"]: f for f in doc["explanation"]}
+    f = found["CP_SHORT_SEQUENCE"]
+    assert "overrule" in f["text"] and f["numbers"]["cp1_layout"].startswith("tp")
+    assert f["numbers"]["gain_frac"] >= 0.0  # the winner is at least as fast as any CP = 1 layout
+    # Llama-3-70B at 32K tokens on 64 H100s: CP for a long sequence, with the CP = 1 comparison.
+    code, out, _ = run(["explain", "--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "64",
+                        "--seq-len", "32768", "--gbs", "64", "--format", "json"], capsys)
+    found = {f["code"]: f for f in json.loads(out)["explanation"]}
+    assert "CP_SHORT_SEQUENCE" not in found
+    assert found["CP_LONG_SEQUENCE"]["numbers"]["gain_frac"] >= 0.0
