@@ -124,6 +124,14 @@ def test_fp8_recipe_follows_the_architecture() -> None:
     assert "--bf16" in hopper
 
 
+def test_fp16_training_is_launched_with_fp16() -> None:
+    # --bf16 and --fp16 are separate Megatron flags; an fp16 plan launched as bf16 would run with
+    # fp32 gradient accumulation and a different memory footprint than predicted.
+    model = load_model("llama3-8b")
+    pairs = dict(flag_pairs(megatron_args(model, ParallelLayout(), replace(TRAIN, precision="fp16"))))
+    assert "--fp16" in pairs and "--bf16" not in pairs
+
+
 def test_fsdp_flags_and_checkpoint_format() -> None:
     pairs = dict(flag_pairs(megatron_args(moe_single_node_spec().model, moe_single_node_spec().layout,
                                           moe_single_node_spec().training)))

@@ -23,11 +23,11 @@ def test_gpt3_175b_example_script() -> None:
     lay = p.flags.layout_fields
     assert (lay["tp"], lay["pp"], lay["mbs"], lay["recompute"]) == (8, 16, 1, "none")
     assert not lay["distributed_optimizer"] and not lay["sequence_parallel"]
-    assert p.flags.training_fields == {"seq_len": 2048, "global_batch_size": 1536, "precision": "bf16",
+    assert p.flags.training_fields == {"seq_len": 2048, "global_batch_size": 1536, "precision": "fp16",
                                        "attention_backend": "flash"}
     assert p.world_size == 8 and p.num_nodes == 1 and p.launcher[0] == "torchrun"
     assert p.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
-    assert any("--fp16" in n for n in p.flags.notes)
+    assert not any("fp16" in n for n in p.flags.notes)  # --fp16 is read as fp16, not noted as bf16
     assert any(d.startswith("--use-distributed-optimizer not set") for d in p.defaults_applied)
     assert p.layout(128).dp == 1
 

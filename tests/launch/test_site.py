@@ -47,6 +47,11 @@ def test_unknown_key_is_named_in_one_line() -> None:
     ({"env": ["NCCL_DEBUG=INFO"]}, "expected a mapping"),
     ({"modules": 3}, "expected a list of strings"),
     ({"extra_sbatch": ["qos high"]}, "not an sbatch option"),
+    ({"extra_sbatch": ["--nodes=2"]}, "sets the job geometry"),
+    ({"extra_sbatch": ["--ntasks-per-node=8"]}, "sets the job geometry"),
+    ({"extra_sbatch": ["--gpus-per-node=4"]}, "sets the job geometry"),
+    ({"extra_sbatch": ["-N2"]}, "sets the job geometry"),
+    ({"extra_sbatch": ["--gres=gpu:8"]}, "sets the job geometry"),
     ({"megatron_path": "/opt/megatron lm"}, "site.megatron_path"),
 ])
 def test_bad_values_are_rejected(data: dict[str, object], match: str) -> None:
@@ -69,3 +74,33 @@ def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
     listing.write_text("- a\n", encoding="utf-8")
     with pytest.raises(SpecError, match="must hold a mapping"):
         load_site(listing)
+
+
+def test_other_sbatch_options_and_non_gpu_gres_pass() -> None:
+    site = site_from_dict({"extra_sbatch": ["--qos=high", "--gres=nvme:1", "--mem=0", "--exclusive"]})
+    assert site.extra_sbatch == ("--qos=high", "--gres=nvme:1", "--mem=0", "--exclusive")
+
+
+@pytest.mark.parametrize("value", ["8", "0"])
+def test_site_max_connections_that_megatron_rejects_for_tp_is_an_error(value: str) -> None:
+    # TP 4 on H100: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1; the site may not override it.
+    spec = llama70b_spec(site_from_dict({"env": {"CUDA_DEVICE_MAX_CONNECTIONS": value}}))
+    with pytest.raises(SpecError, match="site.env.CUDA_DEVICE_MAX_CONNECTIONS.*to 1") as err:
+        render_files(spec, ["all"])
+    assert "\n" not in str(err.value)
+    ok = render_files(llama70b_spec(site_from_dict({"env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})), ["all"])
+    assert ok["env.sh"].count("export CUDA_DEVICE_MAX_CONNECTIONS=1") == 1
+
+
+def test_site_max_connections_1_with_fsdp_is_an_error() -> None:
+    # Megatron-FSDP asserts 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'; the pod env
+    # has no unset, so a site value of 1 would crash the Kubernetes launch.
+    from dataclasses import replace
+
+    from .cases import moe_single_node_spec
+
+    bad = replace(moe_single_node_spec(), site=site_from_dict({"env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}))
+    with pytest.raises(SpecError, match="conflicts with Megatron-FSDP"):
+        render_files(bad, ["k8s"])
+    good = replace(moe_single_node_spec(), site=site_from_dict({"env": {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}}))
+    assert '"32"' in render_files(good, ["k8s"])["pytorchjob.yaml"]

@@ -74,3 +74,51 @@ def test_out_that_is_a_file_is_rejected(tmp_path: Path) -> None:
     target.write_text("x", encoding="utf-8")
     with pytest.raises(SpecError, match="is not a directory"):
         write_files(files(), target)
+
+
+def test_force_with_a_narrower_target_removes_the_earlier_launch_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_files(files(), out)
+    (out / "notes.txt").write_text("keep\n", encoding="utf-8")
+    slurm_only = render_files(llama70b_spec(), ["slurm"])
+    write_files(slurm_only, out, force=True)
+    # torchrun.sh and pytorchjob.yaml of the earlier launch would run against the new arguments
+    assert sorted(p.name for p in out.iterdir()) == sorted([*slurm_only, "notes.txt"])
+    assert leftovers(tmp_path) == []
+
+
+def test_a_directory_in_the_way_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_files(files(), out)
+    before = {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()}
+    (out / "pytorchjob.yaml").unlink()
+    (out / "pytorchjob.yaml").mkdir()
+    with pytest.raises(SpecError, match="pytorchjob.yaml exists and is not a regular file"):
+        write_files(files(), out, force=True)
+    assert {p.name: p.read_text(encoding="utf-8") for p in out.iterdir() if p.is_file()} == \
+        {k: v for k, v in before.items() if k != "pytorchjob.yaml"}
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failed_move_puts_the_old_files_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    old = {name: f"old {name}\n" for name in files()}
+    for name, text in old.items():
+        (out / name).write_text(text, encoding="utf-8")
+    calls = {"n": 0}
+    original = os.replace
+
+    def failing_replace(src: object, dst: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == len(old) + 3:  # all old files moved aside, 2 new ones moved in
+            raise OSError(13, "Permission denied", str(dst))
+        original(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(SpecError, match="nothing was changed"):
+        write_files(files(), out, force=True)
+    assert {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()} == old
+    assert leftovers(tmp_path) == []

@@ -16,16 +16,19 @@ import numpy as np
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimate.pipeline import stage_assignment
 from paraplan.estimator import Estimate, estimate, max_positions_for
-from paraplan.launch.megatron import launch_violations, needs_max_connections_1
+from paraplan.launch.megatron import (
+    FSDP_MAX_CONNECTIONS_MESSAGE,
+    MAX_CONNECTIONS_MESSAGE,
+    fsdp_rejects_max_connections,
+    launch_violations,
+    needs_max_connections_1,
+)
 from paraplan.launch.parse import ParsedScript
 from paraplan.layout import ParallelLayout
 from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
-
-MAX_CONNECTIONS_MESSAGE = ("Using tensor model parallelism or context parallelism require setting "
-                           "the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +104,8 @@ def _env_violations(parsed: ParsedScript, layout: ParallelLayout, gpu: GpuSpec) 
     if needs_max_connections_1(layout, gpu.arch) and value != "1":
         return [("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS_MESSAGE
                  + (" (not set in the script)" if value is None else f" (the script sets {value})"))]
-    if layout.fsdp and value == "1":
-        return [("CUDA_DEVICE_MAX_CONNECTIONS", "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.")]
+    if layout.fsdp and fsdp_rejects_max_connections(value):
+        return [("CUDA_DEVICE_MAX_CONNECTIONS", FSDP_MAX_CONNECTIONS_MESSAGE)]
     return []
 
 

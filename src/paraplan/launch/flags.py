@@ -342,10 +342,11 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
         precision = "fp8"
     elif r.has("--bf16"):
         precision = "bf16"
+    elif r.has("--fp16"):
+        precision = "fp16"
     else:
         precision = "bf16"
-        r.notes.append(("--fp16" if r.has("--fp16") else "fp32 (no --bf16/--fp16)")
-                       + " training is estimated as bf16")
+        r.notes.append("fp32 (no --bf16/--fp16) training is estimated as bf16")
     gbs = r.int("--global-batch-size", None, "micro-batch size x data-parallel size")
     backend = r.text("--attention-backend")
     return {"seq_len": seq, "global_batch_size": gbs, "precision": precision,

@@ -56,7 +56,7 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--mtp-num-layers",
     # batch, precision
     "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
-    "--bf16", "--fp8-format", "--fp8-recipe",
+    "--bf16", "--fp16", "--fp8-format", "--fp8-recipe",
     # data, tokenizer, optimizer, checkpoints, logging
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--train-iters", "--lr",
     "--min-lr", "--lr-decay-style", "--lr-warmup-iters", "--weight-decay", "--adam-beta1",
@@ -128,6 +128,21 @@ def fp8_args(arch: str) -> tuple[Arg, ...]:
     """FP8 through Transformer Engine: hybrid E4M3/E5M2 with delayed scaling; MXFP8 on Blackwell."""
     recipe = "mxfp8" if arch in BLACKWELL_ARCHS else "delayed"
     return (_a("--fp8-format", "hybrid"), _a("--fp8-recipe", recipe))
+
+
+MAX_CONNECTIONS_MESSAGE: Final = ("Using tensor model parallelism or context parallelism require setting "
+                                  "the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
+FSDP_MAX_CONNECTIONS_MESSAGE: Final = "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."
+
+
+def fsdp_rejects_max_connections(value: str | None) -> bool:
+    """Megatron-FSDP's assert: CUDA_DEVICE_MAX_CONNECTIONS must be unset or an integer > 1."""
+    if value is None:
+        return False
+    try:
+        return int(value.strip()) <= 1
+    except ValueError:
+        return True
 
 
 def needs_max_connections_1(layout: ParallelLayout, arch: str) -> bool:
@@ -308,7 +323,8 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
                      arch: str) -> ArgGroup:
     args = [_a("--micro-batch-size", lay.mbs), _a("--global-batch-size", training.global_batch_size),
             _a("--seq-length", training.seq_len),
-            _a("--max-position-embeddings", m.max_position_embeddings), _a("--bf16")]
+            _a("--max-position-embeddings", m.max_position_embeddings),
+            _a("--fp16" if training.precision == "fp16" else "--bf16")]
     if training.precision == "fp8":
         args += fp8_args(arch)
     return ArgGroup("batch, sequence and precision", tuple(args))

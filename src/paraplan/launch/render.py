@@ -25,12 +25,15 @@ import jinja2
 from paraplan import __version__
 from paraplan.errors import SpecError
 from paraplan.launch.megatron import (
+    FSDP_MAX_CONNECTIONS_MESSAGE,
+    MAX_CONNECTIONS_MESSAGE,
     MEGATRON_COMMIT,
     ArgGroup,
     Placeholder,
     Value,
     argv,
     as_launched,
+    fsdp_rejects_max_connections,
     megatron_args,
     needs_max_connections_1,
 )
@@ -49,6 +52,7 @@ TARGET_FILES: Final[dict[str, tuple[str, ...]]] = {
     "k8s": ("megatron_args.sh", "env.sh", "pytorchjob.yaml"),
 }
 EXECUTABLE: Final = ("torchrun.sh", "job.sbatch")
+MAX_CONNECTIONS: Final = "CUDA_DEVICE_MAX_CONNECTIONS"
 RDZV_PORT: Final = 29400
 """torchrun's default c10d rendezvous port."""
 
@@ -84,12 +88,23 @@ def candidate_id(spec: LaunchSpec) -> str:
 
 
 def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
-    """(name, value, comment) to export: the site's env, then what Megatron requires."""
+    """(name, value, comment) to export: the site's env, then what Megatron requires.
+
+    A site value of CUDA_DEVICE_MAX_CONNECTIONS that Megatron would reject for this layout is an
+    error (SpecError), not silently replaced: TP/CP before Blackwell assert it is 1, Megatron-FSDP
+    asserts it is > 1 or unset (ecosystem.md 1.4).
+    """
     required: list[tuple[str, str, str]] = []
+    site_value = dict(spec.site.env).get(MAX_CONNECTIONS)
     if needs_max_connections_1(spec.layout, spec.cluster.gpu.arch):
-        required.append(("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron: 'Using tensor model "
-                         "parallelism or context parallelism require setting the environment "
-                         "variable CUDA_DEVICE_MAX_CONNECTIONS to 1'"))
+        if site_value is not None and site_value != "1":
+            raise SpecError(f"site.env.{MAX_CONNECTIONS}: {site_value!r} conflicts with this layout "
+                            f"({spec.layout.short()}): Megatron asserts {MAX_CONNECTIONS_MESSAGE!r}; "
+                            "remove it from the site profile or set it to 1")
+        required.append((MAX_CONNECTIONS, "1", f"Megatron: {MAX_CONNECTIONS_MESSAGE!r}"))
+    elif spec.layout.fsdp and fsdp_rejects_max_connections(site_value):
+        raise SpecError(f"site.env.{MAX_CONNECTIONS}: {site_value!r} conflicts with Megatron-FSDP: Megatron "
+                        f"asserts {FSDP_MAX_CONNECTIONS_MESSAGE!r}; remove it from the site profile")
     names = {name for name, _, _ in required}
     site = [(k, v, "from the site profile") for k, v in spec.site.env if k not in names]
     return site + required
@@ -201,34 +216,81 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     return files
 
 
+LAUNCH_FILE_NAMES: Final = frozenset(n for names in TARGET_FILES.values() for n in names) | {"manifest.json"}
+
+
+def _previous_launch_files(target: Path) -> set[str]:
+    """The launch files an earlier ``paraplan launch`` wrote into ``target`` (its manifest.json),
+    limited to names paraplan writes; empty when there is no readable manifest."""
+    try:
+        doc = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    names = doc.get("files") if isinstance(doc, dict) and doc.get("tool") == "paraplan" else None
+    return {n for n in names if isinstance(n, str)} & LAUNCH_FILE_NAMES if isinstance(names, list) else set()
+
+
 def write_files(files: dict[str, str], out: str | Path, *, force: bool = False) -> list[Path]:
     """Write ``files`` into ``out`` all at once, or nothing.
 
-    Existing files are kept unless ``force`` (SpecError naming the first one). Everything is
-    written to a temporary directory next to ``out`` first, then renamed into place, so an
-    error never leaves partial output.
+    Existing files are kept unless ``force`` (SpecError naming the first one). With ``force``,
+    the launch files an earlier paraplan launch left there that this one does not write (a
+    narrower ``--target``) are removed, so no stale script runs against the new arguments.
+    Everything is written to a temporary directory next to ``out`` first. A new ``out`` is one
+    rename; an existing one moves the old files aside, moves the new ones in, and moves the old
+    ones back if any step fails, so an error never leaves partial or mixed output.
     """
     target = Path(out)
     if target.exists() and not target.is_dir():
         raise SpecError(f"--out {target}: exists and is not a directory")
-    if not force:
+    stale: list[str] = []
+    if target.is_dir():
         for name in files:
-            if (target / name).exists():
-                raise SpecError(f"{target / name} exists (use --force to overwrite)")
+            path = target / name
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise SpecError(f"{path} exists and is not a regular file; remove it first")
+            if path.exists() and not force:
+                raise SpecError(f"{path} exists (use --force to overwrite)")
+        if force:
+            stale = sorted(n for n in _previous_launch_files(target) - set(files) if (target / n).is_file())
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.paraplan-", dir=target.parent))
+    new, old = tmp / "new", tmp / "old"
     try:
+        new.mkdir()
+        old.mkdir()
         for name, text in files.items():
-            path = tmp / name
+            path = new / name
             path.write_text(text, encoding="utf-8")
             path.chmod(0o755 if name in EXECUTABLE else 0o644)
         if not target.exists():
-            tmp.chmod(0o755)
-            os.rename(tmp, target)
+            new.chmod(0o755)
+            os.rename(new, target)
         else:
-            for name in files:
-                os.replace(tmp / name, target / name)
+            _swap_in(new, old, target, list(files), stale)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return [target / name for name in files]
+
+
+def _swap_in(new: Path, old: Path, target: Path, names: list[str], stale: list[str]) -> None:
+    """Move ``target``'s files named ``names`` + ``stale`` into ``old``, then ``new``'s into
+    ``target``; on an OSError undo both and raise SpecError."""
+    moved_old: list[str] = []
+    moved_new: list[str] = []
+    try:
+        for name in [*names, *stale]:
+            if (target / name).exists():
+                os.replace(target / name, old / name)
+                moved_old.append(name)
+        for name in names:
+            os.replace(new / name, target / name)
+            moved_new.append(name)
+    except OSError as err:
+        for name in moved_new:
+            os.replace(target / name, new / name)
+        for name in moved_old:
+            os.replace(old / name, target / name)
+        raise SpecError(f"--out {target}: could not write {err.filename or ''}: {err.strerror}; "
+                        "nothing was changed") from None

@@ -108,9 +108,21 @@ def site_from_dict(data: dict[str, Any]) -> SiteProfile:
     return SiteProfile(**kw)
 
 
+GEOMETRY_SBATCH: Final = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpus-per-node",
+                           "--gpus", "-G", "--gpus-per-task", "--ntasks-per-gpu", "--gres=gpu")
+"""sbatch options that set the job's size; job.sbatch derives them from the layout (one task per
+node running torchrun, all GPUs of the node), so a site profile may not change them (other
+``--gres`` resources are allowed)."""
+
+
 def _sbatch_option(text: str) -> str:
     if not text.startswith("-") or "#" in text:
         raise SpecError(f"site.extra_sbatch: {text!r} is not an sbatch option (e.g. --qos=high)")
+    name = text.split("=", 1)[0].split(None, 1)[0]
+    gpu_gres = name == "--gres" and "gpu" in text
+    if gpu_gres or name in GEOMETRY_SBATCH or (name[:2] in ("-N", "-n", "-G") and len(name) > 2):
+        raise SpecError(f"site.extra_sbatch: {text!r} sets the job geometry, which job.sbatch derives from the "
+                        f"layout (not allowed: {', '.join(GEOMETRY_SBATCH)})")
     return text
 
 
