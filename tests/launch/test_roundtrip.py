@@ -106,7 +106,8 @@ def launch_cases(draw: st.DrawFn) -> tuple[ModelSpec, ParallelLayout, TrainingSp
     )
     seq = 2 * cp * tp * draw(st.sampled_from([64, 128]))
     gbs = layout.mbs * dp * pp * draw(st.integers(1, 4))
-    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=draw(st.sampled_from(["bf16", "fp8", "fp16"])),
+    precision = draw(st.sampled_from(["bf16", "fp8", "fp16"]))
+    training = TrainingSpec(seq_len=seq, global_batch_size=gbs, precision=precision,
                             attention_backend=draw(st.sampled_from(["flash", "unfused"])))
     cluster = make_cluster(H100, layout.world_size)
     assume(not rule_violations(model, training, cluster, layout))

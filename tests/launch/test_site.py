@@ -85,7 +85,7 @@ def test_other_sbatch_options_and_non_gpu_gres_pass() -> None:
 def test_site_max_connections_that_megatron_rejects_for_tp_is_an_error(value: str) -> None:
     # TP 4 on H100: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1; the site may not override it.
     spec = llama70b_spec(site_from_dict({"env": {"CUDA_DEVICE_MAX_CONNECTIONS": value}}))
-    with pytest.raises(SpecError, match="site.env.CUDA_DEVICE_MAX_CONNECTIONS.*to 1") as err:
+    with pytest.raises(SpecError, match=r"site\.env\.CUDA_DEVICE_MAX_CONNECTIONS.*to 1") as err:
         render_files(spec, ["all"])
     assert "\n" not in str(err.value)
     ok = render_files(llama70b_spec(site_from_dict({"env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})), ["all"])

@@ -93,7 +93,7 @@ def test_a_directory_in_the_way_is_refused_before_anything_moves(tmp_path: Path)
     before = {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()}
     (out / "pytorchjob.yaml").unlink()
     (out / "pytorchjob.yaml").mkdir()
-    with pytest.raises(SpecError, match="pytorchjob.yaml exists and is not a regular file"):
+    with pytest.raises(SpecError, match=r"pytorchjob\.yaml exists and is not a regular file"):
         write_files(files(), out, force=True)
     assert {p.name: p.read_text(encoding="utf-8") for p in out.iterdir() if p.is_file()} == \
         {k: v for k, v in before.items() if k != "pytorchjob.yaml"}
