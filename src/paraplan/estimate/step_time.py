@@ -266,13 +266,16 @@ class StageTime:
         return self.compute_s + self.recompute_s + self.exposed_s["tp"] + self.exposed_s["cp"] + self.exposed_s["ep"]
 
 
-def _recompute_s(lt: LayerTime, layout: Any, modules: tuple[str, ...], eff: EfficiencySpec) -> Num:
+def _recompute_s(lt: LayerTime, layout: Any, modules: tuple[str, ...], eff: EfficiencySpec, *, moe: bool) -> Num:
+    """Recompute time of one layer for one micro-batch. Selective modules follow Megatron-Core's
+    TransformerLayer/MoELayer: "mlp" recomputes dense MLPs only, "moe" (and "moe_act") MoE layers
+    only (megatron/core/transformer/transformer_layer.py ``recompute_mlp``, moe/moe_layer.py)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / 3.0, lt.overhead_s / 2.0)
             + lt.host_sync_s / 2.0)
     full = full + (1.0 - _tp_overlap(layout, eff)) * lt.tp_link_s / 2.0 + lt.ep_link_s / 2.0
     sel = lt.attn_fwd_s * ("core_attn" in modules)
-    sel = sel + lt.mlp_gemm_fwd_s * (("mlp" in modules) or ("moe" in modules))
-    sel = sel + lt.elementwise_s / 6.0 * (("layernorm" in modules) or ("moe_act" in modules))
+    sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
+    sel = sel + lt.elementwise_s / 6.0 * (("layernorm" in modules) or (moe and "moe_act" in modules))
     return np.where(layout.recompute_code == 2, full, np.where(layout.recompute_code == 1, sel, 0.0))
 
 
@@ -288,13 +291,17 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     dense = layer_time(model, cluster, training, layout, moe=False)
     n_dense, n_moe = stage.num_dense_layers, stage.num_moe_layers
     parts = [(dense, n_dense)]
+    is_moe = [False]
     if model.is_moe:
         parts.append((layer_time(model, cluster, training, layout, moe=True), n_moe))
+        is_moe.append(True)
     if model.mtp_num_layers:
         mtp_lt = parts[-1][0] if model.mtp_layer_is_moe else dense
         parts.append((mtp_lt, stage.num_mtp_layers))
+        is_moe.append(bool(model.is_moe and model.mtp_layer_is_moe))
     compute = sum(n * lt.compute_s for lt, n in parts)
-    recompute = sum(n * _recompute_s(lt, layout, modules, eff) for lt, n in parts)
+    recompute = sum(n * _recompute_s(lt, layout, modules, eff, moe=m)
+                    for (lt, n), m in zip(parts, is_moe, strict=True))
     links = {"tp": sum(n * lt.tp_link_s for lt, n in parts), "ep": sum(n * lt.ep_link_s for lt, n in parts),
              "cp": sum(n * lt.cp_link_s for lt, n in parts)}
     attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * lt.attn_fwd_s for lt, n in parts)
