@@ -234,3 +234,35 @@ def test_explicit_pipeline_layout_is_emitted_as_megatrons_string() -> None:
     for flag in ("--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
                  "--num-virtual-stages-per-pipeline-rank"):
         assert flag not in pairs
+
+
+@pytest.mark.parametrize("name", ["llama3.1-405b", "deepseek-v3", "nemotron4-340b", "qwen3-30b-a3b",
+                                  "gpt-neox-20b"])
+def test_recipe_flags_are_emitted_and_read_back(name: str) -> None:
+    """RoPE base/scaling, norm epsilon and router options decide what Megatron trains: they are
+    emitted when they differ from Megatron's default and ``check`` reads the same model back."""
+    from paraplan.launch.flags import read_flags
+    from paraplan.launch.megatron import as_launched
+    from paraplan.specs.model import RECIPE_FLAGS
+
+    model = load_model(name)
+    lay = ParallelLayout(tp=1, pp=1, ep=1, etp=1)
+    pairs = dict(flag_pairs(megatron_args(model, lay, TRAIN)))
+    expected = {
+        "llama3.1-405b": {"--rotary-base": "500000", "--use-rope-scaling": None},
+        "deepseek-v3": {"--rotary-scaling-factor": "40.0", "--mscale-all-dim": "1.0",
+                        "--moe-router-score-function": "sigmoid", "--moe-router-enable-expert-bias": None,
+                        "--moe-router-num-groups": "8", "--moe-router-group-topk": "4",
+                        "--moe-router-topk-scaling-factor": "2.5", "--moe-router-pre-softmax": None,
+                        "--moe-router-load-balancing-type": "seq_aux_loss", "--moe-aux-loss-coeff": "0.0001",
+                        "--norm-epsilon": "1e-06"},
+        "nemotron4-340b": {"--rotary-percent": "0.5", "--apply-layernorm-1p": None, "--squared-relu": None},
+        "qwen3-30b-a3b": {"--rotary-base": "1000000", "--moe-aux-loss-coeff": "0.001", "--moe-router-dtype": "fp32"},
+        "gpt-neox-20b": {"--rotary-percent": "0.25"},
+    }[name]
+    assert {k: pairs.get(k, "MISSING") for k in expected} == expected
+    assert "--rope-scaling-factor" not in pairs  # 8 is Megatron's default
+    parsed = read_flags(argv(megatron_args(model, lay, TRAIN)))
+    want, _ = as_launched(model, lay, TRAIN)
+    got = parsed.model
+    assert {f: getattr(got, f) for f, _, _ in RECIPE_FLAGS} == {f: getattr(want, f) for f, _, _ in RECIPE_FLAGS}

@@ -173,8 +173,8 @@ def test_aliases() -> None:
 
     ds = fixture("DeepSeek-V3")
     ds["num_mtp_layers"] = ds.pop("num_nextn_predict_layers")
-    ds["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000, "factor": 40}
-    del ds["rope_scaling"], ds["rope_theta"]
+    yarn = {k: v for k, v in ds.pop("rope_scaling").items() if k != "type"}
+    ds["rope_parameters"] = {"rope_type": "yarn", "rope_theta": ds.pop("rope_theta"), **yarn}
     assert model_from_hf_config(ds, name="DeepSeek-V3") == hf_model("DeepSeek-V3")
 
 
@@ -289,3 +289,22 @@ def test_error_is_one_line() -> None:
 def test_not_a_mapping() -> None:
     with pytest.raises(SpecError, match=r"^config\.json: expected a JSON object"):
         model_from_hf_config([1, 2])  # type: ignore[arg-type]
+
+
+def test_recipe_fields_from_config_json() -> None:
+    """The fields that decide what is trained (ecosystem.md 3.1): RoPE base and scaling, norm
+    epsilon, router auxiliary loss and DeepSeek's router options."""
+    llama = hf_model("Meta-Llama-3-8B")
+    assert (llama.rotary_base, llama.norm_epsilon, llama.use_rope_scaling) == (500000, 1e-5, False)
+    cfg = fixture("Meta-Llama-3-8B")
+    cfg["rope_scaling"] = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    scaled = model_from_hf_config(cfg)
+    assert scaled.use_rope_scaling and scaled.rope_scaling_factor == 8.0
+    assert hf_model("Mixtral-8x7B-v0.1").moe_aux_loss_coeff == 0.02
+    assert hf_model("gpt-neox-20b").rotary_percent == 0.25
+    ds = hf_model("DeepSeek-V3")
+    assert (ds.rotary_scaling_factor, ds.mscale, ds.mscale_all_dim) == (40.0, 1.0, 1.0)
+    assert (ds.moe_router_score_function, ds.moe_router_num_groups, ds.moe_router_group_topk) == ("sigmoid", 8, 4)
+    assert ds.moe_router_topk_scaling_factor == 2.5 and ds.moe_router_enable_expert_bias
+    assert ds.moe_router_load_balancing_type == "seq_aux_loss" and ds.moe_aux_loss_coeff == 0.001

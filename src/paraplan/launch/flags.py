@@ -17,7 +17,7 @@ from typing import Any, Final
 from paraplan.errors import SpecError
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.load import model_from_megatron_args
-from paraplan.specs.model import ModelSpec
+from paraplan.specs.model import RECIPE_FLAGS, ModelSpec
 
 Values = dict[str, tuple[str, ...]]
 
@@ -154,9 +154,34 @@ def _model_fields(r: _Reader) -> dict[str, Any]:
                 out[key] = kind(raw)
             except ValueError:
                 raise SpecError(f"{flag} {raw!r} is not a number") from None
+    _recipe_fields(r, out)
     _attention_fields(r, out)
     _model_defaults(r, out)
     return out
+
+
+def _recipe_fields(r: _Reader, out: dict[str, Any]) -> None:
+    """The recipe flags (``RECIPE_FLAGS``), typed by the ModelSpec field they set."""
+    defaults = ModelSpec(num_layers=1, hidden_size=1, num_attention_heads=1, vocab_size=1)
+    for key, flag, _ in RECIPE_FLAGS:
+        if not r.has(flag):
+            continue
+        default = getattr(defaults, key)
+        if isinstance(default, bool):
+            out[key] = True
+            continue
+        raw = r.text(flag)
+        if raw is None:
+            raise SpecError(f"{flag} needs a value")
+        if isinstance(default, str) or key == "moe_router_dtype":
+            out[key] = raw
+        elif isinstance(default, int) or key in ("moe_router_num_groups", "moe_router_group_topk"):
+            out[key] = r.int(flag)
+        else:
+            try:
+                out[key] = float(raw)
+            except ValueError:
+                raise SpecError(f"{flag} {raw!r} is not a number") from None
 
 
 def _attention_fields(r: _Reader, out: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from typing import Final
 from paraplan.errors import LayoutError
 from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
-from paraplan.specs.model import ModelSpec
+from paraplan.specs.model import RECIPE_FLAGS, ModelSpec
 from paraplan.specs.training import TrainingSpec
 
 MEGATRON_COMMIT: Final = "d98e8a6"
@@ -54,6 +54,8 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--multi-latent-attention",
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
     "--mtp-num-layers",
+    # recipe
+    *(flag for _, flag, _ in RECIPE_FLAGS),
     # batch, precision
     "--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
     "--bf16", "--fp16", "--fp8-format", "--fp8-recipe",
@@ -189,10 +191,15 @@ def as_launched(
     else:
         m = replace(m, q_lora_rank=None, kv_lora_rank=32, qk_head_dim=128, qk_pos_emb_head_dim=64,
                     v_head_dim=128)
+    defaults = ModelSpec(num_layers=1, hidden_size=1, num_attention_heads=1, vocab_size=1)
     if not m.is_moe:
         m = replace(m, num_experts=None, moe_router_topk=2, moe_ffn_hidden_size=None,
                     moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
-                    moe_layer_freq=1)
+                    moe_layer_freq=1, **{f: getattr(defaults, f) for f, _, moe_only in RECIPE_FLAGS if moe_only})
+    elif m.moe_router_topk == 1:  # TC: 'Please use --moe-router-pre-softmax when topk is 1.'
+        m = replace(m, moe_router_pre_softmax=True)
+    if not m.use_rope_scaling:
+        m = replace(m, rope_scaling_factor=defaults.rope_scaling_factor)
     lay = replace(layout, sequence_parallel=layout.sp, etp=layout.etp if model.is_moe else layout.tp)
     if lay.pipeline_layout:
         lay = replace(lay, first_stage_layers=0, last_stage_layers=0, account_for_embedding=False,
@@ -290,6 +297,22 @@ def _model(m: ModelSpec, training: TrainingSpec) -> ArgGroup:
     return ArgGroup("model", tuple(args))
 
 
+def _recipe(m: ModelSpec) -> ArgGroup:
+    """The recipe fields that differ from Megatron's defaults (``RECIPE_FLAGS``): RoPE base and
+    scaling, norm epsilon, router options; bools as bare switches."""
+    defaults = ModelSpec(num_layers=1, hidden_size=1, num_attention_heads=1, vocab_size=1)
+    args: list[Arg] = []
+    for fname, flag, moe_only in RECIPE_FLAGS:
+        value = getattr(m, fname)
+        if (moe_only and not m.is_moe) or value == getattr(defaults, fname):
+            continue
+        if fname == "rope_scaling_factor" and not m.use_rope_scaling:
+            continue
+        args.append(_a(flag) if isinstance(value, bool) else _a(flag, value if isinstance(value, str | int)
+                                                                 else repr(float(value))))
+    return ArgGroup("recipe (RoPE, norm, router: what is trained, not its size)", tuple(args))
+
+
 def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
     args: list[Arg] = []
     if m.is_moe:
@@ -301,8 +324,6 @@ def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
                            m.moe_shared_expert_intermediate_size))
         if m.moe_shared_expert_gate:
             args.append(_a("--moe-shared-expert-gate"))
-        if m.moe_router_topk == 1:  # TC: 'Please use --moe-router-pre-softmax when topk is 1.'
-            args.append(_a("--moe-router-pre-softmax"))
         args.append(_a("--moe-layer-freq", moe_layer_freq_string(m.moe_layer_freq)))
         if arch != "cdna3":  # grouped GEMM kernels need CUDA compute capability >= 8
             args.append(_a("--moe-grouped-gemm"))
@@ -370,7 +391,7 @@ def megatron_args(
         code, message = broken[0]
         raise LayoutError(message, reason=code)
     m, lay = as_launched(model, layout, training)
-    groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch),
+    groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch), _recipe(m),
               _batch_precision(m, lay, training, arch), *_placeholders(lay))
     return tuple(g for g in groups if g.args)
 

@@ -32,6 +32,9 @@ Mapping in short:
   * MLA: ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim`` -> ``qk_head_dim``,
     ``qk_rope_head_dim`` -> ``qk_pos_emb_head_dim``, ``v_head_dim``;
     ``num_nextn_predict_layers`` -> ``mtp_num_layers``.
+  * Recipe (no size effect; emitted by ``launch``): ``rms_norm_eps``/``layer_norm_eps`` ->
+    ``norm_epsilon``, ``rope_theta`` -> ``rotary_base``, llama3/yarn ``rope_scaling``, router
+    auxiliary loss and DeepSeek's router options (``_rope_scaling``, ``_router``).
   * ``make_vocab_size_divisible_by``: the largest power of two <= 128 dividing ``vocab_size``
     (as Megatron-Bridge does), so the checkpoint's embedding is not padded at TP=1.
   * Dropout: ``attention_dropout``/``hidden_dropout`` when present (GPT-2: ``attn_pdrop``/
@@ -159,6 +162,46 @@ def _rope_theta(data: dict[str, Any]) -> Any:
     return data.get("rope_theta")
 
 
+def _rope_block(data: dict[str, Any]) -> dict[str, Any]:
+    for key in ("rope_parameters", "rope_scaling"):
+        block = data.get(key)
+        if isinstance(block, dict) and block.get("rope_type", block.get("type")) not in (None, "default"):
+            return block
+    return {}
+
+
+def _rope_scaling(data: dict[str, Any]) -> dict[str, Any]:
+    """``rope_scaling``/``rope_parameters``: llama3 -> ``--use-rope-scaling --rope-scaling-factor f``;
+    yarn -> ``--rotary-scaling-factor f --mscale --mscale-all-dim`` (ecosystem.md 3.1)."""
+    block = _rope_block(data)
+    kind = block.get("rope_type", block.get("type"))
+    if kind == "llama3":
+        return {"use_rope_scaling": True, "rope_scaling_factor": block.get("factor", 8.0)}
+    if kind == "yarn":
+        return {"rotary_scaling_factor": block.get("factor", 1.0), "mscale": block.get("mscale", 1.0),
+                "mscale_all_dim": block.get("mscale_all_dim", 0.0)}
+    return {}
+
+
+def _router(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Router recipe: ``router_aux_loss_coef``/``aux_loss_alpha`` -> ``moe_aux_loss_coeff``; DeepSeek's
+    ``scoring_func``, ``n_group``/``topk_group``, ``routed_scaling_factor``, ``topk_method: noaux_tc``
+    (expert bias), ``seq_aux`` and NVIDIA's ``--moe-router-pre-softmax`` (ecosystem.md 3.1-3.2)."""
+    out: dict[str, Any] = {"moe_aux_loss_coeff": data.get("router_aux_loss_coef", data.get("aux_loss_alpha"))}
+    if model_type != "deepseek_v3":
+        return out
+    out.update({
+        "moe_router_score_function": data.get("scoring_func"),
+        "moe_router_num_groups": data.get("n_group"),
+        "moe_router_group_topk": data.get("topk_group"),
+        "moe_router_topk_scaling_factor": data.get("routed_scaling_factor"),
+        "moe_router_enable_expert_bias": data.get("topk_method") == "noaux_tc",
+        "moe_router_load_balancing_type": "seq_aux_loss" if data.get("seq_aux") else None,
+        "moe_router_pre_softmax": True,
+    })
+    return out
+
+
 def _dimensions(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     """Layers, widths, heads, vocabulary and positions."""
     hidden = _req(data, "hidden_size")
@@ -226,6 +269,7 @@ def _architecture(data: dict[str, Any], model_type: str) -> dict[str, Any]:
         return out
     out["position_embedding_type"] = "yarn" if _rope_type(data) == "yarn" else "rope"
     out["rotary_base"] = _rope_theta(data) or data.get("rotary_emb_base")
+    out.update(_rope_scaling(data))
     out["hidden_dropout"] = _float(data, "hidden_dropout", 0.0)
     out["attention_dropout"] = _float(data, "attention_dropout", 0.0)
     if model_type == "gpt_neox":
@@ -305,6 +349,7 @@ def _moe(data: dict[str, Any], model_type: str, dims: dict[str, Any]) -> dict[st
         if n_shared:
             out["moe_shared_expert_intermediate_size"] = n_shared * out["moe_ffn_hidden_size"]
     out["moe_layer_freq"] = _layer_pattern(data, model_type, dims["num_layers"])
+    out.update(_router(data, model_type))
     return out
 
 

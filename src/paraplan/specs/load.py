@@ -104,10 +104,8 @@ def parse_moe_layer_freq(value: Any, num_layers: int | None = None) -> int | tup
 _MEGATRON_ALIASES = {
     "num_experts": "num_experts",
     "num_moe_experts": "num_experts",
-    "layernorm_epsilon": None,
-    "norm_epsilon": None,
-    "rotary_base": None,
-    "rotary_percent": None,
+    "layernorm_epsilon": "norm_epsilon",
+    "layernorm_zero_centered_gamma": "apply_layernorm_1p",
     "group_query_attention": None,
     "seq_length": None,
     "disable_bias_linear": None,
@@ -118,8 +116,8 @@ _MEGATRON_ALIASES = {
 def model_from_megatron_args(data: dict[str, Any], *, name: str = "custom", source: str = "") -> ModelSpec:
     """ModelSpec from a dict keyed by Megatron-LM argument names (dashes or underscores).
 
-    Keys Megatron has but paraplan does not need (norm epsilon, rotary base...) are accepted and
-    ignored; ``group_query_attention: false`` drops ``num_query_groups`` as Megatron does;
+    Megatron's dest names are accepted for the recipe fields (``layernorm_epsilon``,
+    ``layernorm_zero_centered_gamma``); ``group_query_attention: false`` drops ``num_query_groups`` as Megatron does;
     ``disable_bias_linear: true`` means ``add_bias_linear: false``; ``padded_vocab_size`` with
     ``make_vocab_size_divisible_by`` 1 fixes the vocabulary.
     """

@@ -26,6 +26,35 @@ Normalization = Literal["LayerNorm", "RMSNorm"]
 PositionEmbedding = Literal["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
 
 
+RECIPE_CHOICES: dict[str, tuple[str, ...]] = {
+    "moe_router_load_balancing_type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn",
+                                       "quantile_balancing", "none"),
+    "moe_router_score_function": ("softmax", "sigmoid", "sqrtsoftplus"),
+    "moe_router_dtype": ("fp32", "fp64"),
+}
+"""Allowed values of the string recipe fields (Megatron-LM main @ d98e8a6 ``choices``)."""
+
+RECIPE_FLAGS: tuple[tuple[str, str, bool], ...] = (
+    ("norm_epsilon", "--norm-epsilon", False), ("rotary_base", "--rotary-base", False),
+    ("rotary_percent", "--rotary-percent", False), ("use_rope_scaling", "--use-rope-scaling", False),
+    ("rope_scaling_factor", "--rope-scaling-factor", False),
+    ("rotary_scaling_factor", "--rotary-scaling-factor", False), ("mscale", "--mscale", False),
+    ("mscale_all_dim", "--mscale-all-dim", False), ("apply_layernorm_1p", "--apply-layernorm-1p", False),
+    ("squared_relu", "--squared-relu", False),
+    ("moe_aux_loss_coeff", "--moe-aux-loss-coeff", True),
+    ("moe_router_load_balancing_type", "--moe-router-load-balancing-type", True),
+    ("moe_router_score_function", "--moe-router-score-function", True),
+    ("moe_router_pre_softmax", "--moe-router-pre-softmax", True),
+    ("moe_router_num_groups", "--moe-router-num-groups", True),
+    ("moe_router_group_topk", "--moe-router-group-topk", True),
+    ("moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", True),
+    ("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias", True),
+    ("moe_router_dtype", "--moe-router-dtype", True),
+)
+"""(ModelSpec field, Megatron flag, MoE only) of the recipe fields: ``paraplan launch`` emits the
+ones that differ from Megatron's default (a bool as a bare switch) and ``check`` reads them back."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder transformer. Field names are Megatron-LM argument names (dest form)."""
@@ -94,6 +123,46 @@ class ModelSpec:
     """MLA per-head value dimension (Megatron default 128)."""
     mtp_num_layers: int = 0
     """Multi-token-prediction layers (DeepSeek-V3: 1); they sit on the last pipeline stage."""
+    # ---- recipe: Megatron flags that change what is trained but no size, memory or time; they
+    # ---- are carried so that ``paraplan launch`` trains the model described (RECIPE_FLAGS).
+    norm_epsilon: float = 1e-5
+    """``--norm-epsilon`` (Megatron dest layernorm_epsilon)."""
+    rotary_base: int = 10000
+    """``--rotary-base``: RoPE theta (Llama 3: 500000; Qwen, Mixtral: 1000000)."""
+    rotary_percent: float = 1.0
+    """``--rotary-percent``: fraction of each head that is rotated (GPT-NeoX 0.25)."""
+    use_rope_scaling: bool = False
+    """``--use-rope-scaling``: Llama 3.1 frequency scaling, with ``rope_scaling_factor``."""
+    rope_scaling_factor: float = 8.0
+    """``--rope-scaling-factor`` (Megatron default 8)."""
+    rotary_scaling_factor: float = 1.0
+    """``--rotary-scaling-factor``: YaRN factor for MLA (DeepSeek-V3: 40)."""
+    mscale: float = 1.0
+    """``--mscale`` (YaRN)."""
+    mscale_all_dim: float = 0.0
+    """``--mscale-all-dim`` (YaRN)."""
+    apply_layernorm_1p: bool = False
+    """``--apply-layernorm-1p``: zero-centred LayerNorm gamma (Nemotron)."""
+    squared_relu: bool = False
+    """``--squared-relu`` MLP activation (Nemotron); same parameters as GeLU."""
+    moe_aux_loss_coeff: float = 0.0
+    """``--moe-aux-loss-coeff``: load-balancing loss weight (Megatron default 0: no balancing)."""
+    moe_router_load_balancing_type: str = "aux_loss"
+    """``--moe-router-load-balancing-type`` (aux_loss, seq_aux_loss, ...)."""
+    moe_router_score_function: str = "softmax"
+    """``--moe-router-score-function`` (softmax, sigmoid, sqrtsoftplus)."""
+    moe_router_pre_softmax: bool = False
+    """``--moe-router-pre-softmax`` (always emitted for top-1 routing, which Megatron requires)."""
+    moe_router_num_groups: int | None = None
+    """``--moe-router-num-groups``: node-limited routing groups (DeepSeek-V3: 8)."""
+    moe_router_group_topk: int | None = None
+    """``--moe-router-group-topk`` (DeepSeek-V3: 4)."""
+    moe_router_topk_scaling_factor: float | None = None
+    """``--moe-router-topk-scaling-factor`` (DeepSeek-V3: 2.5)."""
+    moe_router_enable_expert_bias: bool = False
+    """``--moe-router-enable-expert-bias``: aux-loss-free balancing bias (DeepSeek-V3)."""
+    moe_router_dtype: str | None = None
+    """``--moe-router-dtype`` (fp32, fp64)."""
     name: str = "custom"
     """Display name."""
     source: str = ""
@@ -129,6 +198,25 @@ class ModelSpec:
             value = getattr(self, fname)
             if not 0.0 <= value < 1.0:
                 raise SpecError(f"{fname} must be in [0, 1), got {value}")
+        self._check_recipe()
+
+    def _check_recipe(self) -> None:
+        if not self.norm_epsilon > 0:
+            raise SpecError(f"norm_epsilon must be > 0, got {self.norm_epsilon}")
+        if self.rotary_base < 1:
+            raise SpecError(f"rotary_base must be >= 1, got {self.rotary_base}")
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise SpecError(f"rotary_percent must be in (0, 1], got {self.rotary_percent}")
+        for fname, allowed in RECIPE_CHOICES.items():
+            value = getattr(self, fname)
+            if value is not None and value not in allowed:
+                raise SpecError(f"{fname} must be one of {', '.join(allowed)}, got {value!r}")
+        groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
+        if (groups is None) != (group_topk is None):
+            raise SpecError("moe_router_num_groups and moe_router_group_topk must be set together")
+        if groups is not None and group_topk is not None and not 1 <= group_topk <= groups:
+            raise SpecError(f"moe_router_group_topk must be in [1, moe_router_num_groups={groups}], "
+                            f"got {group_topk}")
 
     def _check_moe(self) -> None:
         if self.num_experts is None:
