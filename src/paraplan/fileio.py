@@ -6,6 +6,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from paraplan.errors import SpecError
+
+
+def check_output_file(path: str | Path, option: str) -> None:
+    """Fail early (before any work is done) when ``path`` cannot be an output file: a directory,
+    or under a parent that is a file."""
+    target = Path(path)
+    if target.is_dir():
+        raise SpecError(f"{option} {target}: is a directory (give a file name)")
+    parent = next((p for p in target.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise SpecError(f"{option} {target}: {parent} is not a directory")
+
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write through a temporary file in the target folder, then rename it into place.
@@ -13,14 +26,21 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     A crash or error mid-write leaves the previous file (or none), never a truncated one.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    if target.is_dir():
+        raise SpecError(f"{target}: is a directory (give a file name)")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as err:
+        raise SpecError(f"{target}: cannot write here ({err.strerror})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise SpecError(f"{target}: cannot write ({err.strerror})") from None
         raise

@@ -286,3 +286,24 @@ def test_explain_gives_cp_its_numbers(capsys: pytest.CaptureFixture[str]) -> Non
     found = {f["code"]: f for f in json.loads(out)["explanation"]}
     assert "CP_SHORT_SEQUENCE" not in found
     assert found["CP_LONG_SEQUENCE"]["numbers"]["gain_frac"] >= 0.0
+
+
+def test_output_paths_that_cannot_be_files_fail_in_one_line_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_args = ["--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096", "--gbs", "64"]
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x", encoding="utf-8")
+    for args, option in ((["plan", *plan_args, "--save", str(tmp_path)], "--save"),
+                         (["report", *plan_args, "-o", str(tmp_path)], "--output"),
+                         (["plan", *plan_args, "--save", str(a_file / "p.json")], "--save")):
+        code, out, err = run(args, capsys)
+        assert code == 1 and out == "", args  # no ranking table printed before the error
+        assert err.strip().count("\n") == 0 and option in err and "Traceback" not in err
+    code, _, err = run(["launch", *plan_args, "--tp", "8", "--out", str(a_file / "dir")], capsys)
+    assert code == 1 and "cannot write here" in err and err.strip().count("\n") == 0
+
+
+def test_non_numeric_gpu_field_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["estimate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--tp", "8",
+                        "--seq-len", "4096", "--gbs", "64", "--gpu-set", "hbm_gib=abc"], capsys)
+    assert code == 1 and err.strip() == "error: gpu.hbm_gib: expected a number, got 'abc'"

@@ -237,6 +237,10 @@ def budget_cmd(
     if max_gbs is not None and gbs is not None and max_gbs < gbs:
         raise SpecError(f"--max-gbs ({max_gbs}) must be >= --gbs ({gbs})")
     model_spec = load_model(model)
+    if html:
+        from paraplan.fileio import check_output_file
+
+        check_output_file(html, "--html")
     gpu_specs = load_gpus(gpu)
     names = [g.name for g in gpu_specs]
     prices = parse_prices(price, names, "--price-per-gpu-hour", known=gpu_preset_names())

@@ -115,6 +115,9 @@ def calibrate(
     """
     if not runs and not pair:
         raise SpecError("calibrate: give --runs runs.csv or at least one --pair manifest.json:log.txt")
+    from paraplan.fileio import check_output_file
+
+    check_output_file(out, "--out")
     names = _params(params)
     spec = load_gpu(gpu)
     measured: list[Run] = read_runs_csv(runs, spec) if runs else []

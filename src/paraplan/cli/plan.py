@@ -189,6 +189,10 @@ def plan_cmd(
 
     Example: paraplan plan --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512
     """
+    if save:
+        from paraplan.fileio import check_output_file
+
+        check_output_file(save, "--save")
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
                  tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value)

@@ -144,9 +144,10 @@ def report_cmd(
     from paraplan.calibrate import RunInputs
     from paraplan.cli.tune import _refs
     from paraplan.explain import explain
-    from paraplan.fileio import write_text_atomic
+    from paraplan.fileio import check_output_file, write_text_atomic
     from paraplan.report import build_context, charts, render_html
 
+    check_output_file(output, "--output")
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")
     flags = {"--model": model, "--gpu": gpu, "--num-gpus": num_gpus, "--seq-len": seq_len, "--gbs": gbs}

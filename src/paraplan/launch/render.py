@@ -253,8 +253,11 @@ def write_files(files: dict[str, str], out: str | Path, *, force: bool = False) 
                 raise SpecError(f"{path} exists (use --force to overwrite)")
         if force:
             stale = sorted(n for n in _previous_launch_files(target) - set(files) if (target / n).is_file())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.paraplan-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.paraplan-", dir=target.parent))
+    except OSError as err:
+        raise SpecError(f"--out {target}: cannot write here ({err.strerror})") from None
     new, old = tmp / "new", tmp / "old"
     try:
         new.mkdir()
@@ -268,6 +271,9 @@ def write_files(files: dict[str, str], out: str | Path, *, force: bool = False) 
             os.rename(new, target)
         else:
             _swap_in(new, old, target, list(files), stale)
+    except OSError as err:
+        raise SpecError(f"--out {target}: could not write {Path(err.filename or '').name or 'the files'} "
+                        f"({err.strerror}); nothing was written") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -212,7 +212,12 @@ def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
             raise SpecError(f"gpu.{key}: ambiguous unit; say gbit or gbyte (e.g. network_gbit_per_s)")
         if key in _HUMAN_GPU_KEYS:
             target, scale = _HUMAN_GPU_KEYS[key]
-            out[target] = None if value is None else float(value) * scale
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float | str)):
+                raise SpecError(f"gpu.{key}: expected a number, got {value!r}")
+            try:
+                out[target] = None if value is None else float(value) * scale
+            except ValueError:
+                raise SpecError(f"gpu.{key}: expected a number, got {value!r}") from None
         elif key == "efficiency":
             out[key] = validate_fields(EfficiencySpec, dict(value or {}), "gpu.efficiency.")
         else:
