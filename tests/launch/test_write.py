@@ -63,7 +63,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path: Path, monkeypatch: pytes
         return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Path, "write_text", failing_write_text)
-    with pytest.raises(SpecError, match="No space left.*nothing was written"):
+    with pytest.raises(SpecError, match=r"No space left.*nothing was written"):
         write_files(files(), out)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
