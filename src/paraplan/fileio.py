@@ -42,5 +42,5 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(err, OSError):
-            raise SpecError(f"{target}: cannot write ({err.strerror})") from None
+            raise SpecError(f"{target}: cannot write ({err.strerror or err})") from None
         raise

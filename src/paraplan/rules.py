@@ -65,8 +65,8 @@ RULES: tuple[Rule, ...] = (
     Rule("WORLD_SIZE_MISMATCH",
          lambda c: _world(c) != c.cluster.num_gpus,
          lambda c: (f"world size ({c.cluster.num_gpus}) is not divisible by total_model_size "
-                    f"(total_model_size={c.layout.tp * c.layout.pp * c.layout.cp}): TP x PP x CP x DP "
-                    f"= {_world(c)}"),
+                    f"(total_model_size={c.layout.tp * c.layout.pp * c.layout.cp}) = TP {c.layout.tp} x "
+                    f"PP {c.layout.pp} x CP {c.layout.cp}"),
          "A: validate_args world_size % (TP*PP*CP)"),
     Rule("HEADS_NOT_DIVISIBLE_BY_TP",
          lambda c: c.model.num_attention_heads % c.layout.tp != 0,

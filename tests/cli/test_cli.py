@@ -307,3 +307,19 @@ def test_non_numeric_gpu_field_is_one_line(capsys: pytest.CaptureFixture[str]) -
     code, _, err = run(["estimate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--tp", "8",
                         "--seq-len", "4096", "--gbs", "64", "--gpu-set", "hbm_gib=abc"], capsys)
     assert code == 1 and err.strip() == "error: gpu.hbm_gib: expected a number, got 'abc'"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--recompute", "full", "--recompute-num-layers", "50"],
+     "recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: 20"),
+    (["--no-sequence-parallel", "--tp-comm-overlap"],
+     "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled"),
+    (["--recompute", "selective", "--recompute-num-layers", "2"], "recompute_num_layers must be None"),
+    (["--decoder-first-pipeline-num-layers", "0"], "num_layers_in_first_pipeline_stage must be larger than 0"),
+])
+def test_estimate_refuses_what_megatron_and_launch_refuse(extra: list[str], message: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["estimate", "--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "64", "--seq-len", "8192",
+            "--gbs", "512", "--tp", "4", "--pp", "4", *extra]
+    code, out, err = run(args, capsys)
+    assert code == 1 and out == "" and message in err and err.strip().count("\n") == 0

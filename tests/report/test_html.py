@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import pytest
 from markupsafe import escape
 
+from paraplan.errors import SpecError
 from paraplan.ingest import parse_text
 from paraplan.report import (
     Chart,
@@ -150,7 +151,7 @@ def test_write_report_is_atomic(plan_8b: Plan, tmp_path: Path, monkeypatch: pyte
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(SpecError, match=r"cannot write \(disk full\)"):
         write_text_atomic(out, "partial")
     assert out.read_bytes() == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["report.html"]

@@ -77,6 +77,11 @@ def estimate(
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                             profile=profile, attention_backend=attention_backend.value)
     layout, notes = flags.layout(num_gpus, inputs.model)
+    from paraplan.launch.megatron import launch_violations
+
+    broken = launch_violations(inputs.model, layout, inputs.training, inputs.cluster.gpu.arch)
+    if broken:  # the flag-level rules launch and Megatron apply (layout rules run in estimate)
+        raise LayoutError(broken[0][1], reason=broken[0][0])
     result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
                           extra_notes=notes, memory_options=memory_options(workspace_gib, fragmentation))
     _emit(result, fmt)

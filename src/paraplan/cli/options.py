@@ -115,7 +115,7 @@ def resolve_inputs(
 
 def build_layout(
     *, num_gpus: int, tp: int, pp: int, vp: int, cp: int, ep: int, etp: int | None, mbs: int,
-    recompute: str, recompute_modules: list[str] | None, recompute_num_layers: int,
+    recompute: str, recompute_modules: list[str] | None, recompute_num_layers: int | None,
     sequence_parallel: bool, distributed_optimizer: bool, fsdp: bool, overlap_grad_reduce: bool,
     overlap_param_gather: bool, tp_comm_overlap: bool, first_stage_layers: int | None,
     last_stage_layers: int | None, account_for_embedding: bool, account_for_loss: bool,
@@ -124,13 +124,20 @@ def build_layout(
     for name, value in (("tp", tp), ("pp", pp), ("vp", vp), ("cp", cp), ("ep", ep), ("etp", etp),
                         ("mbs", mbs), ("recompute-num-layers", recompute_num_layers)):
         positive(name, value)
+    if recompute == "selective" and recompute_num_layers is not None:  # TC: __post_init__
+        raise SpecError("--recompute-num-layers: When using recompute_granularity: selective "
+                        "recompute_num_layers must be None.")
+    for which, value in (("first", first_stage_layers), ("last", last_stage_layers)):
+        if value is not None and value < 1:  # TC: __post_init__ (uneven PP)
+            raise SpecError(f"--decoder-{which}-pipeline-num-layers: num_layers_in_{which}_pipeline_stage "
+                            f"must be larger than 0 (got {value})")
     modules = tuple(recompute_modules) if recompute_modules else ("core_attn",)
     for mod in modules:
         if mod not in RECOMPUTE_MODULES:
             raise SpecError(f"--recompute-modules: unknown '{mod}' (allowed: {', '.join(RECOMPUTE_MODULES)})")
     return layout_for_world(
         num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp or 0, mbs=mbs, recompute=recompute,
-        recompute_modules=modules, recompute_num_layers=recompute_num_layers,
+        recompute_modules=modules, recompute_num_layers=recompute_num_layers or 1,
         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer, fsdp=fsdp,
         overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather and (distributed_optimizer or fsdp),
@@ -210,7 +217,8 @@ EtpOpt = typer.Option(None, "--etp", help="Expert tensor parallel size (default:
 RecomputeOpt = typer.Option(RecomputeChoice.selective, "--recompute", help="Activation recomputation granularity.")
 RecomputeModulesOpt = typer.Option(None, "--recompute-modules",
                                    help="Selective recompute modules (repeat): core_attn, mlp, moe, ...")
-RecomputeNumLayersOpt = typer.Option(1, "--recompute-num-layers", help="Layers per checkpoint (full).")
+RecomputeNumLayersOpt = typer.Option(None, "--recompute-num-layers",
+                                     help="Layers per checkpoint with --recompute full (default 1).")
 NoSpOpt = typer.Option(False, "--no-sequence-parallel", help="Turn sequence parallel off.")
 NoDistOptOpt = typer.Option(False, "--no-distributed-optimizer", help="Replicate optimizer states (no ZeRO-1).")
 FsdpOpt = typer.Option(False, "--fsdp", help="Megatron-FSDP (parameters, grads and optimizer sharded).")
@@ -238,7 +246,7 @@ class LayoutFlags:
     etp: int | None = None
     recompute: str = "selective"
     recompute_modules: list[str] | None = None
-    recompute_num_layers: int = 1
+    recompute_num_layers: int | None = None
     no_sequence_parallel: bool = False
     no_distributed_optimizer: bool = False
     fsdp: bool = False
@@ -271,7 +279,7 @@ LAYOUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("mbs", int, MbsOpt), ("tp", int, TpOpt), ("pp", int, PpOpt), ("vp", int, VpOpt), ("cp", int, CpOpt),
     ("ep", int, EpOpt), ("etp", int | None, EtpOpt), ("recompute", RecomputeChoice, RecomputeOpt),
     ("recompute_modules", list[str] | None, RecomputeModulesOpt),
-    ("recompute_num_layers", int, RecomputeNumLayersOpt), ("no_sequence_parallel", bool, NoSpOpt),
+    ("recompute_num_layers", int | None, RecomputeNumLayersOpt), ("no_sequence_parallel", bool, NoSpOpt),
     ("no_distributed_optimizer", bool, NoDistOptOpt), ("fsdp", bool, FsdpOpt),
     ("no_overlap_grad_reduce", bool, NoOverlapGradOpt), ("no_overlap_param_gather", bool, NoOverlapParamOpt),
     ("tp_comm_overlap", bool, TpCommOverlapOpt), ("first_stage_layers", int | None, FirstStageOpt),
