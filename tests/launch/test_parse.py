@@ -153,3 +153,25 @@ def test_pipeline_layout_string_with_repetition() -> None:
                        "--pipeline-model-parallel-layout 'Et*4|t*3|L' --decoder-first-pipeline-num-layers 4")
     codes = dict(bad.flags.problems)
     assert codes["PIPELINE_LAYOUT_LENGTH"].startswith("The length of pipeline_model_parallel_layout must be")
+
+
+BASE_ARGS = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "4096",
+             "--max-position-embeddings", "4096", "--micro-batch-size", "1", "--global-batch-size", "64", "--bf16"]
+
+
+@pytest.mark.parametrize(("extra", "code"), [
+    (["--fp16"], "FP16_AND_BF16"),
+    (["--fp8-format", "hybrid", "--fp4-format", "e2m1"], "FP4_AND_FP8"),
+    (["--recompute-granularity", "full", "--recompute-method", "uniform"], "RECOMPUTE_NUM_LAYERS"),
+    (["--recompute-granularity", "selective", "--recompute-num-layers", "2"], "RECOMPUTE_NUM_LAYERS_SELECTIVE"),
+    (["--batch-size", "4"], "REMOVED_FLAG"),
+    (["--checkpoint-activations"], "REMOVED_FLAG"),
+    (["--use-torch-fsdp2", "--pipeline-model-parallel-size", "2"], "TORCH_FSDP2"),
+    (["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+      "--overlap-param-gather-with-optimizer-step"], "OVERLAP_PARAM_GATHER_WITH_OPTIMIZER_STEP_NEEDS_VPP"),
+])
+def test_flag_combinations_megatron_rejects_are_problems(extra: list[str], code: str) -> None:
+    from paraplan.launch.flags import read_flags
+
+    assert code in {c for c, _ in read_flags([*BASE_ARGS, *extra]).problems}
+    assert not read_flags(BASE_ARGS).problems

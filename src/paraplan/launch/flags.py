@@ -310,6 +310,9 @@ def _recompute(r: _Reader, lay: dict[str, Any]) -> None:
         if method:
             r.problems.append(("RECOMPUTE_METHOD_SELECTIVE", "recompute method is not yet supported"
                                " for selective recomputing granularity"))
+        if r.has("--recompute-num-layers"):  # TC: __post_init__
+            r.problems.append(("RECOMPUTE_NUM_LAYERS_SELECTIVE", "When using recompute_granularity: "
+                               "selective recompute_num_layers must be None."))
     elif gran == "full":
         if method not in ("uniform", "block"):
             r.problems.append(("RECOMPUTE_METHOD", 'Using recompute_granularity: full so '
@@ -317,6 +320,10 @@ def _recompute(r: _Reader, lay: dict[str, Any]) -> None:
         elif method == "block":
             r.notes.append("--recompute-method block is modelled as uniform")
         lay["recompute_num_layers"] = r.int("--recompute-num-layers") or 1
+        if not r.has("--recompute-num-layers"):  # TC: __post_init__ (range checked by launch rules)
+            r.problems.append(("RECOMPUTE_NUM_LAYERS", "When using recompute_granularity: full "
+                               "recompute_num_layers must be between 1 and num_layers_per_pipeline_rank "
+                               "(--recompute-num-layers is not set)"))
 
 
 def _layout_fields(r: _Reader, num_layers: int, moe: bool) -> dict[str, Any]:
@@ -347,6 +354,16 @@ def _layout_fields(r: _Reader, num_layers: int, moe: bool) -> dict[str, Any]:
     lay["fsdp"] = r.has("--use-megatron-fsdp") or r.has("--use-torch-fsdp2")
     if r.has("--use-torch-fsdp2"):
         r.notes.append("--use-torch-fsdp2 is modelled as Megatron-FSDP (optim_grads_params)")
+        _torch_fsdp2(r, lay)
+    if r.has("--overlap-param-gather-with-optimizer-step"):
+        if lay["vp"] <= 1:
+            r.problems.append(("OVERLAP_PARAM_GATHER_WITH_OPTIMIZER_STEP_NEEDS_VPP",
+                               "--overlap-param-gather-with-optimizer-step only supported with interleaved "
+                               "pipeline parallelism"))
+        if not (lay["distributed_optimizer"] and lay["overlap_param_gather"]):
+            r.problems.append(("OVERLAP_PARAM_GATHER_WITH_OPTIMIZER_STEP_NEEDS_DIST_OPT",
+                               "--overlap-param-gather-with-optimizer-step only supported with distributed "
+                               "optimizer and --overlap-param-gather"))
     strategy = r.text("--data-parallel-sharding-strategy")
     if lay["fsdp"] and strategy not in (None, "optim_grads_params"):
         r.notes.append(f"--data-parallel-sharding-strategy {strategy} is modelled as "
@@ -356,6 +373,34 @@ def _layout_fields(r: _Reader, num_layers: int, moe: bool) -> dict[str, Any]:
     return lay
 
 
+def _torch_fsdp2(r: _Reader, lay: dict[str, Any]) -> None:
+    """torch FSDP2's own requirements (ecosystem.md 1.4, FSDP variants)."""
+    for ok, what in ((lay["pp"] == 1, "pipeline parallelism (PP must be 1)"),
+                     (lay["ep"] == 1, "expert parallelism (EP must be 1)"),
+                     (not lay["distributed_optimizer"], "--use-distributed-optimizer"),
+                     (not r.has("--fp16"), "--fp16")):
+        if not ok:
+            r.problems.append(("TORCH_FSDP2", f"--use-torch-fsdp2 is not supported with {what}"))
+
+
+def _precision_problems(r: _Reader) -> None:
+    """Precision flags Megatron rejects together (ecosystem.md 1.4 Precision) and removed flags."""
+    if r.has("--fp16") and r.has("--bf16"):  # TC: __post_init__
+        r.problems.append(("FP16_AND_BF16", "Only one of self.fp16: True and self.bf16 True should be True."))
+    if r.has("--fp4-format") and r.has("--fp8-format"):  # A: validate_args
+        r.problems.append(("FP4_AND_FP8", "--fp4-format and --fp8-format cannot be used simultaneously. "
+                           "Please choose one."))
+    for flag, message in (("--batch-size", "--batch-size argument is no longer valid, use --micro-batch-size "
+                                           "instead"),
+                          ("--checkpoint-activations", "--checkpoint-activations is no longer valid, use "
+                                                       "--recompute-activations, or, for more control, "
+                                                       "--recompute-granularity and --recompute-method."),
+                          ("--model-parallel-size", "--model-parallel-size is no longer valid, use "
+                                                    "--tensor-model-parallel-size instead")):
+        if r.has(flag):  # A: validate_args (removed arguments)
+            r.problems.append(("REMOVED_FLAG", message))
+
+
 def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
     seq = r.int("--seq-length")
     if seq is None:
@@ -363,6 +408,7 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
         if seq is None:
             raise SpecError("--seq-length is missing (and no --max-position-embeddings)")
         r.default("--seq-length", str(seq), "taken from --max-position-embeddings")
+    _precision_problems(r)
     if r.has("--fp8-format"):
         precision = "fp8"
     elif r.has("--bf16"):
