@@ -137,10 +137,14 @@ def compare(est: Estimate, log: RunLog, *, skip_warmup: int = 1) -> Comparison:
     n, tr, t = est.cluster.num_gpus, est.training, est.time
     gbs_seen = {r.global_batch_size for r in log.iterations if r.global_batch_size}
     if gbs_seen and tr.global_batch_size not in gbs_seen:
-        notes.append(f"log global batch size {sorted(gbs_seen)} differs from the prediction's "
-                     f"{tr.global_batch_size}: step times are not comparable")
+        raise SpecError(f"the log's global batch size {', '.join(map(str, sorted(gbs_seen)))} differs from the "
+                        f"prediction's {tr.global_batch_size}: the log is not a run of this layout (give the "
+                        "manifest or the flags of the run that wrote it)")
     peak_flops = est.cluster.gpu.peak_flops_per_s(est.throughput.mfu_peak)
     rate = None if step is None else float(est.throughput.model_flops_per_step) / (step * n)
+    if rate is not None and rate > peak_flops:
+        raise SpecError(f"the log's step time ({step:.3g} s) would mean {100 * rate / peak_flops:.0f}% MFU for this "
+                        f"model on {n} GPUs: the log is not a run of this prediction (model, GPU count or batch)")
     stages = _stage_memory(est, log, notes)
     timers = summary["timers_s"]
     fb, fc, bc = (_timer(timers, k) for k in ("forward-backward", "forward-compute", "backward-compute"))

@@ -141,26 +141,25 @@ def test_the_diagnosis_is_paraplan_tune_s(plan_8b: Plan, rank: int) -> None:
 
 
 def test_measured_values_missing_from_the_log_stay_none(plan_8b: Plan) -> None:
-    log = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 812.5 |\n"
-                     " iteration 20/100 | elapsed time per iteration (ms): 800.0 |\n", source="short.log")
+    log = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 4125.0 |\n"
+                     " iteration 20/100 | elapsed time per iteration (ms): 4000.0 |\n", source="short.log")
     cmp = build_context(plan_8b, log=log).measured
     assert cmp is not None
     assert cmp.metric("log_tflops_per_gpu").measured is None and cmp.metric("log_tflops_per_gpu").ratio is None
     assert cmp.metric("peak_memory_bytes").measured is None
-    assert cmp.metric("step_time_s").measured == pytest.approx(0.8)
+    assert cmp.metric("step_time_s").measured == pytest.approx(4.0)
     assert not cmp.has_stage_memory and all(s.measured_gib is None and not s.ranks for s in cmp.stages)
     assert cmp.diagnosis[0][0] == "STEP_TIME" and cmp.diagnosis[-1][0] == "NEXT_LAYOUT"
 
 
 def test_notes_of_the_comparison_reach_the_report(plan_8b: Plan) -> None:
-    warm = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 9000.0 | global batch size: 128 |\n",
+    warm = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 9000.0 | global batch size: 256 |\n",
                       source="warm.log")
     cmp = build_context(plan_8b, log=warm, compare_rank=9).measured
     assert cmp is not None and cmp.warmup_only and cmp.iterations == 1
     assert cmp.layout_label.startswith("#3 ")  # the last top layout
     assert cmp.notes[0] == "asked to compare layout #9; the report has 3 top layouts, so the run is compared with #3"
     assert any("only warm-up iterations" in n for n in cmp.notes)
-    assert any("global batch size [128]" in n for n in cmp.notes)
     assert "(warm-up only: includes start-up)" in cmp.diagnosis[0][1]
 
 

@@ -106,8 +106,8 @@ def test_the_measured_chart_has_step_time_throughput_mfu_and_memory(html_8b: str
 
 
 def test_without_per_rank_memory_the_memory_panel_is_left_out(plan_8b: Plan) -> None:
-    log = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 812.5 |\n"
-                     " iteration 20/100 | elapsed time per iteration (ms): 800.0 |\n", source="short.log")
+    log = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 4125.0 |\n"
+                     " iteration 20/100 | elapsed time per iteration (ms): 4000.0 |\n", source="short.log")
     html = render_html(build_context(plan_8b, log=log), plotly_bundle=STUB)
     fig = _figures(html)["chart-measured"]
     assert [a["text"] for a in fig["layout"]["annotations"]] == [  # type: ignore[index]

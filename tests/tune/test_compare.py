@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from paraplan.errors import SpecError
 from paraplan.estimator import Estimate, estimate
 from paraplan.ingest import parse_text, read_logs
 from paraplan.layout import layout_for_world
@@ -87,10 +88,11 @@ def test_synthetic_log_roundtrip_with_cp() -> None:
     assert set(d) >= {"config", "metrics", "memory_per_stage", "exposed_comm_s", "notes"}
 
 
-def test_gbs_mismatch_and_no_step_are_notes() -> None:
+def test_gbs_mismatch_is_an_error_and_no_step_is_a_note() -> None:
+    # a log of another global batch is another run: its MFU against this prediction was 294% once
     est = make_estimate("llama3-8b", 8, 4096, 64, tp=1)
-    cmp = compare(est, parse_text(megatron_log(est, gbs=32, timers=False, memory=False)))
-    assert any("global batch size" in n for n in cmp.notes)
+    with pytest.raises(SpecError, match="global batch size 32 differs from the prediction's 64"):
+        compare(est, parse_text(megatron_log(est, gbs=32, timers=False, memory=False)))
     empty = compare(est, parse_text("nothing here\n"))
     assert empty.metrics["step_time_s"].measured is None and empty.step_ratio == 1.0
     assert any("no step time" in n for n in empty.notes)
@@ -102,3 +104,11 @@ def test_ranks_outside_the_world_are_reported() -> None:
             "max reserved: 3.0\n")
     cmp = compare(est, parse_text(line))
     assert any("outside the world" in n for n in cmp.notes)
+
+
+def test_a_log_faster_than_the_gpu_can_be_is_an_error() -> None:
+    est = make_estimate("llama3-8b", 8, 4096, 64, tp=1)
+    fast = parse_text(" iteration 10/100 | elapsed time per iteration (ms): 10.0 | global batch size: 64 |\n"
+                      " iteration 20/100 | elapsed time per iteration (ms): 10.0 | global batch size: 64 |\n")
+    with pytest.raises(SpecError, match="MFU for this model on 8 GPUs"):
+        compare(est, fast)
