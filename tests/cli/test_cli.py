@@ -323,3 +323,17 @@ def test_estimate_refuses_what_megatron_and_launch_refuse(extra: list[str], mess
             "--gbs", "512", "--tp", "4", "--pp", "4", *extra]
     code, out, err = run(args, capsys)
     assert code == 1 and out == "" and message in err and err.strip().count("\n") == 0
+
+
+def test_megatron_args_with_model_or_layout_flags_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 "
+            "--max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+            "--tensor-model-parallel-size 2 --foo-bar 3")
+    code, _, err = run(["estimate", "--gpu", "h100-80gb", "--num-gpus", "8", "--model", "llama3-70b", "--tp", "4",
+                        "--megatron-args", args], capsys)
+    assert code == 1 and "drop --model, --tp" in err
+    code, out, _ = run(["estimate", "--gpu", "h100-80gb", "--num-gpus", "8", "--megatron-args", args,
+                        "--format", "json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["config"]["tp"] == 2 and any("--foo-bar" in n for n in doc["notes"])

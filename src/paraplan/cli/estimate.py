@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import typer
@@ -66,6 +67,15 @@ def estimate(
     --cp 2 --seq-len 8192 --gbs 512 --mbs 1
     """
     if megatron_args is not None:
+        given = [f"--{name}" for name, value in (("model", model), ("seq-len", seq_len), ("gbs", gbs))
+                 if value is not None]
+        given += [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(flags)
+                  if getattr(flags, f.name) != getattr(NO_FLAGS, f.name)]
+        if precision != PrecisionChoice.bf16 or attention_backend != AttentionChoice.flash:
+            given.append("--precision/--attention-backend")
+        if given:
+            raise SpecError(f"--megatron-args describes the model, layout, batch and precision; drop "
+                            f"{', '.join(given)} (or drop --megatron-args)")
         result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile)
         _emit(result, fmt)
         return
@@ -93,6 +103,7 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     from pathlib import Path
 
     from paraplan.launch.check import check_parsed
+    from paraplan.launch.megatron import MEGATRON_COMMIT
     from paraplan.launch.parse import parse_script
     from paraplan.specs.load import load_gpu, override_gpu
 
@@ -113,10 +124,10 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     if blocking:
         code, message = blocking[0]
         raise LayoutError(message, reason=code)
-    if result.estimate is None:
-        return run_estimate(result.model, result.cluster, result.training, result.layout,
-                            extra_notes=list(result.parsed.flags.notes))
-    return result.estimate
+    unknown = list(result.parsed.unknown_flags)
+    notes = list(result.parsed.flags.notes) + (
+        [f"not Megatron-LM flags (main @ {MEGATRON_COMMIT}), ignored: {', '.join(unknown)}"] if unknown else [])
+    return run_estimate(result.model, result.cluster, result.training, result.layout, extra_notes=notes)
 
 
 def _emit(result: Estimate, fmt: OutputFormat) -> None:
