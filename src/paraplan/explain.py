@@ -92,13 +92,30 @@ def _cp_finding(plan: Plan, best: Estimate) -> Finding:
                    "to hide behind: measure both before committing", data)
 
 
+def _fit_means(best: Estimate) -> str:
+    """What shards the model states of a PP = 1 layout: TP, EP, FSDP or the distributed optimizer."""
+    lay = best.layout
+    parts = [f"TP {lay.tp}"] if lay.tp > 1 else []
+    if lay.ep > 1:
+        parts.append(f"EP {lay.ep}")
+    if lay.fsdp:
+        parts.append("Megatron-FSDP sharding weights, gradients and optimizer states")
+    elif lay.distributed_optimizer and lay.dp * lay.cp > 1:
+        parts.append("the distributed optimizer")
+    return ", ".join(parts) if parts else "replicated on every GPU"
+
+
 def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     """The tuning-order rules as they apply to the best layout."""
     lay, cl, tr = best.layout, plan.cluster, plan.training
-    out = [Finding("TP_INSIDE_NODE",
-                   f"TP {lay.tp} stays inside the {cl.nvlink_domain_size}-GPU NVLink domain: TP communicates "
-                   f"every layer ({float(best.time.link_comm_s['tp']):.2f} s/step on the link)",
-                   {"tp": lay.tp, "domain": cl.nvlink_domain_size})]
+    if lay.tp > 1:
+        out = [Finding("TP_INSIDE_NODE",
+                       f"TP {lay.tp} stays inside the {cl.nvlink_domain_size}-GPU NVLink domain: TP communicates "
+                       f"every layer ({float(best.time.link_comm_s['tp']):.2f} s/step on the link)",
+                       {"tp": lay.tp, "domain": cl.nvlink_domain_size})]
+    else:
+        out = [Finding("TP_NOT_NEEDED", "TP = 1: the layers are not split, so there is no per-layer TP traffic",
+                       {"tp": 1, "domain": cl.nvlink_domain_size})]
     ev = plan.feasible
     if lay.pp > 1 and ev is not None:
         pp1 = ev.table.pp == 1
@@ -107,7 +124,8 @@ def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
                 f"{float(best.throughput.tokens_per_s_per_gpu):.0f}"))
         out.append(Finding("PP_WHEN_NEEDED", text, {"pp": lay.pp, "pp1_fits": bool(pp1.any())}))
     elif lay.pp == 1:
-        out.append(Finding("PP_NOT_NEEDED", "PP = 1: TP alone fits the model, so no pipeline bubble", {"pp": 1}))
+        out.append(Finding("PP_NOT_NEEDED", f"PP = 1: the model fits without a pipeline ({_fit_means(best)}), "
+                           "so no pipeline bubble", {"pp": 1}))
     if lay.cp > 1:
         out.append(_cp_finding(plan, best))
     elif tr.seq_len >= LONG_SEQUENCE_TOKENS:

@@ -128,8 +128,10 @@ def test_plan_csv_and_explain(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(out.strip().splitlines()) == 3
     code, out, _ = run(["explain", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8",
                         "--seq-len", "4096", "--gbs", "64", "--format", "json"], capsys)
-    codes = {f["code"] for f in json.loads(out)["explanation"]}
-    assert {"BINDING_MEMORY", "DOMINANT_TIME", "TP_INSIDE_NODE", "DP_TAKES_REST", "RUNNER_UP_GAP"} <= codes
+    doc = json.loads(out)
+    codes = {f["code"] for f in doc["explanation"]}
+    tp_code = "TP_INSIDE_NODE" if doc["candidates"][0]["config"]["tp"] > 1 else "TP_NOT_NEEDED"
+    assert {"BINDING_MEMORY", "DOMINANT_TIME", tp_code, "DP_TAKES_REST", "RUNNER_UP_GAP"} <= codes
 
 
 def test_plan_save_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -337,3 +339,16 @@ def test_megatron_args_with_model_or_layout_flags_is_an_error(capsys: pytest.Cap
     assert code == 0
     doc = json.loads(out)
     assert doc["config"]["tp"] == 2 and any("--foo-bar" in n for n in doc["notes"])
+
+
+def test_explain_texts_match_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    # Qwen3-235B on 256 H100s: the winner has TP 1, PP 1 and FSDP; explain must not credit TP
+    code, out, _ = run(["explain", "--model", "qwen3-235b-a22b", "--gpu", "h100-80gb", "--num-gpus", "256",
+                        "--seq-len", "4096", "--gbs", "1024", "--format", "json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    lay = doc["candidates"][0]["config"]
+    found = {f["code"]: f["text"] for f in doc["explanation"]}
+    assert lay["tp"] == 1 and lay["pp"] == 1 and lay["fsdp"]
+    assert "TP_INSIDE_NODE" not in found and "no per-layer TP traffic" in found["TP_NOT_NEEDED"]
+    assert "TP alone" not in found["PP_NOT_NEEDED"] and "Megatron-FSDP" in found["PP_NOT_NEEDED"]
