@@ -99,8 +99,10 @@ def placement_dict(layout: ParallelLayout, cluster: ClusterSpec) -> dict[str, An
     from paraplan.estimate.comm import span_in_domain
 
     spans = {"tp": layout.tp, "cp": layout.tp * layout.cp, "ep": layout.etp * layout.ep,
-             "dp": layout.tp * layout.cp * layout.dp, "pp": layout.world_size}
-    sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "dp": layout.dp * layout.cp, "pp": layout.pp}
+             "dp_cp": layout.tp * layout.cp * layout.dp, "pp": layout.world_size}
+    # dp_cp: the gradient reduce-scatter / all-gather group, DP x CP ranks (the distributed
+    # optimizer shards over it); config.dp is DP alone
+    sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "dp_cp": layout.dp * layout.cp, "pp": layout.pp}
     return {
         "rank_order": "tp-cp-ep-dp-pp",
         "nvlink_domain_size": cluster.nvlink_domain_size,

@@ -39,7 +39,8 @@ def test_estimate_json_has_the_stable_keys(capsys: pytest.CaptureFixture[str]) -
     groups = d["placement"]["groups"]
     # TP 4 and TP x CP = 8 stay in the 8-GPU NVLink domain; DP x CP (span 16) and PP cross nodes
     assert groups["tp"]["in_nvlink_domain"] and groups["cp"]["in_nvlink_domain"]
-    assert not groups["dp"]["in_nvlink_domain"] and not groups["pp"]["in_nvlink_domain"]
+    assert not groups["dp_cp"]["in_nvlink_domain"] and not groups["pp"]["in_nvlink_domain"]
+    assert groups["dp_cp"]["size"] == d["config"]["dp"] * d["config"]["cp"]
     assert d["params"]["total"] == 70_553_706_496
 
 
@@ -352,3 +353,17 @@ def test_explain_texts_match_the_layout(capsys: pytest.CaptureFixture[str]) -> N
     assert lay["tp"] == 1 and lay["pp"] == 1 and lay["fsdp"]
     assert "TP_INSIDE_NODE" not in found and "no per-layer TP traffic" in found["TP_NOT_NEEDED"]
     assert "TP alone" not in found["PP_NOT_NEEDED"] and "Megatron-FSDP" in found["PP_NOT_NEEDED"]
+
+
+def test_plan_and_estimate_describe_an_fsdp_layout_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "8192", "--gbs", "128"]
+    code, out, _ = run(["plan", *base, "--format", "json", "--top", "20"], capsys)
+    assert code == 0
+    fsdp = next(c for c in json.loads(out)["candidates"] if c["config"]["fsdp"])
+    cfg = fsdp["config"]
+    code, out, _ = run(["estimate", *base, "--tp", str(cfg["tp"]), "--pp", str(cfg["pp"]), "--mbs", str(cfg["mbs"]),
+                        "--recompute", cfg["recompute"], "--fsdp", "--format", "json"], capsys)
+    assert code == 0
+    est = json.loads(out)
+    assert est["config"]["distributed_optimizer"] == cfg["distributed_optimizer"]
+    assert est["memory"]["peak_bytes"] == pytest.approx(fsdp["memory"]["peak_bytes"])

@@ -138,7 +138,9 @@ def build_layout(
     return layout_for_world(
         num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp or 0, mbs=mbs, recompute=recompute,
         recompute_modules=modules, recompute_num_layers=recompute_num_layers or 1,
-        sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer, fsdp=fsdp,
+        # Megatron-FSDP shards the optimizer itself (and forces the distributed optimizer on): the
+        # layout says fsdp, as the search does
+        sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer and not fsdp, fsdp=fsdp,
         overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather and (distributed_optimizer or fsdp),
         tp_comm_overlap=tp_comm_overlap, first_stage_layers=first_stage_layers or 0,
