@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from paraplan.errors import LayoutError, NoFeasiblePlanError
+from paraplan.errors import LayoutError, NoFeasiblePlanError, SpecError
 from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, stage_memory
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
@@ -258,6 +258,11 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     cluster.gpu.peak_flops_per_s(training.precision)
     table = candidate_table(model, cluster, training, space)
     n_total = len(table)
+    if n_total == 0:
+        ax = _axis_values(model, cluster, training, space)
+        given = [f"--{k} {','.join(map(str, ax[k]))}" for k in ("tp", "pp", "cp") if getattr(space, k)]
+        raise SpecError(f"no layout to search: {' '.join(given) or 'the search flags'} leaves no TP x PP x CP "
+                        f"that divides the {cluster.num_gpus} GPUs (world size must be TP x PP x CP x DP)")
     ctx = RuleContext(model=model, training=training, cluster=cluster, layout=table)
     alive = np.ones(n_total, dtype=bool)
     rejections: dict[str, int] = {}

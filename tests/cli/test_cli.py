@@ -367,3 +367,9 @@ def test_plan_and_estimate_describe_an_fsdp_layout_alike(capsys: pytest.CaptureF
     est = json.loads(out)
     assert est["config"]["distributed_optimizer"] == cfg["distributed_optimizer"]
     assert est["memory"]["peak_bytes"] == pytest.approx(fsdp["memory"]["peak_bytes"])
+
+
+def test_plan_with_search_flags_that_divide_nothing_is_a_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["plan", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "8192",
+                        "--gbs", "128", "--tp", "3"], capsys)
+    assert code == 1 and "--tp 3 leaves no TP x PP x CP that divides the 8 GPUs" in err
