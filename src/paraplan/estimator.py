@@ -180,6 +180,10 @@ def estimate(
     cluster.gpu.peak_flops_per_s(training.precision)  # fp8 on a GPU without FP8 -> SpecError
     max_positions, notes = max_positions_for(model, training)
     notes += layout_notes(model, layout, cluster) + list(extra_notes or [])
+    if not cluster.gpu.efficiency_calibrated:
+        notes.append(f"{cluster.gpu.name}: the performance model's efficiencies are not calibrated on this GPU "
+                     "(no measured runs; defaults): step time, MFU and tokens/s are indicative, memory is not "
+                     "affected (`paraplan calibrate` fits them to your runs)")
     m = layout.num_microbatches(training.global_batch_size)
     stages = tuple(
         stage_memory(model, training, layout, st, rank=r, num_microbatches=m,

@@ -148,3 +148,19 @@ def test_family_flags() -> None:
             assert m.position_embedding_type in ("rope", "yarn"), name
             # NVIDIA's scripts choose the divisor so the tokenizer vocabulary is not padded
             assert m.padded_vocab_size(1) == m.vocab_size, name
+
+
+def test_uncalibrated_gpu_says_so_in_the_estimate() -> None:
+    from paraplan.estimator import estimate
+    from paraplan.layout import ParallelLayout
+    from paraplan.specs.cluster import make_cluster
+    from paraplan.specs.load import load_gpu, load_model, override_gpu
+    from paraplan.specs.training import TrainingSpec
+
+    mi300x, h100 = load_gpu("mi300x"), load_gpu("h100-80gb")
+    assert not mi300x.efficiency_calibrated and h100.efficiency_calibrated
+    assert override_gpu(mi300x, {"efficiency": {"gemm_max_frac": 0.7}}).efficiency_calibrated
+    run = [load_model("llama3-8b"), TrainingSpec(seq_len=4096, global_batch_size=64), ParallelLayout(dp=8)]
+    notes = estimate(run[0], make_cluster(mi300x, 8), run[1], run[2]).notes
+    assert any("not calibrated on this GPU" in n for n in notes)
+    assert not any("not calibrated" in n for n in estimate(run[0], make_cluster(h100, 8), run[1], run[2]).notes)

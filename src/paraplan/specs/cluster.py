@@ -108,6 +108,9 @@ class GpuSpec:
     """How numbers were converted (per direction, dense, GiB)."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
+    efficiency_calibrated: bool = True
+    """False when ``efficiency`` is EfficiencySpec's defaults, fitted to no run on this GPU (MI300X):
+    time figures are then indicative and estimates say so."""
 
     @property
     def simt_flops_per_s(self) -> float:

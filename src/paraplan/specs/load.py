@@ -224,6 +224,7 @@ def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
             out[key] = value
     out.setdefault("name", name)
     out.setdefault("peak_fp8_flops_per_s", None)
+    out.setdefault("efficiency_calibrated", "efficiency" in data)
     return validate_fields(GpuSpec, out, "gpu.")  # type: ignore[no-any-return]
 
 
@@ -262,6 +263,7 @@ def override_gpu(gpu: GpuSpec, overrides: dict[str, Any]) -> GpuSpec:
     for key, value in overrides.items():
         if key == "efficiency":
             current["efficiency"].update(value or {})
+            current["efficiency_calibrated"] = True  # a profile or the user's own numbers
         else:
             current[key] = value
     return gpu_from_dict(current, name=gpu.name)
