@@ -6,7 +6,29 @@ import os
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from paraplan.errors import SpecError
+
+
+def yaml_error_text(err: yaml.YAMLError) -> str:
+    """One line for a YAML error: the problem and where (PyYAML's own text spans several lines)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def read_yaml(path: str | Path, what: str) -> object:
+    """The YAML document in ``path``; SpecError in one line (``what``: the field it is for) when the
+    file cannot be read or parsed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError(f"{what}: cannot read '{path}': {err.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SpecError(f"{what}: '{path}' is not valid YAML: {yaml_error_text(err)}") from None
 
 
 def check_output_file(path: str | Path, option: str) -> None:

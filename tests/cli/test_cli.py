@@ -373,3 +373,16 @@ def test_plan_with_search_flags_that_divide_nothing_is_a_bad_input(capsys: pytes
     code, _, err = run(["plan", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "8192",
                         "--gbs", "128", "--tp", "3"], capsys)
     assert code == 1 and "--tp 3 leaves no TP x PP x CP that divides the 8 GPUs" in err
+
+
+def test_malformed_yaml_files_are_one_line_with_the_location(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    bad_model = tmp_path / "bad.yaml"
+    bad_model.write_text("num_layers: [1, 2\nhidden_size: 3\n", encoding="utf-8")
+    bad_gpu = tmp_path / "gpu.yaml"
+    bad_gpu.write_text("base: h100-80gb\nhbm_gib: [1\n", encoding="utf-8")
+    for model, gpu, what in ((str(bad_model), "h100-80gb", "model"), ("llama3-8b", str(bad_gpu), "gpu")):
+        code, _, err = run(["estimate", "--model", model, "--gpu", gpu, "--num-gpus", "8", "--seq-len", "4096",
+                            "--gbs", "64"], capsys)
+        assert code == 1 and err.startswith(f"error: {what}: ") and "at line " in err
+        assert err.strip().count("\n") == 0

@@ -23,9 +23,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
 from paraplan.errors import SpecError
+from paraplan.fileio import read_yaml
 
 DEFAULT_MEGATRON_PATH: Final = "/opt/megatron-lm"
 IMAGE_PLACEHOLDER: Final = "nvcr.io/nvidia/nemo:SET_CONTAINER_IMAGE"
@@ -147,13 +146,7 @@ def load_site(path: str | Path | None) -> SiteProfile:
     """The site profile in ``path`` (YAML), or the defaults when ``path`` is None."""
     if path is None:
         return SiteProfile()
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise SpecError(f"site: cannot read '{path}': {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"site: '{path}' is not valid YAML: {err}".splitlines()[0]) from None
+    data = read_yaml(path, "site")
     if data is None:
         return SiteProfile()
     if not isinstance(data, dict):

@@ -24,6 +24,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from paraplan.errors import SpecError
+from paraplan.fileio import read_yaml, yaml_error_text
 from paraplan.specs.cluster import EfficiencySpec, GpuSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.units import GBIT, GIB, TB, TFLOP
@@ -175,8 +176,10 @@ def load_model(ref: str) -> ModelSpec:
         raise SpecError(f"model: cannot read '{ref}': {err.strerror}") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise SpecError(f"model: '{ref}' is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(f"model: '{ref}' is not valid JSON: {err}") from None
+    except yaml.YAMLError as err:
+        raise SpecError(f"model: '{ref}' is not valid YAML: {yaml_error_text(err)}") from None
     if not isinstance(data, dict):
         raise SpecError(f"model: '{ref}' must hold a mapping of fields")
     if "model_type" in data:
@@ -235,7 +238,7 @@ def load_gpu(ref: str) -> GpuSpec:
         return gpu_from_dict(_read_yaml_resource("gpus", ref), name=ref)
     path = Path(ref)
     if path.exists():
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = read_yaml(path, "gpu")
         if not isinstance(data, dict):
             raise SpecError(f"gpu: '{ref}' must hold a mapping of fields")
         base = data.pop("base", None)

@@ -12,23 +12,16 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from paraplan.errors import SpecError
+from paraplan.fileio import read_yaml
 from paraplan.specs.cluster import EfficiencySpec
 
 
 def load_profile(path: str, gpu_name: str) -> dict[str, Any]:
     """Efficiency overrides from a profile file; SpecError naming the field on bad content."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"profile: file '{path}' not found") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"profile: '{path}' is not valid YAML: {err}") from None
+    data = read_yaml(path, "profile")
     if not isinstance(data, dict) or not isinstance(data.get("efficiency"), dict):
         raise SpecError(f"profile: '{path}' needs an 'efficiency' mapping")
     if data.get("gpu") not in (None, gpu_name):
