@@ -75,7 +75,8 @@ class Estimate:
                 "usable_bytes": self.usable_bytes,
                 "fits": self.fits,
                 "per_stage": [
-                    {"stage": i, **s.memory.as_dict(), "in_flight_microbatches": float(s.in_flight)}
+                    {"stage": i, **s.memory.as_dict(), "other_parts": s.other.as_dict(),
+                     "in_flight_microbatches": float(s.in_flight)}
                     for i, s in enumerate(self.stages)
                 ],
             },

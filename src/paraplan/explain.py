@@ -46,14 +46,20 @@ def _time_terms(est: Estimate) -> dict[str, float]:
 def memory_findings(plan: Plan, best: Estimate) -> list[Finding]:
     """Binding memory constraint of the best layout and of smaller model parallelism."""
     out = []
-    stage = best.stages[best.peak_stage].memory.as_dict()
+    peak = best.stages[best.peak_stage]
+    stage = peak.memory.as_dict()
     terms = {k[:-6]: v for k, v in stage.items() if k != "total_bytes"}
     top_term = max(terms, key=lambda k: terms[k])
+    detail = ""
+    if top_term == "other":
+        parts = {k[:-6].replace("_", " "): v for k, v in peak.other.as_dict().items()}
+        detail = " (" + ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+                                  if v >= 0.05 * GIB) + " GiB)"
     out.append(Finding(
         "BINDING_MEMORY",
         f"peak memory is stage {best.peak_stage}: {best.peak_bytes / GIB:.1f} GiB of {best.usable_bytes / GIB:.1f} "
         f"GiB usable ({100 * best.peak_bytes / best.usable_bytes:.0f}%); largest term {top_term} "
-        f"{terms[top_term] / GIB:.1f} GiB",
+        f"{terms[top_term] / GIB:.1f} GiB{detail}",
         {"peak_bytes": best.peak_bytes, "usable_bytes": best.usable_bytes, "stage": best.peak_stage,
          "largest_term": top_term}))
     ev = plan.feasible

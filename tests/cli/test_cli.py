@@ -386,3 +386,14 @@ def test_malformed_yaml_files_are_one_line_with_the_location(tmp_path: Path,
                             "--gbs", "64"], capsys)
         assert code == 1 and err.startswith(f"error: {what}: ") and "at line " in err
         assert err.strip().count("\n") == 0
+
+
+def test_other_memory_has_its_parts(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*BASE, "--format", "json"], capsys)
+    assert code == 0
+    for stage in json.loads(out)["memory"]["per_stage"]:
+        parts = stage["other_parts"]
+        assert set(parts) == {"logits_bytes", "fp8_weight_cache_bytes", "fsdp_buffers_bytes", "workspace_bytes",
+                              "fragmentation_bytes"}
+        assert sum(parts.values()) == pytest.approx(stage["other_bytes"])
+        assert (parts["logits_bytes"] > 0) == (stage["stage"] == 3)  # logits live on the last of PP 4

@@ -78,6 +78,27 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True, slots=True)
+class OtherBytes:
+    """What ``other_bytes`` holds (fields may be arrays); they sum to ``total``."""
+
+    logits_bytes: Num
+    fp8_weight_cache_bytes: Num
+    fsdp_buffers_bytes: Num
+    workspace_bytes: Num
+    fragmentation_bytes: Num
+
+    @property
+    def total(self) -> Num:
+        """other_bytes of the stage."""
+        return (self.logits_bytes + self.fp8_weight_cache_bytes + self.fsdp_buffers_bytes
+                + self.workspace_bytes + self.fragmentation_bytes)
+
+    def as_dict(self) -> dict[str, float]:
+        """Scalar parts."""
+        return {f.name: float(np.asarray(getattr(self, f.name))) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
 class StageMemory:
     """Memory and parameters of one stage (scalar path keeps both for reporting)."""
 
@@ -85,6 +106,8 @@ class StageMemory:
     params: StageParams
     in_flight: Num
     """Micro-batch chunks whose activations the stage holds at its peak."""
+    other: OtherBytes
+    """The parts of ``memory.other_bytes``."""
 
 
 def model_state_bytes(params: StageParams, layout: Any, precision: str = "bf16") -> tuple[Num, Num, Num]:
@@ -152,7 +175,7 @@ def stage_activation_bytes(
 def stage_other_bytes(
     model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, params: StageParams,
     activations_bytes: Num, *, options: MemoryOptions,
-) -> Num:
+) -> OtherBytes:
     """Logits (last stage, one micro-batch, plus one per MTP layer), FP8 weight copies,
     FSDP gather buffers, workspace and fragmentation."""
     ctx = activation_context(model, training, layout)
@@ -164,7 +187,8 @@ def stage_other_bytes(
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
     fsdp_buffers = np.where(layout.fsdp, 2 * (PARAM_BYTES + GRAD_BYTES) * per_layer_params, 0.0)
     dynamic = activations_bytes + logits
-    return logits + fp8_cache + fsdp_buffers + options.workspace_bytes + options.fragmentation_frac * dynamic
+    return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,
+                      workspace_bytes=options.workspace_bytes, fragmentation_bytes=options.fragmentation_frac * dynamic)
 
 
 def stage_memory(
@@ -182,7 +206,8 @@ def stage_memory(
     other = stage_other_bytes(model, training, layout, stage, params, activations, options=options)
     return StageMemory(
         memory=MemoryBreakdown(weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
-                               activations_bytes=activations, other_bytes=other),
+                               activations_bytes=activations, other_bytes=other.total),
         params=params,
         in_flight=units,
+        other=other,
     )
