@@ -163,6 +163,32 @@ def _k8s(groups: tuple[ArgGroup, ...], spec: LaunchSpec, env: list[tuple[str, st
     return words, pod_env
 
 
+def slurm_segment(cluster: ClusterSpec) -> int | None:
+    """``#SBATCH --segment`` (nodes) for a job spread over several multi-node NVLink domains (GB200/GB300
+    NVL72 racks of 18 trays x 4 GPUs): the cost model keeps power-of-two groups of up to 64 GPUs on
+    NVLink (``comm.span_in_domain``), which holds only when Slurm places the nodes in rack-local
+    segments of 64 / gpus_per_node = 16 nodes, as NVIDIA's GB200 scripts do (ecosystem.md 2.2: "--segment
+    for GB200 jobs > 18 nodes"). None when the domain is one node or the job fits in one domain."""
+    domain_nodes = cluster.nvlink_domain_size // cluster.gpus_per_node
+    if domain_nodes <= 1 or cluster.num_nodes <= domain_nodes:
+        return None
+    pow2_gpus = 1 << (cluster.nvlink_domain_size.bit_length() - 1)
+    segment = max(pow2_gpus // cluster.gpus_per_node, 1)
+    return segment if cluster.num_nodes % segment == 0 else None
+
+
+def _segment_missing(cluster: ClusterSpec) -> str:
+    """A warning for job.sbatch when the job spans several multi-node NVLink domains but its node
+    count does not tile into rack segments (no ``--segment``): groups the prediction keeps on NVLink
+    may then cross racks."""
+    domain_nodes = cluster.nvlink_domain_size // cluster.gpus_per_node
+    if domain_nodes <= 1 or cluster.num_nodes <= domain_nodes or slurm_segment(cluster) is not None:
+        return ""
+    pow2_nodes = max((1 << (cluster.nvlink_domain_size.bit_length() - 1)) // cluster.gpus_per_node, 1)
+    return (f"{cluster.num_nodes} nodes do not tile into {pow2_nodes}-node rack segments (no --segment): "
+            "parallel groups the prediction keeps on NVLink may cross racks")
+
+
 def _context(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...]) -> dict[str, Any]:
     env = environment(spec)
     k8s_args, k8s_env = _k8s(groups, spec, env)
@@ -174,6 +200,7 @@ def _context(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...]) -> dict[s
         "layout_short": spec.layout.short(), "groups": groups, "env": env,
         "unset_max_connections": spec.layout.fsdp, "site": spec.site,
         "job_name": f"paraplan-{cid}", "rdzv_port": RDZV_PORT, "k8s_args": k8s_args,
+        "segment": slurm_segment(c), "segment_missing": _segment_missing(c),
         "k8s_env": k8s_env, "image_placeholder": IMAGE_PLACEHOLDER,
     }
 
