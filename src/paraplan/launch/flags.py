@@ -17,7 +17,7 @@ from typing import Any, Final
 from paraplan.errors import SpecError
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.load import model_from_megatron_args
-from paraplan.specs.model import RECIPE_FLAGS, ModelSpec
+from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 
 Values = dict[str, tuple[str, ...]]
 
@@ -162,11 +162,11 @@ def _model_fields(r: _Reader) -> dict[str, Any]:
 
 def _recipe_fields(r: _Reader, out: dict[str, Any]) -> None:
     """The recipe flags (``RECIPE_FLAGS``), typed by the ModelSpec field they set."""
-    defaults = ModelSpec(num_layers=1, hidden_size=1, num_attention_heads=1, vocab_size=1)
+    defaults = recipe_defaults()
     for key, flag, _ in RECIPE_FLAGS:
         if not r.has(flag):
             continue
-        default = getattr(defaults, key)
+        default = defaults[key]
         if isinstance(default, bool):
             out[key] = True
             continue

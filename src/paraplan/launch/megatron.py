@@ -21,7 +21,7 @@ from typing import Final
 from paraplan.errors import LayoutError
 from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
-from paraplan.specs.model import RECIPE_FLAGS, ModelSpec
+from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import TrainingSpec
 
 MEGATRON_COMMIT: Final = "d98e8a6"
@@ -191,15 +191,15 @@ def as_launched(
     else:
         m = replace(m, q_lora_rank=None, kv_lora_rank=32, qk_head_dim=128, qk_pos_emb_head_dim=64,
                     v_head_dim=128)
-    defaults = ModelSpec(num_layers=1, hidden_size=1, num_attention_heads=1, vocab_size=1)
+    defaults = recipe_defaults()
     if not m.is_moe:
         m = replace(m, num_experts=None, moe_router_topk=2, moe_ffn_hidden_size=None,
                     moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
-                    moe_layer_freq=1, **{f: getattr(defaults, f) for f, _, moe_only in RECIPE_FLAGS if moe_only})
+                    moe_layer_freq=1, **{f: defaults[f] for f, _, moe_only in RECIPE_FLAGS if moe_only})
     elif m.moe_router_topk == 1:  # TC: 'Please use --moe-router-pre-softmax when topk is 1.'
         m = replace(m, moe_router_pre_softmax=True)
     if not m.use_rope_scaling:
-        m = replace(m, rope_scaling_factor=defaults.rope_scaling_factor)
+        m = replace(m, rope_scaling_factor=defaults["rope_scaling_factor"])
     lay = replace(layout, sequence_parallel=layout.sp, etp=layout.etp if model.is_moe else layout.tp)
     if lay.pipeline_layout:
         lay = replace(lay, first_stage_layers=0, last_stage_layers=0, account_for_embedding=False,
@@ -300,11 +300,11 @@ def _model(m: ModelSpec, training: TrainingSpec) -> ArgGroup:
 def _recipe(m: ModelSpec) -> ArgGroup:
     """The recipe fields that differ from Megatron's defaults (``RECIPE_FLAGS``): RoPE base and
     scaling, norm epsilon, router options; bools as bare switches."""
-    defaults = ModelSpec(num_layers=1, hidden_size=1, num_attention_heads=1, vocab_size=1)
+    defaults = recipe_defaults()
     args: list[Arg] = []
     for fname, flag, moe_only in RECIPE_FLAGS:
         value = getattr(m, fname)
-        if (moe_only and not m.is_moe) or value == getattr(defaults, fname):
+        if (moe_only and not m.is_moe) or value == defaults[fname]:
             continue
         if fname == "rope_scaling_factor" and not m.use_rope_scaling:
             continue

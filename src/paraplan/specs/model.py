@@ -15,8 +15,8 @@ This module only describes the model. Parameter counting per rank lives in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from pydantic import ConfigDict
 
@@ -324,3 +324,9 @@ def _require_positive(name: str, value: object) -> None:
 MODEL_FIELDS: tuple[str, ...] = tuple(
     f for f in ModelSpec.__dataclass_fields__ if not f.startswith("_")
 )
+
+
+def recipe_defaults() -> dict[str, Any]:
+    """Megatron's default of every recipe field (``RECIPE_FLAGS``): the ModelSpec field defaults."""
+    by_name = {f.name: f.default for f in fields(ModelSpec)}
+    return {name: by_name[name] for name, _, _ in RECIPE_FLAGS}
