@@ -394,3 +394,24 @@ def test_tensorboard_missing_package_message(monkeypatch: pytest.MonkeyPatch,
 def test_tensorboard_empty_dir(tmp_path: Path) -> None:
     with pytest.raises(IngestError, match="no TensorBoard event files"):
         read_tensorboard(tmp_path)
+
+
+def test_warm_up_timers_are_the_blocks_of_the_warm_up_intervals() -> None:
+    """A timer block belongs to the iteration line before it: the warm-up interval's block is left
+    out, not the first block of every timer name (reference §9.4, §9.6)."""
+    text = (" iteration        1/     100 | elapsed time per iteration (ms): 9000.0 |\n"
+            " iteration       10/     100 | elapsed time per iteration (ms): 500.0 |\n"
+            "(min, max) time across ranks (ms):\n"
+            "    forward-backward ...............................: (400.00, 410.00)\n"
+            " iteration       20/     100 | elapsed time per iteration (ms): 510.0 |\n"
+            "(min, max) time across ranks (ms):\n"
+            "    forward-backward ...............................: (420.00, 430.00)\n"
+            "    optimizer ......................................: (40.00, 50.00)\n")
+    timers = parse_text(text).summary(1)["timers_s"]
+    # iteration 1 is the warm-up record and printed no timers: both blocks count
+    assert timers["forward-backward"]["median"] == pytest.approx(0.42)
+    assert timers["optimizer"]["median"] == pytest.approx(0.05)
+    # 03: optimizer-inner-step first appears in the second interval's block (its line is cut)
+    summary = _log("03").summary(1)["timers_s"]
+    assert summary["optimizer-inner-step"]["median"] == pytest.approx(0.046)
+    assert summary["forward-compute"]["median"] == pytest.approx(0.05816)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from paraplan.ingest.records import IterationRecord, RunLog, TheoreticalMemoryRecord, json_float
+from paraplan.ingest.records import IterationRecord, RunLog, TheoreticalMemoryRecord, TimerRecord, json_float
 
 
 def quantile(values: Iterable[float], q: float) -> float | None:
@@ -88,14 +88,42 @@ SETUP_TIMERS = frozenset({
 """Level-0 timers printed by dedicated ``timers.log`` calls, not per iteration (reference §4.3)."""
 
 
+def _timer_blocks(timers: Sequence[TimerRecord]) -> list[list[TimerRecord]]:
+    """Per-iteration timer records split into the blocks Megatron prints once per log interval: a
+    block ends where the iteration tag changes or a timer name repeats."""
+    blocks: list[list[TimerRecord]] = []
+    names: set[str] = set()
+    for t in timers:
+        if not blocks or t.name in names or t.iteration != blocks[-1][0].iteration:
+            blocks.append([])
+            names = set()
+        blocks[-1].append(t)
+        names.add(t.name)
+    return blocks
+
+
 def _timers(log: RunLog, skip_warmup: int) -> dict[str, dict[str, float | None]]:
-    """Per-iteration timers: median/p90 of ``value_s`` per name, without the first
-    ``skip_warmup`` occurrences of each name."""
+    """Per-iteration timers: median/p90 of ``value_s`` per name over the intervals kept for the
+    step time. A timer block belongs to the iteration line before it (reference §9.4, §9.6): the
+    first block after a warm-up record's line is left out, and so is any block before the first
+    iteration line. A later block with the same tag (its iteration line missing from the log) is
+    kept, and a timer that first appears in the second interval is kept. Blocks with no iteration
+    line before them (timer-only logs) leave out their first ``skip_warmup`` blocks."""
+    blocks = _timer_blocks([t for t in log.timers if t.name not in SETUP_TIMERS])
+    untagged = [b for b in blocks if b[0].iteration is None]  # no iteration line before them
+    kept = untagged[skip_warmup:]
+    warm = {r.iteration for r in log.iterations} - {r.iteration for r in after_warmup(log, skip_warmup)}
+    seen: set[int | None] = set()
+    for block in blocks:
+        tag = block[0].iteration
+        if tag is not None and not (tag in warm and tag not in seen):
+            kept.append(block)
+        seen.add(tag)
     by_name: dict[str, list[float]] = {}
-    for t in log.timers:
-        if t.name not in SETUP_TIMERS:
+    for block in kept:
+        for t in block:
             by_name.setdefault(t.name, []).append(t.value_s)
-    return {name: _stats(vs[skip_warmup:]) for name, vs in by_name.items() if vs[skip_warmup:]}
+    return {name: _stats(vs) for name, vs in by_name.items()}
 
 
 def _setup_timers(log: RunLog) -> dict[str, float]:
