@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 from numpy.typing import NDArray
 
-from paraplan.errors import PlannerError, SpecError
+from paraplan.errors import LayoutError, PlannerError, SpecError
 from paraplan.estimate.step_time import step_time
 from paraplan.fileio import write_text_atomic
 from paraplan.layout import ParallelLayout
@@ -96,12 +96,30 @@ class FitResult:
     evaluations: int
 
 
+IMPOSSIBLE_PEAK_FRAC = 1.3
+"""A run predicted above 1.3 x the usable memory is refused: beyond the memory model's p90 error
+against Megatron-LM's CI (27.6% dense, benchmarks/memory.py), so the row, not the model, is wrong."""
+
+
 def make_run(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout,
              measured_step_s: float, label: str = "") -> Run:
-    """A validated run (LayoutError if Megatron would reject the layout)."""
+    """A validated run: LayoutError if Megatron would reject the layout (layout and flag rules),
+    SpecError if paraplan's memory model puts it more than ``IMPOSSIBLE_PEAK_FRAC`` over the GPU
+    (a row that cannot describe a run that happened)."""
+    from paraplan.estimator import estimate
+    from paraplan.launch.megatron import launch_violations
+
     if not measured_step_s > 0 or not math.isfinite(measured_step_s):
         raise SpecError(f"{label or 'run'}: measured step time must be > 0, got {measured_step_s}")
     check_layout(model, training, cluster, layout)
+    broken = launch_violations(model, layout, training, cluster.gpu.arch)
+    if broken:
+        raise LayoutError(f"{label or 'run'}: {broken[0][1]}", reason=broken[0][0])
+    est = estimate(model, cluster, training, layout)
+    if est.peak_bytes > IMPOSSIBLE_PEAK_FRAC * est.usable_bytes:
+        raise SpecError(f"{label or 'run'}: paraplan predicts {est.peak_bytes / 2**30:.0f} GiB per GPU, more than "
+                        f"{IMPOSSIBLE_PEAK_FRAC:.1f} x the {est.usable_bytes / 2**30:.0f} GiB usable: this layout "
+                        "could not have run (check the row's model, GPU count and layout)")
     return Run(model, cluster, training, layout, float(measured_step_s), label)
 
 
@@ -297,6 +315,10 @@ def read_runs_csv(path: str | Path, gpu: GpuSpec | None = None) -> list[Run]:
         lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
     except FileNotFoundError:
         raise SpecError(f"runs: file '{path}' not found") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(f"runs: '{path}' is not UTF-8 text (byte {err.start}): save the CSV as UTF-8") from None
+    except OSError as err:
+        raise SpecError(f"runs: cannot read '{path}': {err.strerror}") from None
     reader = csv.DictReader(lines)
     header = [h.strip() for h in reader.fieldnames or []]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
@@ -307,7 +329,17 @@ def read_runs_csv(path: str | Path, gpu: GpuSpec | None = None) -> list[Run]:
     runs = []
     for i, row in enumerate(reader, start=2):
         clean = {(k or "").strip(): v for k, v in row.items()}
-        runs.append(_row_run(f"{p.name} row {i}", clean, p.parent, gpu))
+        where = f"{p.name} row {i}"
+        try:
+            runs.append(_row_run(where, clean, p.parent, gpu))
+        except LayoutError as err:
+            if str(err).startswith(where):
+                raise
+            raise LayoutError(f"{where}: {err}", reason=err.reason) from None
+        except SpecError as err:
+            if str(err).startswith(where):
+                raise
+            raise SpecError(f"{where}: {err}") from None
     if not runs:
         raise SpecError(f"{p.name}: no runs")
     return runs

@@ -154,3 +154,26 @@ def test_bad_fit_inputs(runs: list[Run]) -> None:
 def test_layout_from_dict_ignores_unknown_keys() -> None:
     lay = layout_from_dict({"tp": 2, "pp": 2, "dp": 2, "recompute_modules": ["core_attn"], "edp": 4, "gbs": 8})
     assert lay.tp == 2 and lay.recompute_modules == ("core_attn",)
+
+
+HEADER = "model,gpu,num_gpus,tp,pp,mbs,gbs,seq_len,recompute,step_time_s\n"
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    # llama3-70b on 8 GPUs without model parallelism: ~675 GiB per GPU, a run that could not have happened
+    ("llama3-70b,h100-80gb,8,1,1,1,64,4096,none,10.0", r"runs\.csv row 2: paraplan predicts \d+ GiB"),
+    ("llama3-8b,h100-80gb,8,1,1,1,64,4096,sometimes,1.0", r"runs\.csv row 2: recompute must be one of"),
+    ("nosuchmodel,h100-80gb,8,1,1,1,64,4096,none,1.0", r"runs\.csv row 2: unknown model preset 'nosuchmodel'"),
+])
+def test_bad_rows_name_the_row(tmp_path: Path, row: str, message: str) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + row + "\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=message):
+        read_runs_csv(path, load_gpu(GPU))
+
+
+def test_a_csv_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_bytes(b"\xff\xfe" + HEADER.encode("utf-16-le"))
+    with pytest.raises(SpecError, match="is not UTF-8 text"):
+        read_runs_csv(path, load_gpu(GPU))
