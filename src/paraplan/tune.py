@@ -230,10 +230,11 @@ def _memory_gap(cmp: Comparison) -> list[Finding]:
     meas = worst.measured_bytes or 0.0
     frag = (worst.reserved_bytes or meas) - meas
     text = (f"stage {worst.stage} measured {meas / GIB:.1f} GiB max allocated vs {worst.predicted_bytes / GIB:.1f} GiB "
-            f"predicted (x{worst.ratio:.2f}): the gap is allocator fragmentation and buffers paraplan does not "
-            f"model (NCCL/TE workspaces, CUDA graphs, temporary gradients); reserved - allocated = "
-            f"{frag / GIB:.1f} GiB of fragmentation. Next layouts are checked with peaks scaled by "
-            f"x{cmp.memory_ratio:.2f}; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation")
+            f"predicted (x{worst.ratio:.2f}): the gap is in live tensors paraplan does not model (NCCL/TE "
+            f"workspaces, CUDA graphs, temporary buffers); allocator fragmentation comes on top of it "
+            f"(reserved - allocated = {frag / GIB:.1f} GiB"
+            + ("; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it" if frag > 1.0 * GIB else "")
+            + f"). Next layouts are checked with peaks scaled by x{cmp.memory_ratio:.2f}")
     return [Finding("MEMORY_ABOVE_PREDICTION", text, {"stage": worst.stage, "measured_bytes": meas,
                     "predicted_bytes": worst.predicted_bytes, "ratio": worst.ratio, "fragmentation_bytes": frag})]
 
@@ -371,12 +372,15 @@ def launch_command(est: Estimate, *, model_ref: str | None = None, gpu_ref: str 
     return shlex.join(args)
 
 
-def _next_layout(cmp: Comparison, found: Plan | None, refs: dict[str, str | None]) -> Finding:
+def _next_layout(cmp: Comparison, found: Plan | None, refs: dict[str, str | None], *, searched: bool = True) -> Finding:
     cur = _key(cmp.estimate.layout)
+    if not searched:
+        return Finding("NEXT_LAYOUT", "no layout search was run: only the findings above apply",
+                       {"layout": None})
     cands = [c for c in (found.candidates if found else ()) if _key(c.layout) != cur and _fits(cmp, c)]
     if not cands:
         return Finding("NEXT_LAYOUT", "no other layout around the current one fits (with the measured memory ratio): "
-                       "keep it and apply the flag changes above", {"layout": None})
+                       "keep it", {"layout": None})
     best, cmd = cands[0], launch_command(cands[0], **refs)
     gain, expect = _gain(cmp.estimate, best), float(best.time.step_s) * cmp.step_ratio
     text = (f"next layout to try: {best.layout.short()} (from {cmp.estimate.layout.short()}): predicted step "
@@ -396,7 +400,38 @@ def diagnose(cmp: Comparison, found: Plan | None = None, *, search: bool = True,
     """Findings with their numbers, in the tuning method's order, ending with the next layout; ``found`` is a
     plan restricted around the current layout (searched here when None and ``search``)."""
     out = [_step_finding(cmp), *_memory_gap(cmp), *_headroom(cmp), *_bubble(cmp), *_tp_comm(cmp), *_dp_sync(cmp)]
+    searched = found is not None or search
     if found is None and search:
         found = neighbourhood(cmp)
     refs = {"model_ref": model_ref, "gpu_ref": gpu_ref, "profile": profile}
-    return [*out, _next_layout(cmp, found, refs)]
+    nxt = _next_layout(cmp, found, refs, searched=searched)
+    return [*out, *(_best_overall(cmp, nxt, refs) if search else []), nxt]
+
+
+BEST_OVERALL_MARGIN = 0.05
+"""The global search's best is shown next to the step-by-step pick when it is this much faster."""
+
+
+def _best_overall(cmp: Comparison, nxt: Finding, refs: dict[str, str | None]) -> list[Finding]:
+    """The best layout of the whole search (the step-by-step pick moves TP, PP and the micro-batch
+    one step at a time; a layout several steps away can be much faster)."""
+    est = cmp.estimate
+    try:
+        whole = plan(est.model, est.cluster, est.training, top_k=12)
+    except NoFeasiblePlanError:
+        return []
+    cands = [c for c in whole.candidates if _fits(cmp, c)]
+    if not cands:
+        return []
+    best = cands[0]
+    step_pick = min(float(nxt.numbers.get("predicted_step_s") or est.time.step_s), float(est.time.step_s))
+    if float(best.time.step_s) > (1.0 - BEST_OVERALL_MARGIN) * step_pick or _key(best.layout) == _key(est.layout):
+        return []
+    gain, cmd = _gain(est, best), launch_command(best, **refs)
+    return [Finding("BEST_OVERALL", f"the best layout of the whole search is {best.layout.short()}: predicted step "
+                    f"{float(best.time.step_s):.3g} s ({100 * gain:+.1f}% throughput over the current layout), "
+                    f"peak {best.peak_bytes * cmp.memory_ratio / GIB:.1f} GiB, several steps away from the next "
+                    f"layout below. Launch: {cmd}",
+                    {"layout": config_dict(best.layout, best.training, best.num_microbatches),
+                     "short": best.layout.short(), "predicted_step_s": float(best.time.step_s), "gain": gain,
+                     "command": cmd})]

@@ -98,10 +98,24 @@ def test_next_layout_uses_a_given_plan_and_search_can_be_off() -> None:
     cmp = compare(est, parse_text(megatron_log(est)))
     found = neighbourhood(cmp)
     assert found is not None and found.candidates
-    last = diagnose(cmp, found)[-1]
+    last = _by_code(diagnose(cmp, found), "NEXT_LAYOUT")
     assert last.numbers["short"] == found.candidates[0].layout.short()
     off = diagnose(cmp, search=False)[-1]
     assert off.code == "NEXT_LAYOUT" and off.numbers["layout"] is None
+    assert "no layout search was run" in off.text  # not "no other layout fits"
+
+
+def test_best_overall_shows_a_layout_several_steps_away() -> None:
+    # Llama-3-8B at 512 tokens on 16 H100s with TP 4 and mbs 1: the step-by-step search moves TP, PP and
+    # the micro-batch one step at a time; the whole search finds a layout further away (mbs 8) that is
+    # faster still, and says so with its launch command.
+    est = make_estimate("llama3-8b", 16, 512, 64, tp=4)
+    findings = diagnose(compare(est, parse_text(megatron_log(est))))
+    nxt, best = _by_code(findings, "NEXT_LAYOUT"), _by_code(findings, "BEST_OVERALL")
+    assert best.numbers["short"] != nxt.numbers["short"] and best.numbers["layout"]["mbs"] > 2
+    assert [f.code for f in findings][-1] == "NEXT_LAYOUT"
+    assert best.numbers["predicted_step_s"] < 0.95 * nxt.numbers["predicted_step_s"]
+    assert "paraplan launch" in best.text
 
 
 def test_launch_command_flags() -> None:
