@@ -122,6 +122,11 @@ def _timer(timers: dict[str, Any], *names: str) -> float | None:
     return next((float(v) for n in names if (v := timers.get(n, {}).get("median")) is not None), None)
 
 
+FLOP_FORMULA_TOLERANCE = 0.10
+"""The log's TFLOP/s and Megatron main's formula at the log's step time may differ by rounding and
+padding; beyond 10% the log used another formula version (MoE, SwiGLU, causal halving)."""
+
+
 def compare(est: Estimate, log: RunLog, *, skip_warmup: int = 1) -> Comparison:
     """Predicted vs measured step time, throughput, MFU, memory per stage, DP sync and bubble."""
     notes: list[str] = []
@@ -164,6 +169,11 @@ def compare(est: Estimate, log: RunLog, *, skip_warmup: int = 1) -> Comparison:
         "bubble_and_pp_s": Metric(float(t.bubble_s) + float(t.exposed_comm_s["pp"]), bubble, "s"),
         "optimizer_s": Metric(float(t.optimizer_s), _timer(timers, "optimizer"), "s"),
     }
+    log_tflops = summary["tflops_per_gpu"]["median"]
+    if log_tflops and rate and abs(log_tflops / (rate / TFLOP) - 1.0) > FLOP_FORMULA_TOLERANCE:
+        notes.append(f"the log's {log_tflops:.0f} TFLOP/s/GPU counts FLOPs differently from Megatron main's formula "
+                     f"({rate / TFLOP:.0f} TFLOP/s/GPU at the log's step time): another Megatron version's formula "
+                     "(megatron-logs.md section 6); compare on step time and tokens/s, not on the log's TFLOP/s")
     comm = {k: Metric(float(v), dp_meas if k == "dp" else None, "s") for k, v in t.exposed_comm_s.items()}
     return Comparison(estimate=est, metrics=metrics, stages=stages, comm=comm, iterations=int(summary["iterations"]),
                       warmup_only=warmup_only, notes=tuple(notes))

@@ -112,3 +112,12 @@ def test_a_log_faster_than_the_gpu_can_be_is_an_error() -> None:
                       " iteration 20/100 | elapsed time per iteration (ms): 10.0 | global batch size: 64 |\n")
     with pytest.raises(SpecError, match="MFU for this model on 8 GPUs"):
         compare(est, fast)
+
+
+def test_a_log_tflops_of_another_formula_is_noted() -> None:
+    est = make_estimate("llama3-8b", 8, 4096, 64, tp=1)
+    right = float(est.throughput.model_tflops_per_gpu)
+    same = compare(est, parse_text(megatron_log(est, tflops=right)))
+    assert not any("counts FLOPs differently" in n for n in same.notes)
+    older = compare(est, parse_text(megatron_log(est, tflops=0.5 * right)))
+    assert any("counts FLOPs differently from Megatron main's formula" in n for n in older.notes)
