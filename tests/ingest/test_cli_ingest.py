@@ -111,3 +111,28 @@ def test_tensorboard_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert s["iterations"] == 3 and s["step_time_s"]["median"] == pytest.approx(1.5)
     assert main(["ingest", str(tmp_path)]) == 0
     assert "1,500.0 ms" in capsys.readouterr().out
+
+
+def test_gzipped_log_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    gz = tmp_path / "train.log.gz"
+    gz.write_bytes(gzip.compress(Path(_sample("01")).read_bytes()))
+    assert main(["ingest", str(gz), "--format", "json"]) == 0
+    assert [r["iteration"] for r in json.loads(capsys.readouterr().out)["iterations"]] == [10, 11, 12]
+
+
+def test_a_log_without_training_output_is_one_line_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.log"
+    empty.write_text("", encoding="utf-8")
+    other = tmp_path / "other.log"
+    other.write_text("hello\nworld\n", encoding="utf-8")
+    for path in (empty, other):
+        assert main(["ingest", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert "no Megatron training output found" in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_losses_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ingest", _sample("05")]) == 0
+    assert "records without a loss" in capsys.readouterr().out

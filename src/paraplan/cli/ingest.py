@@ -79,6 +79,10 @@ def _summary_table(log: RunLog, s: dict[str, Any]) -> Table:
                       f"{_gib(s['theoretical_total_bytes'])}")
     table.add_row("skipped / NaN iterations",
                   f"{_count(s['skipped_iterations'])} / {_count(s['nan_iterations'])}")
+    if s["loss_missing_iterations"]:  # Megatron drops a NaN loss from the line (reference §1.1)
+        first = next((r.iteration for r in log.iterations if not r.losses), None)
+        table.add_row("records without a loss (a NaN loss is dropped)",
+                      f"{s['loss_missing_iterations']}" + (f" (first: iteration {first})" if first is not None else ""))
     table.add_row("lines read / unparsed / partial",
                   f"{s['lines']} / {s['unparsed_lines']} / {s['partial_lines']}")
     return table

@@ -11,6 +11,7 @@ Units are seconds and bytes; values a log did not carry are ``None``.
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 from paraplan.errors import IngestError
@@ -46,14 +47,28 @@ def read_log(path: str | Path) -> RunLog:
         data = path.read_bytes()
     except OSError as err:
         raise IngestError(f"{path}: cannot read ({err.strerror or err})") from err
+    if data[:2] == GZIP_MAGIC:  # logs are often kept gzipped
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise IngestError(f"{path}: a damaged gzip file ({err})") from None
     return parse_text(data.decode("utf-8", errors="replace"), source=str(path))
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip stream (RFC 1952, section 2.3.1)."""
 
 
 def read_logs(paths: list[str] | list[Path]) -> RunLog:
     """Read several logs (e.g. one per job of a resumed run) into one RunLog, one segment each."""
     if not paths:
         raise IngestError("no log files given")
-    return merge([read_log(p) for p in paths])
+    log = merge([read_log(p) for p in paths])
+    if not (log.iterations or log.memory or log.timers or log.step_reports or log.validation or log.theoretical):
+        names = ", ".join(str(p) for p in paths)
+        raise IngestError(f"{names}: no Megatron training output found ({log.lines} lines read: no iteration line, "
+                          "memory report or timer block)")
+    return log
 
 
 __all__ = [
