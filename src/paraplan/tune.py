@@ -122,6 +122,22 @@ def _timer(timers: dict[str, Any], *names: str) -> float | None:
     return next((float(v) for n in names if (v := timers.get(n, {}).get("median")) is not None), None)
 
 
+def _check_run_config(est: Estimate, log: RunLog) -> None:
+    """SpecError when the sizes the run printed (sizes line, argument dump) are not the predicted
+    layout's: the log is another run, and a comparison would be wrong in every number."""
+    if log.run_config is None:
+        return
+    lay, tr = est.layout, est.training
+    ours = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp, "world": est.cluster.num_gpus,
+            "mbs": lay.mbs, "gbs": tr.global_batch_size, "seq_len": tr.seq_len}
+    if est.model.is_moe:
+        ours["ep"] = lay.ep
+    differ = [f"{k} {v} (log) vs {ours[k]}" for k, v in log.run_config.sizes.items() if k in ours and v != ours[k]]
+    if differ:
+        raise SpecError(f"the log's run is not the predicted layout: {', '.join(differ)} (predicted); give the "
+                        "manifest, plan rank or flags of the run that wrote it")
+
+
 FLOP_FORMULA_TOLERANCE = 0.10
 """The log's TFLOP/s and Megatron main's formula at the log's step time may differ by rounding and
 padding; beyond 10% the log used another formula version (MoE, SwiGLU, causal halving)."""
@@ -140,6 +156,7 @@ def compare(est: Estimate, log: RunLog, *, skip_warmup: int = 1) -> Comparison:
     if step is None:
         notes.append("the log has no step time (no iteration line with elapsed time)")
     n, tr, t = est.cluster.num_gpus, est.training, est.time
+    _check_run_config(est, log)
     gbs_seen = {r.global_batch_size for r in log.iterations if r.global_batch_size}
     if gbs_seen and tr.global_batch_size not in gbs_seen:
         raise SpecError(f"the log's global batch size {', '.join(map(str, sorted(gbs_seen)))} differs from the "

@@ -102,7 +102,7 @@ def test_tune_from_a_rendered_launch_manifest(tmp_path: Path, capsys: pytest.Cap
 
 
 @pytest.mark.parametrize(("argv", "match"), [
-    (["--log", "x.log"], "exactly one of --plan, --manifest"),
+    (["--log", "x.log"], "x.log: no such file"),  # without --plan/--manifest/--model the log must describe the run
     (["--log", "x.log", "--plan", "p.json", "--model", "llama3-8b"], "exactly one of"),
     (["--log", "x.log", "--model", "llama3-8b", "--gpu", "h100-80gb"], "also give --num-gpus, --seq-len, --gbs"),
     (["--log", "/nonexistent.log", *FLAGS], "no such file"),

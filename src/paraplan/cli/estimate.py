@@ -28,7 +28,7 @@ from paraplan.cli.options import (
     ProfileOpt,
     WorkspaceOpt,
     memory_options,
-    parse_overrides,
+    resolve_gpu,
     resolve_inputs,
     with_layout_flags,
 )
@@ -105,19 +105,13 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     from paraplan.launch.check import check_parsed
     from paraplan.launch.megatron import MEGATRON_COMMIT
     from paraplan.launch.parse import parse_script
-    from paraplan.specs.load import load_gpu, override_gpu
 
     if text.startswith("@"):
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
         except OSError as err:
             raise SpecError(f"--megatron-args: cannot read '{text[1:]}': {err.strerror}") from None
-    gpu_spec = load_gpu(gpu)
-    if profile:
-        from paraplan.specs.profile import load_profile
-
-        gpu_spec = override_gpu(gpu_spec, {"efficiency": load_profile(profile, gpu_spec.name)})
-    gpu_spec = override_gpu(gpu_spec, parse_overrides(gpu_set))
+    gpu_spec = resolve_gpu(gpu, gpu_set, profile)
     result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node)
     # the environment a launcher sets is `paraplan check`'s business; the estimate needs the layout only
     blocking = [(c, m) for c, m in result.violations if c != "CUDA_DEVICE_MAX_CONNECTIONS"]

@@ -15,7 +15,7 @@ import typer
 from paraplan.errors import SpecError
 from paraplan.estimate.memory import MemoryOptions
 from paraplan.layout import RECOMPUTE_MODULES, ParallelLayout, layout_for_world
-from paraplan.specs.cluster import ClusterSpec, make_cluster
+from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
 from paraplan.specs.load import load_gpu, load_model, override_gpu
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
@@ -101,16 +101,20 @@ def resolve_inputs(
     positive("seq-len", seq_len)
     positive("gbs", gbs)
     model_spec = load_model(model)
+    cluster = make_cluster(resolve_gpu(gpu, gpu_set, profile), num_gpus, gpus_per_node)
+    training = TrainingSpec(seq_len=seq_len, global_batch_size=gbs, precision=precision,  # type: ignore[arg-type]
+                            attention_backend=attention_backend)  # type: ignore[arg-type]
+    return Inputs(model=model_spec, cluster=cluster, training=training)
+
+
+def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> GpuSpec:
+    """The GPU preset or file, with a calibrated profile's efficiencies, then --gpu-set overrides."""
     gpu_spec = load_gpu(gpu)
     if profile:
         from paraplan.specs.profile import load_profile
 
         gpu_spec = override_gpu(gpu_spec, {"efficiency": load_profile(profile, gpu_spec.name)})
-    gpu_spec = override_gpu(gpu_spec, parse_overrides(gpu_set))
-    cluster = make_cluster(gpu_spec, num_gpus, gpus_per_node)
-    training = TrainingSpec(seq_len=seq_len, global_batch_size=gbs, precision=precision,  # type: ignore[arg-type]
-                            attention_backend=attention_backend)  # type: ignore[arg-type]
-    return Inputs(model=model_spec, cluster=cluster, training=training)
+    return override_gpu(gpu_spec, parse_overrides(gpu_set))
 
 
 def build_layout(

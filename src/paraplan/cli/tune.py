@@ -105,6 +105,33 @@ def _refs(inp: RunInputs, model: str | None, gpu: str | None) -> tuple[str, str]
             gpu or (gname if gname in gpu_preset_names() else "<gpu file>"))
 
 
+def _from_log_arguments(run_log: RunLog, gpu: str | None, gpus_per_node: int | None, gpu_set: list[str] | None,
+                        profile: str | None) -> RunInputs:
+    """The run as its own argument dump describes it (model, layout, batch, precision; world size from the
+    dump), on the GPU given with --gpu (a log does not name its GPU type)."""
+    import shlex
+
+    from paraplan.cli.options import resolve_gpu
+    from paraplan.launch.check import check_parsed
+    from paraplan.launch.flags import argv_from_dump
+    from paraplan.launch.parse import parse_script
+
+    config = run_log.run_config
+    if config is None or not config.arguments:
+        raise SpecError("tune: give exactly one of --plan, --manifest or the estimate flags (--model ...): the log "
+                        "has no Megatron argument dump to read the run from")
+    if gpu is None:
+        raise SpecError("tune: the log's argument dump gives the model and layout; also give --gpu (the GPU type)")
+    gpu_spec = resolve_gpu(gpu, gpu_set, profile)
+    text = "pretrain_gpt.py " + shlex.join(argv_from_dump(config.arguments))
+    result = check_parsed(parse_script(text), gpu_spec, num_gpus=config.sizes.get("world"),
+                          gpus_per_node=gpus_per_node)
+    broken = [(c, m) for c, m in result.violations if c != "CUDA_DEVICE_MAX_CONNECTIONS"]
+    if broken:
+        raise SpecError(f"the log's argument dump describes a layout Megatron rejects: {broken[0][1]}")
+    return RunInputs(model=result.model, cluster=result.cluster, training=result.training, layout=result.layout)
+
+
 @app.command("tune")
 @with_layout_flags
 def tune(
@@ -129,15 +156,18 @@ def tune(
     """Compare a measured Megatron run with its prediction, diagnose it, and propose the next layout.
 
     Example: paraplan tune --log train.log --manifest runs/a/manifest.json
+
+    Example: paraplan tune --log train.log --gpu h100-80gb   (the model and layout from the log's argument dump)
     """
     sources = [s for s in (plan_path, manifest, model) if s]
-    if len(sources) != 1:
+    if len(sources) > 1:
         raise SpecError("tune: give exactly one of --plan, --manifest or the estimate flags (--model ...)")
+    inp: RunInputs | None = None
     if plan_path:
         inp = _with_profile(_from_plan(plan_path, rank), profile)
     elif manifest:
         inp = _with_profile(read_manifest(manifest), profile)
-    else:
+    elif model:
         missing = [f"--{k}" for k, v in (("gpu", gpu), ("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs))
                    if v is None]
         if missing:
@@ -151,6 +181,8 @@ def tune(
         run_log = read_logs(log)
     except IngestError as err:
         raise SpecError(str(err)) from None
+    if inp is None:
+        inp = _from_log_arguments(run_log, gpu, gpus_per_node, gpu_set, profile)
     est = estimate(inp.model, inp.cluster, inp.training, inp.layout)
     cmp = compare(est, run_log, skip_warmup=skip_warmup)
     model_ref, gpu_ref = _refs(inp, model, gpu)

@@ -9,6 +9,7 @@ cleans and splits a physical line; ``parse_text`` adds timer-block state. Never 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -18,6 +19,7 @@ from typing import Any
 from paraplan.ingest import records as rec
 from paraplan.ingest.primus import with_primus
 from paraplan.ingest.records import IterationRecord, MemoryRecord, Record, RunLog, TimerRecord
+from paraplan.ingest.run_config import read_run_config
 from paraplan.ingest.theoretical import parse_theoretical
 from paraplan.units import GB, GIB, MIB, MS
 
@@ -378,4 +380,6 @@ def parse_text(text: str, source: str = "<text>") -> RunLog:
             bad = any(b for _, b in results) or not all(known)
             out.count_line(recognized=any(known), partial=bad)
     block.close()
-    return out.build(source)
+    log = out.build(source)
+    config = read_run_config(text, source)
+    return log if config is None else dataclasses.replace(log, run_config=config)

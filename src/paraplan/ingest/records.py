@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from paraplan.ingest.run_config import RunConfig
+
 Pairs = tuple[tuple[str, float], ...]
 """Ordered ``(name, value)`` pairs (kept as tuples so that records stay immutable)."""
 
@@ -211,6 +213,8 @@ class RunLog:
     validation: tuple[ValidationRecord, ...] = ()
     step_reports: tuple[StepReport, ...] = ()
     theoretical: TheoreticalMemoryRecord | None = None
+    run_config: RunConfig | None = None
+    """The sizes line and argument dump the run printed at start-up (ingest/run_config.py)."""
     segment_starts: tuple[int, ...] = ()
     lines: int = 0
     unparsed_lines: int = 0
@@ -236,6 +240,8 @@ class RunLog:
             "validation": [record_to_dict(r) for r in self.validation],
             "step_reports": [record_to_dict(r) for r in self.step_reports],
             "theoretical": record_to_dict(self.theoretical) if self.theoretical else None,
+            "run_config": None if self.run_config is None else {
+                "sizes": dict(self.run_config.sizes), "arguments": dict(self.run_config.arguments)},
             "summary": self.summary(skip_warmup),
         }
 
@@ -248,6 +254,7 @@ def merge(logs: Sequence[RunLog]) -> RunLog:
         starts.extend(n_iter + s for s in log.segment_starts)
         n_iter += len(log.iterations)
     theo = next((log.theoretical for log in logs if log.theoretical is not None), None)
+    config = next((log.run_config for log in logs if log.run_config is not None), None)
     return RunLog(
         iterations=tuple(r for log in logs for r in log.iterations),
         memory=tuple(r for log in logs for r in log.memory),
@@ -255,6 +262,7 @@ def merge(logs: Sequence[RunLog]) -> RunLog:
         validation=tuple(r for log in logs for r in log.validation),
         step_reports=tuple(r for log in logs for r in log.step_reports),
         theoretical=theo,
+        run_config=config,
         segment_starts=tuple(starts),
         lines=sum(log.lines for log in logs),
         unparsed_lines=sum(log.unparsed_lines for log in logs),

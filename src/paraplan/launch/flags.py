@@ -63,6 +63,43 @@ def known_flags() -> frozenset[str]:
                      if line.strip() and not line.startswith("#"))
 
 
+@cache
+def _dests() -> dict[str, tuple[str, str, str]]:
+    """dest -> (flag, argparse action, default) of every Megatron-LM argument (megatron_dests.tsv)."""
+    text = resources.files("paraplan.launch").joinpath("megatron_dests.tsv").read_text("utf-8")
+    out: dict[str, tuple[str, str, str]] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            dest, flag, action, default = [*line.split("\t"), "", "", ""][:4]
+            out[dest] = (flag, action, default)
+    return out
+
+
+def argv_from_dump(arguments: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[str]:
+    """A command line equivalent to a log's argument dump (``_print_args``: dest names and printed
+    values after ``validate_args``): switches on where a store_true is True or a store_false is
+    False, ``--flag value`` for set values (lists printed as ``[a, b]`` become several words);
+    ``None`` and derived values without a flag (data_parallel_size, ...) are left out."""
+    dests = _dests()
+    words: list[str] = []
+    for dest, value in arguments:
+        if dest not in dests or value in ("None", ""):
+            continue
+        flag, action, _ = dests[dest]
+        if action == "StoreTrue":
+            words += [flag] if value == "True" else []
+        elif action == "StoreFalse":
+            words += [flag] if value == "False" else []
+        elif action == "BooleanOptional":
+            words += [flag] if value == "True" else [f"--no-{flag[2:]}"] if value == "False" else []
+        elif value.startswith("[") and value.endswith("]") and dest != "moe_layer_freq":
+            items = [v.strip().strip("'\"") for v in value[1:-1].split(",") if v.strip()]
+            words += [flag, *items] if items else []
+        else:
+            words += [flag, value]
+    return words
+
+
 def _is_flag(word: str) -> bool:
     return word.startswith("--") or (len(word) > 1 and word[0] == "-" and word[1].isalpha())
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from paraplan import __version__
+from paraplan.errors import SpecError
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimate.step_time import stage_time
 from paraplan.estimator import Estimate, estimate
@@ -345,6 +346,34 @@ def measured_view(cmp: Comparison, log: RunLog, label: str, findings: Sequence[F
                     diagnosis=tuple((f.code, f.text) for f in findings))
 
 
+def log_sizes_text(log: RunLog) -> str:
+    """``tp 2, pp 1, ...`` as the log states them."""
+    return ", ".join(f"{k} {v}" for k, v in (log.run_config.sizes.items() if log.run_config else ()))
+
+
+def _rank_the_log_states(plan: Plan, log: RunLog, prefer: int = 1) -> int | None:
+    """The top layout (1-based) whose sizes are the ones the log printed (``prefer`` when it matches:
+    sizes do not tell FSDP or recompute variants apart), when the log printed some; SpecError when it
+    did and none of the top layouts matches."""
+    if log.run_config is None:
+        return None
+    sizes = log.run_config.sizes
+
+    def matches(est: Estimate) -> bool:
+        lay = est.layout
+        ours = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp, "ep": lay.ep, "mbs": lay.mbs}
+        return all(ours[k] == v for k, v in sizes.items() if k in ours and (k != "ep" or est.model.is_moe))
+
+    if matches(plan.candidates[prefer - 1]):
+        return prefer
+    for i, est in enumerate(plan.candidates, start=1):
+        if matches(est):
+            return i
+    raise SpecError(f"the log states its layout ({log_sizes_text(log)}), which is not among the report's "
+                    f"{len(plan.candidates)} top layouts: raise --top, or compare it with `paraplan tune` and "
+                    "its flags")
+
+
 def build_context(plan: Plan, *, findings: Sequence[Finding] | None = None, log: RunLog | None = None,
                   compare_rank: int = 1, skip_warmup: int = 1, search: bool = True, model_ref: str | None = None,
                   gpu_ref: str | None = None, profile: str | None = None, max_points: int = MAX_POINTS,
@@ -365,6 +394,11 @@ def build_context(plan: Plan, *, findings: Sequence[Finding] | None = None, log:
         k = min(max(compare_rank, 1), len(plan.candidates))
         clamped = ([f"asked to compare layout #{compare_rank}; the report has {len(top)} top layouts, so the run "
                     f"is compared with #{k}"] if k != compare_rank else [])
+        stated = _rank_the_log_states(plan, log, prefer=k)
+        if stated is not None and stated != k:
+            clamped = [f"the log states its layout ({log_sizes_text(log)}): compared with top layout #{stated}, "
+                       f"not #{k}"]
+            k = stated
         cmp = compare(plan.candidates[k - 1], log, skip_warmup=skip_warmup)
         diag = diagnose(cmp, None, search=search, model_ref=model_ref, gpu_ref=gpu_ref, profile=profile)
         measured = measured_view(cmp, log, top[k - 1].label, diag, skip_warmup=skip_warmup, notes=clamped)

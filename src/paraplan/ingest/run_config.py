@@ -1,0 +1,83 @@
+"""What a Megatron log says about the run itself: the parallel sizes and the argument dump.
+
+Megatron-LM prints, on rank 0 at start-up (megatron-logs.md section 7):
+
+* ``using world size: W, data-parallel size: D, context-parallel size: C, hierarchical
+  context-parallel sizes: None, tensor-model-parallel size: T, pipeline-model-parallel size: P``
+  (older versions: ``using world size: W, data-parallel-size: D, tensor-model-parallel size: T,
+  pipeline-model-parallel size: P``);
+* the argument dump after ``validate_args`` (``megatron/training/arguments.py`` ``_print_args``):
+  ``------------------------ arguments ------------------------``, one ``  name .... value`` line
+  per argument (dest names, dots padding the name to 48 characters), then
+  ``-------------------- end of arguments ---------------------``.
+
+``RunConfig.sizes`` maps the names paraplan compares (tp, pp, cp, dp, ep, vp, world, mbs, gbs,
+seq_len) to the values the log states; the dump wins over the one-line summary.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+_SIZES_LINE: Final = re.compile(
+    r"using world size: (?P<world>\d+), data-parallel[- ]size: (?P<dp>\d+)"
+    r"(?:, context-parallel size: (?P<cp>\d+))?.*?tensor-model-parallel size: (?P<tp>\d+), "
+    r"pipeline-model-parallel size: (?P<pp>\d+)")
+_ARGS_START: Final = re.compile(r"-{8,} arguments -{8,}")
+_ARGS_END: Final = re.compile(r"-{8,} end of arguments -{8,}")
+_ARG_LINE: Final = re.compile(r"^\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*) \.* ?(?P<value>.*?)\s*$")
+_PREFIX: Final = re.compile(r"^(?:\[?rank\d+\]?:\s*|\d+:\s*)")
+
+ARGUMENT_SIZES: Final = {
+    "tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size", "cp": "context_parallel_size",
+    "dp": "data_parallel_size", "ep": "expert_model_parallel_size", "vp": "virtual_pipeline_model_parallel_size",
+    "world": "world_size", "mbs": "micro_batch_size", "gbs": "global_batch_size", "seq_len": "seq_length",
+}
+"""paraplan's size names -> the argument-dump names that state them."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """The run's own statement of its configuration (either part may be empty)."""
+
+    arguments: tuple[tuple[str, str], ...] = ()
+    """The argument dump, (dest name, printed value), in log order."""
+    sizes_line: tuple[tuple[str, int], ...] = ()
+    """The ``using world size`` line's sizes."""
+    source: str = ""
+    sizes: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = dict(self.sizes_line)
+        args = dict(self.arguments)
+        for key, name in ARGUMENT_SIZES.items():
+            raw = args.get(name)
+            if raw is not None and raw.isdigit():
+                sizes[key] = int(raw)
+        if args.get("virtual_pipeline_model_parallel_size") == "None" and "pp" in sizes:
+            sizes["vp"] = 1
+        self.sizes.update(sizes)
+
+
+def read_run_config(text: str, source: str = "") -> RunConfig | None:
+    """The sizes line and the first argument dump of a log text; None when it has neither."""
+    sizes: dict[str, int] = {}
+    args: list[tuple[str, str]] = []
+    inside = done = False
+    for raw in text.split("\n"):
+        line = _PREFIX.sub("", raw.rstrip("\r"))
+        if not sizes and (m := _SIZES_LINE.search(line)):
+            sizes = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+        if done:
+            continue
+        if _ARGS_START.search(line):
+            inside = True
+        elif inside and _ARGS_END.search(line):
+            inside, done = False, True
+        elif inside and (a := _ARG_LINE.match(line)):
+            args.append((a["name"], a["value"]))
+    if not sizes and not args:
+        return None
+    return RunConfig(arguments=tuple(args), sizes_line=tuple(sizes.items()), source=source)
