@@ -266,3 +266,15 @@ def test_recipe_flags_are_emitted_and_read_back(name: str) -> None:
     want, _ = as_launched(model, lay, TRAIN)
     got = parsed.model
     assert {f: getattr(got, f) for f, _, _ in RECIPE_FLAGS} == {f: getattr(want, f) for f, _, _ in RECIPE_FLAGS}
+
+
+def test_packaged_dest_table_is_the_tsv() -> None:
+    """megatron_dests.tsv (argument dump -> command line) is the flag TSV's dest, first flag and action."""
+    from paraplan.launch.flags import _dests
+
+    want: dict[str, tuple[str, str]] = {}
+    for line in TSV.read_text(encoding="utf-8").splitlines()[2:]:
+        cols = line.split("\t")
+        if cols[2] != "Help":
+            want.setdefault(cols[1], (cols[0].split("|")[0], cols[2]))
+    assert {dest: (flag, action) for dest, (flag, action, _) in _dests().items()} == want
