@@ -105,3 +105,12 @@ def test_moe_note_and_cross_node_ep(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(args, capsys)
     d = json.loads(out)
     assert code == 0 and d["rows"][0]["feasible"] and not any("--nvlink-only" in n for n in d["notes"])
+
+
+def test_unpriced_gpu_and_html_are_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    html = tmp_path / "b.html"
+    assert main(["budget", "--model", "llama3-8b", "--tokens", "1T", "--days", "30", "--gpu", "h100-80gb",
+                 "--price-per-gpu-hour", "b200=3", "--html", str(html)]) == 0
+    out = capsys.readouterr().out
+    assert "no --price-per-gpu-hour for h100-80gb" in out and f"wrote {html}" in out.replace("\n", "")
+    assert html.stat().st_size > 0

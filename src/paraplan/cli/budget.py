@@ -261,3 +261,9 @@ def budget_cmd(
         sys.stdout.write(to_csv(res))
     else:
         render_budget(res)
+        unpriced = [n for n in names if n not in prices]
+        if prices and unpriced:
+            console().print(f"note: no --price-per-gpu-hour for {', '.join(unpriced)}: no cost shown for it",
+                            soft_wrap=True)
+        if html:
+            console().print(f"wrote {html}")
