@@ -305,11 +305,34 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
     order = rank_order(feasible, objective, cluster)
-    top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options)
-           for i in order[:top_k]]
+    picked, ties = distinct_top(feasible, order, top_k)
+    top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
+    notes = ((f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
+              "a larger micro-batch) and are not listed: the simpler one is",) if ties else ())
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
-                num_feasible=len(fit_idx), feasible=feasible)
+                num_feasible=len(fit_idx), feasible=feasible, notes=notes)
+
+
+def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[list[int], int]:
+    """The first ``top_k`` of ``order`` that differ from every one before them in step time or peak
+    memory (relative 1e-9), and how many exact ties were passed over on the way: such layouts do the
+    same per-GPU work (CP x micro-batch, or recompute variants that cost nothing), and ``rank_order``
+    already put the simplest of them first."""
+    picked: list[int] = []
+    seen: set[tuple[float, float]] = set()
+    ties = 0
+    for i in order:
+        key = (float(np.round(ev.step_s[i], 9 - int(np.floor(np.log10(max(ev.step_s[i], 1e-30)))))),
+               float(np.round(ev.peak_bytes[i] / 2**20, 3)))
+        if key in seen:
+            ties += 1
+            continue
+        seen.add(key)
+        picked.append(int(i))
+        if len(picked) == top_k:
+            break
+    return picked, ties
 
 
 def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.int64]:

@@ -200,3 +200,18 @@ def test_search_plans_uneven_pipelines_for_layer_counts_that_do_not_divide() -> 
     assert ev is not None
     i = int(np.argmin(ev.step_s))
     assert float(best.time.step_s) == pytest.approx(float(ev.step_s[i]), rel=1e-9)
+
+
+def test_top_layouts_are_distinct_and_exact_ties_are_counted() -> None:
+    """Exact ties (CP traded for micro-batch size: same per-GPU work) are listed once, the simplest."""
+    from paraplan.search import plan
+    from paraplan.specs.cluster import make_cluster
+    from paraplan.specs.load import load_gpu, load_model
+    from paraplan.specs.training import TrainingSpec
+
+    p = plan(load_model("gpt3-175b"), make_cluster(load_gpu("a100-80gb"), 1024),
+             TrainingSpec(seq_len=2048, global_batch_size=1536), top_k=5)
+    keys = [(round(float(c.time.step_s), 6), round(c.peak_bytes / 2**20, 1)) for c in p.candidates]
+    assert len(set(keys)) == len(keys) == 5
+    assert p.notes and "tie exactly" in p.notes[0]
+    assert p.candidates[0].layout.cp == 1  # the CP 2 / mbs 4 twin of the winner is not listed

@@ -58,8 +58,8 @@ def test_no_external_resources(html_8b: str) -> None:
 def test_every_chart_has_a_div_and_a_figure_with_data(plan_8b: Plan, html_8b: str) -> None:
     ctx = build_context(plan_8b, log=parse_text(LOG, source="train.log"))
     ids = [c.id for c in charts(ctx)]
-    assert ids == ["chart-landscape", "chart-rejections", "chart-memory", "chart-time", "chart-schedule-0",
-                   "chart-measured"]
+    assert ids[:5] == ["chart-landscape", "chart-rejections", "chart-memory", "chart-time", "chart-schedule-0"]
+    assert ids[-1] == "chart-measured" and all(i.startswith("chart-schedule-") for i in ids[5:-1])
     figures = _figures(html_8b)
     assert list(figures) == ids
     for chart_id in ids:

@@ -120,6 +120,8 @@ def render_plan(p: Plan) -> None:
     con.print(table)
     rej = ", ".join(f"{k} {v}" for k, v in sorted(p.rejections.items(), key=lambda kv: -kv[1]))
     con.print(f"rejected: {rej or 'none'}")
+    for note in p.notes:
+        con.print(f"note: {note}")
 
 
 def render_findings(p: Plan) -> None:
