@@ -148,13 +148,16 @@ def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     if lay.tp > 1:
         out.append(Finding("SEQUENCE_PARALLEL", "sequence parallel " + ("on" if lay.sp else "OFF") +
                            f" with TP {lay.tp}: norm/dropout activations sharded over TP", {"sp": lay.sp}))
+    expert = (f"; expert states over expert-DP {lay.edp}" + (" (not sharded)" if lay.edp == 1 else "")
+              if best.model.is_moe and (lay.fsdp or lay.distributed_optimizer) else "")
     out.append(Finding("OPTIMIZER_SHARDING",
-                       ("Megatron-FSDP shards weights, gradients and optimizer states" if lay.fsdp else
-                        "distributed optimizer shards optimizer states over DP x CP" if lay.distributed_optimizer
-                        else "optimizer states replicated (no distributed optimizer)") +
-                       f": {float(best.stages[best.peak_stage].memory.optimizer_bytes) / GIB:.1f} GiB "
+                       (f"Megatron-FSDP shards weights, gradients and optimizer states over DP x CP {lay.dp * lay.cp}"
+                        if lay.fsdp else
+                        f"distributed optimizer shards optimizer states over DP x CP {lay.dp * lay.cp}"
+                        if lay.distributed_optimizer else "optimizer states replicated (no distributed optimizer)")
+                       + expert + f": {float(best.stages[best.peak_stage].memory.optimizer_bytes) / GIB:.1f} GiB "
                        "optimizer on the peak stage",
-                       {"fsdp": lay.fsdp, "distributed_optimizer": lay.distributed_optimizer}))
+                       {"fsdp": lay.fsdp, "distributed_optimizer": lay.distributed_optimizer, "edp": lay.edp}))
     return out
 
 

@@ -42,3 +42,8 @@ def test_without_a_dump_or_flags_tune_asks_for_them(tmp_path: Path, capsys: pyte
     log.write_text(" iteration 10/100 | elapsed time per iteration (ms): 100.0 |\n", encoding="utf-8")
     assert main(["tune", "--log", str(log), "--gpu", "h100-80gb"]) == 1
     assert "the log has no Megatron argument dump" in capsys.readouterr().err
+
+
+def test_layout_flags_next_to_an_argument_dump_are_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--log", str(DUMP), "--gpu", "h100-80gb", "--tp", "4", "--no-search"]) == 1
+    assert "drop --tp" in capsys.readouterr().err

@@ -34,3 +34,22 @@ def test_mlp_module_on_an_all_moe_model_recomputes_nothing() -> None:
     moe = _step_and_peak("mixtral-8x7b", 16, tp=2, ep=8, recompute="selective", recompute_modules=("moe",))
     assert mlp == pytest.approx(none)
     assert moe[0] > none[0] and moe[1] < none[1]
+
+
+def test_fp8_weight_copies_under_fsdp_are_those_of_the_layers_in_flight() -> None:
+    """Megatron-FSDP gathers a layer's weights for its GEMMs and frees them: only the ~2 layers in
+    flight have FP8 copies (a full FP8 copy of every weight made FSDP + FP8 never fit)."""
+    from paraplan.estimate.memory import FP8_WEIGHT_CACHE_BYTES, FSDP_LAYERS_IN_FLIGHT
+
+    model = load_model("llama3-70b")
+    fp8 = TrainingSpec(seq_len=8192, global_batch_size=256, precision="fp8")
+    cluster = make_cluster(load_gpu("gb200"), 64)
+    fsdp = estimate(model, cluster, fp8, layout_for_world(64, tp=1, recompute="full", fsdp=True,
+                                                          distributed_optimizer=False))
+    dist = estimate(model, cluster, fp8, layout_for_world(64, tp=1, recompute="full"))
+    st_f, st_d = fsdp.stages[0], dist.stages[0]
+    per_layer = (st_f.params.layers_dense + st_f.params.layers_experts) / model.num_layers
+    assert float(st_f.other.fp8_weight_cache_bytes) == pytest.approx(
+        FP8_WEIGHT_CACHE_BYTES * FSDP_LAYERS_IN_FLIGHT * per_layer)
+    assert float(st_d.other.fp8_weight_cache_bytes) == pytest.approx(FP8_WEIGHT_CACHE_BYTES * st_d.params.total)
+    assert fsdp.fits  # the published Bridge recipe (TP 1, FSDP, FP8 on 64 GB200) runs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import replace
 
@@ -182,6 +184,12 @@ def tune(
     except IngestError as err:
         raise SpecError(str(err)) from None
     if inp is None:
+        given = [f"--{n}" for n, v in (("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs)) if v is not None]
+        given += [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(flags)
+                  if getattr(flags, f.name) != getattr(NO_FLAGS, f.name)]
+        if given:
+            raise SpecError(f"tune: the log's argument dump describes the run; drop {', '.join(given)} (or give "
+                            "--model with the layout flags)")
         inp = _from_log_arguments(run_log, gpu, gpus_per_node, gpu_set, profile)
     est = estimate(inp.model, inp.cluster, inp.training, inp.layout)
     cmp = compare(est, run_log, skip_warmup=skip_warmup)

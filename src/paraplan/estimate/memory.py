@@ -38,6 +38,10 @@ Num = Any
 
 FP8_WEIGHT_CACHE_BYTES = 2.0
 """Transformer Engine keeps an FP8 copy of each GEMM weight and its transpose (1 B each) under FP8."""
+FSDP_LAYERS_IN_FLIGHT = 2
+"""Megatron-FSDP holds the gathered weights (and their unsharded gradients) of about two layers at a
+time: the one computing and the one prefetched (megatron_fsdp's all-gather / reduce-scatter
+pipelining); their FP8 copies, under FP8, are the only ones that exist."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,10 +186,13 @@ def stage_other_bytes(
     vpad = padded_vocab(model, layout.tp)
     heads = 1 + np.asarray(stage.num_mtp_layers)
     logits = np.where(stage.has_output, heads * act.output_bytes(model, ctx, padded_vocab=vpad), 0.0)
-    fp8_cache = FP8_WEIGHT_CACHE_BYTES * params.total if training.precision == "fp8" else 0.0
     layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
-    fsdp_buffers = np.where(layout.fsdp, 2 * (PARAM_BYTES + GRAD_BYTES) * per_layer_params, 0.0)
+    fsdp_buffers = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * (PARAM_BYTES + GRAD_BYTES) * per_layer_params, 0.0)
+    # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
+    # gathered for its GEMMs and released, so only the layers in flight carry FP8 copies
+    fp8_held = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * per_layer_params, params.total)
+    fp8_cache = FP8_WEIGHT_CACHE_BYTES * fp8_held if training.precision == "fp8" else 0.0
     dynamic = activations_bytes + logits
     return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,
                       workspace_bytes=options.workspace_bytes, fragmentation_bytes=options.fragmentation_frac * dynamic)
