@@ -8,11 +8,18 @@ import typer
 from rich.markup import escape
 
 from paraplan.cli._app import app, state
-from paraplan.cli.options import GPU_HELP, FormatOpt, GpusPerNodeOpt, OutputFormat
+from paraplan.cli.options import (
+    GPU_HELP,
+    FormatOpt,
+    GpuSetOpt,
+    GpusPerNodeOpt,
+    OutputFormat,
+    ProfileOpt,
+    resolve_gpu,
+)
 from paraplan.cli.render import console, render_estimate
 from paraplan.launch.check import CheckResult, check_parsed, suggest_alternative
 from paraplan.launch.parse import parse_file
-from paraplan.specs.load import load_gpu
 
 DEFAULT_GPU = "h100-80gb"
 
@@ -66,6 +73,8 @@ def check(
                                         help="World size (default: from torchrun/srun/#SBATCH)."),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", "-g", help=GPU_HELP),
     gpus_per_node: int | None = GpusPerNodeOpt,
+    gpu_set: list[str] | None = GpuSetOpt,
+    profile: str | None = ProfileOpt,
     fmt: OutputFormat = FormatOpt,
 ) -> None:
     """Read a Megatron-LM launch script: broken rules (Megatron's wording), unknown flags,
@@ -74,7 +83,7 @@ def check(
     Example: paraplan check train_llama3_8b.sh --gpu h100-80gb
     """
     parsed = parse_file(script)
-    result = check_parsed(parsed, load_gpu(gpu), num_gpus=num_gpus, gpus_per_node=gpus_per_node)
+    result = check_parsed(parsed, resolve_gpu(gpu, gpu_set, profile), num_gpus=num_gpus, gpus_per_node=gpus_per_node)
     if fmt == OutputFormat.json:
         print(json.dumps({"script": script, **result.to_dict()}, indent=1))
     else:

@@ -105,7 +105,8 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
     return replace(p, candidates=ests)
 
 
-_PLAN = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save` (instead of the plan flags).")
+_PLAN = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save`: its model, cluster and training "
+                     "(instead of the plan flags); the search is run again, without the plan's search flags.")
 _OUT = typer.Option(..., "--output", "-o", help="HTML file to write (written atomically).")
 _LOG = typer.Option(None, "--log", help="Training log or TensorBoard event file of a run (repeatable): adds "
                                         "predicted vs measured and the diagnosis of `paraplan tune`.")
