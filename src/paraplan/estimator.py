@@ -108,8 +108,8 @@ def placement_dict(layout: ParallelLayout, cluster: ClusterSpec) -> dict[str, An
         "rank_order": "tp-cp-ep-dp-pp",
         "nvlink_domain_size": cluster.nvlink_domain_size,
         "groups": {axis: {"size": sizes[axis], "span_ranks": spans[axis],
-                          "in_nvlink_domain": bool(sizes[axis] == 1 or span_in_domain(spans[axis],
-                                                                                      cluster.nvlink_domain_size))}
+                          "in_nvlink_domain": bool(sizes[axis] == 1 or span_in_domain(
+                              spans[axis], cluster.nvlink_block_gpus))}
                    for axis in spans},
     }
 

@@ -242,13 +242,13 @@ class Plan:
 
 
 def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpace) -> dict[str, Any]:
-    domain = cluster.nvlink_domain_size
+    block = cluster.nvlink_block_gpus
     if space.allow_cross_node:
         return {}
     # the same placement rule the cost model uses (comm.span_in_domain): a group stays on NVLink
     # when its rank span tiles the domain
-    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(table.tp * table.cp, domain),
-            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(table.ep * table.etp, domain)}
+    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(table.tp * table.cp, block),
+            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(table.ep * table.etp, block)}
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,

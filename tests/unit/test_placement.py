@@ -13,12 +13,22 @@ from paraplan.specs.load import load_gpu, load_model
 from paraplan.specs.training import TrainingSpec
 
 
-@pytest.mark.parametrize(("span", "domain", "inside"), [
-    (8, 8, True), (16, 8, False), (64, 72, True), (36, 72, True), (48, 72, False), (24, 72, True),
-    (96, 72, False), (1, 8, True),
+@pytest.mark.parametrize(("span", "block", "inside"), [
+    (8, 8, True), (16, 8, False), (64, 64, True), (64, 72, False), (36, 72, True), (48, 72, False), (24, 72, True),
+    (96, 72, False), (1, 8, True), (16, 64, True), (32, 48, False),
 ])
-def test_span_in_domain(span: int, domain: int, inside: bool) -> None:
-    assert bool(comm.span_in_domain(np.array(span), domain)) is inside
+def test_span_in_domain(span: int, block: int, inside: bool) -> None:
+    assert bool(comm.span_in_domain(np.array(span), block)) is inside
+
+
+@pytest.mark.parametrize(("gpu", "n", "block"), [
+    ("h100-80gb", 1024, 8),  # HGX: the node
+    ("gb200", 72, 72), ("gb200", 48, 48),  # one NVL72 rack: the whole job
+    ("gb200", 128, 64), ("gb200", 576, 64),  # several racks in 16-tray segments (launch asks --segment=16)
+    ("gb200", 144, 72),  # 36 trays do not tile into 16-tray segments: racks in order, 72 ranks each
+])
+def test_nvlink_block(gpu: str, n: int, block: int) -> None:
+    assert make_cluster(load_gpu(gpu), n).nvlink_block_gpus == block
 
 
 def test_nvlink_only_mask_matches_the_cost_models_tier() -> None:
@@ -32,7 +42,7 @@ def test_nvlink_only_mask_matches_the_cost_models_tier() -> None:
     all_nvlink = np.isclose(nvlink_a2a, 1e9 * (table.ep - 1) / table.ep
                             / (cluster.gpu.nvlink_bytes_per_s * cluster.gpu.efficiency.nvlink_bus_frac))
     ep_rows = table.ep > 1
-    assert ep_rows.any() and (~comm.span_in_domain(ep_span, 72) & ep_rows).any()
+    assert ep_rows.any() and (~comm.span_in_domain(ep_span, cluster.nvlink_block_gpus) & ep_rows).any()
     # rejected by --nvlink-only exactly where the all-to-all is costed partly on the network
     assert np.array_equal(masks["EP_CROSSES_NVLINK"][ep_rows], ~all_nvlink[ep_rows])
 

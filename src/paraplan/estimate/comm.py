@@ -28,18 +28,15 @@ from paraplan.specs.cluster import ClusterSpec
 Num = Any
 
 
-def span_in_domain(span: Num, domain: int) -> Num:
-    """True where a group spanning ``span`` consecutive ranks stays inside one NVLink domain.
-
-    Groups tile the rank space; they stay inside when the span divides the domain, or when it is
-    a power of two no larger than the largest power of two in the domain (an NVL72 rack is used
-    as 64 GPUs by power-of-two jobs, as NeMo's ``--segment`` placement does).
+def span_in_domain(span: Num, block: int) -> Num:
+    """True where a group spanning ``span`` consecutive ranks stays inside one NVLink domain: the
+    span divides ``block``, the consecutive ranks known to share a domain
+    (``ClusterSpec.nvlink_block_gpus``: the HGX node; the job inside one NVL72 rack; a 64-GPU rack
+    segment of a multi-rack job, as NeMo's ``--segment`` placement makes it; else a 72-GPU rack).
+    Groups tile the rank space, so a span dividing the block never straddles it.
     """
     span = np.asarray(span)
-    pow2_domain = 1 << (max(domain, 1).bit_length() - 1)
-    is_pow2 = (span & (span - 1)) == 0
-    fits = (span <= domain) & (((domain % np.maximum(span, 1)) == 0) | (is_pow2 & (span <= pow2_domain)))
-    return fits | (span <= 1)
+    return (span <= 1) | ((span <= block) & (block % np.maximum(span, 1) == 0))
 
 
 def tier_rates(cluster: ClusterSpec) -> tuple[float, float]:
@@ -52,7 +49,7 @@ def tier_rates(cluster: ClusterSpec) -> tuple[float, float]:
 def tier_busbw(cluster: ClusterSpec, span: Num) -> Num:
     """Per-GPU bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks."""
     nvlink, network = tier_rates(cluster)
-    return np.where(span_in_domain(span, cluster.nvlink_domain_size), nvlink, network)
+    return np.where(span_in_domain(span, cluster.nvlink_block_gpus), nvlink, network)
 
 
 def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:
@@ -69,9 +66,9 @@ def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:
     """
     nvlink, network = tier_rates(cluster)
     n, stride = np.asarray(n), np.asarray(stride)
-    domain = cluster.nvlink_domain_size
-    n_local = np.clip(np.minimum(n, domain // np.maximum(stride, 1)), 1, None)
-    inside = span_in_domain(n * stride, domain)
+    block = cluster.nvlink_block_gpus
+    n_local = np.clip(np.minimum(n, block // np.maximum(stride, 1)), 1, None)
+    inside = span_in_domain(n * stride, block)
     return np.where(inside, nvlink, np.minimum(nvlink, n_local * network))
 
 
@@ -105,10 +102,10 @@ def all_to_all_s(
     """
     nvlink, network = tier_rates(cluster)
     n = np.asarray(n)
-    per_domain = np.clip(cluster.nvlink_domain_size // np.maximum(stride, 1), 1, None)
+    per_domain = np.clip(cluster.nvlink_block_gpus // np.maximum(stride, 1), 1, None)
     # a group whose span does not tile the domain straddles two domains somewhere; the slowest
     # (straddling) group sets the pace, and it has at most half its peers on NVLink (even split)
-    tiles = span_in_domain(n * stride, cluster.nvlink_domain_size)
+    tiles = span_in_domain(n * stride, cluster.nvlink_block_gpus)
     intra = np.where(tiles, n, np.minimum(np.minimum(n, per_domain), np.ceil(n / 2))) - 1
     inter = n - 1 - intra
     t = size_bytes * (intra / np.maximum(n, 1) / nvlink + inter / np.maximum(n, 1) / network)

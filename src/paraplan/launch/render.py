@@ -163,31 +163,20 @@ def _k8s(groups: tuple[ArgGroup, ...], spec: LaunchSpec, env: list[tuple[str, st
     return words, pod_env
 
 
-def _segment_nodes(cluster: ClusterSpec) -> int | None:
-    """Nodes per rack-local segment when the job spans several multi-node NVLink domains (GB200/GB300
-    NVL72 racks of 18 trays x 4 GPUs): the cost model keeps power-of-two groups of up to 64 GPUs on
-    NVLink (``comm.span_in_domain``), which holds when Slurm places the nodes in segments of
-    64 / gpus_per_node = 16 nodes. None when the domain is one node or the job fits in one domain."""
-    domain_nodes = cluster.nvlink_domain_size // cluster.gpus_per_node
-    if domain_nodes <= 1 or cluster.num_nodes <= domain_nodes:
-        return None
-    return max((1 << (cluster.nvlink_domain_size.bit_length() - 1)) // cluster.gpus_per_node, 1)
-
-
 def slurm_segment(cluster: ClusterSpec) -> int | None:
     """``#SBATCH --segment`` (nodes), as NVIDIA's GB200 scripts set it for jobs over 18 nodes
     (ecosystem.md 2.2); None when not needed or when the node count does not tile into segments."""
-    seg = _segment_nodes(cluster)
+    seg = cluster.segment_nodes
     return seg if seg is not None and cluster.num_nodes % seg == 0 else None
 
 
 def _segment_missing(cluster: ClusterSpec) -> str:
     """A warning for job.sbatch when the job needs rack segments its node count cannot tile."""
-    seg = _segment_nodes(cluster)
+    seg = cluster.segment_nodes
     if seg is None or cluster.num_nodes % seg == 0:
         return ""
-    return (f"{cluster.num_nodes} nodes do not tile into {seg}-node rack segments (no --segment): "
-            "parallel groups the prediction keeps on NVLink may cross racks")
+    return (f"{cluster.num_nodes} nodes do not tile into {seg}-node rack segments (no --segment): the prediction "
+            f"assumes the racks are filled in order, {cluster.nvlink_domain_size} ranks each")
 
 
 def _context(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...]) -> dict[str, Any]:

@@ -164,6 +164,33 @@ class ClusterSpec:
         """Nodes used (at least one)."""
         return max(1, -(-self.num_gpus // self.gpus_per_node))
 
+    @property
+    def segment_nodes(self) -> int | None:
+        """Nodes per power-of-two segment of a multi-node NVLink domain (GB200/GB300 NVL72: 64 GPUs =
+        16 trays of 4) when the job spans several such domains; None for one-node domains (HGX) or
+        a job inside one domain. ``paraplan launch`` asks Slurm for these segments (``--segment``)."""
+        domain_nodes = self.nvlink_domain_size // self.gpus_per_node
+        if domain_nodes <= 1 or self.num_nodes <= domain_nodes:
+            return None
+        return max((1 << (self.nvlink_domain_size.bit_length() - 1)) // self.gpus_per_node, 1)
+
+    @property
+    def nvlink_block_gpus(self) -> int:
+        """Consecutive ranks guaranteed to share one NVLink domain; a parallel group stays on NVLink
+        when its rank span divides this block (``comm.span_in_domain``).
+
+        HGX: the node's domain. A job inside one NVL72 rack: the whole job. A multi-rack job whose
+        nodes tile into power-of-two segments: the segment (64 GPUs), which Slurm keeps rack-local
+        with ``--segment``. Otherwise the racks are taken in order, 72 ranks each."""
+        if self.nvlink_domain_size <= self.gpus_per_node:
+            return self.nvlink_domain_size
+        if self.num_gpus <= self.nvlink_domain_size:
+            return self.num_gpus
+        seg = self.segment_nodes
+        if seg is not None and self.num_nodes % seg == 0:
+            return seg * self.gpus_per_node
+        return self.nvlink_domain_size
+
 
 def make_cluster(gpu: GpuSpec, num_gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """Cluster of ``num_gpus`` GPUs; node size defaults to the GPU preset's.
