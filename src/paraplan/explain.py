@@ -194,11 +194,42 @@ def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
     return out
 
 
+TP_COMM_OVERLAP_GAIN = 0.03
+"""``explain`` names the best layout with ``--tp-comm-overlap`` when it is at least 3% faster."""
+
+
+def overlap_findings(plan: Plan) -> list[Finding]:
+    """The best layout if TP communication were overlapped with the GEMMs (``--tp-comm-overlap``,
+    Transformer Engine userbuffers, which NVIDIA's Megatron-Bridge recipes turn on), when the plan
+    did not assume it and it would gain at least ``TP_COMM_OVERLAP_GAIN``."""
+    from dataclasses import replace
+
+    from paraplan.errors import NoFeasiblePlanError
+    from paraplan.search import plan as search
+
+    if plan.space is None or plan.space.tp_comm_overlap:
+        return []
+    try:
+        alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, tp_comm_overlap=True),
+                     objective=plan.objective, top_k=1)  # type: ignore[arg-type]
+    except NoFeasiblePlanError:
+        return []
+    best, other = plan.candidates[0], alt.candidates[0]
+    gain = float(other.throughput.tokens_per_s_per_gpu) / float(best.throughput.tokens_per_s_per_gpu) - 1.0
+    if gain < TP_COMM_OVERLAP_GAIN:
+        return []
+    return [Finding("TP_COMM_OVERLAP", f"with --tp-comm-overlap (TE userbuffers; `plan --tp-comm-overlap`) the best "
+                    f"layout is {other.layout.short()} at {float(other.throughput.tokens_per_s_per_gpu):.0f} "
+                    f"tokens/s/GPU ({100 * gain:+.1f}%): TP traffic then hides behind the GEMMs",
+                    {"layout": other.layout.short(), "gain_frac": gain})]
+
+
 def explain(plan: Plan) -> list[Finding]:
     """All findings for the best layout of a plan."""
     best = plan.candidates[0]
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
+            + overlap_findings(plan)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
                        {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

@@ -223,6 +223,8 @@ class Plan:
     num_feasible: int
     feasible: Evaluated | None = None
     notes: tuple[str, ...] = field(default=())
+    space: SearchSpace | None = None
+    """The search space the plan was made with (None for plans read back from plan.json)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: candidates best first, rejections per reason."""
@@ -311,7 +313,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
               "a larger micro-batch) and are not listed; the simplest of each tie is",) if ties else ())
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
-                num_feasible=len(fit_idx), feasible=feasible, notes=notes)
+                num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space)
 
 
 def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[list[int], int]:

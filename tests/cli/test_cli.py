@@ -397,3 +397,16 @@ def test_other_memory_has_its_parts(capsys: pytest.CaptureFixture[str]) -> None:
                               "fragmentation_bytes"}
         assert sum(parts.values()) == pytest.approx(stage["other_bytes"])
         assert (parts["logits_bytes"] > 0) == (stage["stage"] == 3)  # logits live on the last of PP 4
+
+
+def test_explain_names_the_gain_of_tp_comm_overlap(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["explain", "--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "64", "--seq-len", "8192",
+            "--gbs", "512", "--precision", "fp8", "--format", "json"]
+    code, out, _ = run(args, capsys)
+    assert code == 0
+    found = {f["code"]: f for f in json.loads(out)["explanation"]}
+    assert found["TP_COMM_OVERLAP"]["numbers"]["gain_frac"] >= 0.03
+    code, out, _ = run([*args, "--tp-comm-overlap"], capsys)
+    doc = json.loads(out)
+    assert "TP_COMM_OVERLAP" not in {f["code"] for f in doc["explanation"]}
+    assert doc["candidates"][0]["config"]["tp_comm_overlap"]
