@@ -224,12 +224,56 @@ def overlap_findings(plan: Plan) -> list[Finding]:
                     {"layout": other.layout.short(), "gain_frac": gain})]
 
 
+def moe_recompute_modules(plan: Plan) -> tuple[str, ...]:
+    """Selective-recompute modules for MoE/MLA models as NVIDIA's recipes use them: MLA's up
+    projections, the expert activation and the norms, cheap to recompute next to what they free
+    (moe_act and layernorm are not allowed with FP8 delayed scaling before Blackwell, Megatron's
+    'Delayed scaling does not support moe_act and layernorm recompute for fp8.')."""
+    from paraplan.launch.megatron import BLACKWELL_ARCHS
+
+    mods = ["core_attn"] + (["mla_up_proj"] if plan.model.multi_latent_attention else [])
+    if not (plan.training.precision == "fp8" and plan.cluster.gpu.arch not in BLACKWELL_ARCHS):
+        mods += (["moe_act"] if plan.model.is_moe else []) + ["layernorm"]
+    return tuple(mods)
+
+
+def recompute_module_findings(plan: Plan) -> list[Finding]:
+    """For MoE/MLA models planned with the default modules: the best layout when selective recompute
+    also recomputes ``moe_recompute_modules``, if at least 3% faster (the memory it frees buys a
+    smaller model-parallel layout or a larger micro-batch)."""
+    from dataclasses import replace
+
+    from paraplan.errors import NoFeasiblePlanError
+    from paraplan.search import plan as search
+
+    if (plan.space is None or plan.space.recompute_modules != ("core_attn",) or "selective" not in plan.space.recompute
+            or not (plan.model.is_moe or plan.model.multi_latent_attention)):
+        return []
+    mods = moe_recompute_modules(plan)
+    if mods == ("core_attn",):
+        return []
+    try:
+        alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, recompute_modules=mods),
+                     objective=plan.objective, top_k=1)  # type: ignore[arg-type]
+    except NoFeasiblePlanError:
+        return []
+    best, other = plan.candidates[0], alt.candidates[0]
+    gain = float(other.throughput.tokens_per_s_per_gpu) / float(best.throughput.tokens_per_s_per_gpu) - 1.0
+    if gain < TP_COMM_OVERLAP_GAIN or other.layout.recompute != "selective":
+        return []
+    return [Finding("RECOMPUTE_MODULES", f"recomputing {', '.join(mods)} (`plan --recompute-modules "
+                    f"{','.join(mods)}`) makes {other.layout.short()} the best layout at "
+                    f"{float(other.throughput.tokens_per_s_per_gpu):.0f} tokens/s/GPU ({100 * gain:+.1f}%), peak "
+                    f"{other.peak_bytes / GIB:.1f} GiB", {"modules": list(mods), "layout": other.layout.short(),
+                                                         "gain_frac": gain})]
+
+
 def explain(plan: Plan) -> list[Finding]:
     """All findings for the best layout of a plan."""
     best = plan.candidates[0]
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
-            + overlap_findings(plan)
+            + overlap_findings(plan) + recompute_module_findings(plan)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
                        {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

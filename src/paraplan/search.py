@@ -56,6 +56,8 @@ class SearchSpace:
     """Let CP and EP groups span NVLink domains, costed on the network (large MoE runs need EP
     beyond a node); False keeps them inside one domain."""
     tp_comm_overlap: bool = False
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """Modules the selective-recompute layouts recompute (Megatron's --recompute-modules)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -114,7 +116,7 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         overlap_grad_reduce=np.ones(len(sel), dtype=bool),
         overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
         tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
-        pipeline_layouts=layouts,
+        pipeline_layouts=layouts, recompute_modules=space.recompute_modules,
     )
 
 
@@ -258,6 +260,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits."""
     space = space or SearchSpace()
     cluster.gpu.peak_flops_per_s(training.precision)
+    if (training.precision == "fp8" and cluster.gpu.arch != "blackwell" and "selective" in space.recompute
+            and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
+        raise SpecError("--recompute-modules: Delayed scaling does not support moe_act and layernorm recompute "
+                        "for fp8.")
     table = candidate_table(model, cluster, training, space)
     n_total = len(table)
     if n_total == 0:

@@ -410,3 +410,20 @@ def test_explain_names_the_gain_of_tp_comm_overlap(capsys: pytest.CaptureFixture
     doc = json.loads(out)
     assert "TP_COMM_OVERLAP" not in {f["code"] for f in doc["explanation"]}
     assert doc["candidates"][0]["config"]["tp_comm_overlap"]
+
+
+def test_recompute_modules_for_moe_are_searched_on_request_and_suggested(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", "mixtral-8x22b", "--gpu", "h100-80gb", "--num-gpus", "64", "--seq-len", "4096", "--gbs", "256",
+            "--format", "json"]
+    code, out, _ = run(["explain", *base], capsys)
+    assert code == 0
+    found = {f["code"]: f for f in json.loads(out)["explanation"]}
+    rec = found["RECOMPUTE_MODULES"]
+    assert rec["numbers"]["modules"] == ["core_attn", "moe_act", "layernorm"] and rec["numbers"]["gain_frac"] >= 0.03
+    code, out, _ = run(["plan", *base, "--recompute-modules", ",".join(rec["numbers"]["modules"])], capsys)
+    best = json.loads(out)["candidates"][0]
+    assert best["config"]["recompute"] == "selective"
+    assert best["config"]["recompute_modules"] == ["core_attn", "moe_act", "layernorm"]
+    # FP8 delayed scaling (Hopper) cannot recompute moe_act/layernorm: Megatron's own message
+    code, _, err = run(["plan", *base, "--precision", "fp8", "--recompute-modules", "core_attn,moe_act"], capsys)
+    assert code == 1 and "Delayed scaling does not support moe_act and layernorm recompute" in err

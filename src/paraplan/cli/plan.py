@@ -33,6 +33,7 @@ from paraplan.cli.options import (
 from paraplan.cli.render import console
 from paraplan.errors import SpecError
 from paraplan.explain import explain as explain_plan
+from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.search import Plan, SearchSpace, plan
 from paraplan.units import GIB
 
@@ -79,7 +80,8 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
              tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
              mbs: str | None, max_pp: int | None, recompute: str | None, dp_variant: str | None,
              allow_cross_node: bool, tp_comm_overlap: bool, workspace_gib: float | None = None,
-             fragmentation: float | None = None, attention_backend: str = "flash") -> Plan:
+             fragmentation: float | None = None, attention_backend: str = "flash",
+             recompute_modules: str | None = None) -> Plan:
     """Resolve inputs and search."""
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile,
@@ -92,6 +94,7 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
         recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
         dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
         allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
+        recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)),
     )
     return plan(inputs.model, inputs.cluster, inputs.training, space=space, objective=objective,  # type: ignore[arg-type]
                 top_k=top, options=memory_options(workspace_gib, fragmentation))
@@ -169,6 +172,9 @@ DpOpt = typer.Option(None, "--dp-variant", help="Data-parallel variants: distopt
 CrossOpt = typer.Option(True, "--allow-cross-node/--nvlink-only",
                         help="CP and EP groups may span NVLink domains (costed on the network), or must not.")
 TpOvOpt = typer.Option(False, "--tp-comm-overlap", help="Assume --tp-comm-overlap (TE userbuffers).")
+RecModOpt = typer.Option(None, "--recompute-modules",
+                         help="Modules selective recompute layouts recompute, comma-separated (default core_attn; "
+                              "e.g. core_attn,mla_up_proj,moe_act,layernorm for MoE/MLA models).")
 
 
 @app.command("plan")
@@ -181,7 +187,7 @@ def plan_cmd(
     allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt,
-    fragmentation: float | None = FragmentationOpt,
+    fragmentation: float | None = FragmentationOpt, recompute_modules: str | None = RecModOpt,
     attention_backend: AttentionChoice = AttentionOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
@@ -197,7 +203,8 @@ def plan_cmd(
         check_output_file(save, "--save")
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
-                 tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value)
+                 tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
+                 recompute_modules=recompute_modules)
     if save:
         from paraplan.serialize import save_plan
 
@@ -215,6 +222,7 @@ def explain_cmd(
     allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt, fragmentation: float | None = FragmentationOpt,
+    recompute_modules: str | None = RecModOpt,
     attention_backend: AttentionChoice = AttentionOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
@@ -225,4 +233,4 @@ def explain_cmd(
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=None, fmt=fmt)
+             explain=True, save=None, fmt=fmt, recompute_modules=recompute_modules)
