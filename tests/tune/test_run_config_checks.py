@@ -47,3 +47,16 @@ def test_without_a_dump_or_flags_tune_asks_for_them(tmp_path: Path, capsys: pyte
 def test_layout_flags_next_to_an_argument_dump_are_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--log", str(DUMP), "--gpu", "h100-80gb", "--tp", "4", "--no-search"]) == 1
     assert "drop --tp" in capsys.readouterr().err
+
+
+def test_the_next_layouts_launch_command_runs_with_the_log_as_model(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    assert main(["tune", "--log", str(DUMP), "--gpu", "h100-80gb", "--format", "json"]) == 0
+    cmd = shlex.split(json.loads(capsys.readouterr().out)["findings"][-1]["numbers"]["command"])
+    assert cmd[:4] == ["paraplan", "launch", "--model", str(DUMP)]
+    out = cmd.index("--out")
+    cmd[out + 1] = str(tmp_path / "next")
+    assert main(cmd[1:]) == 0
+    assert "--rotary-base 500000" in (tmp_path / "next" / "megatron_args.sh").read_text(encoding="utf-8")

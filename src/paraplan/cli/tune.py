@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import typer
@@ -100,9 +101,11 @@ def _render(cmp: Comparison, findings_: list[dict[str, object]], log: RunLog) ->
 
 
 def _refs(inp: RunInputs, model: str | None, gpu: str | None) -> tuple[str, str]:
-    """--model / --gpu for the launch command: as given, else the preset name, else a placeholder."""
+    """--model / --gpu for the launch command: as given, else the preset name, else the log the model was
+    read from (``--model`` reads a log's argument dump), else a placeholder."""
     name, gname = inp.model.name, inp.cluster.gpu.name
-    return (model or (name if name in model_preset_names() else "<model config>"),
+    source = inp.model.source if inp.model.source and Path(inp.model.source).exists() else None
+    return (model or (name if name in model_preset_names() else source or "<model config>"),
             gpu or (gname if gname in gpu_preset_names() else "<gpu file>"))
 
 
@@ -130,7 +133,8 @@ def _from_log_arguments(run_log: RunLog, gpu: str | None, gpus_per_node: int | N
     broken = [(c, m) for c, m in result.violations if c != "CUDA_DEVICE_MAX_CONNECTIONS"]
     if broken:
         raise SpecError(f"the log's argument dump describes a layout Megatron rejects: {broken[0][1]}")
-    return RunInputs(model=result.model, cluster=result.cluster, training=result.training, layout=result.layout)
+    model = dataclasses.replace(result.model, name=Path(config.source).stem or "custom", source=config.source)
+    return RunInputs(model=model, cluster=result.cluster, training=result.training, layout=result.layout)
 
 
 @app.command("tune")

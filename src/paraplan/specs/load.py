@@ -163,8 +163,26 @@ def load_model_preset(name: str) -> ModelSpec:
     return model_from_megatron_args(data, name=name)
 
 
+def _model_from_log(path: Path) -> ModelSpec:
+    """The model a Megatron log's argument dump describes (``paraplan tune`` names a run's log as its
+    model when the run was read from its own log)."""
+    from paraplan.errors import IngestError
+    from paraplan.ingest import read_log
+    from paraplan.launch.flags import argv_from_dump, read_flags
+
+    try:
+        log = read_log(path)
+    except IngestError as err:
+        raise SpecError(f"model: {err}") from None
+    if log.run_config is None or not log.run_config.arguments:
+        raise SpecError(f"model: '{path}' is a log without Megatron's argument dump (give a preset, config.json or a "
+                        "Megatron-args YAML)")
+    return read_flags(argv_from_dump(log.run_config.arguments), name=path.stem, source=str(path)).model
+
+
 def load_model(ref: str) -> ModelSpec:
-    """A preset name, a Hugging Face config.json, or a Megatron-args JSON/YAML file."""
+    """A preset name, a Hugging Face config.json, a Megatron-args JSON/YAML file, or a Megatron log
+    with its argument dump (.log/.txt/.out, gzipped or not)."""
     path = Path(ref)
     if not path.exists():
         if ref in model_preset_names() or not any(c in ref for c in "/\\.") :
@@ -174,6 +192,10 @@ def load_model(ref: str) -> ModelSpec:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"model: cannot read '{ref}': {err.strerror}") from None
+    except UnicodeDecodeError:
+        text = ""  # a gzipped log, read below
+    if path.suffix in (".log", ".txt", ".gz", ".out") or not text:
+        return _model_from_log(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as err:
