@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import typer
 from rich.markup import escape
