@@ -18,7 +18,7 @@ seq_len) to the values the log states; the dump wins over the one-line summary.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 _SIZES_LINE: Final = re.compile(
@@ -47,9 +47,11 @@ class RunConfig:
     sizes_line: tuple[tuple[str, int], ...] = ()
     """The ``using world size`` line's sizes."""
     source: str = ""
-    sizes: dict[str, int] = field(default_factory=dict, compare=False)
 
-    def __post_init__(self) -> None:
+    @property
+    def sizes(self) -> dict[str, int]:
+        """tp, pp, cp, dp, ep, vp, world, mbs, gbs, seq_len as the log states them (the dump wins
+        over the sizes line; VP 1 where the dump says None)."""
         sizes = dict(self.sizes_line)
         args = dict(self.arguments)
         for key, name in ARGUMENT_SIZES.items():
@@ -58,7 +60,7 @@ class RunConfig:
                 sizes[key] = int(raw)
         if args.get("virtual_pipeline_model_parallel_size") == "None" and "pp" in sizes:
             sizes["vp"] = 1
-        self.sizes.update(sizes)
+        return sizes
 
 
 def read_run_config(text: str, source: str = "") -> RunConfig | None:
