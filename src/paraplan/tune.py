@@ -122,17 +122,21 @@ def _timer(timers: dict[str, Any], *names: str) -> float | None:
     return next((float(v) for n in names if (v := timers.get(n, {}).get("median")) is not None), None)
 
 
-def _check_run_config(est: Estimate, log: RunLog) -> None:
-    """SpecError when the sizes the run printed (sizes line, argument dump) are not the predicted
-    layout's: the log is another run, and a comparison would be wrong in every number."""
-    if log.run_config is None:
-        return
+def size_mismatches(est: Estimate, sizes: dict[str, int]) -> list[str]:
+    """``k v (log) vs ours`` for every size a log states (tp, pp, cp, dp, vp, ep, world, mbs, gbs,
+    seq_len) that differs from the estimate's layout; EP only for MoE models."""
     lay, tr = est.layout, est.training
     ours = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp, "world": est.cluster.num_gpus,
             "mbs": lay.mbs, "gbs": tr.global_batch_size, "seq_len": tr.seq_len}
     if est.model.is_moe:
         ours["ep"] = lay.ep
-    differ = [f"{k} {v} (log) vs {ours[k]}" for k, v in log.run_config.sizes.items() if k in ours and v != ours[k]]
+    return [f"{k} {v} (log) vs {ours[k]}" for k, v in sizes.items() if k in ours and v != ours[k]]
+
+
+def _check_run_config(est: Estimate, log: RunLog) -> None:
+    """SpecError when the sizes the run printed (sizes line, argument dump) are not the predicted
+    layout's: the log is another run, and a comparison would be wrong in every number."""
+    differ = size_mismatches(est, log.run_config.sizes) if log.run_config is not None else []
     if differ:
         raise SpecError(f"the log's run is not the predicted layout: {', '.join(differ)} (predicted); give the "
                         "manifest, plan rank or flags of the run that wrote it")

@@ -25,7 +25,7 @@ from paraplan.explain import Finding, explain
 from paraplan.ingest import RunLog
 from paraplan.report.schedule import Block, simulate
 from paraplan.search import Plan, rank_order
-from paraplan.tune import Comparison, compare, diagnose
+from paraplan.tune import Comparison, compare, diagnose, size_mismatches
 from paraplan.tune import Metric as TuneMetric
 from paraplan.units import GIB, TFLOP
 
@@ -360,9 +360,7 @@ def _rank_the_log_states(plan: Plan, log: RunLog, prefer: int = 1) -> int | None
     sizes = log.run_config.sizes
 
     def matches(est: Estimate) -> bool:
-        lay = est.layout
-        ours = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp, "ep": lay.ep, "mbs": lay.mbs}
-        return all(ours[k] == v for k, v in sizes.items() if k in ours and (k != "ep" or est.model.is_moe))
+        return not size_mismatches(est, sizes)
 
     if matches(plan.candidates[prefer - 1]):
         return prefer
