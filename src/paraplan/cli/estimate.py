@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import typer
@@ -27,6 +26,7 @@ from paraplan.cli.options import (
     PrecisionOpt,
     ProfileOpt,
     WorkspaceOpt,
+    given_layout_flags,
     memory_options,
     resolve_gpu,
     resolve_inputs,
@@ -69,8 +69,7 @@ def estimate(
     if megatron_args is not None:
         given = [f"--{name}" for name, value in (("model", model), ("seq-len", seq_len), ("gbs", gbs))
                  if value is not None]
-        given += [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(flags)
-                  if getattr(flags, f.name) != getattr(NO_FLAGS, f.name)]
+        given += given_layout_flags(flags)
         if precision != PrecisionChoice.bf16 or attention_backend != AttentionChoice.flash:
             given.append("--precision/--attention-backend")
         if given:

@@ -281,6 +281,15 @@ class LayoutFlags:
         return apply_pipeline_split(model, layout, str(getattr(self.pipeline_split, "value", self.pipeline_split)))
 
 
+def given_layout_flags(flags: LayoutFlags) -> list[str]:
+    """The layout flags set away from their defaults, as ``--name`` (for 'drop these' errors where
+    another input already describes the layout)."""
+    import dataclasses
+
+    return [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(flags)
+            if getattr(flags, f.name) != getattr(LayoutFlags(), f.name)]
+
+
 LAYOUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("mbs", int, MbsOpt), ("tp", int, TpOpt), ("pp", int, PpOpt), ("vp", int, VpOpt), ("cp", int, CpOpt),
     ("ep", int, EpOpt), ("etp", int | None, EtpOpt), ("recompute", RecomputeChoice, RecomputeOpt),

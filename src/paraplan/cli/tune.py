@@ -27,6 +27,7 @@ from paraplan.cli.options import (
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
+    given_layout_flags,
     resolve_inputs,
     with_layout_flags,
 )
@@ -188,8 +189,7 @@ def tune(
         raise SpecError(str(err)) from None
     if inp is None:
         given = [f"--{n}" for n, v in (("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs)) if v is not None]
-        given += [f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(flags)
-                  if getattr(flags, f.name) != getattr(NO_FLAGS, f.name)]
+        given += given_layout_flags(flags)
         if given:
             raise SpecError(f"tune: the log's argument dump describes the run; drop {', '.join(given)} (or give "
                             "--model with the layout flags)")
