@@ -194,30 +194,41 @@ def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
     return out
 
 
-TP_COMM_OVERLAP_GAIN = 0.03
-"""``explain`` names the best layout with ``--tp-comm-overlap`` when it is at least 3% faster."""
+WHAT_IF_GAIN = 0.03
+"""``explain`` names the best layout under a search change (TP comm overlap, more recompute
+modules) when it is at least 3% faster than the plan's pick."""
 
 
-def overlap_findings(plan: Plan) -> list[Finding]:
-    """The best layout if TP communication were overlapped with the GEMMs (``--tp-comm-overlap``,
-    Transformer Engine userbuffers, which NVIDIA's Megatron-Bridge recipes turn on), when the plan
-    did not assume it and it would gain at least ``TP_COMM_OVERLAP_GAIN``."""
+def _what_if(plan: Plan, **change: Any) -> tuple[Estimate, float] | None:
+    """The best layout of the plan's search with ``change`` applied to its space, and its
+    throughput gain over the plan's pick; None without a space or a feasible layout."""
     from dataclasses import replace
 
     from paraplan.errors import NoFeasiblePlanError
     from paraplan.search import plan as search
 
-    if plan.space is None or plan.space.tp_comm_overlap:
-        return []
+    if plan.space is None:
+        return None
     try:
-        alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, tp_comm_overlap=True),
+        alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, **change),
                      objective=plan.objective, top_k=1)  # type: ignore[arg-type]
     except NoFeasiblePlanError:
+        return None
+    other = alt.candidates[0]
+    base = float(plan.candidates[0].throughput.tokens_per_s_per_gpu)
+    return other, float(other.throughput.tokens_per_s_per_gpu) / base - 1.0
+
+
+def overlap_findings(plan: Plan) -> list[Finding]:
+    """The best layout if TP communication were overlapped with the GEMMs (``--tp-comm-overlap``,
+    Transformer Engine userbuffers, which NVIDIA's Megatron-Bridge recipes turn on), when the plan
+    did not assume it and it would gain at least ``WHAT_IF_GAIN``."""
+    if plan.space is None or plan.space.tp_comm_overlap:
         return []
-    best, other = plan.candidates[0], alt.candidates[0]
-    gain = float(other.throughput.tokens_per_s_per_gpu) / float(best.throughput.tokens_per_s_per_gpu) - 1.0
-    if gain < TP_COMM_OVERLAP_GAIN:
+    found = _what_if(plan, tp_comm_overlap=True)
+    if found is None or found[1] < WHAT_IF_GAIN:
         return []
+    other, gain = found
     return [Finding("TP_COMM_OVERLAP", f"with --tp-comm-overlap (TE userbuffers; `plan --tp-comm-overlap`) the best "
                     f"layout is {other.layout.short()} at {float(other.throughput.tokens_per_s_per_gpu):.0f} "
                     f"tokens/s/GPU ({100 * gain:+.1f}%): TP traffic then hides behind the GEMMs",
@@ -239,28 +250,16 @@ def moe_recompute_modules(plan: Plan) -> tuple[str, ...]:
 
 def recompute_module_findings(plan: Plan) -> list[Finding]:
     """For MoE/MLA models planned with the default modules: the best layout when selective recompute
-    also recomputes ``moe_recompute_modules``, if at least 3% faster (the memory it frees buys a
-    smaller model-parallel layout or a larger micro-batch)."""
-    from dataclasses import replace
-
-    from paraplan.errors import NoFeasiblePlanError
-    from paraplan.search import plan as search
-
+    also recomputes ``moe_recompute_modules``, if at least ``WHAT_IF_GAIN`` faster (the memory it
+    frees buys a smaller model-parallel layout or a larger micro-batch)."""
     if (plan.space is None or plan.space.recompute_modules != ("core_attn",) or "selective" not in plan.space.recompute
             or not (plan.model.is_moe or plan.model.multi_latent_attention)):
         return []
     mods = moe_recompute_modules(plan)
-    if mods == ("core_attn",):
+    found = _what_if(plan, recompute_modules=mods) if mods != ("core_attn",) else None
+    if found is None or found[1] < WHAT_IF_GAIN or found[0].layout.recompute != "selective":
         return []
-    try:
-        alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, recompute_modules=mods),
-                     objective=plan.objective, top_k=1)  # type: ignore[arg-type]
-    except NoFeasiblePlanError:
-        return []
-    best, other = plan.candidates[0], alt.candidates[0]
-    gain = float(other.throughput.tokens_per_s_per_gpu) / float(best.throughput.tokens_per_s_per_gpu) - 1.0
-    if gain < TP_COMM_OVERLAP_GAIN or other.layout.recompute != "selective":
-        return []
+    other, gain = found
     return [Finding("RECOMPUTE_MODULES", f"recomputing {', '.join(mods)} (`plan --recompute-modules "
                     f"{','.join(mods)}`) makes {other.layout.short()} the best layout at "
                     f"{float(other.throughput.tokens_per_s_per_gpu):.0f} tokens/s/GPU ({100 * gain:+.1f}%), peak "
