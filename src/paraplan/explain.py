@@ -64,13 +64,16 @@ def memory_findings(plan: Plan, best: Estimate) -> list[Finding]:
          "largest_term": top_term}))
     ev = plan.feasible
     if ev is not None:
-        mp = ev.table.tp * ev.table.pp
-        i = int(np.argmin(mp * 1e12 + ev.peak_bytes))
+        # the fewest GPUs a model replica needs (TP x PP x CP; EP borrows from DP), fastest first
+        mp = ev.table.tp * ev.table.pp * ev.table.cp
+        smallest = np.flatnonzero(mp == mp.min())
+        i = int(smallest[np.argmax(ev.tokens_per_s_per_gpu[smallest])])
         out.append(Finding(
             "SMALLEST_MODEL_PARALLEL",
-            f"smallest TP x PP that fits: {int(mp[i])} ({ev.table.row(i).short()}, "
-            f"{ev.peak_bytes[i] / GIB:.1f} GiB); {plan.rejections.get('OOM', 0)} layouts rejected for memory",
-            {"tp_x_pp": int(mp[i]), "oom_rejections": plan.rejections.get("OOM", 0)}))
+            f"smallest TP x PP x CP that fits: {int(mp[i])} (fastest of them {ev.table.row(i).short()}, "
+            f"{ev.peak_bytes[i] / GIB:.1f} GiB, {float(ev.tokens_per_s_per_gpu[i]):.0f} tokens/s/GPU); "
+            f"{plan.rejections.get('OOM', 0)} layouts rejected for memory",
+            {"tp_x_pp_x_cp": int(mp[i]), "oom_rejections": plan.rejections.get("OOM", 0)}))
     return out
 
 

@@ -427,3 +427,11 @@ def test_recompute_modules_for_moe_are_searched_on_request_and_suggested(capsys:
     # FP8 delayed scaling (Hopper) cannot recompute moe_act/layernorm: Megatron's own message
     code, _, err = run(["plan", *base, "--precision", "fp8", "--recompute-modules", "core_attn,moe_act"], capsys)
     assert code == 1 and "Delayed scaling does not support moe_act and layernorm recompute" in err
+
+
+def test_smallest_model_parallel_counts_cp_and_names_the_fastest(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["explain", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "1024", "--seq-len",
+                        "2048", "--gbs", "1536", "--format", "json"], capsys)
+    assert code == 0
+    f = next(x for x in json.loads(out)["explanation"] if x["code"] == "SMALLEST_MODEL_PARALLEL")
+    assert f["numbers"]["tp_x_pp_x_cp"] == 2 and "cp" not in f["text"].split("fastest of them ")[1].split(",")[0]
