@@ -19,7 +19,7 @@ from paraplan import __version__
 from paraplan.errors import SpecError
 from paraplan.fileio import write_text_atomic
 from paraplan.layout import ParallelLayout
-from paraplan.search import Plan
+from paraplan.search import Plan, SearchSpace
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
 from paraplan.specs.load import model_from_megatron_args, validate_fields
 from paraplan.specs.model import ModelSpec
@@ -43,9 +43,25 @@ def inputs_dict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) 
 
 
 def plan_document(p: Plan) -> dict[str, Any]:
-    """The full plan.json document."""
-    return {"schema_version": SCHEMA_VERSION, "tool": "paraplan", "tool_version": __version__,
-            "inputs": inputs_dict(p.model, p.cluster, p.training), "plan": p.to_dict()}
+    """The full plan.json document (with the search space, so that a report re-runs the same search)."""
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "paraplan", "tool_version": __version__,
+                           "inputs": inputs_dict(p.model, p.cluster, p.training), "plan": p.to_dict()}
+    if p.space is not None:
+        doc["search_space"] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(p.space).items()}
+    return doc
+
+
+def search_space_from(doc: dict[str, Any]) -> SearchSpace | None:
+    """The SearchSpace a plan.json was made with (None for plan files without it)."""
+    raw = doc.get("search_space")
+    if not isinstance(raw, dict):
+        return None
+    kw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()
+                          if k in SearchSpace.__dataclass_fields__}
+    try:
+        return SearchSpace(**kw)
+    except TypeError as err:
+        raise SpecError(f"plan: search_space is malformed ({err})") from None
 
 
 def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> None:

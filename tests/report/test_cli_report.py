@@ -120,3 +120,16 @@ def test_progress_shows_only_when_the_work_takes_a_moment(monkeypatch: pytest.Mo
         time.sleep(0.3)
         step("writing")
     assert "searching layouts" in buf.getvalue() or "writing" in buf.getvalue()
+
+
+def test_report_from_a_plan_file_reruns_the_plans_own_search(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    plan_json, html = tmp_path / "plan.json", tmp_path / "r.html"
+    assert main(["plan", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "16", "--seq-len", "4096",
+                 "--gbs", "64", "--tp", "2", "--pp", "1", "--mbs", "1", "--save", str(plan_json),
+                 "--format", "json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)["num_evaluated"]
+    assert json.loads(plan_json.read_text())["search_space"]["tp"] == [2]
+    assert main(["report", "--plan", str(plan_json), "-o", str(html)]) == 0
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert f"({evaluated} evaluated)" in out  # the restricted search, not the whole space

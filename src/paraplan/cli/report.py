@@ -89,13 +89,17 @@ def _space(tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: s
 
 
 def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace) -> Plan:
-    """Re-run the search from plan.json's resolved inputs (plan.json keeps only the top layouts) and
-    put plan.json's own layouts, re-estimated, first."""
+    """Re-run the search from plan.json's resolved inputs and its search space (unless search flags are
+    given here; plan.json keeps only the top layouts) and put plan.json's own layouts, re-estimated,
+    first."""
     from paraplan.estimator import estimate
     from paraplan.search import plan
-    from paraplan.serialize import load_plan
+    from paraplan.serialize import load_plan, search_space_from
 
     loaded = load_plan(path)
+    saved = search_space_from(loaded.document)
+    if saved is not None and space == SearchSpace():  # no search flags here: the plan's own search
+        space = saved
     obj = objective or str(loaded.document.get("plan", {}).get("objective", "throughput"))
     p = plan(loaded.model, loaded.cluster, loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
              top_k=top)
@@ -105,8 +109,9 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
     return replace(p, candidates=ests)
 
 
-_PLAN = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save`: its model, cluster and training "
-                     "(instead of the plan flags); the search is run again, without the plan's search flags.")
+_PLAN = typer.Option(None, "--plan", help="plan.json from `paraplan plan --save`: its model, cluster, training, "
+                     "top layouts and search space (instead of the plan flags; search flags given here replace "
+                     "the saved search space).")
 _OUT = typer.Option(..., "--output", "-o", help="HTML file to write (written atomically).")
 _LOG = typer.Option(None, "--log", help="Training log or TensorBoard event file of a run (repeatable): adds "
                                         "predicted vs measured and the diagnosis of `paraplan tune`.")
