@@ -330,9 +330,10 @@ def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[l
     picked: list[int] = []
     seen: set[tuple[float, float]] = set()
     ties = 0
+    step = np.round(ev.step_s / max(float(np.min(ev.step_s)), 1e-30), 9)  # the rounding rank_order uses
+    peak_mib = np.round(ev.peak_bytes / 2**20, 3)
     for i in order:
-        key = (float(np.round(ev.step_s[i], 9 - int(np.floor(np.log10(max(ev.step_s[i], 1e-30)))))),
-               float(np.round(ev.peak_bytes[i] / 2**20, 3)))
+        key = (float(step[i]), float(peak_mib[i]))
         if key in seen:
             ties += 1
             continue
