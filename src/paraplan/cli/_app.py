@@ -1,10 +1,20 @@
-"""The typer application object and per-invocation state shared by the command modules."""
+"""The typer application object and per-invocation state shared by the command modules.
+
+Commands load lazily: ``COMMANDS`` names each command's module and one-line help, so ``paraplan
+--version``, ``--help``, ``models`` and ``gpus`` never import numpy, pydantic, plotly or jinja2 for the
+commands they do not run (``benchmarks/startup.py`` measures it). A command module registers its
+command on ``app`` with ``@app.command`` as usual; ``LazyGroup`` imports the module when the command
+is resolved (run, its ``--help``, shell completion) and builds it with typer.
+"""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from paraplan import __version__
 
@@ -17,13 +27,108 @@ class _State:
 
 state = _State()
 
+COMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("paraplan.cli.info", "List the built-in model presets with their sizes and sources."),
+    "gpus": ("paraplan.cli.info", "List the built-in GPU presets (dense peaks, memory, NVLink and network per GPU)."),
+    "estimate": ("paraplan.cli.estimate",
+                 "Memory per pipeline stage, step time and throughput of one Megatron layout."),
+    "plan": ("paraplan.cli.plan", "Search every valid Megatron-Core layout and rank the ones that fit."),
+    "explain": ("paraplan.cli.plan", "Plan, then explain the best layout in numbers (same options as plan)."),
+    "ingest": ("paraplan.cli.ingest",
+               "Read Megatron-LM training output: step time, TFLOP/s/GPU, memory per rank, timers."),
+    "budget": ("paraplan.cli.budget", "Sweep GPU counts per GPU type (best layout each): time to train, "
+               "GPU-hours, cost, MFU; recommend."),
+    "report": ("paraplan.cli.report", "Write an HTML report: candidate landscape, memory per stage, step time, "
+               "pipeline schedule."),
+    "launch": ("paraplan.cli.launch", "Write launch files for one layout: megatron_args.sh, env.sh, torchrun.sh, "
+               "job.sbatch, pytorchjob.yaml and manifest.json (layout, prediction, candidate id)."),
+    "check": ("paraplan.cli.check", "Read a Megatron-LM launch script: broken rules (Megatron's wording), unknown "
+              "flags, defaults applied, memory and throughput. Exit code 1 when a rule is broken."),
+    "tune": ("paraplan.cli.tune", "Compare a measured Megatron run with its prediction, diagnose it, and propose "
+             "the next layout."),
+    "calibrate": ("paraplan.cli.calibrate", "Fit GEMM, collective and overlap efficiencies to measured runs; "
+                  "write a profile for --profile."),
+}
+"""command -> (module that registers it, the first paragraph of its docstring on one line)."""
+
+
+def load_command_modules() -> None:
+    """Import every command module (each registers its commands on ``app``)."""
+    for module in dict.fromkeys(m for m, _ in COMMANDS.values()):
+        importlib.import_module(module)
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose commands are imported on first use; the root help lists them from COMMANDS."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(dict.fromkeys([*COMMANDS, *self.commands]))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self._load(cmd_name)
+        return self.commands.get(cmd_name)
+
+    def _load(self, cmd_name: str) -> None:
+        from typer.main import get_command_from_info, get_command_name
+
+        importlib.import_module(COMMANDS[cmd_name][0])
+        for info in app.registered_commands:
+            assert info.callback is not None
+            name = info.name or get_command_name(info.callback.__name__)
+            if name not in self.commands:
+                self.commands[name] = get_command_from_info(
+                    info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        import difflib
+
+        from typer._click.exceptions import UsageError
+
+        try:
+            return self._click_resolve_command(ctx, args)
+        except UsageError as err:  # suggest among every command, loaded or not
+            matches = difflib.get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if matches:
+                err.message = f"{err.message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
+            raise
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The root help, drawn with rich (as typer draws command help) without importing any command."""
+        from rich.console import Console
+        from rich.padding import Padding
+        from rich.panel import Panel
+        from rich.table import Table
+        from rich.text import Text
+
+        con = Console(highlight=False)
+        con.print(Padding(Text(self.get_usage(ctx), style="bold"), 1))
+        for para in (self.help or "").split("\n\n"):
+            con.print(Padding(Text(" ".join(para.split())), (0, 1, 1, 1)))
+
+        def panel(title: str, rows: list[tuple[str, str]]) -> None:
+            table = Table(show_header=False, box=None, expand=True, padding=(0, 1), pad_edge=False)
+            table.add_column(style="bold cyan", no_wrap=True)
+            table.add_column(ratio=10)
+            for name, text in rows:
+                table.add_row(name, Text(text))
+            con.print(Panel(table, title=title, title_align="left", border_style="dim"))
+
+        opts = []
+        for param in self.get_params(ctx):
+            if not getattr(param, "hidden", False):
+                opts.append((", ".join([*param.opts, *param.secondary_opts]), getattr(param, "help", None) or ""))
+        panel("Options", opts)
+        panel("Commands", [(name, COMMANDS[name][1]) for name in COMMANDS])
+
+
 app = typer.Typer(
     name="paraplan",
+    cls=LazyGroup,
     help=(
         "Plan hybrid parallelism (TP/PP/VP/CP/EP/DP) for Megatron-LM training: memory per "
         "pipeline stage, step time and MFU, ranked layouts, launch files.\n\n"
-        "Example: paraplan estimate --model llama3-70b --gpu h100-80gb --num-gpus 64 "
-        "--tp 4 --pp 4 --cp 2 --seq-len 8192 --gbs 512 --mbs 1"
+        "Example: paraplan plan --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512"
     ),
     no_args_is_help=True,
     add_completion=True,
