@@ -10,11 +10,12 @@ is resolved (run, its ``--help``, shell completion) and builds it with typer.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from paraplan import __version__
 
@@ -58,6 +59,98 @@ def load_command_modules() -> None:
         importlib.import_module(module)
 
 
+def _paragraphs(text: str | None) -> list[str]:
+    """Help text as paragraphs, each on one line (rich wraps them at the terminal's width)."""
+    import inspect
+
+    return [" ".join(p.split()) for p in inspect.cleandoc(text or "").split("\n\n") if p.strip()]
+
+
+def _print_help(cmd: Any, ctx: Any, commands: list[tuple[str, str]] | None = None) -> None:
+    """Usage, help paragraphs, then the arguments and options (and a group's commands) in panels.
+
+    Option names and their types are never cut: when they leave less than ``_MIN_HELP_WIDTH`` columns for
+    the help text, each option's help goes on the lines below its names instead of beside them.
+    """
+    from rich.console import Console, Group, RenderableType
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    con = Console(highlight=False)
+    con.print(Padding(Text(cmd.get_usage(ctx), style="bold"), 1))
+    for para in _paragraphs(cmd.help):  # the project's own docstrings, in rich markup (as typer reads them)
+        con.print(Padding(Text.from_markup(para), (0, 1, 1, 1)))
+
+    def panel(title: str, rows: list[tuple[str, RenderableType]]) -> None:
+        if not rows:
+            return
+        names_width = max(len(name) for name, _ in rows)
+        body: RenderableType
+        if con.width - 4 - names_width - 2 >= _MIN_HELP_WIDTH:
+            table = Table(show_header=False, box=None, expand=True, padding=(0, 1), pad_edge=False)
+            table.add_column(style="bold cyan", no_wrap=True, width=names_width)
+            table.add_column(ratio=10)
+            for name, text in rows:
+                table.add_row(name, text)
+            body = table
+        else:
+            body = Group(*(Group(Text(name, style="bold cyan"), Padding(text, (0, 0, 0, 6))) for name, text in rows))
+        con.print(Panel(body, title=title, title_align="left", border_style="dim"))
+
+    params = [p for p in cmd.get_params(ctx) if not getattr(p, "hidden", False)]
+    mark = any(p.required for p in params)  # a '*' column only when something is required
+    rows = [(("* " if p.required else "  ") * mark + name, text) for p in params for name, text in [_param_row(p, ctx)]]
+    panel("Arguments", [row for p, row in zip(params, rows, strict=True) if isinstance(p, TyperArgument)])
+    panel("Options", [row for p, row in zip(params, rows, strict=True) if not isinstance(p, TyperArgument)])
+    if commands is not None:
+        panel("Commands", [(name, Text.from_markup(text)) for name, text in commands])
+
+
+_MIN_HELP_WIDTH = 36
+"""Fewest columns for option help beside the option names; below, the help goes under the names."""
+
+
+def _param_row(param: Any, ctx: Any) -> tuple[str, Any]:
+    """(names with their type, the help with default and [required]) of one parameter."""
+    from rich.text import Text
+
+    if isinstance(param, TyperArgument):
+        names = param.name.upper() + ("..." if param.nargs != 1 else "")
+    else:
+        names = ", ".join([*(o for o in param.opts if o.startswith("--")), *(o for o in param.opts
+                                                                          if not o.startswith("--"))])
+        if param.secondary_opts:
+            names += " / " + ", ".join(param.secondary_opts)
+    kind = None if getattr(param, "is_flag", False) else getattr(param, "display_type_rich", lambda ctx: None)(ctx)
+    if kind:
+        names += f" {kind}"
+    if not hasattr(param, "_extract_default_help_str"):  # click's own --help option
+        return names, Text(getattr(param, "help", None) or "")
+    from typer import rich_utils
+
+    return names, rich_utils._get_parameter_help(param=param, ctx=ctx, markup_mode="rich")
+
+
+class HelpCommand(TyperCommand):
+    """A typer command whose help keeps option names whole on narrow terminals."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _print_help(self, ctx)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class _App(typer.Typer):
+    """typer.Typer whose commands use HelpCommand."""
+
+    def command(self, name: str | None = None, **kwargs: Any) -> Callable[[_F], _F]:
+        kwargs.setdefault("cls", HelpCommand)
+        return super().command(name, **kwargs)
+
+
 class LazyGroup(TyperGroup):
     """A typer group whose commands are imported on first use; the root help lists them from COMMANDS."""
 
@@ -94,35 +187,11 @@ class LazyGroup(TyperGroup):
             raise
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        """The root help, drawn with rich (as typer draws command help) without importing any command."""
-        from rich.console import Console
-        from rich.padding import Padding
-        from rich.panel import Panel
-        from rich.table import Table
-        from rich.text import Text
-
-        con = Console(highlight=False)
-        con.print(Padding(Text(self.get_usage(ctx), style="bold"), 1))
-        for para in (self.help or "").split("\n\n"):
-            con.print(Padding(Text(" ".join(para.split())), (0, 1, 1, 1)))
-
-        def panel(title: str, rows: list[tuple[str, str]]) -> None:
-            table = Table(show_header=False, box=None, expand=True, padding=(0, 1), pad_edge=False)
-            table.add_column(style="bold cyan", no_wrap=True)
-            table.add_column(ratio=10)
-            for name, text in rows:
-                table.add_row(name, Text(text))
-            con.print(Panel(table, title=title, title_align="left", border_style="dim"))
-
-        opts = []
-        for param in self.get_params(ctx):
-            if not getattr(param, "hidden", False):
-                opts.append((", ".join([*param.opts, *param.secondary_opts]), getattr(param, "help", None) or ""))
-        panel("Options", opts)
-        panel("Commands", [(name, COMMANDS[name][1]) for name in COMMANDS])
+        """The root help lists the commands from COMMANDS (importing none of them)."""
+        _print_help(self, ctx, [(name, text) for name, (_, text) in COMMANDS.items()])
 
 
-app = typer.Typer(
+app = _App(
     name="paraplan",
     cls=LazyGroup,
     help=(
