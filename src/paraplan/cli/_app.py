@@ -10,6 +10,7 @@ is resolved (run, its ``--help``, shell completion) and builds it with typer.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,6 +28,14 @@ class _State:
 
 
 state = _State()
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def plain(text: object) -> str:
+    """``text`` with control and bidi characters written as escapes (``\\x1b``, ``\\n``, ``\\u202e``): a name
+    from a YAML file, a log or plan.json never reaches the terminal as an escape sequence or a line break."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("paraplan.cli.info", "List the built-in model presets with their sizes and sources."),
