@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import typer
 
 from paraplan import __version__
-from paraplan.cli._app import COMMANDS, app, load_command_modules, state
+from paraplan.cli._app import COMMANDS, app, load_command_modules, plain, state
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 
 
@@ -92,7 +92,9 @@ def _stdout_gone(err: OSError) -> None:
 
 
 def _err(message: str) -> None:
-    print(message.splitlines()[0] if "\n" in message and not state.debug else message, file=sys.stderr)
+    """One line on stderr (the whole message with --debug), control characters from names as escapes."""
+    lines = message.splitlines() or [""]
+    print("\n".join(plain(line) for line in (lines if state.debug else lines[:1])), file=sys.stderr)
 
 
 __all__ = ["COMMANDS", "__version__", "app", "load_command_modules", "main", "typer"]

@@ -139,7 +139,11 @@ def _param_row(param: Any, ctx: Any) -> tuple[str, Any]:
         return names, Text(getattr(param, "help", None) or "")
     from typer import rich_utils
 
-    return names, rich_utils._get_parameter_help(param=param, ctx=ctx, markup_mode="rich")
+    text = rich_utils._get_parameter_help(param=param, ctx=ctx, markup_mode="rich")
+    for part in text.renderables:  # a word longer than the column folds onto the next line (never cut)
+        if isinstance(part, Text):
+            part.overflow = "fold"
+    return names, text
 
 
 class HelpCommand(TyperCommand):

@@ -94,15 +94,15 @@ def _render(res: FitResult, out: str) -> None:
 @app.command("calibrate")
 def calibrate(
     runs: str | None = typer.Option(
-        None, "--runs", help="CSV of measured runs: model,num_gpus,tp,pp,mbs,gbs,seq_len and step_time_s or "
-        "tokens_per_s_per_gpu; optional gpu,gpus_per_node,vp,cp,ep,etp,recompute,precision,sequence_parallel,"
-        "distributed_optimizer,overlap_grad_reduce,overlap_param_gather,fsdp,tp_comm_overlap,label."),
+        None, "--runs", help="CSV of measured runs: model, num_gpus, tp, pp, mbs, gbs, seq_len and step_time_s or "
+        "tokens_per_s_per_gpu; optional gpu, gpus_per_node, vp, cp, ep, etp, recompute, precision, sequence_parallel, "
+        "distributed_optimizer, overlap_grad_reduce, overlap_param_gather, fsdp, tp_comm_overlap, label."),
     pair: list[str] | None = typer.Option(None, "--pair", help="manifest.json:log.txt of a run (repeat; several "
                                           "logs of one run: manifest.json:a.log,b.log)."),
     gpu: str = typer.Option(..., "--gpu", "-g", help="GPU preset (or file) the runs used."),
     out: str = typer.Option(..., "--out", "-o", help="Cluster profile YAML to write."),
-    params: str | None = typer.Option(None, "--params",
-                                      help=f"Parameters to fit (default: {','.join(DEFAULT_PARAMS)})."),
+    params: str | None = typer.Option(None, "--params", help="Parameters to fit, comma-separated (default: "
+                                      f"{', '.join(DEFAULT_PARAMS)})."),
     source: str | None = typer.Option(None, "--source", help="Free text stored as the profile's source."),
     skip_warmup: int = typer.Option(1, "--skip-warmup", help="Iteration records to skip per log segment."),
     cross_validate: bool = typer.Option(False, "--cross-validate",

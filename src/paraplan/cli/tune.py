@@ -97,7 +97,10 @@ def _render(cmp: Comparison, findings_: list[dict[str, object]], log: RunLog) ->
     for note in cmp.notes:
         con.print(f"[yellow]note:[/] {safe(note)}")
     for f in findings_:
-        con.print(f"[bold]{f['code']}[/] {safe(f['text'])}")
+        text, launch, command = str(f["text"]).partition(" Launch: ")
+        con.print(f"[bold]{f['code']}[/] {safe(text)}" + (" Launch:" if launch else ""))
+        if launch:  # the command on a line of its own, unwrapped, to copy
+            con.print(safe(command), soft_wrap=True)
 
 
 def _refs(inp: RunInputs, model: str | None, gpu: str | None) -> tuple[str, str]:
