@@ -110,7 +110,8 @@ def _print_help(cmd: Any, ctx: Any, commands: list[tuple[str, str]] | None = Non
 
     params = [p for p in cmd.get_params(ctx) if not getattr(p, "hidden", False)]
     mark = any(p.required for p in params)  # a '*' column only when something is required
-    rows = [(("* " if p.required else "  ") * mark + name, text) for p in params for name, text in [_param_row(p, ctx)]]
+    rows = [(("* " if p.required else "  ") * mark + name, text) for p in params
+            for name, text in [_param_row(p, ctx, details=commands is None)]]
     panel("Arguments", [row for p, row in zip(params, rows, strict=True) if isinstance(p, TyperArgument)])
     panel("Options", [row for p, row in zip(params, rows, strict=True) if not isinstance(p, TyperArgument)])
     if commands is not None:
@@ -121,8 +122,9 @@ _MIN_HELP_WIDTH = 36
 """Fewest columns for option help beside the option names; below, the help goes under the names."""
 
 
-def _param_row(param: Any, ctx: Any) -> tuple[str, Any]:
-    """(names with their type, the help with default and [required]) of one parameter."""
+def _param_row(param: Any, ctx: Any, details: bool = True) -> tuple[str, Any]:
+    """(names with their type, the help with default and [required]) of one parameter; without ``details``
+    (the root help: flags only) just the help text, which spares importing typer's rich help module."""
     from rich.text import Text
 
     if isinstance(param, TyperArgument):
@@ -135,7 +137,7 @@ def _param_row(param: Any, ctx: Any) -> tuple[str, Any]:
     kind = None if getattr(param, "is_flag", False) else getattr(param, "display_type_rich", lambda ctx: None)(ctx)
     if kind:
         names += f" {kind}"
-    if not hasattr(param, "_extract_default_help_str"):  # click's own --help option
+    if not details or not hasattr(param, "_extract_default_help_str"):  # click's own --help option
         return names, Text(getattr(param, "help", None) or "")
     from typer import rich_utils
 
