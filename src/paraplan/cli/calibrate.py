@@ -88,7 +88,7 @@ def _render(res: FitResult, out: str) -> None:
     if res.before.n < len(res.fitted):
         con.print(f"[yellow]note:[/] {res.before.n} run(s) for {len(res.fitted)} parameters: the fit leans on the "
                   "preset values; add runs with other layouts (TP, PP, DP sizes) to pin them down", soft_wrap=True)
-    con.print(f"wrote {safe(out)}: use it with --profile {safe(out)} on any command")
+    con.print(f"wrote {safe(out)}: use it with --profile {safe(out)} on any command", soft_wrap=True)  # path whole
 
 
 @app.command("calibrate")
