@@ -3,9 +3,11 @@
 Targets: ``megatron`` (megatron_args.sh + env.sh), ``torchrun`` (+ torchrun.sh), ``slurm``
 (+ job.sbatch), ``k8s`` (+ pytorchjob.yaml), ``all``; every target also writes manifest.json
 (layout, resolved inputs, prediction, candidate id) so a run can be joined to its prediction.
-Templates are jinja2 with StrictUndefined; shell values go through ``shquote`` (shlex.quote),
-YAML values through ``yamlstr`` (JSON strings are valid YAML scalars). Site-specific values come
-from the site profile (``paraplan.launch.site``). Conventions: ecosystem.md section 2.
+Templates are jinja2 with StrictUndefined; every interpolated value is an integer, a validated
+name (filter ``name``) or quoted for the file's language by the filters of ``paraplan.launch.quoting``:
+``sh`` (shlex.quote), ``shword`` (array elements), ``sh_comment`` (the rest of a ``#`` line, kept
+one line) and ``yaml`` (a double-quoted YAML scalar). Site-specific values come from the site profile
+(``paraplan.launch.site``, validated again here). Conventions: ecosystem.md section 2.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
+import threading
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -37,7 +41,8 @@ from paraplan.launch.megatron import (
     megatron_args,
     needs_max_connections_1,
 )
-from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile
+from paraplan.launch.quoting import in_dquotes, integer, one_line, plain_name, sh, yaml_scalar
+from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile, validated_site
 from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -114,25 +119,27 @@ def _shword(value: Value) -> str:
     """One array element: placeholders double-quoted (expanded), values shell-quoted; values with
     commas are quoted too (shellcheck SC2054 reads a bare comma in an array as a mistake)."""
     if isinstance(value, Placeholder):
+        plain_name(value.env)
+        in_dquotes(value.hint + (value.default or ""))
         return f'"{value.shell()}"'
     quoted = shlex.quote(value)
     return f"'{value}'" if quoted == value and "," in value else quoted
 
 
-def _yamlstr(value: object) -> str:
-    return json.dumps(str(value), ensure_ascii=False)
-
-
 def template_env() -> jinja2.Environment:
-    """The jinja2 environment: StrictUndefined, kept trailing newline, shquote/yamlstr filters."""
+    """The jinja2 environment: StrictUndefined, kept trailing newline, the quoting filters."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("paraplan.launch", "templates"),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
         trim_blocks=True, lstrip_blocks=True,
     )
-    env.filters["shquote"] = lambda v: shlex.quote(str(v))
+    env.filters["sh"] = sh
     env.filters["shword"] = _shword
-    env.filters["yamlstr"] = _yamlstr
+    env.filters["sh_comment"] = one_line
+    env.filters["yaml"] = yaml_scalar
+    env.filters["name"] = plain_name
+    env.filters["integer"] = integer
+    env.filters["in_dquotes"] = in_dquotes
     return env
 
 
@@ -222,6 +229,7 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     for t in chosen:
         if t not in TARGETS:
             raise SpecError(f"target '{t}' is unknown (allowed: {', '.join(TARGETS)}, all)")
+    spec = replace(spec, site=validated_site(spec.site))  # a SiteProfile built in code passes the same checks
     groups = megatron_args(spec.model, spec.layout, spec.training, arch=spec.cluster.gpu.arch)
     cid = candidate_id(spec)
     ctx = _context(spec, cid, groups)
