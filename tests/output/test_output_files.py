@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import paraplan.cli.budget
-import paraplan.cli.calibrate  # noqa: F401  (registers the commands)
+import paraplan.cli.calibrate
 from paraplan import fileio
 from paraplan.cli import main
 from paraplan.errors import SpecError
@@ -147,3 +147,17 @@ def test_budget_html_is_the_same_bytes_twice(tmp_path: Path, capsys: pytest.Capt
     code, _, err = run([*BUDGET, "--html", str(first), "--force"], capsys)
     assert code == 0, err
     assert first.read_bytes() == second.read_bytes()
+
+
+def test_calibrate_profile_keeps_any_source_text_as_one_yaml_string(tmp_path: Path) -> None:
+    import yaml
+
+    from paraplan.calibrate import fit_profile, write_profile
+    from paraplan.specs.load import load_gpu
+    from tests.tune.helpers import synthetic_runs
+
+    source = "x\n---\nkind: Pod\nmetadata: {name: evil}\n\x7f\x85\u2028 # c: d"
+    out = tmp_path / "profile.yaml"
+    write_profile(out, fit_profile(synthetic_runs("h100-80gb")[:4], load_gpu("h100-80gb")), source)
+    docs = list(yaml.safe_load_all(out.read_text(encoding="utf-8")))
+    assert len(docs) == 1 and docs[0]["source"] == source

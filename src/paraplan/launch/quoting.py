@@ -2,8 +2,8 @@
 
     sh           a shell word: ``shlex.quote`` (one word, nothing expands)
     sh_comment   text for the rest of a ``#`` comment line (shell or YAML): it stays one line and
-                 prints nothing to a terminal: control, line-break and format characters
-                 (newline, ESC, DEL, U+2028, bidi overrides ...) become ``\\xNN`` / ``\\uNNNN``
+                 prints nothing to a terminal: what ``str.isprintable`` rejects (newline, ESC, DEL,
+                 U+2028, bidi overrides, odd spaces ...) becomes ``\\xNN`` / ``\\uNNNN``
     yaml         a YAML scalar: PyYAML's double-quoted style, ASCII only, one line, so any text
                  (``---``, ``: ``, ``#``, DEL, NEL) loads back as exactly that one string
 
@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import unicodedata
 from typing import Final
 
 import yaml
 
-_UNSAFE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
-"""Control, format (bidi overrides, zero-width), surrogate, private, unassigned, line/paragraph separators."""
 _PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
 _DQUOTE_UNSAFE: Final = frozenset('"$`\\}')
 """Characters that would end or expand a ``"${VAR:-word}"`` word early."""
@@ -35,7 +32,7 @@ def _escape_char(c: str) -> str:
 
 def one_line(value: object) -> str:
     """``value`` as printable text on one line (unsafe characters escaped, see the module docstring)."""
-    return "".join(_escape_char(c) if unicodedata.category(c) in _UNSAFE_CATEGORIES else c for c in str(value))
+    return "".join(c if c.isprintable() else _escape_char(c) for c in str(value))
 
 
 def sh(value: object) -> str:
