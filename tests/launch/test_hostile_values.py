@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,11 +20,11 @@ import yaml
 
 from paraplan.errors import SpecError
 from paraplan.launch.quoting import one_line
-from paraplan.launch.render import render_files, write_files
+from paraplan.launch.render import LaunchSpec, render_files, write_files
 from paraplan.launch.site import site_from_dict
 from paraplan.specs.cluster import make_cluster
 
-from .cases import SITE, llama70b_spec
+from .cases import SITE, llama70b_spec, moe_single_node_spec
 
 CANARY = "pwned"
 """Relative to the run's working directory (an empty temp dir); the strings below create it."""
@@ -98,9 +99,10 @@ def comment_lines(text: str) -> list[str]:
     return [line for line in text.split("\n") if line.lstrip().startswith("#")]
 
 
+@pytest.mark.parametrize("make", [llama70b_spec, moe_single_node_spec], ids=["multi_node", "single_node"])
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_hostile_model_name_is_inert(case: str, tmp_path: Path) -> None:
-    spec = llama70b_spec()
+def test_hostile_model_name_is_inert(case: str, make: Callable[[], LaunchSpec], tmp_path: Path) -> None:
+    spec = make()
     spec = replace(spec, model=replace(spec.model, name=HOSTILE[case]))
     files = render_files(spec, ["all"])
     write_files(files, tmp_path / "launch")
