@@ -58,3 +58,20 @@ def test_integers_and_double_quoted_words_are_checked() -> None:
     for bad in ('a"b', "$(x)", "`x`", "a}b", "a\\b", "a\nb"):
         with pytest.raises(ValueError, match="double-quoted"):
             in_dquotes(bad)
+
+
+def test_every_template_value_goes_through_a_quoting_or_checking_filter() -> None:
+    import re
+    from importlib import resources
+
+    allowed = {"sh", "shword", "sh_comment", "yaml", "name", "integer", "in_dquotes"}
+    templates = resources.files("paraplan.launch").joinpath("templates")
+    seen = 0
+    for item in templates.iterdir():
+        if not item.name.endswith(".j2"):
+            continue
+        for expr in re.findall(r"{{(.*?)}}", item.read_text(encoding="utf-8")):
+            last = expr.rsplit("|", 1)[-1].strip() if "|" in expr else None
+            assert last in allowed, f"{item.name}: {{{{{expr}}}}} is interpolated without a quoting filter"
+            seen += 1
+    assert seen > 50
