@@ -14,6 +14,7 @@ from paraplan.cli._app import app
 from paraplan.cli.options import (
     AttentionChoice,
     AttentionOpt,
+    ForceOpt,
     FragmentationOpt,
     GbsOpt,
     GpuOpt,
@@ -191,6 +192,7 @@ def plan_cmd(
     attention_backend: AttentionChoice = AttentionOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
+    force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
     """Search every valid Megatron-Core layout and rank the ones that fit.
@@ -200,7 +202,7 @@ def plan_cmd(
     if save:
         from paraplan.fileio import check_output_file
 
-        check_output_file(save, "--save")
+        check_output_file(save, "--save", force=force)
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
                  tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
@@ -208,7 +210,7 @@ def plan_cmd(
     if save:
         from paraplan.serialize import save_plan
 
-        save_plan(p, save)
+        save_plan(p, save, option="--save", force=force)
     emit(p, fmt, explain)
 
 
@@ -225,6 +227,7 @@ def explain_cmd(
     recompute_modules: str | None = RecModOpt,
     attention_backend: AttentionChoice = AttentionOpt,
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
+    force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
@@ -234,4 +237,4 @@ def explain_cmd(
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=save, fmt=fmt, recompute_modules=recompute_modules)
+             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules)
