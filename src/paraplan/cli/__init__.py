@@ -2,7 +2,8 @@
 
 The CLI parses options, calls one library function and renders the result; only this package
 prints. Exit codes: 0 ok, 1 bad input (one line naming the field and the allowed values),
-2 usage error (typer/click), 3 no feasible plan. ``--debug`` shows tracebacks.
+2 usage error (typer/click), 3 no feasible plan, 130 interrupted (Ctrl-C); an output that cannot be
+written (a full disk, /dev/full) is one line and exit 1. ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The typer application object and per-invocation state shared by the command modules.
 
 Commands load lazily: ``COMMANDS`` names each command's module and one-line help, so ``paraplan
---version``, ``--help``, ``models`` and ``gpus`` never import numpy, pydantic, plotly or jinja2 for the
-commands they do not run (``benchmarks/startup.py`` measures it). A command module registers its
+--version`` and ``--help`` import none of numpy, pydantic, plotly and jinja2, and a command imports only
+the modules it uses (``benchmarks/startup.py`` measures the start-up). A command module registers its
 command on ``app`` with ``@app.command`` as usual; ``LazyGroup`` imports the module when the command
 is resolved (run, its ``--help``, shell completion) and builds it with typer.
 """
@@ -36,6 +36,7 @@ def plain(text: object) -> str:
     """``text`` with control and bidi characters written as escapes (``\\x1b``, ``\\n``, ``\\u202e``): a name
     from a YAML file, a log or plan.json never reaches the terminal as an escape sequence or a line break."""
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("paraplan.cli.info", "List the built-in model presets with their sizes and sources."),
