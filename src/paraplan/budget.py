@@ -27,15 +27,15 @@ from typing import Any, Final
 
 from paraplan.checkpoint import (
     DEFAULT_STORAGE_BYTES_PER_S_PER_GPU,
+    CheckpointAdvice,
     StorageSpec,
-    checkpoint_size,
-    checkpoint_timing,
+    advise,
     format_decimal_bytes,
 )
 from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.estimate.params import model_param_counts
 from paraplan.estimator import Estimate, config_dict, max_positions_for
-from paraplan.goodput import DEFAULT_FAILURE_RATE_PER_GPU_HOUR, FailureSpec, plan_checkpoints
+from paraplan.goodput import DEFAULT_FAILURE_RATE_PER_GPU_HOUR, FailureSpec
 from paraplan.search import SearchSpace, plan
 from paraplan.specs.cluster import GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
@@ -244,27 +244,21 @@ def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec)
     return top, f"no valid layout on {n} x {gpu.name} (most rejected: {top})"
 
 
-def _resilience(s: _Sweep, n: int, gbs: int, est: Estimate) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def _resilience(s: _Sweep, n: int, gbs: int, est: Estimate) -> tuple[CheckpointAdvice, list[tuple[str, str]]]:
     """Checkpoint size/time, save interval and goodput of one row, and its flags."""
-    size = checkpoint_size(est)
-    timing = checkpoint_timing(size, n, s.storage)
-    iters = math.ceil(s.tokens / (gbs * s.seq_len))
-    gp = plan_checkpoints(step_s=float(est.time.step_s), num_gpus=n, save_blocking_s=timing.blocking_save_s,
-                          save_s=timing.save_s, load_s=timing.load_s, failures=s.failures, train_iters=iters)
+    adv = advise(est, s.storage, s.failures, train_iters=math.ceil(s.tokens / (gbs * s.seq_len)))
+    timing, gp = adv.timing, adv.goodput
     flags: list[tuple[str, str]] = []
-    host = format_decimal_bytes(timing.host_ram_bytes_per_node)
     if timing.host_ram_fits is False:
         assert s.storage.host_memory_bytes_per_node is not None
-        flags.append(("HOST_RAM", f"--async-save would stage {host} per node > host RAM "
-                                  f"{format_decimal_bytes(s.storage.host_memory_bytes_per_node)}: synchronous save"))
+        flags.append(("HOST_RAM", f"--async-save would stage {format_decimal_bytes(timing.host_ram_bytes_per_node)} "
+                                  f"per node > host RAM {format_decimal_bytes(s.storage.host_memory_bytes_per_node)}: "
+                                  "synchronous save"))
     blocked = gp.save_blocking_s / (gp.interval_s + gp.save_blocking_s)
     if blocked > CKPT_OVERHEAD_FLAG:
         flags.append(("CKPT_SLOW", f"checkpoint saves block {blocked:.0%} of training "
                                    f"({timing.save_s:,.0f} s per save, {timing.storage_bound} storage bandwidth)"))
-    info = {"ckpt_format": size.ckpt_format, "max_bytes_per_rank": size.max_bytes_per_rank,
-            "load_s": timing.load_s, "storage_bound": timing.storage_bound, "async_save": timing.async_save,
-            "host_ram_fits": timing.host_ram_fits, **gp.as_dict()}
-    return {"size": size, "timing": timing, "goodput": gp, "info": info}, flags
+    return adv, flags
 
 
 def _row_from(s: _Sweep, gpu: GpuSpec, per_node: int, n: int, gbs: int, est: Estimate, evaluated: int) -> BudgetRow:
@@ -274,8 +268,8 @@ def _row_from(s: _Sweep, gpu: GpuSpec, per_node: int, n: int, gbs: int, est: Est
     gpu_hours = s.tokens / x / SECONDS_PER_HOUR
     price = s.prices.get(gpu.name)
     lay = est.layout
-    res, flags = _resilience(s, n, gbs, est)
-    goodput = res["goodput"].goodput
+    adv, flags = _resilience(s, n, gbs, est)
+    goodput = adv.goodput.goodput
     effective_days = days / goodput if goodput > 0 else None
     if effective_days is None:
         flags.insert(0, ("NO_PROGRESS", "failures outpace progress: restarts and lost work exceed the MTBF"))
@@ -293,9 +287,9 @@ def _row_from(s: _Sweep, gpu: GpuSpec, per_node: int, n: int, gbs: int, est: Est
         model_tflops_per_gpu=model_flops / TFLOP, mfu=float(est.throughput.mfu), days=days, gpu_hours=gpu_hours,
         cost_usd=None if price is None or effective_days is None else price * gpu_hours / goodput,
         meets_deadline=None if s.days is None else effective_days is not None and effective_days <= s.days,
-        goodput=goodput, effective_days=effective_days, checkpoint_bytes=res["size"].total_bytes,
-        checkpoint_save_s=res["timing"].save_s, save_interval_iters=res["goodput"].save_interval_iters,
-        host_ram_bytes_per_node=res["timing"].host_ram_bytes_per_node, checkpoint=res["info"],
+        goodput=goodput, effective_days=effective_days, checkpoint_bytes=adv.size.total_bytes,
+        checkpoint_save_s=adv.timing.save_s, save_interval_iters=adv.save_interval_iters,
+        host_ram_bytes_per_node=adv.timing.host_ram_bytes_per_node, checkpoint=adv.as_dict(),
         closed_form_days=closed_form_days(s.tokens, s.params, n, model_flops), flags=tuple(flags),
         layouts_evaluated=evaluated)
 

@@ -35,13 +35,15 @@ blocks for the part of the save that does not overlap (1 - ``async_overlap_frac`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from paraplan.errors import SpecError
 from paraplan.estimate.params import padded_vocab
 from paraplan.estimator import Estimate
-from paraplan.units import GB
+from paraplan.goodput import FailureSpec, GoodputPlan, plan_checkpoints
+from paraplan.units import GB, SECONDS_PER_HOUR
 
 CkptFormat = Literal["torch_dist", "fsdp_dtensor"]
 CKPT_FORMATS: Final[tuple[str, ...]] = ("torch_dist", "fsdp_dtensor")
@@ -225,3 +227,49 @@ def format_decimal_bytes(num_bytes: float) -> str:
     if num_bytes >= 1e12:
         return f"{num_bytes / 1e12:.2f} TB"
     return f"{num_bytes / GB:.1f} GB" if num_bytes >= GB else f"{num_bytes / 1e6:.1f} MB"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointAdvice:
+    """Size, timing, interval and goodput of one layout's checkpoints: what ``launch`` writes and ``plan`` shows."""
+
+    size: CheckpointSize
+    timing: CheckpointTiming
+    goodput: GoodputPlan
+
+    @property
+    def save_interval_iters(self) -> int:
+        """Recommended ``--save-interval``."""
+        return self.goodput.save_interval_iters
+
+    def reason(self) -> str:
+        """One line: why this interval, format and save mode."""
+        g, t = self.goodput, self.timing
+        mtbf = "no failures" if math.isinf(g.mtbf_s) else f"MTBF {g.mtbf_s / SECONDS_PER_HOUR:,.1f} h"
+        if t.async_save:
+            mode = (f"--async-save: staging {format_decimal_bytes(t.host_ram_bytes_per_node)}/node fits host RAM, "
+                    f"{t.blocking_save_s:.1f} s blocking")
+        elif t.host_ram_fits is False:
+            mode = f"synchronous save: async staging {format_decimal_bytes(t.host_ram_bytes_per_node)}/node > host RAM"
+        else:
+            mode = "synchronous save: host RAM per node unknown (site host_memory_gb_per_node)"
+        return (f"{self.size.ckpt_format} {format_decimal_bytes(self.size.total_bytes)}, save {t.save_s:,.1f} s; "
+                f"Young/Daly sqrt(2 x {g.save_blocking_s:,.1f} s x {mtbf}) -> every {g.save_interval_iters} "
+                f"iterations ({g.interval_s:,.0f} s); goodput {g.goodput:.1%}; {mode}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {**self.size.as_dict(), "save_s": self.timing.save_s, "load_s": self.timing.load_s,
+                "storage_bound": self.timing.storage_bound, "async_save": self.timing.async_save,
+                "host_ram_fits": self.timing.host_ram_fits, **self.goodput.as_dict()}
+
+
+def advise(est: Estimate, storage: StorageSpec | None = None, failures: FailureSpec | None = None,
+           train_iters: int | None = None) -> CheckpointAdvice:
+    """Checkpoint size and save time of ``est``'s layout, the Young/Daly ``--save-interval`` and its goodput."""
+    size = checkpoint_size(est)
+    timing = checkpoint_timing(size, est.cluster.num_gpus, storage or StorageSpec())
+    gp = plan_checkpoints(step_s=float(est.time.step_s), num_gpus=est.cluster.num_gpus,
+                          save_blocking_s=timing.blocking_save_s, save_s=timing.save_s, load_s=timing.load_s,
+                          failures=failures or FailureSpec(), train_iters=train_iters)
+    return CheckpointAdvice(size=size, timing=timing, goodput=gp)

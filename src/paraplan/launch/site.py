@@ -81,11 +81,14 @@ class SiteProfile:
         return FailureSpec(**kw)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (env as a mapping)."""
+        """JSON-ready (env as a mapping; unset storage/failure numbers left out)."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["env"] = dict(self.env)
         for key in ("container_mounts", "modules", "extra_sbatch"):
             out[key] = list(out[key])
+        for key in NUMBER_KEYS:  # storage and failure inputs: only those the site sets
+            if out[key] is None:
+                del out[key]
         return out
 
 
