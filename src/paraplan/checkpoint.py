@@ -13,6 +13,9 @@ What one save writes (Megatron-LM main @ d98e8a6; megatron-core 0.16.1 has the s
   shard of ``param`` (the fp32 master weight, 4 B) and the Adam moments ``exp_avg``, ``exp_avg_sq`` (4 B each):
   12 B/param / (DP x CP). Without the distributed optimizer the optimizer state is replicated with the model's
   replica ids and the fully parallel wrapper spreads it the same way, so the bytes per rank are the same.
+  Parameters every TP rank holds whole (norms, router, row-parallel biases, learned positions) carry the TP rank
+  in their ``replica_id`` (``make_sharded_tensors_for_checkpoint``), so only TP rank 0's DP x CP group writes them;
+  their optimizer state, part of each TP rank's own buffer (key ``dp_group_idx_<i>``), is written by every TP rank.
   A tied output layer on the last stage (PP > 1) is saved as a replica of the first stage's embedding
   (``LanguageModule.sharded_state_dict``, ``megatron/core/models/common/language_module/language_module.py``):
   its weight is not written twice, its optimizer shard is. (An MTP block's embedding copy is counted in full.)
@@ -21,7 +24,8 @@ What one save writes (Megatron-LM main @ d98e8a6; megatron-core 0.16.1 has the s
   (``megatron_fsdp.py`` ``_replace_param_with_distributed_if_needed`` -> ``optimizer_named_parameters``, built
   from ``dist_main_weight`` in ``param_and_grad_buffer.py``): the fp32 main-weight shards (4 B/param), plus the
   optimizer ``state`` (``sharded_param_state_fsdp_dtensor``: exp_avg, exp_avg_sq, 8 B); no separate bf16 copy.
-  Everything is sharded over DP x CP (experts: expert-DP).
+  Everything is sharded over DP x CP (experts: expert-DP); torch DCP's save planner drops duplicate chunks, so
+  TP-replicated parameters are written once.
 * ``--no-save-optim`` drops the optimizer part: torch_dist writes 2 B/param, fsdp_dtensor 4 B/param.
 
 Small entries (RNG states, the optimizer step, args, ``common.pt``) are left out (kilobytes).
@@ -40,9 +44,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from paraplan.errors import SpecError
-from paraplan.estimate.params import padded_vocab
-from paraplan.estimator import Estimate
+from paraplan.estimate.params import StageLayers, dense_layer_params, moe_layer_params, padded_vocab
+from paraplan.estimate.stages import all_stage_layers
+from paraplan.estimator import Estimate, max_positions_for
 from paraplan.goodput import FailureSpec, GoodputPlan, plan_checkpoints
+from paraplan.layout import ParallelLayout
+from paraplan.specs.model import ModelSpec
 from paraplan.units import GB, SECONDS_PER_HOUR
 
 CkptFormat = Literal["torch_dist", "fsdp_dtensor"]
@@ -132,6 +139,26 @@ class CheckpointSize:
                 "host_ram_bytes_per_node": self.max_bytes_per_node}
 
 
+def tp_replicated_params(model: ModelSpec, layers: StageLayers, layout: ParallelLayout, max_positions: int) -> float:
+    """Parameters of one stage that every TP rank holds whole: per layer the norms, router, replicated biases
+    and MLA down projections (``LayerParams.replicated``), the final norm on the last stage, learned position
+    embeddings on the first, and per MTP block its three norms and its layer's replicated part."""
+    tp, nu, h = layout.tp, model.norm_params, model.hidden_size
+    rep = float(layers.num_dense_layers) * float(dense_layer_params(model, tp=tp).replicated)
+    if model.is_moe:
+        moe = moe_layer_params(model, tp=tp, ep=layout.ep, etp=layout.etp)
+        rep += float(layers.num_moe_layers) * float(moe.replicated)
+    if layers.has_output:
+        rep += nu * h
+    if layers.has_embedding and model.position_embedding_type == "learned_absolute":
+        rep += max_positions * h
+    if layers.num_mtp_layers:
+        mtp_layer = (moe_layer_params(model, tp=tp, ep=layout.ep, etp=layout.etp) if model.mtp_layer_is_moe
+                     else dense_layer_params(model, tp=tp))
+        rep += float(layers.num_mtp_layers) * (3 * nu * h + float(mtp_layer.replicated))
+    return rep
+
+
 def ckpt_format_for(est: Estimate) -> str:
     """The format Megatron requires or defaults to: fsdp_dtensor under Megatron-FSDP, else torch_dist."""
     return "fsdp_dtensor" if est.layout.fsdp else "torch_dist"
@@ -140,9 +167,11 @@ def ckpt_format_for(est: Estimate) -> str:
 def checkpoint_size(est: Estimate, *, ckpt_format: str | None = None, with_optimizer: bool = True) -> CheckpointSize:
     """Bytes per rank and in total that one save of ``est``'s layout writes (see the module docstring).
 
-    per rank = b_w x (P_dense - tied copy) / (DP x CP) + b_w x P_expert / EDP + b_o x (P_dense / (DP x CP)
-    + P_expert / EDP); torch_dist: b_w = 2, b_o = 12; fsdp_dtensor: b_w = 0, b_o = 12 (4 main + 8 moments);
-    without the optimizer b_o = 0 and fsdp_dtensor keeps its 4 B main weights.
+    per rank (TP rank 0, the busiest) = b_w x (P_dense - tied copy) / (DP x CP) + b_w x P_expert / EDP
+    + b_o x (P_dense / (DP x CP) + P_expert / EDP); torch_dist: b_w = 2, b_o = 12; fsdp_dtensor: b_w = 0,
+    b_o = 12 (4 main + 8 moments); without the optimizer b_o = 0 and fsdp_dtensor keeps its 4 B main weights.
+    Totals count TP-replicated parameters P_rep once in the weights (and, for fsdp_dtensor, in everything):
+    the other TP ranks write (P_dense - P_rep) instead of P_dense.
     """
     fmt = ckpt_format or ckpt_format_for(est)
     if fmt not in CKPT_FORMATS:
@@ -163,16 +192,21 @@ def checkpoint_size(est: Estimate, *, ckpt_format: str | None = None, with_optim
         tied_copy = float(padded_vocab(model, lay.tp)) * model.hidden_size / lay.tp
     per_rank: list[float] = []
     totals = {"w": 0.0, "m": 0.0, "o": 0.0}
-    for stage in est.stages:
+    other_tp = (lay.tp - 1) / lay.tp  # share of a stage's ranks that are not TP rank 0
+    for stage, layers in zip(est.stages, all_stage_layers(model, lay), strict=True):
         p = stage.params
         dense, expert = float(p.dense), float(p.expert)
         saved_dense = dense - (tied_copy if float(p.output_layer) > 0 else 0.0)
+        rep = tp_replicated_params(model, layers, lay, max_positions_for(model, est.training)[0])
         shard = dense / dense_group + expert / expert_group
         w = weight_b * (saved_dense / dense_group + expert / expert_group)
         m, o = main_b * shard, moment_b * shard
         per_rank.append(w + m + o)
-        for key, value in (("w", w), ("m", m), ("o", o)):
-            totals[key] += value * ranks_per_stage
+        rep_shard = rep / dense_group * other_tp  # what the average rank does not write
+        totals["w"] += (w - weight_b * rep_shard) * ranks_per_stage
+        dedup = rep_shard if fmt == "fsdp_dtensor" else 0.0
+        totals["m"] += (m - main_b * dedup) * ranks_per_stage
+        totals["o"] += (o - moment_b * dedup) * ranks_per_stage
     return CheckpointSize(ckpt_format=fmt, with_optimizer=with_optimizer, bytes_per_rank=tuple(per_rank),
                           total_bytes=sum(totals.values()), weights_bytes=totals["w"], main_weights_bytes=totals["m"],
                           moments_bytes=totals["o"], gpus_per_node=min(est.cluster.gpus_per_node,
