@@ -110,7 +110,12 @@ class CheckpointSize:
     ckpt_format: str
     with_optimizer: bool
     bytes_per_rank: tuple[float, ...]
-    """Per rank of each pipeline stage (all ranks of a stage write the same)."""
+    """Per rank of each pipeline stage: TP rank 0, which also writes the TP-replicated weights (the fully parallel
+    save balances the weights over DP x CP tensor by tensor, so a rank may write up to one tensor more)."""
+    weights_bytes_per_rank: tuple[float, ...]
+    """The model-weight part of ``bytes_per_rank``."""
+    optimizer_bytes_per_rank: tuple[float, ...]
+    """Master weights and moments per rank of each stage (every rank writes its own distributed-optimizer shard)."""
     total_bytes: float
     weights_bytes: float
     """Model weights in the checkpoint (bf16 for torch_dist; none for fsdp_dtensor, whose weights are fp32)."""
@@ -191,6 +196,8 @@ def checkpoint_size(est: Estimate, *, ckpt_format: str | None = None, with_optim
     if not model.untie_embeddings_and_output_weights and lay.pp > 1:
         tied_copy = float(padded_vocab(model, lay.tp)) * model.hidden_size / lay.tp
     per_rank: list[float] = []
+    weights_rank: list[float] = []
+    optimizer_rank: list[float] = []
     totals = {"w": 0.0, "m": 0.0, "o": 0.0}
     other_tp = (lay.tp - 1) / lay.tp  # share of a stage's ranks that are not TP rank 0
     for stage, layers in zip(est.stages, all_stage_layers(model, lay), strict=True):
@@ -202,12 +209,15 @@ def checkpoint_size(est: Estimate, *, ckpt_format: str | None = None, with_optim
         w = weight_b * (saved_dense / dense_group + expert / expert_group)
         m, o = main_b * shard, moment_b * shard
         per_rank.append(w + m + o)
+        weights_rank.append(w)
+        optimizer_rank.append(m + o)
         rep_shard = rep / dense_group * other_tp  # what the average rank does not write
         totals["w"] += (w - weight_b * rep_shard) * ranks_per_stage
         dedup = rep_shard if fmt == "fsdp_dtensor" else 0.0
         totals["m"] += (m - main_b * dedup) * ranks_per_stage
         totals["o"] += (o - moment_b * dedup) * ranks_per_stage
     return CheckpointSize(ckpt_format=fmt, with_optimizer=with_optimizer, bytes_per_rank=tuple(per_rank),
+                          weights_bytes_per_rank=tuple(weights_rank), optimizer_bytes_per_rank=tuple(optimizer_rank),
                           total_bytes=sum(totals.values()), weights_bytes=totals["w"], main_weights_bytes=totals["m"],
                           moments_bytes=totals["o"], gpus_per_node=min(est.cluster.gpus_per_node,
                                                                         est.cluster.num_gpus))
