@@ -18,7 +18,7 @@ from rich.table import Table
 from paraplan.budget import BudgetResult, BudgetRow, budget, parse_prices, parse_token_count
 from paraplan.checkpoint import format_decimal_bytes
 from paraplan.cli._app import app
-from paraplan.cli.options import MODEL_HELP, PrecisionChoice, PrecisionOpt, positive
+from paraplan.cli.options import MODEL_HELP, ForceOpt, PrecisionChoice, PrecisionOpt, positive
 from paraplan.cli.render import console
 from paraplan.errors import SpecError
 from paraplan.launch.site import load_site
@@ -218,6 +218,17 @@ def budget_figure(res: BudgetResult) -> Any:
     return fig
 
 
+BUDGET_DIV_ID = "paraplan-budget"
+"""The plot's element id: fixed, so the same inputs give the same bytes (plotly's default is a random uuid)."""
+
+
+def budget_html(res: BudgetResult) -> str:
+    """The --html page: self-contained (plotly.js embedded, opens offline, like `paraplan report`), same bytes
+    for the same inputs."""
+    html: str = budget_figure(res).to_html(include_plotlyjs=True, full_html=True, div_id=BUDGET_DIV_ID)
+    return html
+
+
 @contextmanager
 def _progress() -> Iterator[Callable[[int, int], None] | None]:
     """A transient rich progress bar on stderr (only on a terminal)."""
@@ -255,6 +266,7 @@ def budget_cmd(
     html: str | None = typer.Option(None, "--html", help="Also write the time/cost plot (plotly HTML) here."),
     site: str | None = typer.Option(None, "--site", help="Site profile YAML: storage_gbps, storage_gbps_per_node, "
                                     "host_memory_gb_per_node, failure_rate_per_gpu_hour, requeue_s, ..."),
+    force: bool = ForceOpt,
 ) -> None:
     """Sweep GPU counts per GPU type (best layout each): time to train, GPU-hours, cost, MFU; recommend.
 
@@ -274,7 +286,7 @@ def budget_cmd(
     if html:
         from paraplan.fileio import check_output_file
 
-        check_output_file(html, "--html")
+        check_output_file(html, "--html", force=force)
     gpu_specs = load_gpus(gpu)
     names = [g.name for g in gpu_specs]
     prices = parse_prices(price, names, "--price-per-gpu-hour", known=gpu_preset_names())
@@ -288,8 +300,7 @@ def budget_cmd(
     if html:
         from paraplan.fileio import write_text_atomic
 
-        # self-contained (plotly.js embedded): opens offline, like `paraplan report`
-        write_text_atomic(html, budget_figure(res).to_html(include_plotlyjs=True, full_html=True))
+        write_text_atomic(html, budget_html(res), option="--html", force=force)
     if fmt == BudgetFormat.json:
         print(json.dumps(res.to_dict(), indent=1))
     elif fmt == BudgetFormat.csv:

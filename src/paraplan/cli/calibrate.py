@@ -22,7 +22,7 @@ from paraplan.calibrate import (
     write_profile,
 )
 from paraplan.cli._app import app
-from paraplan.cli.options import FormatOpt, OutputFormat
+from paraplan.cli.options import ForceOpt, FormatOpt, OutputFormat
 from paraplan.cli.render import console
 from paraplan.errors import SpecError
 from paraplan.specs.cluster import GpuSpec
@@ -107,7 +107,7 @@ def calibrate(
     skip_warmup: int = typer.Option(1, "--skip-warmup", help="Iteration records to skip per log segment."),
     cross_validate: bool = typer.Option(False, "--cross-validate",
                                         help="Also report leave-one-out error (each run predicted without it)."),
-    fmt: OutputFormat = FormatOpt,
+    fmt: OutputFormat = FormatOpt, force: bool = ForceOpt,
 ) -> None:
     """Fit GEMM, collective and overlap efficiencies to measured runs; write a profile for --profile.
 
@@ -117,7 +117,7 @@ def calibrate(
         raise SpecError("calibrate: give --runs runs.csv or at least one --pair manifest.json:log.txt")
     from paraplan.fileio import check_output_file
 
-    check_output_file(out, "--out")
+    check_output_file(out, "--out", force=force)
     names = _params(params)
     spec = load_gpu(gpu)
     measured: list[Run] = read_runs_csv(runs, spec) if runs else []
@@ -125,7 +125,7 @@ def calibrate(
         man, logs = split_pair(text)
         measured.append(read_pair(man, logs, skip_warmup=skip_warmup, gpu=spec))
     res = fit_profile(measured, spec, names)
-    write_profile(out, res, source or "")
+    write_profile(out, res, source or "", option="--out", force=force)
     loo = leave_one_out(measured, spec, names) if cross_validate else None
     if fmt == OutputFormat.json:
         doc = profile_document(res, source or "")

@@ -16,6 +16,7 @@ from paraplan.cli._app import app
 from paraplan.cli.options import (
     AttentionChoice,
     AttentionOpt,
+    ForceOpt,
     FragmentationOpt,
     GbsOpt,
     GpuOpt,
@@ -222,6 +223,7 @@ def plan_cmd(
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
                                     "failure rate) for the checkpoint columns."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
+    force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
     """Search every valid Megatron-Core layout and rank the ones that fit.
@@ -232,7 +234,7 @@ def plan_cmd(
     if save:
         from paraplan.fileio import check_output_file
 
-        check_output_file(save, "--save")
+        check_output_file(save, "--save", force=force)
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
                  tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
@@ -240,7 +242,7 @@ def plan_cmd(
     if save:
         from paraplan.serialize import save_plan
 
-        save_plan(p, save)
+        save_plan(p, save, option="--save", force=force)
     emit(p, fmt, explain, site_profile)
 
 
@@ -267,4 +269,4 @@ def explain_cmd(
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=None, fmt=fmt, recompute_modules=recompute_modules, site=site)
+             explain=True, save=None, force=False, fmt=fmt, recompute_modules=recompute_modules, site=site)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from paraplan.cli._app import app
-from paraplan.cli.options import GPU_HELP, MODEL_HELP, GpuSetOpt, PrecisionChoice, ProfileOpt
+from paraplan.cli.options import GPU_HELP, MODEL_HELP, ForceOpt, GpuSetOpt, PrecisionChoice, ProfileOpt
 from paraplan.cli.plan import (
     CpOpt,
     CrossOpt,
@@ -136,7 +136,7 @@ def report_cmd(
     ep: str | None = EpOpt, mbs: str | None = MbsOpt, max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt,
     dp_variant: str | None = DpOpt, allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
-    log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP,
+    log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP, force: bool = ForceOpt,
 ) -> None:
     """Write an HTML report: candidate landscape, memory per stage, step time, pipeline schedule.
 
@@ -153,7 +153,7 @@ def report_cmd(
     from paraplan.fileio import check_output_file, write_text_atomic
     from paraplan.report import build_context, charts, render_html
 
-    check_output_file(output, "--output")
+    check_output_file(output, "--output", force=force)
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")
     flags = {"--model": model, "--gpu": gpu, "--num-gpus": num_gpus, "--seq-len": seq_len, "--gbs": gbs}
@@ -189,7 +189,7 @@ def report_cmd(
         step("drawing charts")
         html = render_html(ctx, charts(ctx))
         step(f"writing {output}")
-        write_text_atomic(output, html)
+        write_text_atomic(output, html, option="--output", force=force)
     size = len(html.encode("utf-8"))
     console().print(f"wrote {output} ({size / 1e6:.1f} MB): {len(ctx.top)} top layouts of {ctx.num_feasible:,} "
                     f"that fit ({ctx.num_evaluated:,} evaluated), {len(ctx.schedules)} pipeline schedule(s)"
