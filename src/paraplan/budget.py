@@ -11,6 +11,11 @@ Sanity check (tests/budget): the closed form time = 6*T*P/(n*X), X the planner's
 per GPU, equals the planner's time times 6*P*tokens / model FLOPs (attention scores and logits
 are the difference); 8*T*P/(n*X_hw) with X_hw counting the recomputed forward under full
 recompute (Narayanan et al. 2021, arXiv:2104.04473, section 5.1).
+
+Checkpoints and failures (``paraplan.checkpoint``, ``paraplan.goodput``): each row's layout gets its checkpoint
+size and save time on the site's storage, the Young/Daly save interval in iterations and the goodput it gives;
+effective days = step-time days / goodput, and cost is paid on the effective (wall) GPU-hours. The deadline and the
+recommendation use effective days.
 """
 
 from __future__ import annotations
@@ -20,19 +25,29 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from paraplan.checkpoint import (
+    DEFAULT_STORAGE_BYTES_PER_S_PER_GPU,
+    CheckpointAdvice,
+    StorageSpec,
+    advise,
+    format_decimal_bytes,
+)
 from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.estimate.params import model_param_counts
 from paraplan.estimator import Estimate, config_dict, max_positions_for
+from paraplan.goodput import DEFAULT_FAILURE_RATE_PER_GPU_HOUR, FailureSpec
 from paraplan.search import SearchSpace, plan
 from paraplan.specs.cluster import GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
-from paraplan.units import GIB, SECONDS_PER_DAY, SECONDS_PER_HOUR, TFLOP
+from paraplan.units import GB, GIB, SECONDS_PER_DAY, SECONDS_PER_HOUR, TFLOP
 
 MAX_GPUS: Final = 65_536
 """Largest count swept without a deadline (the largest published single jobs are ~16-32K GPUs)."""
 EFFICIENCY_FLOOR: Final = 0.70
 """Per-GPU throughput relative to the best at a smaller count below which scaling stops paying."""
+CKPT_OVERHEAD_FLAG: Final = 0.05
+"""Share of training time spent blocked in checkpoint saves above which a row is flagged (storage too slow)."""
 STOP_EFFICIENCY: Final = 0.25  # a GPU type's sweep stops after a count this far below the best per-GPU rate
 GBS_TOLERANCE: Final = 0.02
 """With a GBS range, the smallest GBS within this fraction of the best throughput is kept."""
@@ -111,10 +126,25 @@ class BudgetRow:
     model_tflops_per_gpu: float | None = None
     mfu: float | None = None
     days: float | None = None
+    """Step-time days: tokens / throughput, no checkpoints or failures."""
     gpu_hours: float | None = None
+    """Step-time GPU-hours."""
     cost_usd: float | None = None
+    """Price x effective GPU-hours (wall time, failures and saves included)."""
     meets_deadline: bool | None = None
-    """None without a deadline."""
+    """Effective days within the deadline; None without a deadline."""
+    goodput: float | None = None
+    """Useful / wall time (``paraplan.goodput``)."""
+    effective_days: float | None = None
+    """days / goodput (None when goodput is 0: failures outpace progress)."""
+    checkpoint_bytes: float | None = None
+    """Total bytes one save writes."""
+    checkpoint_save_s: float | None = None
+    save_interval_iters: int | None = None
+    host_ram_bytes_per_node: float | None = None
+    """Host memory an ``--async-save`` stages per node."""
+    checkpoint: dict[str, Any] | None = None
+    """Format, per-rank bytes, load time, async decision, failures per day, restart time."""
     efficiency: float | None = None
     """Per-GPU throughput relative to the best at this or a smaller count of this GPU type (<= 1): the smallest
     feasible count is often memory-starved (full recompute), so it is a poor reference on its own."""
@@ -127,7 +157,7 @@ class BudgetRow:
     def scaling_pays(self) -> bool:
         """Feasible, efficiency above the floor and at least PP micro-batches."""
         codes = {c for c, _ in self.flags}
-        return self.feasible and not codes & {"LOW_EFFICIENCY", "MICROBATCHES_LT_PP"}
+        return self.feasible and not codes & {"LOW_EFFICIENCY", "MICROBATCHES_LT_PP", "NO_PROGRESS"}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready row (stable keys: gpu, num_gpus, config, tokens_per_s_per_gpu, days, gpu_hours, cost_usd,
@@ -139,7 +169,10 @@ class BudgetRow:
             "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu, "days": self.days,
             "gpu_hours": self.gpu_hours, "cost_usd": self.cost_usd, "meets_deadline": self.meets_deadline,
             "efficiency": self.efficiency, "scaling_pays": self.scaling_pays,
-            "closed_form_days": self.closed_form_days,
+            "closed_form_days": self.closed_form_days, "goodput": self.goodput,
+            "effective_days": self.effective_days, "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoint_save_s": self.checkpoint_save_s, "save_interval_iters": self.save_interval_iters,
+            "host_ram_bytes_per_node": self.host_ram_bytes_per_node, "checkpoint": self.checkpoint,
             "flags": [{"code": c, "text": t} for c, t in self.flags], "layouts_evaluated": self.layouts_evaluated,
         }
 
@@ -185,6 +218,8 @@ class _Sweep:
     params: int
     days: float | None
     prices: dict[str, float]
+    storage: StorageSpec
+    failures: FailureSpec
 
 
 def sweep_counts(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
@@ -209,6 +244,23 @@ def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec)
     return top, f"no valid layout on {n} x {gpu.name} (most rejected: {top})"
 
 
+def _resilience(s: _Sweep, n: int, gbs: int, est: Estimate) -> tuple[CheckpointAdvice, list[tuple[str, str]]]:
+    """Checkpoint size/time, save interval and goodput of one row, and its flags."""
+    adv = advise(est, s.storage, s.failures, train_iters=math.ceil(s.tokens / (gbs * s.seq_len)))
+    timing, gp = adv.timing, adv.goodput
+    flags: list[tuple[str, str]] = []
+    if timing.host_ram_fits is False:
+        assert s.storage.host_memory_bytes_per_node is not None
+        flags.append(("HOST_RAM", f"--async-save would stage {format_decimal_bytes(timing.host_ram_bytes_per_node)} "
+                                  f"per node > host RAM {format_decimal_bytes(s.storage.host_memory_bytes_per_node)}: "
+                                  "synchronous save"))
+    blocked = gp.save_blocking_s / (gp.interval_s + gp.save_blocking_s)
+    if blocked > CKPT_OVERHEAD_FLAG:
+        flags.append(("CKPT_SLOW", f"checkpoint saves block {blocked:.0%} of training "
+                                   f"({timing.save_s:,.0f} s per save, {timing.storage_bound} storage bandwidth)"))
+    return adv, flags
+
+
 def _row_from(s: _Sweep, gpu: GpuSpec, per_node: int, n: int, gbs: int, est: Estimate, evaluated: int) -> BudgetRow:
     x = float(est.throughput.tokens_per_s_per_gpu)
     model_flops = float(est.throughput.model_tflops_per_gpu) * TFLOP
@@ -216,7 +268,11 @@ def _row_from(s: _Sweep, gpu: GpuSpec, per_node: int, n: int, gbs: int, est: Est
     gpu_hours = s.tokens / x / SECONDS_PER_HOUR
     price = s.prices.get(gpu.name)
     lay = est.layout
-    flags: list[tuple[str, str]] = []
+    adv, flags = _resilience(s, n, gbs, est)
+    goodput = adv.goodput.goodput
+    effective_days = days / goodput if goodput > 0 else None
+    if effective_days is None:
+        flags.insert(0, ("NO_PROGRESS", "failures outpace progress: restarts and lost work exceed the MTBF"))
     if est.num_microbatches < lay.pp:
         flags.append(("MICROBATCHES_LT_PP", f"{est.num_microbatches} micro-batch(es) < PP {lay.pp}: "
                                             "the pipeline bubble dominates"))
@@ -229,8 +285,11 @@ def _row_from(s: _Sweep, gpu: GpuSpec, per_node: int, n: int, gbs: int, est: Est
         gpu=gpu.name, num_gpus=n, gpus_per_node=per_node, gbs=gbs, feasible=True,
         config=config_dict(lay, est.training, est.num_microbatches), layout=lay.short(), tokens_per_s_per_gpu=x,
         model_tflops_per_gpu=model_flops / TFLOP, mfu=float(est.throughput.mfu), days=days, gpu_hours=gpu_hours,
-        cost_usd=None if price is None else price * gpu_hours,
-        meets_deadline=None if s.days is None else days <= s.days,
+        cost_usd=None if price is None or effective_days is None else price * gpu_hours / goodput,
+        meets_deadline=None if s.days is None else effective_days is not None and effective_days <= s.days,
+        goodput=goodput, effective_days=effective_days, checkpoint_bytes=adv.size.total_bytes,
+        checkpoint_save_s=adv.timing.save_s, save_interval_iters=adv.save_interval_iters,
+        host_ram_bytes_per_node=adv.timing.host_ram_bytes_per_node, checkpoint=adv.as_dict(),
         closed_form_days=closed_form_days(s.tokens, s.params, n, model_flops), flags=tuple(flags),
         layouts_evaluated=evaluated)
 
@@ -305,6 +364,11 @@ def _sweep_gpu(s: _Sweep, gpu: GpuSpec, per_node: int, counts: list[int]) -> Ite
         met = bool(row.meets_deadline)
 
 
+def _eff_days(row: BudgetRow) -> float:
+    """Effective days for ranking (inf where failures outpace progress)."""
+    return math.inf if row.effective_days is None else row.effective_days
+
+
 def _recommend(rows: Sequence[BudgetRow], gpu_names: Sequence[str], days: float | None) -> dict[str, Any]:
     per_gpu: dict[str, BudgetRow | None] = {}
     for name in gpu_names:
@@ -320,15 +384,15 @@ def _recommend(rows: Sequence[BudgetRow], gpu_names: Sequence[str], days: float 
     priced = [r for r in picks if r.cost_usd is not None]
     note = ""
     if priced:
-        overall: BudgetRow | None = min(priced, key=lambda r: (r.cost_usd, r.days))
+        overall: BudgetRow | None = min(priced, key=lambda r: (r.cost_usd, _eff_days(r)))
         basis = "cheapest"
         if len(priced) < len(picks):
             note = "GPUs without a price are not compared on cost"
     elif picks:
-        overall, basis = min(picks, key=lambda r: (r.days, r.num_gpus)), "fastest"
+        overall, basis = min(picks, key=lambda r: (_eff_days(r), r.num_gpus)), "fastest"
     else:
         feas_all = [r for r in rows if r.feasible]
-        overall = min(feas_all, key=lambda r: (r.days, r.num_gpus)) if feas_all else None
+        overall = min(feas_all, key=lambda r: (_eff_days(r), r.num_gpus)) if feas_all else None
         basis = "fastest"
         note = ("no count meets the deadline; the fastest configuration is shown" if feas_all and days is not None
                 else "" if feas_all else "nothing fits")
@@ -336,16 +400,34 @@ def _recommend(rows: Sequence[BudgetRow], gpu_names: Sequence[str], days: float 
             "overall": overall.to_dict() if overall else None, "basis": basis, "note": note}
 
 
+def _resilience_notes(s: _Sweep) -> list[str]:
+    """What the goodput and checkpoint columns assume."""
+    notes: list[str] = []
+    fail = s.failures
+    notes.append(f"goodput: {fail.failure_rate_per_gpu_hour:.3g} failures per GPU-hour"
+                 + (" (Llama 3 405B: 419 unexpected interruptions in 54 days on 16,384 H100)"
+                    if fail.failure_rate_per_gpu_hour == DEFAULT_FAILURE_RATE_PER_GPU_HOUR else "")
+                 + f", restart = {fail.requeue_s:g} s requeue + checkpoint load, Young/Daly save interval; "
+                 "effective days = days / goodput" + ("; cost on effective GPU-hours" if s.prices else ""))
+    if s.storage.aggregate_bytes_per_s is None:
+        notes.append(f"checkpoint storage: {DEFAULT_STORAGE_BYTES_PER_S_PER_GPU / GB:.3f} GB/s per GPU by default "
+                     "(Llama 3's 2 TB/s over 16,384 GPUs); set storage_gbps, storage_gbps_per_node and "
+                     "host_memory_gb_per_node in a --site file")
+    return notes
+
+
 def budget(model: ModelSpec, gpus: Sequence[GpuSpec], *, tokens: float, seq_len: int = 4096, gbs: int | None = None,
            max_gbs: int | None = None, days: float | None = None, num_gpus: int | None = None,
            prices: dict[str, float] | None = None, gpus_per_node: dict[str, int] | None = None,
            precision: str = "bf16", space: SearchSpace | None = None, max_gpus: int = MAX_GPUS,
-           progress: Progress | None = None) -> BudgetResult:
+           progress: Progress | None = None, storage: StorageSpec | None = None,
+           failures: FailureSpec | None = None) -> BudgetResult:
     """Sweep GPU counts per GPU type, best layout each, time/cost to train ``tokens``; recommend.
 
     ``gbs`` is fixed unless ``max_gbs`` is given: then each count uses the smallest of gbs x 2^k <= max_gbs
     within 2% of the best throughput (the batch grows with DP only where it pays). ``progress(done, total)``
-    is called after each point.
+    is called after each point. ``storage`` and ``failures`` (site file; defaults in ``paraplan.checkpoint`` and
+    ``paraplan.goodput``) set checkpoint save times and the failure rate.
     """
     if not gpus:
         raise SpecError("budget: at least one GPU type is needed")
@@ -365,7 +447,8 @@ def budget(model: ModelSpec, gpus: Sequence[GpuSpec], *, tokens: float, seq_len:
     max_positions, _ = max_positions_for(model, TrainingSpec(seq_len=seq_len, global_batch_size=base))
     counts_p = model_param_counts(model, max_positions=max_positions)
     s = _Sweep(model=model, tokens=tokens, seq_len=seq_len, gbs_options=tuple(options), precision=precision,
-               space=space, params=counts_p.active_per_token, days=days, prices=dict(prices or {}))
+               space=space, params=counts_p.active_per_token, days=days, prices=dict(prices or {}),
+               storage=storage or StorageSpec(), failures=failures or FailureSpec())
     plan_counts = [(g, (gpus_per_node or {}).get(g.name, g.gpus_per_node)) for g in gpus]
     sweeps = [(g, pn, [num_gpus] if num_gpus else sweep_counts(pn, max_gpus)) for g, pn in plan_counts]
     total, done = sum(len(c) for _, _, c in sweeps), 0
@@ -390,6 +473,7 @@ def budget(model: ModelSpec, gpus: Sequence[GpuSpec], *, tokens: float, seq_len:
     if max_gbs is not None:
         notes.append(f"GBS may grow with DP up to {max_gbs} (the smallest within {GBS_TOLERANCE:.0%} of the best "
                      f"throughput is used): {CONVERGENCE_NOTE}")
+    notes += _resilience_notes(s)
     if model.is_moe:
         notes.append("closed_form_days uses the active parameters per token" + (
             "" if space is None or space.allow_cross_node else "; EP groups stay inside one NVLink domain "

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from paraplan.checkpoint import StorageSpec, advise, format_decimal_bytes
 from paraplan.estimate.step_time import launch_bound_layer
 from paraplan.estimator import Estimate
+from paraplan.goodput import FailureSpec
 from paraplan.search import Plan
-from paraplan.units import GIB
+from paraplan.units import GB, GIB
 
 LONG_SEQUENCE_TOKENS = 8192
 """NVIDIA's parallelism guide targets CP at sequences of 8K tokens and more (tuning-method.md 5)."""
@@ -270,12 +272,43 @@ def recompute_module_findings(plan: Plan) -> list[Finding]:
                                                          "gain_frac": gain})]
 
 
-def explain(plan: Plan) -> list[Finding]:
-    """All findings for the best layout of a plan."""
+CKPT_BLOCKING_FLAG = 0.05
+"""Share of training blocked in checkpoint saves above which CHECKPOINT flags the storage as the limit."""
+
+
+def checkpoint_findings(best: Estimate, storage: StorageSpec | None = None,
+                        failures: FailureSpec | None = None) -> list[Finding]:
+    """Checkpoint size and save time of the best layout, its Young/Daly interval and goodput; host-RAM and storage
+    limits (``paraplan.checkpoint``, ``paraplan.goodput``)."""
+    adv = advise(best, storage, failures)
+    size, t, g = adv.size, adv.timing, adv.goodput
+    blocked = g.save_blocking_s / (g.interval_s + g.save_blocking_s)
+    out = [Finding("CHECKPOINT", f"checkpoint {format_decimal_bytes(size.total_bytes)} ({size.ckpt_format}, "
+                   f"{format_decimal_bytes(size.max_bytes_per_rank)} per rank), save {t.save_s:,.1f} s at "
+                   f"{t.bandwidth_bytes_per_s / GB:,.0f} GB/s; {g.failures_per_day:.2f} failures/day -> "
+                   f"--save-interval {g.save_interval_iters} (Young/Daly), goodput {g.goodput:.1%}",
+                   {**adv.as_dict(), "blocked_frac": blocked})]
+    if t.host_ram_fits is False:
+        assert storage is not None and storage.host_memory_bytes_per_node is not None
+        staged = format_decimal_bytes(t.host_ram_bytes_per_node)
+        ram = format_decimal_bytes(storage.host_memory_bytes_per_node)
+        out.append(Finding("HOST_RAM_LIMIT", f"--async-save would stage {staged} per node > host RAM {ram}: the "
+                           "first async save would exhaust it; launch writes a synchronous save",
+                           {"host_ram_bytes_per_node": t.host_ram_bytes_per_node,
+                            "host_memory_bytes_per_node": storage.host_memory_bytes_per_node}))
+    if blocked > CKPT_BLOCKING_FLAG:
+        out.append(Finding("STORAGE_LIMIT", f"checkpoint saves block {blocked:.0%} of training ({t.save_s:,.0f} s "
+                           f"each, {t.storage_bound} bandwidth binds): faster storage or --async-save pays",
+                           {"blocked_frac": blocked, "storage_bound": t.storage_bound}))
+    return out
+
+
+def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpec | None = None) -> list[Finding]:
+    """All findings for the best layout of a plan (``storage``/``failures``: the site's, for CHECKPOINT)."""
     best = plan.candidates[0]
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
-            + overlap_findings(plan) + recompute_module_findings(plan)
+            + overlap_findings(plan) + recompute_module_findings(plan) + checkpoint_findings(best, storage, failures)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
                        {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

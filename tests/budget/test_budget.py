@@ -83,7 +83,9 @@ def test_rows_are_consistent(sweep_8b: BudgetResult) -> None:
         assert r.gpu_hours == pytest.approx(r.days * 24 * r.num_gpus)
         assert r.gpu_hours == pytest.approx(15e12 / r.tokens_per_s_per_gpu / SECONDS_PER_HOUR)
         price = {"h100-80gb": 2.5, "b200": 4.0}[r.gpu]
-        assert r.cost_usd == pytest.approx(price * r.gpu_hours)
+        assert r.goodput is not None and 0 < r.goodput <= 1
+        assert r.effective_days == pytest.approx(r.days / r.goodput)
+        assert r.cost_usd == pytest.approx(price * r.gpu_hours / r.goodput)  # paid on wall (effective) time
         assert r.meets_deadline is None
         assert r.config is not None and r.config["gbs"] == r.gbs == 1024
         assert r.num_gpus == r.config["tp"] * r.config["pp"] * r.config["cp"] * r.config["dp"]
@@ -114,7 +116,7 @@ def test_efficiency_marks_where_scaling_stops_paying(sweep_8b: BudgetResult) -> 
             assert ("LOW_EFFICIENCY" in codes) == (r.efficiency < EFFICIENCY_FLOOR)
             assert r.config is not None
             assert ("MICROBATCHES_LT_PP" in codes) == (r.config["num_microbatches"] < r.config["pp"])
-            assert r.scaling_pays == (not codes & {"LOW_EFFICIENCY", "MICROBATCHES_LT_PP"})
+            assert r.scaling_pays == (not codes & {"LOW_EFFICIENCY", "MICROBATCHES_LT_PP", "NO_PROGRESS"})
     assert any(not r.scaling_pays for r in sweep_8b.rows)  # 8B at 4,096 GPUs with a 4M-token batch
 
 
@@ -131,7 +133,7 @@ def test_recommendation_without_deadline_is_the_largest_count_that_pays(sweep_8b
 def test_deadline_picks_the_smallest_count_meeting_it() -> None:
     res = budget(load_model("llama3-8b"), [H100], tokens=15e12, seq_len=4096, days=60.0)
     rows = [r for r in res.rows if r.feasible]
-    assert all(r.meets_deadline == (r.days is not None and r.days <= 60.0) for r in rows)
+    assert all(r.meets_deadline == (r.effective_days is not None and r.effective_days <= 60.0) for r in rows)
     first = next(r for r in rows if r.meets_deadline)
     assert res.recommendation["per_gpu"]["h100-80gb"]["num_gpus"] == first.num_gpus
     assert all(not r.meets_deadline for r in rows if r.num_gpus < first.num_gpus)
@@ -145,7 +147,7 @@ def test_impossible_deadline_falls_back_to_the_fastest() -> None:
     assert not any(r.meets_deadline for r in res.rows)
     rec = res.recommendation
     assert rec["per_gpu"]["h100-80gb"] is None
-    fastest = min((r for r in res.rows if r.feasible), key=lambda r: r.days or math.inf)
+    fastest = min((r for r in res.rows if r.feasible), key=lambda r: r.effective_days or math.inf)
     assert rec["overall"]["num_gpus"] == fastest.num_gpus and "no count meets the deadline" in rec["note"]
 
 

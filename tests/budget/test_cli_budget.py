@@ -30,7 +30,8 @@ def test_json_rows_and_recommendation(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(row) >= {"gpu", "num_gpus", "config", "tokens_per_s_per_gpu", "days", "gpu_hours", "cost_usd",
                         "meets_deadline"}
     assert row["gpu"] == "h100-80gb" and row["num_gpus"] == 8 and row["config"]["gbs"] == 1024
-    assert row["cost_usd"] == pytest.approx(2.5 * row["gpu_hours"])
+    assert row["cost_usd"] == pytest.approx(2.5 * row["gpu_hours"] / row["goodput"])
+    assert row["effective_days"] == pytest.approx(row["days"] / row["goodput"])
     assert {r["gpu"] for r in d["rows"]} == {"h100-80gb", "b200"}
     rec = d["recommendation"]
     assert rec["basis"] == "cheapest" and set(rec["per_gpu"]) == {"h100-80gb", "b200"}
@@ -53,7 +54,8 @@ def test_csv_has_one_line_per_row(capsys: pytest.CaptureFixture[str]) -> None:
     rows = list(csv.DictReader(io.StringIO(out)))
     assert list(rows[0]) == list(cli_budget.CSV_COLUMNS)
     assert [r["num_gpus"] for r in rows if r["gpu"] == "b200"] == ["8", "16", "32", "64", "128", "256"]
-    assert float(rows[0]["cost_usd"]) == pytest.approx(3 * float(rows[0]["gpu_hours"]), rel=1e-5)
+    assert float(rows[0]["cost_usd"]) == pytest.approx(3 * float(rows[0]["gpu_hours"]) / float(rows[0]["goodput"]),
+                                                       rel=1e-5)
 
 
 def test_table_renders_rows_recommendation_and_notes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,10 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from paraplan.budget import BudgetResult, BudgetRow, budget, parse_prices, parse_token_count
+from paraplan.checkpoint import format_decimal_bytes
 from paraplan.cli._app import app
 from paraplan.cli.options import MODEL_HELP, ForceOpt, PrecisionChoice, PrecisionOpt, positive
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
+from paraplan.launch.site import load_site
 from paraplan.search import SearchSpace
 from paraplan.specs.cluster import GpuSpec
 from paraplan.specs.load import gpu_preset_names, load_gpu, load_model
@@ -68,28 +70,43 @@ def _money(usd: float | None) -> str:
 
 
 SHORT_FLAGS = {"LOW_EFFICIENCY": "eff<70%", "MICROBATCHES_LT_PP": "m<PP", "SMALL_BATCH_PER_DP": "m=1",
-               "GBS_RAISED": "GBS+"}
+               "GBS_RAISED": "GBS+", "HOST_RAM": "RAM", "CKPT_SLOW": "ckpt>5%", "NO_PROGRESS": "fail"}
 LEGEND = ("eff<70% per-GPU throughput below 70% of the best at fewer GPUs (scaling stops paying); m<PP fewer "
           "micro-batches than pipeline stages; m=1 one micro-batch per DP rank (DP cannot grow at this GBS); "
-          "GBS+ GBS raised above the base (convergence trade-off)")
+          "GBS+ GBS raised above the base (convergence trade-off); RAM async-save staging exceeds host RAM "
+          "(synchronous save); ckpt>5% saves block more than 5% of training (storage too slow); fail failures "
+          "outpace progress")
 SHORT_REASONS = {"OOM": "does not fit in memory", "GBS_NOT_DIVISIBLE": "GBS too small to split over DP"}
 
 
-COLUMNS = ("GPU", "GPUs", "layout", "GBS", "tok/s/GPU", "MFU", "eff.", "days", "GPU-h", "cost", "met", "notes")
+COLUMNS = ("GPU", "GPUs", "layout", "GBS", "tok/s/GPU", "MFU", "eff.", "days", "goodput", "eff. days", "ckpt",
+           "save", "every", "GPU-h", "cost", "met", "notes")
 
 
 def _cells(r: BudgetRow) -> list[str]:
     if not r.feasible:
         why = SHORT_REASONS.get(r.reason_code or "", r.reason or "")
-        return [safe(r.gpu), f"{r.num_gpus:,}", f"[red]{r.reason_code}[/]", str(r.gbs)] + ["-"] * 7 + [safe(why)]
+        return [safe(r.gpu), f"{r.num_gpus:,}", f"[red]{r.reason_code}[/]", str(r.gbs)] + ["-"] * 12 + [safe(why)]
     assert r.tokens_per_s_per_gpu is not None and r.mfu is not None and r.days is not None
     assert r.gpu_hours is not None and r.efficiency is not None
     deadline = {None: "-", True: "[green]yes[/]", False: "[red]no[/]"}[r.meets_deadline]
     eff = f"{r.efficiency:.0%}" if r.scaling_pays else f"[yellow]{r.efficiency:.0%}[/]"
     notes = " ".join(SHORT_FLAGS.get(c, c) for c, _ in r.flags)
-    days = f"{r.days:,.0f}" if r.days >= 100 else f"{r.days:.1f}"
+    assert r.goodput is not None and r.checkpoint_bytes is not None and r.checkpoint_save_s is not None
     return [safe(r.gpu), f"{r.num_gpus:,}", r.layout or "", str(r.gbs), f"{r.tokens_per_s_per_gpu:,.0f}",
-            f"{r.mfu:.0%}", eff, days, format_count(r.gpu_hours), _money(r.cost_usd), deadline, notes]
+            f"{r.mfu:.0%}", eff, _days(r.days), f"{r.goodput:.0%}", _days(r.effective_days),
+            format_decimal_bytes(r.checkpoint_bytes), _secs(r.checkpoint_save_s), f"{r.save_interval_iters:,}",
+            format_count(r.gpu_hours), _money(r.cost_usd), deadline, notes]
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+
+
+def _days(days: float | None) -> str:
+    if days is None:
+        return "-"
+    return f"{days:,.0f}" if days >= 100 else f"{days:.1f}"
 
 
 def _columns(res: BudgetResult, width: int) -> list[str]:
@@ -100,14 +117,24 @@ def _columns(res: BudgetResult, width: int) -> list[str]:
     drop |= set() if priced else {"cost"}
     if width < 110:
         drop |= {"eff.", "tok/s/GPU", "GBS", "GPU-h" if priced else ""}
+    if width < 150:
+        drop |= {"ckpt", "save", "every"}  # the recommendation lines give them
     return [c for c in COLUMNS if c not in drop]
 
 
 def _pick_line(r: dict[str, object] | None) -> str:
     if r is None:
         return "none"
-    return (f"{r['num_gpus']:,} x {safe(r['gpu'])} ({r['layout']}, GBS {r['gbs']}): {r['days']:,.1f} days, "
-            f"{format_count(float(r['gpu_hours']))} GPU-hours, cost {_money(r['cost_usd'])}")  # type: ignore[arg-type]
+    eff = "-" if r["effective_days"] is None else f"{r['effective_days']:,.1f}"
+    ck: dict[str, Any] = r["checkpoint"]  # type: ignore[assignment]
+    save = "async save" if ck["async_save"] else "save"
+    return (f"{r['num_gpus']:,} x {safe(r['gpu'])} ({r['layout']}, GBS {r['gbs']}): "
+            f"{r['days']:,.1f} days at step time, "
+            f"goodput {r['goodput']:.1%} -> {eff} days, {format_count(float(r['gpu_hours']))} GPU-hours, "  # type: ignore[arg-type]
+            f"cost {_money(r['cost_usd'])}; checkpoint {format_decimal_bytes(float(r['checkpoint_bytes']))} "  # type: ignore[arg-type]
+            f"({ck['ckpt_format']}), {save} {float(r['checkpoint_save_s']):,.1f} s every "  # type: ignore[arg-type]
+            f"{r['save_interval_iters']:,} iterations, {ck['failures_per_day']:.1f} failures/day, "
+            f"host RAM {format_decimal_bytes(float(r['host_ram_bytes_per_node']))}/node for async save")  # type: ignore[arg-type]
 
 
 def render_budget(res: BudgetResult, con: Console | None = None) -> None:
@@ -144,7 +171,9 @@ def render_budget(res: BudgetResult, con: Console | None = None) -> None:
 
 CSV_COLUMNS = ("gpu", "num_gpus", "num_nodes", "gbs", "feasible", "layout", "tp", "pp", "vp", "cp", "ep", "dp",
                "mbs", "recompute", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "days", "gpu_hours",
-               "cost_usd", "meets_deadline", "efficiency", "scaling_pays", "closed_form_days", "flags", "reason")
+               "cost_usd", "meets_deadline", "efficiency", "scaling_pays", "closed_form_days", "goodput",
+               "effective_days", "checkpoint_bytes", "checkpoint_save_s", "save_interval_iters",
+               "host_ram_bytes_per_node", "flags", "reason")
 
 
 def to_csv(res: BudgetResult) -> str:
@@ -163,20 +192,23 @@ def to_csv(res: BudgetResult) -> str:
 
 
 def budget_figure(res: BudgetResult) -> Any:
-    """Plotly figure: time to train and cost (GPU-hours without prices) vs GPU count, one line per GPU type."""
+    """Plotly figure: effective days to train next to the ideal (step-time days), and cost (GPU-hours without
+    prices) vs GPU count, one line per GPU type."""
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     priced = any(r.cost_usd is not None for r in res.rows)
     right = "cost (USD)" if priced else "GPU-hours"
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("time to train (days)", right))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("effective days to train (dotted: step time only)", right))
     for i, name in enumerate(dict.fromkeys(r.gpu for r in res.rows)):
         rows = [r for r in res.rows if r.gpu == name and r.feasible]
         x = [r.num_gpus for r in rows]
         text = [f"{r.layout}, GBS {r.gbs}, MFU {r.mfu or 0:.1%}" for r in rows]
         color = qualitative.Plotly[i % len(qualitative.Plotly)]
         style = {"legendgroup": name, "mode": "lines+markers", "text": text, "line": {"color": color}}
-        fig.add_scatter(x=x, y=[r.days for r in rows], name=name, row=1, col=1, **style)
+        fig.add_scatter(x=x, y=[r.effective_days for r in rows], name=name, row=1, col=1, **style)
+        fig.add_scatter(x=x, y=[r.days for r in rows], name=f"{name} ideal (no failures, no saves)", row=1, col=1,
+                        legendgroup=name, mode="lines", line={"color": color, "dash": "dot"})
         fig.add_scatter(x=x, y=[r.cost_usd if priced else r.gpu_hours for r in rows], name=name, showlegend=False,
                         row=1, col=2, **style)
     if res.deadline_days is not None:
@@ -233,6 +265,8 @@ def budget_cmd(
                                           help="CP and EP groups may span NVLink domains (large MoE runs do)."),
     fmt: BudgetFormat = typer.Option(BudgetFormat.table, "--format", "-f", help="Output format."),
     html: str | None = typer.Option(None, "--html", help="Also write the time/cost plot (plotly HTML) here."),
+    site: str | None = typer.Option(None, "--site", help="Site profile YAML: storage_gbps, storage_gbps_per_node, "
+                                    "host_memory_gb_per_node, failure_rate_per_gpu_hour, requeue_s, ..."),
     force: bool = ForceOpt,
 ) -> None:
     """Sweep GPU counts per GPU type (best layout each): time to train, GPU-hours, cost, MFU; recommend.
@@ -248,6 +282,7 @@ def budget_cmd(
         raise SpecError(f"--days must be > 0, got {days}")
     if max_gbs is not None and gbs is not None and max_gbs < gbs:
         raise SpecError(f"--max-gbs ({max_gbs}) must be >= --gbs ({gbs})")
+    site_profile = load_site(site)
     model_spec = load_model(model)
     if html:
         from paraplan.fileio import check_output_file
@@ -261,7 +296,8 @@ def budget_cmd(
         res = budget(model_spec, gpu_specs, tokens=n_tokens, seq_len=seq_len, gbs=gbs, max_gbs=max_gbs, days=days,
                      num_gpus=gpus, prices=prices, gpus_per_node=per_node, precision=precision.value,
                      max_gpus=max_gpus, progress=progress,
-                     space=SearchSpace(allow_cross_node=allow_cross_node))
+                     space=SearchSpace(allow_cross_node=allow_cross_node), storage=site_profile.storage(),
+                     failures=site_profile.failures())
     if html:
         from paraplan.fileio import write_text_atomic
 

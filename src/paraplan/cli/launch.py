@@ -7,6 +7,7 @@ from enum import StrEnum
 
 import typer
 
+from paraplan.checkpoint import advise
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
@@ -28,6 +29,7 @@ from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as run_estimate
+from paraplan.launch.megatron import CheckpointArgs
 from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
 from paraplan.launch.site import load_site
 from paraplan.units import GIB
@@ -104,13 +106,17 @@ def launch(
         result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, extra_notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())
-    spec = replace(spec, site=site_profile)
+    advice = advise(result, site_profile.storage(), site_profile.failures())
+    ckpt = CheckpointArgs(save_interval_iters=advice.save_interval_iters, ckpt_format=advice.size.ckpt_format,
+                          async_save=advice.timing.async_save, reason=advice.reason())
+    spec = replace(spec, site=site_profile, checkpoint=ckpt)
     files = render_files(spec, [target.value])
     paths = write_files(files, out, force=force)
     con = console()
     con.print(f"candidate {candidate_id(spec)}: {spec.layout.short()} | peak "
               f"{result.peak_bytes / GIB:.1f} GiB of {result.usable_bytes / GIB:.1f} GiB | "
               f"MFU {100 * float(result.throughput.mfu):.1f}%")
+    con.print(f"checkpoint: --save-interval {ckpt.save_interval_iters} ({advice.reason()})", soft_wrap=True)
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
     for path in paths:

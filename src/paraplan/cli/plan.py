@@ -10,6 +10,7 @@ from enum import StrEnum
 
 import typer
 
+from paraplan.checkpoint import CheckpointAdvice, advise, format_decimal_bytes
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     AttentionChoice,
@@ -32,7 +33,9 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, fit_table, safe
 from paraplan.errors import SpecError
+from paraplan.explain import CKPT_BLOCKING_FLAG
 from paraplan.explain import explain as explain_plan
+from paraplan.launch.site import SiteProfile, load_site
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.search import Plan, SearchSpace, plan
 from paraplan.units import GIB
@@ -100,13 +103,20 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
                 top_k=top, options=memory_options(workspace_gib, fragmentation))
 
 
-def render_plan(p: Plan) -> None:
+def render_plan(p: Plan, site: SiteProfile | None = None) -> None:
     con = console()
+    site = site or SiteProfile()
     con.print(f"[bold]{safe(p.model.name)}[/] on {p.cluster.num_gpus} x {safe(p.cluster.gpu.name)} | "
               f"seq {p.training.seq_len}, GBS {p.training.global_batch_size}, {p.training.precision}")
     con.print(f"{p.num_evaluated:,} layouts searched, {p.num_feasible:,} fit | ranked by {p.objective}")
     rows = []
+    limits: list[str] = []
+    ckpts: list[str] = []
     for i, c in enumerate(p.candidates):
+        adv = advise(c, site.storage(), site.failures())
+        limits += [f"#{i + 1}: {x}" for x in _checkpoint_limits(adv)]
+        ckpts.append(f"#{i + 1} {format_decimal_bytes(adv.size.total_bytes)} {adv.size.ckpt_format}, save "
+                     f"{adv.timing.save_s:,.1f} s, --save-interval {adv.save_interval_iters}")
         terms = {"compute": float(c.time.compute_s), "bubble": float(c.time.bubble_s),
                  "recompute": float(c.time.recompute_s)}
         terms.update({f"{k} comm": float(v) for k, v in c.time.exposed_comm_s.items()})
@@ -122,24 +132,43 @@ def render_plan(p: Plan) -> None:
                                        ("step\ns", "right"), ("tok/s\n/GPU", "right"), ("MFU", "right"),
                                        ("dominant", "left")], rows, con.width, drop_order=("dominant", "tok/s\n/GPU"))
     con.print(table)
+    con.print("checkpoints: " + "; ".join(ckpts))
+    for line in limits:
+        con.print(f"[yellow]checkpoint limit[/] {line}")
     rej = ", ".join(f"{k} {v}" for k, v in sorted(p.rejections.items(), key=lambda kv: -kv[1]))
     con.print(f"rejected: {rej or 'none'}")
     for note in p.notes:
         con.print(f"note: {safe(note)}")
 
 
-def render_findings(p: Plan) -> None:
+def _checkpoint_limits(adv: CheckpointAdvice) -> list[str]:
+    """Host-RAM and storage limits of one layout's checkpoints (empty when none binds)."""
+    out = []
+    t, g = adv.timing, adv.goodput
+    if t.host_ram_fits is False:
+        out.append(f"--async-save staging {format_decimal_bytes(t.host_ram_bytes_per_node)}/node exceeds host RAM "
+                   "(synchronous save)")
+    blocked = g.save_blocking_s / (g.interval_s + g.save_blocking_s)
+    if blocked > CKPT_BLOCKING_FLAG:
+        out.append(f"saves block {blocked:.0%} of training ({t.storage_bound} storage bandwidth)")
+    return out
+
+
+def render_findings(p: Plan, site: SiteProfile | None = None) -> None:
     con = console()
+    site = site or SiteProfile()
     con.print(f"[bold]why {p.candidates[0].layout.short()}[/]")
-    for f in explain_plan(p):
+    for f in explain_plan(p, site.storage(), site.failures()):
         con.print(f"- [cyan]{f.code}[/] {safe(f.text)}")
 
 
-def emit(p: Plan, fmt: PlanFormat, with_explain: bool) -> None:
+def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None = None) -> None:
+    site = site or SiteProfile()
     if fmt == PlanFormat.json:
         d = p.to_dict()
+        d["checkpoints"] = [advise(c, site.storage(), site.failures()).as_dict() for c in p.candidates]
         if with_explain:
-            d["explanation"] = [f.as_dict() for f in explain_plan(p)]
+            d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures())]
         print(json.dumps(d, indent=1))
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
@@ -154,9 +183,9 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool) -> None:
                         f"{float(c.throughput.mfu):.4f}"])
         sys.stdout.write(buf.getvalue())
     else:
-        render_plan(p)
+        render_plan(p, site)
         if with_explain:
-            render_findings(p)
+            render_findings(p, site)
 
 
 TopOpt = typer.Option(5, "--top", "-k", help="How many layouts to show.")
@@ -191,6 +220,8 @@ def plan_cmd(
     fragmentation: float | None = FragmentationOpt, recompute_modules: str | None = RecModOpt,
     attention_backend: AttentionChoice = AttentionOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
+    site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
+                                    "failure rate) for the checkpoint columns."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
@@ -199,6 +230,7 @@ def plan_cmd(
 
     Example: paraplan plan --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512
     """
+    site_profile = load_site(site)
     if save:
         from paraplan.fileio import check_output_file
 
@@ -211,7 +243,7 @@ def plan_cmd(
         from paraplan.serialize import save_plan
 
         save_plan(p, save, option="--save", force=force)
-    emit(p, fmt, explain)
+    emit(p, fmt, explain, site_profile)
 
 
 @app.command("explain")
@@ -229,6 +261,8 @@ def explain_cmd(
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
+    site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
+                                    "failure rate) for the CHECKPOINT finding."),
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
 
@@ -237,4 +271,4 @@ def explain_cmd(
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules)
+             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site)

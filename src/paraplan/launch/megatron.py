@@ -63,9 +63,36 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--train-iters", "--lr",
     "--min-lr", "--lr-decay-style", "--lr-warmup-iters", "--weight-decay", "--adam-beta1",
     "--adam-beta2", "--clip-grad", "--init-method-std", "--save", "--load", "--save-interval",
-    "--ckpt-format", "--log-interval", "--log-throughput", "--eval-interval", "--eval-iters",
+    "--ckpt-format", "--async-save", "--use-persistent-ckpt-worker",
+    "--log-interval", "--log-throughput", "--eval-interval", "--eval-iters",
 )
 """Every flag ``megatron_args`` can emit (checked against ``MEGATRON_COMMIT``)."""
+
+CKPT_FORMATS: Final = ("torch_dist", "fsdp_dtensor")
+"""``--ckpt-format`` values paraplan writes (Megatron's distributed checkpoint formats)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointArgs:
+    """The checkpoint flags ``launch`` writes for a layout (``paraplan.checkpoint.advise``): an integer
+    ``--save-interval``, an enum ``--ckpt-format``, ``--async-save`` or not, and the reason (a comment)."""
+
+    save_interval_iters: int
+    ckpt_format: str
+    async_save: bool
+    reason: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.save_interval_iters, bool) or not isinstance(self.save_interval_iters, int) \
+                or self.save_interval_iters < 1:
+            raise LayoutError(f"--save-interval: expected a positive integer, got {self.save_interval_iters!r}",
+                              reason="BAD_SAVE_INTERVAL")
+        if self.ckpt_format not in CKPT_FORMATS:
+            raise LayoutError(f"--ckpt-format: expected one of {', '.join(CKPT_FORMATS)}, got "
+                              f"{self.ckpt_format!r}", reason="BAD_CKPT_FORMAT")
+        if any(c in self.reason for c in "\n\r"):
+            raise LayoutError("checkpoint reason: expected a single line", reason="BAD_CKPT_REASON")
+
 
 BLACKWELL_ARCHS: Final = ("blackwell",)
 """Architectures where Megatron no longer needs CUDA_DEVICE_MAX_CONNECTIONS=1 (arch >= 10)."""
@@ -351,7 +378,7 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
     return ArgGroup("batch, sequence and precision", tuple(args))
 
 
-def _placeholders(lay: ParallelLayout) -> tuple[ArgGroup, ...]:
+def _placeholders(lay: ParallelLayout, ckpt: CheckpointArgs | None = None) -> tuple[ArgGroup, ...]:
     data = ArgGroup("data and tokenizer (PLACEHOLDERS: export DATA_PATH and TOKENIZER_MODEL; "
                     "or use --mock-data with --tokenizer-type NullTokenizer)", (
         _a("--data-path", Placeholder("DATA_PATH", "prefix of the preprocessed _text_document data")),
@@ -368,20 +395,34 @@ def _placeholders(lay: ParallelLayout) -> tuple[ArgGroup, ...]:
         _a("--weight-decay", "0.1"), _a("--adam-beta1", "0.9"), _a("--adam-beta2", "0.95"),
         _a("--clip-grad", "1.0"), _a("--init-method-std", "0.02"),
     ))
-    ckpt = [_a("--save", Placeholder("CHECKPOINT_DIR", "", "checkpoints")),
+    interval = "1000" if ckpt is None else str(ckpt.save_interval_iters)
+    args = [_a("--save", Placeholder("CHECKPOINT_DIR", "", "checkpoints")),
             _a("--load", Placeholder("CHECKPOINT_DIR", "", "checkpoints")),
-            _a("--save-interval", Placeholder("SAVE_INTERVAL", "", "1000"))]
-    if lay.fsdp:  # Megatron-FSDP asserts ckpt_format == "fsdp_dtensor"
-        ckpt.append(_a("--ckpt-format", "fsdp_dtensor"))
-    ckpt += [_a("--log-interval", "1"), _a("--log-throughput"), _a("--eval-interval", "1000"),
+            _a("--save-interval", Placeholder("SAVE_INTERVAL", "", interval))]
+    if ckpt is not None and lay.fsdp and ckpt.ckpt_format != "fsdp_dtensor":
+        raise LayoutError("Megatron-FSDP requires the `fsdp_dtensor` checkpointing format.",
+                          reason="FSDP_NEEDS_FSDP_DTENSOR")
+    if ckpt is not None:
+        args.append(_a("--ckpt-format", ckpt.ckpt_format))
+    elif lay.fsdp:  # Megatron-FSDP asserts ckpt_format == "fsdp_dtensor"
+        args.append(_a("--ckpt-format", "fsdp_dtensor"))
+    if ckpt is not None and ckpt.async_save:  # Megatron disables --async-save without the persistent worker
+        args += [_a("--async-save"), _a("--use-persistent-ckpt-worker")]
+    args += [_a("--log-interval", "1"), _a("--log-throughput"), _a("--eval-interval", "1000"),
              _a("--eval-iters", "10")]
-    return data, optim, ArgGroup("checkpoints and logging (PLACEHOLDER defaults)", tuple(ckpt))
+    title = "checkpoints and logging (PLACEHOLDER defaults)" if ckpt is None else \
+        f"checkpoints and logging (--save-interval {ckpt.save_interval_iters}: {ckpt.reason})"
+    return data, optim, ArgGroup(title, tuple(args))
 
 
 def megatron_args(
     model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, *, arch: str = "hopper",
+    checkpoint: CheckpointArgs | None = None,
 ) -> tuple[ArgGroup, ...]:
     """The ordered, grouped ``pretrain_gpt.py`` arguments for one run.
+
+    ``checkpoint`` (``launch``'s recommendation) sets ``--save-interval``'s default, ``--ckpt-format`` and
+    ``--async-save``, with the reason in the group's comment; without it the interval is a 1000 placeholder.
 
     Raises LayoutError (Megatron's message) when a flag combination would fail Megatron's
     ``validate_args``; the layout rules themselves are ``paraplan.rules`` (run by ``estimate``).
@@ -392,7 +433,7 @@ def megatron_args(
         raise LayoutError(message, reason=code)
     m, lay = as_launched(model, layout, training)
     groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch), _recipe(m),
-              _batch_precision(m, lay, training, arch), *_placeholders(lay))
+              _batch_precision(m, lay, training, arch), *_placeholders(lay, checkpoint))
     return tuple(g for g in groups if g.args)
 
 

@@ -37,6 +37,7 @@ from paraplan.launch.megatron import (
     MAX_CONNECTIONS_MESSAGE,
     MEGATRON_COMMIT,
     ArgGroup,
+    CheckpointArgs,
     Placeholder,
     Value,
     argv,
@@ -77,6 +78,8 @@ class LaunchSpec:
     prediction: dict[str, Any] | None = None
     """``Estimate.to_dict()`` of this layout (goes into manifest.json)."""
     site: SiteProfile = field(default_factory=SiteProfile)
+    checkpoint: CheckpointArgs | None = None
+    """Recommended checkpoint flags (``launch`` fills them from the estimate and the site's storage)."""
 
 
 def resolved_inputs(spec: LaunchSpec) -> dict[str, Any]:
@@ -224,6 +227,7 @@ def manifest(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...],
         "launched": {"model": asdict(model), "layout": asdict(layout)},
         "megatron_args": argv(groups), "env": {n: v for n, v, _ in environment(spec)},
         "site": spec.site.as_dict(), "prediction": spec.prediction,
+        **({} if spec.checkpoint is None else {"checkpoint": asdict(spec.checkpoint)}),
     }
 
 
@@ -234,7 +238,8 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
         if t not in TARGETS:
             raise SpecError(f"target '{t}' is unknown (allowed: {', '.join(TARGETS)}, all)")
     spec = replace(spec, site=validated_site(spec.site))  # a SiteProfile built in code passes the same checks
-    groups = megatron_args(spec.model, spec.layout, spec.training, arch=spec.cluster.gpu.arch)
+    groups = megatron_args(spec.model, spec.layout, spec.training, arch=spec.cluster.gpu.arch,
+                           checkpoint=spec.checkpoint)
     cid = candidate_id(spec)
     ctx = _context(spec, cid, groups)
     env = template_env()

@@ -11,6 +11,12 @@ A YAML file (``paraplan launch --site site.yaml``) with these keys, all optional
                                       (default /opt/megatron-lm, as in NVIDIA's NeMo containers)
     namespace, image_pull_secret      Kubernetes
     extra_sbatch                      more ``#SBATCH`` options, e.g. "--qos=high"
+    storage_gbps, storage_gbps_per_node
+                                      checkpoint storage bandwidth (GB/s) for the job and per node
+    host_memory_gb_per_node           host RAM per node (GB): ``--async-save`` staging must fit
+    async_save_overlap                share of an async save hidden behind training (0..1)
+    failure_rate_per_gpu_hour, requeue_s
+                                      failures and the requeue time (``paraplan.goodput``)
 
 Defaults are safe: nothing site-specific is invented; what is missing is simply not emitted
 (Kubernetes needs an image, so it gets a visible placeholder). Unknown keys are rejected.
@@ -18,6 +24,7 @@ Defaults are safe: nothing site-specific is invented; what is missing is simply 
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import unicodedata
@@ -25,8 +32,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
+from paraplan.checkpoint import StorageSpec
 from paraplan.errors import SpecError
 from paraplan.fileio import read_yaml
+from paraplan.goodput import FailureSpec
+from paraplan.units import GB
 
 DEFAULT_MEGATRON_PATH: Final = "/opt/megatron-lm"
 IMAGE_PLACEHOLDER: Final = "nvcr.io/nvidia/nemo:SET_CONTAINER_IMAGE"
@@ -50,17 +60,55 @@ class SiteProfile:
     namespace: str | None = None
     image_pull_secret: str | None = None
     extra_sbatch: tuple[str, ...] = ()
+    storage_gbps: float | None = None
+    storage_gbps_per_node: float | None = None
+    host_memory_gb_per_node: float | None = None
+    async_save_overlap: float | None = None
+    failure_rate_per_gpu_hour: float | None = None
+    requeue_s: float | None = None
+
+    def storage(self) -> StorageSpec:
+        """Checkpoint storage and host memory (defaults in ``paraplan.checkpoint`` where not set)."""
+        return StorageSpec(
+            aggregate_bytes_per_s=None if self.storage_gbps is None else self.storage_gbps * GB,
+            per_node_bytes_per_s=None if self.storage_gbps_per_node is None else self.storage_gbps_per_node * GB,
+            host_memory_bytes_per_node=None if self.host_memory_gb_per_node is None
+            else self.host_memory_gb_per_node * GB,
+            **({} if self.async_save_overlap is None else {"async_overlap_frac": self.async_save_overlap}))
+
+    def failures(self) -> FailureSpec:
+        """Failure rate and requeue time (defaults in ``paraplan.goodput`` where not set)."""
+        kw = {k: v for k, v in (("failure_rate_per_gpu_hour", self.failure_rate_per_gpu_hour),
+                                ("requeue_s", self.requeue_s)) if v is not None}
+        return FailureSpec(**kw)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (env as a mapping)."""
+        """JSON-ready (env as a mapping; unset storage/failure numbers left out)."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["env"] = dict(self.env)
         for key in ("container_mounts", "modules", "extra_sbatch"):
             out[key] = list(out[key])
+        for key in NUMBER_KEYS:  # storage and failure inputs: only those the site sets
+            if out[key] is None:
+                del out[key]
         return out
 
 
 SITE_KEYS: Final = tuple(f.name for f in fields(SiteProfile))
+NUMBER_KEYS: Final = {"storage_gbps": (False, None), "storage_gbps_per_node": (False, None),
+                      "host_memory_gb_per_node": (False, None), "async_save_overlap": (True, 1.0),
+                      "failure_rate_per_gpu_hour": (True, None), "requeue_s": (True, None)}
+"""Numeric keys: (zero allowed, upper bound)."""
+
+
+def _number(key: str, value: Any) -> float:
+    zero_ok, upper = NUMBER_KEYS[key]
+    number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    low_ok = number >= 0 if zero_ok else number > 0
+    if not (math.isfinite(number) and low_ok and (upper is None or number <= upper)):
+        bound = (">= 0" if zero_ok else "> 0") + ("" if upper is None else f" and <= {upper:g}")
+        raise SpecError(f"site.{key}: expected a number {bound}, got {value!r}")
+    return number
 
 
 def _printable(key: str, text: str) -> str:
@@ -111,6 +159,8 @@ def site_from_dict(data: dict[str, Any]) -> SiteProfile:
             kw[key] = tuple(_sbatch_option(v) for v in _list(key, value))
         elif key == "env":
             kw[key] = _env(value)
+        elif key in NUMBER_KEYS:
+            kw[key] = _number(key, value)
         elif key == "megatron_path":
             kw[key] = _text(key, value, _PATH).rstrip("/") or "/"
         else:
