@@ -22,12 +22,12 @@ from numpy.typing import NDArray
 
 from paraplan.errors import LayoutError, NoFeasiblePlanError, SpecError
 from paraplan.estimate.comm import span_in_domain
-from paraplan.estimate.memory import MemoryOptions, stage_memory
+from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
 from paraplan.estimate.stages import representative_ranks, stage_layers_table
-from paraplan.estimate.step_time import step_time_from_stages
+from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
-from paraplan.layout import RECOMPUTE_CODES, LayoutTable
+from paraplan.layout import RECOMPUTE_CODES, LayoutTable, layer_key_table
 from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -164,10 +164,13 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     rank = ranks[rows, cols]
     sub = table.take(rows)
     m = training.global_batch_size // (sub.mbs * sub.dp)
+    # per-layer terms once per distinct (TP, CP, EP, ETP, mbs, recompute, SP) and gathered
+    keys, key_of_row = layer_key_table(table)
+    per_layer = layer_activations(model, training, keys).take(key_of_row[rows])
     totals = np.asarray(stage_memory(model, training, sub,
                                      stage_layers_table(model, sub.pp, sub.vp, rank, sub.pipeline_layouts),
                                      rank=rank, num_microbatches=m, max_positions=max_positions,
-                                     options=options).memory.total_bytes, dtype=float)
+                                     options=options, per_layer=per_layer).memory.total_bytes, dtype=float)
     peak = np.full(len(table), -np.inf)
     np.maximum.at(peak, rows, totals)
     return peak
@@ -180,8 +183,10 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     m = training.global_batch_size // (table.mbs * table.dp)
     ranks = representative_ranks(model, table.pp, table.vp, table.pipeline_layouts)
     stages = [stage_layers_table(model, table.pp, table.vp, rk, table.pipeline_layouts) for rk in ranks]
+    keys, key_of_row = layer_key_table(table)
+    terms = stage_terms(model, cluster, training, keys).take(key_of_row)
     t = step_time_from_stages(model, cluster, training, table, stages, num_microbatches=m,
-                              max_positions=max_positions)
+                              max_positions=max_positions, terms=terms)
     return np.asarray(t.step_s, dtype=float)
 
 
