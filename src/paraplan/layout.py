@@ -207,8 +207,10 @@ class LayoutTable:
         """Rows whose (pp, vp) uses an entry of ``pipeline_layouts``."""
         if not self.pipeline_layouts:
             return np.zeros(len(self.tp), dtype=bool)
-        keys = np.array([p * 1000 + v for p, v in self.pipeline_layouts], dtype=np.int64)
-        return np.isin(self.pp * 1000 + self.vp, keys)
+        (pair_pp, pair_vp), pair_of_row = distinct_rows([self.pp, self.vp])
+        listed = np.array([(p, v) in self.pipeline_layouts
+                           for p, v in zip(pair_pp.tolist(), pair_vp.tolist(), strict=True)], dtype=bool)
+        return listed[pair_of_row]
 
     @property
     def sp(self) -> BoolArray:

@@ -27,7 +27,7 @@ from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_count
 from paraplan.estimate.stages import representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
-from paraplan.layout import RECOMPUTE_CODES, LayoutTable, layer_key_table
+from paraplan.layout import RECOMPUTE_CODES, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -94,29 +94,28 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     rest = np.array(list(itertools.product(ax["vp"], ax["ep"], ax["etp"], space.mbs, rec_codes, dpv,
                                            [int(s) for s in space.sequence_parallel])),
                     dtype=np.int64).reshape(-1, 7)
-    n_grid, n_rest = grid.shape[0], rest.shape[0]
-    g = np.repeat(grid, n_rest, axis=0)
-    r = np.tile(rest, (n_grid, 1))
-    tp, pp, cp = g[:, 0], g[:, 1], g[:, 2]
-    etp = np.where(r[:, 2] == 0, tp, r[:, 2])
-    keep = np.ones(len(tp), dtype=bool)
-    if model.is_moe:
-        keep &= (etp == 1) | (etp == tp)  # ETP 1 (folding) or = TP (Megatron's default)
-    keep &= (r[:, 0] == 1) | (pp > 1)  # VP needs PP (also a rule; trims the table)
-    sel = np.nonzero(keep)[0]
-    layouts = uneven_layouts(model, pp[sel], r[sel, 0])
-    dpv_col = r[sel, 5]
-    sp_col = r[sel, 6].astype(bool)
+    # rows are (grid row, rest row) pairs in row-major order; filter on that 2-D view, then gather
+    g_tp, g_pp, g_cp = (np.ascontiguousarray(grid[:, k]) for k in range(3))
+    r_vp, r_ep, r_etp, r_mbs, r_rec, r_dpv, r_sp = (np.ascontiguousarray(rest[:, k]) for k in range(7))
+    keep = np.broadcast_to((r_vp == 1)[None, :] | (g_pp > 1)[:, None], (len(grid), len(rest)))  # VP needs PP
+    if model.is_moe:  # ETP 1 (folding) or = TP (Megatron's default)
+        keep = keep & (((r_etp == 0) | (r_etp == 1))[None, :] | (r_etp[None, :] == g_tp[:, None]))
+    sel = np.flatnonzero(keep)
+    gi, ri = np.divmod(sel, max(len(rest), 1))
+    tp, pp, cp, vp = g_tp[gi], g_pp[gi], g_cp[gi], r_vp[ri]
+    etp = np.where(r_etp[ri] == 0, tp, r_etp[ri])
+    dpv_col = r_dpv[ri]
+    sp_col = r_sp[ri].astype(bool)
     return LayoutTable(
-        tp=tp[sel], pp=pp[sel], vp=r[sel, 0], cp=cp[sel], ep=r[sel, 1], etp=etp[sel],
-        dp=world // (tp[sel] * pp[sel] * cp[sel]), mbs=r[sel, 3], recompute_code=r[sel, 4],
+        tp=tp, pp=pp, vp=vp, cp=cp, ep=r_ep[ri], etp=etp,
+        dp=(world // (g_tp * g_pp * g_cp))[gi], mbs=r_mbs[ri], recompute_code=r_rec[ri],
         sequence_parallel=sp_col,
         distributed_optimizer=dpv_col == DP_VARIANTS.index("distopt"),
         fsdp=dpv_col == DP_VARIANTS.index("fsdp"),
         overlap_grad_reduce=np.ones(len(sel), dtype=bool),
         overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
         tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
-        pipeline_layouts=layouts, recompute_modules=space.recompute_modules,
+        pipeline_layouts=uneven_layouts(model, pp, vp), recompute_modules=space.recompute_modules,
     )
 
 
@@ -126,10 +125,12 @@ def uneven_layouts(model: ModelSpec, pp: NDArray[np.int64],
     Megatron accepts them through --decoder-first/last-pipeline-num-layers or
     --pipeline-model-parallel-layout (DeepSeek-V3's 61 layers, Qwen3-235B's 94, Llama-3.1's 126)."""
     out: dict[tuple[int, int], tuple[int, ...]] = {}
-    for key in np.unique(pp * 1000 + vp):
-        p, v = int(key // 1000), int(key % 1000)
+    (pair_pp, pair_vp), _ = distinct_rows([pp, vp])
+    for p, v in zip(pair_pp.tolist(), pair_vp.tolist(), strict=True):
         if p < 2 or model.num_layers % (p * v) == 0:
             continue
+        if p * v > model.num_layers + 2:
+            continue  # fewer layers (with embedding and loss) than virtual stages: the rules reject these rows
         try:
             split = auto_uneven_split(model.num_layers, p, v)
         except LayoutError:

@@ -110,14 +110,13 @@ def _layout_counts(num_layers: int, layout: ParallelLayout) -> list[list[int]]:
     return [[counts[chunk * pp + rank] for chunk in range(vp)] for rank in range(pp)]
 
 
-def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssignment]:
-    """Which global layers each pipeline rank builds (chunk by chunk)."""
-    pp, vp = layout.pp, layout.vp
+def chunk_layer_counts(num_layers: int, layout: ParallelLayout) -> list[list[int]]:
+    """Decoder layers per pipeline rank, per virtual chunk (raises LayoutError like Megatron)."""
     if layout.pipeline_layout:
         per_chunk = _layout_counts(num_layers, layout)
     else:
         counts = _rank_layer_counts(num_layers, layout)
-        per_chunk = [[c // vp] * vp for c in counts]
+        per_chunk = [[c // layout.vp] * layout.vp for c in counts]
         if layout.account_for_embedding:
             per_chunk[0][0] -= 1
         if layout.account_for_loss:
@@ -125,6 +124,13 @@ def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssig
     if min(min(c) for c in per_chunk) < 0:
         raise LayoutError("a pipeline stage would hold a negative number of layers",
                           reason="LAYERS_NOT_DIVISIBLE_BY_PP")
+    return per_chunk
+
+
+def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssignment]:
+    """Which global layers each pipeline rank builds (chunk by chunk)."""
+    pp, vp = layout.pp, layout.vp
+    per_chunk = chunk_layer_counts(num_layers, layout)
     chunks: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
     start = 0
     for chunk in range(vp):

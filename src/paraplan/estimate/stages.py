@@ -9,8 +9,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.estimate.params import StageLayers
-from paraplan.estimate.pipeline import stage_assignment
-from paraplan.layout import ParallelLayout
+from paraplan.estimate.pipeline import chunk_layer_counts, stage_assignment
+from paraplan.layout import ParallelLayout, distinct_rows
 from paraplan.specs.model import ModelSpec
 
 
@@ -36,14 +36,29 @@ def all_stage_layers(model: ModelSpec, layout: ParallelLayout) -> list[StageLaye
     ]
 
 
-def _per_key_layout(model: ModelSpec, p: int, v: int,
-                    layouts: dict[tuple[int, int], tuple[int, ...]]) -> list[StageLayers] | None:
-    """Stage assignment for one (pp, vp): even, or the balanced layout given for it."""
+def _moe_prefix(model: ModelSpec) -> NDArray[np.int64]:
+    """MoE layers among the first i main layers, i = 0..num_layers."""
+    pattern = np.asarray(model.moe_layer_pattern(), dtype=np.int64)
+    return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(pattern)))
+
+
+def _rank_counts(model: ModelSpec, p: int, v: int, layouts: dict[tuple[int, int], tuple[int, ...]],
+                 moe_prefix: NDArray[np.int64]) -> tuple[list[int], list[int]] | None:
+    """(dense, MoE) layers of every rank for one (pp, vp): even, or the balanced layout given for
+    it; None where the layers do not divide (rejected by the rules). The same counts as
+    ``all_stage_layers``, from the chunk sizes and a prefix sum instead of layer indices."""
     if (p, v) in layouts:
-        return all_stage_layers(model, ParallelLayout(pp=p, vp=v, pipeline_layout=layouts[(p, v)]))
-    if model.num_layers % (p * v):
-        return None  # rejected by the rules
-    return all_stage_layers(model, ParallelLayout(pp=p, vp=v))
+        layout = ParallelLayout(pp=p, vp=v, pipeline_layout=layouts[(p, v)])
+    elif model.num_layers % (p * v):
+        return None
+    else:
+        layout = ParallelLayout(pp=p, vp=v)
+    per_chunk = np.asarray(chunk_layer_counts(model.num_layers, layout), dtype=np.int64).reshape(p, v)
+    sizes = per_chunk.T.reshape(-1)  # virtual stage chunk * p + rank holds the next block of layers
+    ends = np.cumsum(sizes)
+    assert int(ends[-1]) == model.num_layers, (int(ends[-1]), model.num_layers)
+    moe = (moe_prefix[ends] - moe_prefix[ends - sizes]).reshape(v, p).sum(axis=0)
+    return (per_chunk.sum(axis=1) - moe).tolist(), moe.tolist()
 
 
 def representative_ranks(
@@ -55,21 +70,23 @@ def representative_ranks(
     most dense layers first: uneven layouts and mixed dense/MoE patterns) and p - 1 (output
     layer, logits)."""
     layouts = layouts or {}
-    most_moe = np.zeros_like(pp)
-    most_dense = np.zeros_like(pp)
-    moe_heavy = np.zeros_like(pp)
-    keys = pp * 1000 + vp
-    for key in np.unique(keys):
-        p, v = int(key // 1000), int(key % 1000)
-        per_rank = _per_key_layout(model, p, v, layouts)
-        if per_rank is None:
+    (pair_pp, pair_vp), pair_of_row = distinct_rows([pp, vp])
+    n_pairs = len(pair_pp)
+    most_moe = np.zeros(n_pairs, dtype=np.int64)
+    most_dense = np.zeros(n_pairs, dtype=np.int64)
+    moe_heavy = np.zeros(n_pairs, dtype=np.int64)
+    prefix = _moe_prefix(model)
+    for j, (p, v) in enumerate(zip(pair_pp.tolist(), pair_vp.tolist(), strict=True)):
+        counts = _rank_counts(model, p, v, layouts, prefix)
+        if counts is None:
             continue
-        totals = [s.num_dense_layers + s.num_moe_layers for s in per_rank]
-        most_moe[keys == key] = max(range(p), key=lambda r: (totals[r], per_rank[r].num_moe_layers, -r))
-        most_dense[keys == key] = max(range(p), key=lambda r: (totals[r], per_rank[r].num_dense_layers, -r))
-        moe_heavy[keys == key] = max(range(p), key=lambda r: (per_rank[r].num_moe_layers, totals[r], -r))
-    ranks = [np.zeros_like(pp), np.minimum(1, pp - 1), most_moe, most_dense, pp - 1]
-    return [*ranks, moe_heavy] if model.is_moe else ranks
+        dense, moe = counts
+        totals = [d + m for d, m in zip(dense, moe, strict=True)]
+        most_moe[j] = max(range(p), key=lambda r: (totals[r], moe[r], -r))
+        most_dense[j] = max(range(p), key=lambda r: (totals[r], dense[r], -r))
+        moe_heavy[j] = max(range(p), key=lambda r: (moe[r], totals[r], -r))
+    ranks = [np.zeros_like(pp), np.minimum(1, pp - 1), most_moe[pair_of_row], most_dense[pair_of_row], pp - 1]
+    return [*ranks, moe_heavy[pair_of_row]] if model.is_moe else ranks
 
 
 def stage_layers_table(
@@ -82,23 +99,22 @@ def stage_layers_table(
     Assignments are computed once per distinct (pp, vp) and gathered, so the cost does not grow
     with the number of candidates.
     """
-    n = pp.shape[0]
-    dense = np.zeros(n, dtype=np.int64)
-    moe = np.zeros(n, dtype=np.int64)
-    keys = pp * 1000 + vp
-    for key in np.unique(keys):
-        p, v = int(key // 1000), int(key % 1000)
-        rows = keys == key
-        per_rank = _per_key_layout(model, p, v, layouts or {})
-        if per_rank is None:
-            continue  # rejected by the rules; leave zeros
-        d = np.array([s.num_dense_layers for s in per_rank], dtype=np.int64)
-        m = np.array([s.num_moe_layers for s in per_rank], dtype=np.int64)
-        dense[rows] = d[rank[rows]]
-        moe[rows] = m[rank[rows]]
+    (pair_pp, pair_vp), pair_of_row = distinct_rows([pp, vp])
+    prefix = _moe_prefix(model)
+    counts = [_rank_counts(model, p, v, layouts or {}, prefix)
+              for p, v in zip(pair_pp.tolist(), pair_vp.tolist(), strict=True)]
+    width = max([len(c[0]) for c in counts if c is not None], default=1)
+    dense_of = np.zeros((len(counts), width), dtype=np.int64)
+    moe_of = np.zeros((len(counts), width), dtype=np.int64)
+    known = np.zeros(len(counts), dtype=bool)
+    for j, c in enumerate(counts):
+        if c is not None:  # else rejected by the rules; leave zeros
+            dense_of[j, :len(c[0])], moe_of[j, :len(c[1])], known[j] = c[0], c[1], True
+    ok = known[pair_of_row]
+    r = np.where(ok, rank, 0)
     return StageLayers(
-        num_dense_layers=dense,
-        num_moe_layers=moe,
+        num_dense_layers=np.where(ok, dense_of[pair_of_row, r], 0),
+        num_moe_layers=np.where(ok, moe_of[pair_of_row, r], 0),
         has_embedding=rank == 0,
         has_output=rank == pp - 1,
         num_mtp_layers=np.where(rank == pp - 1, model.mtp_num_layers, 0),
