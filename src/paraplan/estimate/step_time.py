@@ -30,7 +30,7 @@ from paraplan.estimate.flops import (
     model_flops_per_step,
     recompute_flops_per_step,
 )
-from paraplan.estimate.params import StageLayers, padded_vocab, stage_params
+from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, param_terms, stage_params
 from paraplan.estimate.pipeline import bubble_frac
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
@@ -408,17 +408,35 @@ class StepTime:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class _DpGroups:
+    """Stage-independent inputs of the DP collectives: parameter terms, group sizes, bandwidths."""
+
+    params: ParamTerms
+    n_dense: Num
+    n_exp: Num
+    bw_d: Num
+    bw_e: Num
+
+
+def _dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: Any, max_positions: int) -> _DpGroups:
+    n_dense, n_exp = layout.dp * layout.cp, layout.edp
+    # rank order tp-cp-ep-dp-pp: the DP x CP group strides over TP, expert-DP over ETP x EP
+    return _DpGroups(
+        params=param_terms(model, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
+                           max_positions=max_positions),
+        n_dense=n_dense, n_exp=n_exp, bw_d=comm.ring_busbw(cluster, n_dense, layout.tp),
+        bw_e=comm.ring_busbw(cluster, n_exp, layout.etp * layout.ep))
+
+
 def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageLayers,
-              max_positions: int, precision: str) -> tuple[Num, Num, Num]:
+              groups: _DpGroups, max_positions: int, precision: str) -> tuple[Num, Num, Num]:
     """(gradient reduce, parameter gather, local optimizer params) for one stage, link time."""
     eff = cluster.gpu.efficiency
     gb = grad_bytes_per_param(precision)
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
-                     max_positions=max_positions)
-    n_dense, n_exp = layout.dp * layout.cp, layout.edp
-    # rank order tp-cp-ep-dp-pp: the DP x CP group strides over TP, expert-DP over ETP x EP
-    bw_d = comm.ring_busbw(cluster, n_dense, layout.tp)
-    bw_e = comm.ring_busbw(cluster, n_exp, layout.etp * layout.ep)
+                     max_positions=max_positions, terms=groups.params)
+    n_dense, n_exp, bw_d, bw_e = groups.n_dense, groups.n_exp, groups.bw_d, groups.bw_e
     alpha = eff.collective_latency_s
     buckets_d = np.ceil(p.dense / DDP_BUCKET_PARAMS)
     buckets_e = np.ceil(p.expert / DDP_BUCKET_PARAMS)
@@ -456,7 +474,8 @@ def step_time_from_stages(
     bub_frac = bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
-    dp = [_dp_times(model, cluster, layout, st, max_positions, training.precision) for st in stages]
+    groups = _dp_groups(model, cluster, layout, max_positions)
+    dp = [_dp_times(model, cluster, layout, st, groups, max_positions, training.precision) for st in stages]
     grad = np.max(np.stack([np.broadcast_to(np.asarray(d[0], dtype=float), totals.shape[1:]) for d in dp]), 0)
     gather = np.max(np.stack([np.broadcast_to(np.asarray(d[1], dtype=float), totals.shape[1:]) for d in dp]), 0)
     local = np.max(np.stack([np.broadcast_to(np.asarray(d[2], dtype=float), totals.shape[1:]) for d in dp]), 0)
