@@ -24,7 +24,7 @@ from paraplan.errors import LayoutError, NoFeasiblePlanError, SpecError
 from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
-from paraplan.estimate.stages import representative_ranks, stage_layers_table
+from paraplan.estimate.stages import pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.layout import RECOMPUTE_CODES, LayoutTable, distinct_rows, layer_key_table
@@ -156,7 +156,8 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
                      options: MemoryOptions | None = None) -> NDArray[np.float64]:
     """Peak per-GPU memory of every row: the largest of the representative stages."""
     max_positions, _ = max_positions_for(model, training)
-    ranks = np.stack(representative_ranks(model, table.pp, table.vp, table.pipeline_layouts), axis=1)
+    counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
+    ranks = np.stack(representative_ranks(model, table.pp, table.vp, counts=counts), axis=1)
     # evaluate each distinct (row, rank) once: PP = 1 rows need one stage, PP = 2 rows two
     ranks = np.sort(ranks, axis=1)
     distinct = np.ones(ranks.shape, dtype=bool)
@@ -168,27 +169,43 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     # per-layer terms once per distinct (TP, CP, EP, ETP, mbs, recompute, SP) and gathered
     keys, key_of_row = layer_key_table(table)
     per_layer = layer_activations(model, training, keys).take(key_of_row[rows])
-    totals = np.asarray(stage_memory(model, training, sub,
-                                     stage_layers_table(model, sub.pp, sub.vp, rank, sub.pipeline_layouts),
-                                     rank=rank, num_microbatches=m, max_positions=max_positions,
-                                     options=options, per_layer=per_layer).memory.total_bytes, dtype=float)
-    peak = np.full(len(table), -np.inf)
-    np.maximum.at(peak, rows, totals)
-    return peak
+    stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=counts.take(rows))
+    totals = np.asarray(stage_memory(model, training, sub, stages, rank=rank, num_microbatches=m,
+                                     max_positions=max_positions, options=options,
+                                     per_layer=per_layer).memory.total_bytes, dtype=float)
+    # rows ascend and every row has at least one stage: the maximum over each row's run
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    return np.maximum.reduceat(totals, starts) if len(totals) else np.full(len(table), -np.inf)
 
 
 def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  table: LayoutTable) -> NDArray[np.float64]:
-    """Step time of every row (slowest of the representative stages)."""
+    """Step time of every row (slowest of the representative stages).
+
+    A stage whose rank repeats an earlier one of the same row (all of them at PP = 1) changes
+    neither the slowest stage (the first maximum) nor the DP maxima, so rows are grouped by which
+    of their representative ranks are new and each group is timed on those stages only."""
     max_positions, _ = max_positions_for(model, training)
     m = training.global_batch_size // (table.mbs * table.dp)
-    ranks = representative_ranks(model, table.pp, table.vp, table.pipeline_layouts)
-    stages = [stage_layers_table(model, table.pp, table.vp, rk, table.pipeline_layouts) for rk in ranks]
+    counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
+    ranks = np.stack(representative_ranks(model, table.pp, table.vp, counts=counts), axis=1)
+    repeat = np.zeros(len(table), dtype=np.int64)
+    for j in range(1, ranks.shape[1]):
+        repeat |= (ranks[:, :j] == ranks[:, j:j + 1]).any(axis=1).astype(np.int64) << j
     keys, key_of_row = layer_key_table(table)
-    terms = stage_terms(model, cluster, training, keys).take(key_of_row)
-    t = step_time_from_stages(model, cluster, training, table, stages, num_microbatches=m,
-                              max_positions=max_positions, terms=terms)
-    return np.asarray(t.step_s, dtype=float)
+    terms = stage_terms(model, cluster, training, keys)
+    step = np.empty(len(table))
+    (patterns,), group_of_row = distinct_rows([repeat])
+    for g, pattern in enumerate(patterns.tolist()):
+        idx = np.flatnonzero(group_of_row == g) if len(patterns) > 1 else np.arange(len(table))
+        sub = table.take(idx) if len(patterns) > 1 else table
+        sub_counts = counts.take(idx)
+        stages = [stage_layers_table(model, sub.pp, sub.vp, ranks[idx, j], counts=sub_counts)
+                  for j in range(ranks.shape[1]) if not (pattern >> j) & 1]
+        t = step_time_from_stages(model, cluster, training, sub, stages, num_microbatches=m[idx],
+                                  max_positions=max_positions, terms=terms.take(key_of_row[idx]))
+        step[idx] = np.asarray(t.step_s, dtype=float)
+    return step
 
 
 def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,

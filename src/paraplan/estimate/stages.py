@@ -4,6 +4,7 @@ needs (first, second, last) as arrays over candidates (vectorised path)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -61,60 +62,84 @@ def _rank_counts(model: ModelSpec, p: int, v: int, layouts: dict[tuple[int, int]
     return (per_chunk.sum(axis=1) - moe).tolist(), moe.tolist()
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineCounts:
+    """(dense, MoE) layers per rank of every distinct (pp, vp) of a set of rows, and which one each
+    row has: computed once (``pipeline_counts``) and shared by every stage the search looks at."""
+
+    pair_of_row: NDArray[np.int64]
+    dense: NDArray[np.int64]
+    """(pairs, largest PP) layers per rank, 0 past the pair's PP."""
+    moe: NDArray[np.int64]
+    known: NDArray[np.bool_]
+    """False for pairs whose layers do not divide (rejected by the rules; counts left 0)."""
+    pair_pp: list[int]
+
+    def take(self, rows: NDArray[np.int64]) -> PipelineCounts:
+        """The same counts for the rows ``rows`` of the original set."""
+        return PipelineCounts(pair_of_row=self.pair_of_row[rows], dense=self.dense, moe=self.moe,
+                              known=self.known, pair_pp=self.pair_pp)
+
+
+def pipeline_counts(model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64],
+                    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None) -> PipelineCounts:
+    """Per-rank layer counts of every distinct (pp, vp) among the rows: even splits, or the
+    balanced ``layouts`` given for pairs that do not divide."""
+    (pair_pp, pair_vp), pair_of_row = distinct_rows([pp, vp])
+    prefix = _moe_prefix(model)
+    pps, vps = pair_pp.tolist(), pair_vp.tolist()
+    counts = [_rank_counts(model, p, v, layouts or {}, prefix) for p, v in zip(pps, vps, strict=True)]
+    width = max([len(c[0]) for c in counts if c is not None], default=1)
+    dense = np.zeros((len(counts), width), dtype=np.int64)
+    moe = np.zeros((len(counts), width), dtype=np.int64)
+    known = np.zeros(len(counts), dtype=bool)
+    for j, c in enumerate(counts):
+        if c is not None:
+            dense[j, :len(c[0])], moe[j, :len(c[1])], known[j] = c[0], c[1], True
+    return PipelineCounts(pair_of_row=pair_of_row, dense=dense, moe=moe, known=known, pair_pp=pps)
+
+
 def representative_ranks(
     model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64],
-    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None, *, counts: PipelineCounts | None = None,
 ) -> list[NDArray[np.int64]]:
     """Ranks whose memory and time bound every stage: 0 (most in flight, embedding), 1 (most in
     flight among middle stages), the ranks holding the most layers (most MoE layers first, and
     most dense layers first: uneven layouts and mixed dense/MoE patterns) and p - 1 (output
-    layer, logits)."""
-    layouts = layouts or {}
-    (pair_pp, pair_vp), pair_of_row = distinct_rows([pp, vp])
-    n_pairs = len(pair_pp)
+    layer, logits). ``counts``: ``pipeline_counts`` of these rows when already computed."""
+    c = counts if counts is not None else pipeline_counts(model, pp, vp, layouts)
+    n_pairs = len(c.known)
     most_moe = np.zeros(n_pairs, dtype=np.int64)
     most_dense = np.zeros(n_pairs, dtype=np.int64)
     moe_heavy = np.zeros(n_pairs, dtype=np.int64)
-    prefix = _moe_prefix(model)
-    for j, (p, v) in enumerate(zip(pair_pp.tolist(), pair_vp.tolist(), strict=True)):
-        counts = _rank_counts(model, p, v, layouts, prefix)
-        if counts is None:
-            continue
-        dense, moe = counts
+    for j in np.flatnonzero(c.known).tolist():
+        p = c.pair_pp[j]
+        dense, moe = c.dense[j, :p].tolist(), c.moe[j, :p].tolist()
         totals = [d + m for d, m in zip(dense, moe, strict=True)]
         most_moe[j] = max(range(p), key=lambda r: (totals[r], moe[r], -r))
         most_dense[j] = max(range(p), key=lambda r: (totals[r], dense[r], -r))
         moe_heavy[j] = max(range(p), key=lambda r: (moe[r], totals[r], -r))
-    ranks = [np.zeros_like(pp), np.minimum(1, pp - 1), most_moe[pair_of_row], most_dense[pair_of_row], pp - 1]
-    return [*ranks, moe_heavy[pair_of_row]] if model.is_moe else ranks
+    row = c.pair_of_row
+    ranks = [np.zeros_like(pp), np.minimum(1, pp - 1), most_moe[row], most_dense[row], pp - 1]
+    return [*ranks, moe_heavy[row]] if model.is_moe else ranks
 
 
 def stage_layers_table(
     model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64], rank: NDArray[np.int64],
-    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None, *, counts: PipelineCounts | None = None,
 ) -> StageLayers:
     """StageLayers arrays for (pp, vp, rank) rows (the search space): even splits, or the
     balanced ``layouts`` given for (pp, vp) pairs that do not divide.
 
     Assignments are computed once per distinct (pp, vp) and gathered, so the cost does not grow
-    with the number of candidates.
+    with the number of candidates. ``counts``: ``pipeline_counts`` of these rows when already computed.
     """
-    (pair_pp, pair_vp), pair_of_row = distinct_rows([pp, vp])
-    prefix = _moe_prefix(model)
-    counts = [_rank_counts(model, p, v, layouts or {}, prefix)
-              for p, v in zip(pair_pp.tolist(), pair_vp.tolist(), strict=True)]
-    width = max([len(c[0]) for c in counts if c is not None], default=1)
-    dense_of = np.zeros((len(counts), width), dtype=np.int64)
-    moe_of = np.zeros((len(counts), width), dtype=np.int64)
-    known = np.zeros(len(counts), dtype=bool)
-    for j, c in enumerate(counts):
-        if c is not None:  # else rejected by the rules; leave zeros
-            dense_of[j, :len(c[0])], moe_of[j, :len(c[1])], known[j] = c[0], c[1], True
-    ok = known[pair_of_row]
+    c = counts if counts is not None else pipeline_counts(model, pp, vp, layouts)
+    ok = c.known[c.pair_of_row]
     r = np.where(ok, rank, 0)
     return StageLayers(
-        num_dense_layers=np.where(ok, dense_of[pair_of_row, r], 0),
-        num_moe_layers=np.where(ok, moe_of[pair_of_row, r], 0),
+        num_dense_layers=np.where(ok, c.dense[c.pair_of_row, r], 0),
+        num_moe_layers=np.where(ok, c.moe[c.pair_of_row, r], 0),
         has_embedding=rank == 0,
         has_output=rank == pp - 1,
         num_mtp_layers=np.where(rank == pp - 1, model.mtp_num_layers, 0),
