@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from paraplan.errors import LayoutError
-from paraplan.estimate.memory import MemoryOptions, StageMemory, stage_memory
+from paraplan.estimate.memory import MemoryOptions, StageMemory, layer_activations, stage_memory
 from paraplan.estimate.params import ModelParamCounts, model_param_counts
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimate.step_time import StepTime, Throughput, step_time, throughput
@@ -186,9 +186,10 @@ def estimate(
                      "(no measured runs; defaults): step time, MFU and tokens/s are indicative, memory is not "
                      "affected (`paraplan calibrate` fits them to your runs)")
     m = layout.num_microbatches(training.global_batch_size)
+    per_layer = layer_activations(model, training, layout)  # the same for every stage
     stages = tuple(
         stage_memory(model, training, layout, st, rank=r, num_microbatches=m,
-                     max_positions=max_positions, options=memory_options)
+                     max_positions=max_positions, options=memory_options, per_layer=per_layer)
         for r, st in enumerate(all_stage_layers(model, layout))
     )
     t = step_time(model, cluster, training, layout, num_microbatches=m)
