@@ -60,23 +60,76 @@ class SearchSpace:
     """Modules the selective-recompute layouts recompute (Megatron's --recompute-modules)."""
 
 
+MAX_WORLD = 2**40
+"""Largest world size the search takes: its divisors come from trial division up to sqrt(world)."""
+MAX_LAYOUTS = 2_000_000
+"""Largest search space (layouts before the rules): the table and its rule masks stay in memory."""
+EVAL_CHUNK_ROWS = 1 << 18
+"""Rows evaluated together: bounds the memory of the formulas' temporaries on large spaces."""
+
+
+def _prime_factors(n: int) -> dict[int, int]:
+    """Prime factorisation of n >= 1 by trial division (at most sqrt(n) / 2 divisions)."""
+    factors: dict[int, int] = {}
+    d = 2
+    while d * d <= n:
+        while n % d == 0:
+            factors[d] = factors.get(d, 0) + 1
+            n //= d
+        d += 1 if d == 2 else 2
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """All divisors of n >= 1, ascending, from its prime factorisation."""
+    divs = [1]
+    for prime, power in _prime_factors(n).items():
+        divs = [d * prime**k for d in divs for k in range(power + 1)]
+    return sorted(divs)
+
+
+def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: SearchSpace) -> None:
+    """One-line SpecErrors for search values no layout can use (they would only cost time and memory)."""
+    world = cluster.num_gpus
+    if world > MAX_WORLD:
+        raise SpecError(f"--num-gpus: at most {MAX_WORLD:,} (2^40) GPUs for the search, got {world:,}")
+    bounds = {"tp": (1, world, "the number of GPUs"), "pp": (1, world, "the number of GPUs"),
+              "cp": (1, world, "the number of GPUs"), "ep": (1, world, "the number of GPUs"),
+              "etp": (0, world, "the number of GPUs; 0 = TP"),
+              "vp": (1, model.num_layers, f"num_layers of {model.name}"),
+              "mbs": (1, training.global_batch_size, "the global batch size")}
+    for name, (lo, hi, what) in bounds.items():
+        values = getattr(space, name)
+        bad = [v for v in values or ()
+               if isinstance(v, bool) or not isinstance(v, int | np.integer) or not lo <= v <= hi]
+        if bad:
+            raise SpecError(f"--{name}: {bad[0]} is out of range; allowed {lo} to {hi:,} ({what})")
+    if space.max_pp is not None and (isinstance(space.max_pp, bool) or not isinstance(space.max_pp, int | np.integer)
+                                     or space.max_pp < 1):
+        raise SpecError(f"--max-pp: expected a positive integer, got {space.max_pp!r}")
+
+
+def _unique(values: Sequence[Any]) -> list[Any]:
+    """Values without repeats, in their order (a repeated value would enumerate layouts twice)."""
+    return list(dict.fromkeys(values))
 
 
 def _axis_values(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  space: SearchSpace) -> dict[str, list[int]]:
     world = cluster.num_gpus
     pow2 = [2**i for i in range(12) if 2**i <= world]
-    tp = list(space.tp) if space.tp else [t for t in pow2 if t <= cluster.nvlink_domain_size]
+    tp = _unique(space.tp) if space.tp else [t for t in pow2 if t <= cluster.nvlink_domain_size]
     max_pp = min(space.max_pp or model.num_layers, model.num_layers, world)
-    pp = list(space.pp) if space.pp else [p for p in _divisors(world) if p <= max_pp]
-    vp = list(space.vp) if space.vp else [1, 2, 3, 4, 6, 8]
-    cp = list(space.cp) if space.cp else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0) or c == 1]
+    pp = _unique(space.pp) if space.pp else [p for p in _divisors(world) if p <= max_pp]
+    vp = _unique(space.vp) if space.vp else [1, 2, 3, 4, 6, 8]
+    cp = _unique(space.cp) if space.cp else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0)
+                                             or c == 1]
     if model.is_moe:
         assert model.num_experts is not None
-        ep = list(space.ep) if space.ep else [e for e in _divisors(model.num_experts) if e <= world]
-        etp = list(space.etp) if space.etp else [1] + [t for t in tp if t > 1]
+        ep = _unique(space.ep) if space.ep else [e for e in _divisors(model.num_experts) if e <= world]
+        etp = _unique(space.etp) if space.etp else [1] + [t for t in tp if t > 1]
     else:
         ep, etp = [1], [0]
     return {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp}
@@ -89,11 +142,14 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     ax = _axis_values(model, cluster, training, space)
     grid = np.array(list(itertools.product(ax["tp"], ax["pp"], ax["cp"])), dtype=np.int64).reshape(-1, 3)
     grid = grid[world % (grid[:, 0] * grid[:, 1] * grid[:, 2]) == 0]
-    rec_codes = [RECOMPUTE_CODES[r] for r in space.recompute]
-    dpv = [DP_VARIANTS.index(v) for v in space.dp_variants]
-    rest = np.array(list(itertools.product(ax["vp"], ax["ep"], ax["etp"], space.mbs, rec_codes, dpv,
-                                           [int(s) for s in space.sequence_parallel])),
-                    dtype=np.int64).reshape(-1, 7)
+    rec_codes = [RECOMPUTE_CODES[r] for r in _unique(space.recompute)]
+    dpv = [DP_VARIANTS.index(v) for v in _unique(space.dp_variants)]
+    rest_axes = (ax["vp"], ax["ep"], ax["etp"], _unique(space.mbs), rec_codes, dpv,
+                 _unique([int(s) for s in space.sequence_parallel]))
+    n_product = len(grid) * int(np.prod([len(a) for a in rest_axes]))
+    if n_product > 16 * MAX_LAYOUTS:  # before the VP/ETP filter below, which holds one bool per combination
+        _too_many(n_product, len(grid), rest_axes)
+    rest = np.array(list(itertools.product(*rest_axes)), dtype=np.int64).reshape(-1, 7)
     # rows are (grid row, rest row) pairs in row-major order; filter on that 2-D view, then gather
     g_tp, g_pp, g_cp = (np.ascontiguousarray(grid[:, k]) for k in range(3))
     r_vp, r_ep, r_etp, r_mbs, r_rec, r_dpv, r_sp = (np.ascontiguousarray(rest[:, k]) for k in range(7))
@@ -101,6 +157,8 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     if model.is_moe:  # ETP 1 (folding) or = TP (Megatron's default)
         keep = keep & (((r_etp == 0) | (r_etp == 1))[None, :] | (r_etp[None, :] == g_tp[:, None]))
     sel = np.flatnonzero(keep)
+    if len(sel) > MAX_LAYOUTS:
+        _too_many(len(sel), len(grid), rest_axes)
     gi, ri = np.divmod(sel, max(len(rest), 1))
     tp, pp, cp, vp = g_tp[gi], g_pp[gi], g_cp[gi], r_vp[ri]
     etp = np.where(r_etp[ri] == 0, tp, r_etp[ri])
@@ -117,6 +175,13 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
         pipeline_layouts=uneven_layouts(model, pp, vp), recompute_modules=space.recompute_modules,
     )
+
+
+def _too_many(n_layouts: int, n_grid: int, rest_axes: tuple[list[int], ...]) -> None:
+    sizes = " x ".join(f"{len(a)} {k}" for k, a in zip(("vp", "ep", "etp", "mbs", "recompute", "dp-variant"),
+                                                       rest_axes, strict=False))
+    raise SpecError(f"search space too large: {n_layouts:,} layouts (from {n_grid} TP x PP x CP x {sizes}), at "
+                    f"most {MAX_LAYOUTS:,}; narrow --tp/--pp/--cp/--vp/--ep/--mbs")
 
 
 def uneven_layouts(model: ModelSpec, pp: NDArray[np.int64],
@@ -211,7 +276,15 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,
                    options: MemoryOptions | None = None, *, time_all: bool = True) -> Evaluated:
     """Peak memory and step time of every row, vectorised. With ``time_all=False`` only rows that
-    fit are timed (the others get an infinite step time): the search's fast path."""
+    fit are timed (the others get an infinite step time): the search's fast path. Large tables are
+    evaluated ``EVAL_CHUNK_ROWS`` rows at a time (rows are independent: the same numbers)."""
+    if len(table) > EVAL_CHUNK_ROWS:
+        chunks = [np.arange(i, min(i + EVAL_CHUNK_ROWS, len(table))) for i in range(0, len(table), EVAL_CHUNK_ROWS)]
+        parts = [evaluate_table(model, cluster, training, table.take(c), options, time_all=time_all) for c in chunks]
+        return Evaluated(table=table, peak_bytes=np.concatenate([p.peak_bytes for p in parts]),
+                         step_s=np.concatenate([p.step_s for p in parts]),
+                         tokens_per_s_per_gpu=np.concatenate([p.tokens_per_s_per_gpu for p in parts]),
+                         fits=np.concatenate([p.fits for p in parts]))
     peak = peak_bytes_table(model, training, table, options)
     usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
     fits = peak <= usable
@@ -287,6 +360,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
         raise SpecError("--recompute-modules: Delayed scaling does not support moe_act and layernorm recompute "
                         "for fp8.")
+    _check_space(model, cluster, training, space)
     table = candidate_table(model, cluster, training, space)
     n_total = len(table)
     if n_total == 0:

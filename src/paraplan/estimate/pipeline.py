@@ -184,28 +184,26 @@ def balanced_uneven_split(num_layers: int, pp: int, vp: int = 1) -> tuple[int, i
 
     The key (load, |F - La|, F + La, F) is minimised over the sums S = F + La: for a given S the
     most even F <= La (F = VP * floor(S / 2VP)) is best on load and on |F - La|, so one candidate
-    per S is enough (linear in L / VP, vectorised).
+    per S is enough. Every count is a multiple of VP (L = l VP, S = k VP), and the middle
+    (l - k) VP must split over the PP - 2 middle ranks in multiples of VP: k = l - j (PP - 2),
+    j >= 1, k >= 2 (vectorised; about L / (VP (PP - 2)) candidates).
     """
-    if pp < 2:
+    if pp < 2 or num_layers % vp:
         return None
-    k = np.arange(2, num_layers // vp + 1, dtype=np.int64)  # S = k * VP, F and La at least VP each
-    total = k * vp
-    middle = num_layers - total
+    whole = num_layers // vp
     mid_ranks = pp - 2
     if mid_ranks == 0:
-        ok = middle == 0
-        per_mid = np.zeros_like(middle)
+        k = np.arange(whole, whole + 1 if whole >= 2 else whole, dtype=np.int64)
     else:
-        ok = (middle > 0) & (middle % mid_ranks == 0)
-        per_mid = middle // mid_ranks
-        ok &= per_mid % vp == 0
-    if not ok.any():
+        k = np.arange(whole - mid_ranks, 1, -mid_ranks, dtype=np.int64)
+    if not len(k):
         return None
+    total = k * vp
+    per_mid = (num_layers - total) // max(mid_ranks, 1)
     first = (k // 2) * vp
     last = total - first
     load = np.maximum(np.maximum(first + 1, last + 1), per_mid)
-    idx = np.flatnonzero(ok)
-    best = idx[np.lexsort((first[idx], total[idx], np.abs(first - last)[idx], load[idx]))[0]]
+    best = np.lexsort((first, total, np.abs(first - last), load))[0]
     return int(first[best]), int(last[best])
 
 
@@ -220,9 +218,10 @@ def balanced_pipeline_layout(num_layers: int, pp: int, vp: int = 1) -> tuple[int
     total = num_layers + 2
     base, extra = divmod(total, n)
     counts = [base] * n
-    order = sorted(range(n), key=lambda j: (j in (0, n - 1), abs(j - (n - 1) / 2)))
-    for j in order[:extra]:
-        counts[j] += 1
+    j = np.arange(n)
+    order = np.lexsort((np.abs(j - (n - 1) / 2), (j == 0) | (j == n - 1)))  # stable: middle stages first
+    for i in order[:extra].tolist():
+        counts[i] += 1
     counts[0] -= 1
     counts[-1] -= 1
     if min(counts) < 0:
