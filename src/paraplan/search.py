@@ -409,8 +409,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
-    order = rank_order(feasible, objective, cluster)
-    picked, ties = distinct_top(feasible, order, top_k)
+    picked, ties = _ranked_top(feasible, objective, cluster, top_k)
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
     notes = ((f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
               "a larger micro-batch) and are not listed; the simplest of each tie is",) if ties else ())
@@ -441,15 +440,34 @@ def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[l
     return picked, ties
 
 
-def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.int64]:
-    """Indices best first: objective (rounded), then the simplicity key."""
+def _rounded_objective(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.float64]:
     if objective == "memory-headroom":
         primary = ev.peak_bytes / cluster.gpu.hbm_bytes
     else:
         primary = ev.step_s
-    rounded = np.round(primary / max(float(np.min(primary)), 1e-30), 9)
-    keys: Sequence[Any] = [*reversed(simplicity_key(ev.table)), rounded]
+    return np.round(primary / max(float(np.min(primary)), 1e-30), 9)
+
+
+def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.int64]:
+    """Indices best first: objective (rounded), then the simplicity key."""
+    keys: Sequence[Any] = [*reversed(simplicity_key(ev.table)), _rounded_objective(ev, objective, cluster)]
     return np.lexsort(keys)
+
+
+def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int) -> tuple[list[int], int]:
+    """``distinct_top(ev, rank_order(ev, ...), top_k)`` without sorting every row: the rows whose
+    rounded objective is at most the (64 top_k)-th smallest are a prefix of ``rank_order`` (the
+    objective is its first key), so they are sorted alone; the full order is the fallback when
+    ties use up that prefix before ``top_k`` distinct layouts are found."""
+    rounded = _rounded_objective(ev, objective, cluster)
+    want = 64 * top_k
+    if len(rounded) > 4 * want:
+        idx = np.flatnonzero(rounded <= np.partition(rounded, want)[want])
+        keys: Sequence[Any] = [*reversed(simplicity_key(ev.table.take(idx))), rounded[idx]]
+        picked, ties = distinct_top(ev, idx[np.lexsort(keys)], top_k)
+        if len(picked) == top_k:
+            return picked, ties
+    return distinct_top(ev, rank_order(ev, objective, cluster), top_k)
 
 
 def _fit_advice(cluster: ClusterSpec, space: SearchSpace,
