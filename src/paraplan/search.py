@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from paraplan.errors import LayoutError, NoFeasiblePlanError, SpecError
 from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
+from paraplan.estimate.params import ParamTerms, param_terms
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
 from paraplan.estimate.stages import pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
@@ -217,6 +218,13 @@ class Evaluated:
     fits: NDArray[np.bool_]
 
 
+def _param_terms_table(model: ModelSpec, table: LayoutTable,
+                       max_positions: int) -> tuple[ParamTerms, NDArray[np.int64]]:
+    """Parameter terms once per distinct (TP, PP, EP, ETP) of the table, and each row's index."""
+    (tp, pp, ep, etp), of_row = distinct_rows([table.tp, table.pp, table.ep, table.etp])
+    return param_terms(model, tp=tp, pp=pp, ep=ep, etp=etp, max_positions=max_positions), of_row
+
+
 def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
                      options: MemoryOptions | None = None) -> NDArray[np.float64]:
     """Peak per-GPU memory of every row: the largest of the representative stages."""
@@ -234,10 +242,11 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     # per-layer terms once per distinct (TP, CP, EP, ETP, mbs, recompute, SP) and gathered
     keys, key_of_row = layer_key_table(table)
     per_layer = layer_activations(model, training, keys).take(key_of_row[rows])
+    params, params_of_row = _param_terms_table(model, table, max_positions)
     stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=counts.take(rows))
     totals = np.asarray(stage_memory(model, training, sub, stages, rank=rank, num_microbatches=m,
-                                     max_positions=max_positions, options=options,
-                                     per_layer=per_layer).memory.total_bytes, dtype=float)
+                                     max_positions=max_positions, options=options, per_layer=per_layer,
+                                     param_terms=params.take(params_of_row[rows])).memory.total_bytes, dtype=float)
     # rows ascend and every row has at least one stage: the maximum over each row's run
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     return np.maximum.reduceat(totals, starts) if len(totals) else np.full(len(table), -np.inf)
@@ -259,6 +268,7 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         repeat |= (ranks[:, :j] == ranks[:, j:j + 1]).any(axis=1).astype(np.int64) << j
     keys, key_of_row = layer_key_table(table)
     terms = stage_terms(model, cluster, training, keys)
+    params, params_of_row = _param_terms_table(model, table, max_positions)
     step = np.empty(len(table))
     (patterns,), group_of_row = distinct_rows([repeat])
     for g, pattern in enumerate(patterns.tolist()):
@@ -268,7 +278,8 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         stages = [stage_layers_table(model, sub.pp, sub.vp, ranks[idx, j], counts=sub_counts)
                   for j in range(ranks.shape[1]) if not (pattern >> j) & 1]
         t = step_time_from_stages(model, cluster, training, sub, stages, num_microbatches=m[idx],
-                                  max_positions=max_positions, terms=terms.take(key_of_row[idx]))
+                                  max_positions=max_positions, terms=terms.take(key_of_row[idx]),
+                                  params=params.take(params_of_row[idx]))
         step[idx] = np.asarray(t.step_s, dtype=float)
     return step
 

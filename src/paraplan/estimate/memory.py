@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned
-from paraplan.estimate.params import StageLayers, StageParams, padded_vocab, stage_params
+from paraplan.estimate.params import ParamTerms, StageLayers, StageParams, padded_vocab, stage_params
 from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import (
@@ -242,14 +242,15 @@ def stage_other_bytes(
 def stage_memory(
     model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, *,
     rank: Num, num_microbatches: Num, max_positions: int, options: MemoryOptions | None = None,
-    per_layer: LayerActivations | None = None,
+    per_layer: LayerActivations | None = None, param_terms: ParamTerms | None = None,
 ) -> StageMemory:
-    """Memory breakdown of one pipeline rank (vectorised over candidates). ``per_layer``: the
-    layout's ``layer_activations`` when already computed (the search gathers them)."""
+    """Memory breakdown of one pipeline rank (vectorised over candidates). ``per_layer`` and
+    ``param_terms``: the layout's ``layer_activations`` and ``params.param_terms`` when already
+    computed (the search gathers them)."""
     options = options or MemoryOptions()
     per_layer = per_layer if per_layer is not None else layer_activations(model, training, layout)
     params = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
-                          max_positions=max_positions)
+                          max_positions=max_positions, terms=param_terms)
     weights, grads, optimizer = model_state_bytes(params, layout, training.precision)
     activations, units = stage_activation_bytes(
         model, training, layout, stage, rank=rank, num_microbatches=num_microbatches, options=options,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from paraplan.specs.model import ModelSpec
 
@@ -245,6 +246,11 @@ class ParamTerms:
     output: Num
     mtp_total: Num
     mtp_experts: Num
+
+    def take(self, index: NDArray[np.int64]) -> ParamTerms:
+        """Rows ``index`` of every array field."""
+        return ParamTerms(**{f.name: (v if np.ndim(v := getattr(self, f.name)) == 0 else np.asarray(v)[index])
+                             for f in fields(self)})
 
 
 def param_terms(model: ModelSpec, *, tp: Num, pp: Num, ep: Num, etp: Num, max_positions: int) -> ParamTerms:

@@ -419,12 +419,13 @@ class _DpGroups:
     bw_e: Num
 
 
-def _dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: Any, max_positions: int) -> _DpGroups:
+def _dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: Any, max_positions: int,
+               params: ParamTerms | None) -> _DpGroups:
     n_dense, n_exp = layout.dp * layout.cp, layout.edp
     # rank order tp-cp-ep-dp-pp: the DP x CP group strides over TP, expert-DP over ETP x EP
     return _DpGroups(
-        params=param_terms(model, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
-                           max_positions=max_positions),
+        params=params if params is not None else param_terms(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
+                                                             etp=layout.etp, max_positions=max_positions),
         n_dense=n_dense, n_exp=n_exp, bw_d=comm.ring_busbw(cluster, n_dense, layout.tp),
         bw_e=comm.ring_busbw(cluster, n_exp, layout.etp * layout.ep))
 
@@ -455,9 +456,11 @@ def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageL
 def step_time_from_stages(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any,
     stages: Sequence[StageLayers], *, num_microbatches: Num, max_positions: int, terms: StageTerms | None = None,
+    params: ParamTerms | None = None,
 ) -> StepTime:
-    """Step time of a layout given the stages to consider (all, or first/second/last). ``terms``:
-    the layout's ``stage_terms`` when already computed (the search gathers them)."""
+    """Step time of a layout given the stages to consider (all, or first/second/last). ``terms``
+    and ``params``: the layout's ``stage_terms`` and ``params.param_terms`` when already computed
+    (the search gathers them)."""
     eff, gpu = cluster.gpu.efficiency, cluster.gpu
     m = num_microbatches
     terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
@@ -474,7 +477,7 @@ def step_time_from_stages(
     bub_frac = bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
-    groups = _dp_groups(model, cluster, layout, max_positions)
+    groups = _dp_groups(model, cluster, layout, max_positions, params)
     dp = [_dp_times(model, cluster, layout, st, groups, max_positions, training.precision) for st in stages]
     grad = np.max(np.stack([np.broadcast_to(np.asarray(d[0], dtype=float), totals.shape[1:]) for d in dp]), 0)
     gather = np.max(np.stack([np.broadcast_to(np.asarray(d[1], dtype=float), totals.shape[1:]) for d in dp]), 0)
