@@ -16,7 +16,7 @@ All formulas are vectorised (layout fields may be numpy arrays), see docs/model.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -533,8 +533,15 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     from paraplan.estimator import max_positions_for
 
     max_positions, _ = max_positions_for(model, training)
-    return step_time_from_stages(model, cluster, training, layout, all_stage_layers(model, layout),
-                                 num_microbatches=num_microbatches, max_positions=max_positions)
+    stages = all_stage_layers(model, layout)
+    # ranks holding the same layers (most middle ranks) take the same time: time each kind once; the
+    # slowest stage (the first maximum) and the DP maxima are unchanged, its index maps back
+    first_of: dict[StageLayers, int] = {}
+    for r, st in enumerate(stages):
+        first_of.setdefault(st, r)
+    t = step_time_from_stages(model, cluster, training, layout, list(first_of),
+                              num_microbatches=num_microbatches, max_positions=max_positions)
+    return replace(t, slowest_stage=np.asarray(list(first_of.values()))[t.slowest_stage])
 
 
 @dataclass(frozen=True, slots=True)
