@@ -13,7 +13,7 @@ key (fewer parallel axes, smaller TP, PP, ...), so it does not depend on enumera
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -92,27 +92,32 @@ def _divisors(n: int) -> list[int]:
 
 
 def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: SearchSpace) -> None:
-    """One-line SpecErrors for search values no layout can use (they would only cost time and memory)."""
+    """One-line SpecErrors for search values no layout can use and that would cost time or memory, or
+    overflow the int64 columns. (TP, PP, CP above the world size are only dropped: they never make a
+    row, see ``_axis_values``; callers such as ``tune`` step past the world.)"""
     world = cluster.num_gpus
     if world > MAX_WORLD:
         raise SpecError(f"--num-gpus: at most {MAX_WORLD:,} (2^40) GPUs for the search, got {world:,}")
-    bounds = {"tp": (1, world, "the number of GPUs"), "pp": (1, world, "the number of GPUs"),
-              "cp": (1, world, "the number of GPUs"), "ep": (1, world, "the number of GPUs"),
-              "etp": (0, world, "the number of GPUs; 0 = TP"),
+    mbs_hi = max(training.global_batch_size, 64)
+    bounds = {"tp": (1, None, ""), "pp": (1, None, ""), "cp": (1, None, ""),
+              "ep": (1, world, "the number of GPUs"), "etp": (0, world, "the number of GPUs; 0 = TP"),
               "vp": (1, model.num_layers, f"num_layers of {model.name}"),
-              "mbs": (1, training.global_batch_size, "the global batch size")}
+              "mbs": (1, mbs_hi, "the global batch size, or 64")}
     for name, (lo, hi, what) in bounds.items():
         values = getattr(space, name)
-        bad = [v for v in values or ()
-               if isinstance(v, bool) or not isinstance(v, int | np.integer) or not lo <= v <= hi]
+        bad = [v for v in values or () if isinstance(v, bool) or not isinstance(v, int | np.integer)
+               or v < lo or (hi is not None and v > hi)]
         if bad:
-            raise SpecError(f"--{name}: {bad[0]} is out of range; allowed {lo} to {hi:,} ({what})")
+            allowed = f"allowed {lo} to {hi:,} ({what})" if hi is not None else f"allowed {lo} or more"
+            raise SpecError(f"--{name}: {bad[0]} is out of range; {allowed}")
+    if mbs_hi * world >= 2**62:
+        raise SpecError(f"--gbs: {training.global_batch_size:,} x {world:,} GPUs is too large for the search")
     if space.max_pp is not None and (isinstance(space.max_pp, bool) or not isinstance(space.max_pp, int | np.integer)
                                      or space.max_pp < 1):
         raise SpecError(f"--max-pp: expected a positive integer, got {space.max_pp!r}")
 
 
-def _unique(values: Sequence[Any]) -> list[Any]:
+def _unique(values: Iterable[Any]) -> list[Any]:
     """Values without repeats, in their order (a repeated value would enumerate layouts twice)."""
     return list(dict.fromkeys(values))
 
@@ -121,12 +126,14 @@ def _axis_values(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  space: SearchSpace) -> dict[str, list[int]]:
     world = cluster.num_gpus
     pow2 = [2**i for i in range(12) if 2**i <= world]
-    tp = _unique(space.tp) if space.tp else [t for t in pow2 if t <= cluster.nvlink_domain_size]
+    # TP, PP, CP above the world never divide it: dropped here (no row, no overflow of their product)
+    tp = (_unique(t for t in space.tp if t <= world) if space.tp
+          else [t for t in pow2 if t <= cluster.nvlink_domain_size])
     max_pp = min(space.max_pp or model.num_layers, model.num_layers, world)
-    pp = _unique(space.pp) if space.pp else [p for p in _divisors(world) if p <= max_pp]
+    pp = _unique(p for p in space.pp if p <= world) if space.pp else [p for p in _divisors(world) if p <= max_pp]
     vp = _unique(space.vp) if space.vp else [1, 2, 3, 4, 6, 8]
-    cp = _unique(space.cp) if space.cp else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0)
-                                             or c == 1]
+    cp = (_unique(c for c in space.cp if c <= world) if space.cp
+          else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0) or c == 1])
     if model.is_moe:
         assert model.num_experts is not None
         ep = _unique(space.ep) if space.ep else [e for e in _divisors(model.num_experts) if e <= world]
@@ -375,8 +382,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     table = candidate_table(model, cluster, training, space)
     n_total = len(table)
     if n_total == 0:
-        ax = _axis_values(model, cluster, training, space)
-        given = [f"--{k} {','.join(map(str, ax[k]))}" for k in ("tp", "pp", "cp") if getattr(space, k)]
+        given = [f"--{k} {','.join(map(str, getattr(space, k)))}" for k in ("tp", "pp", "cp") if getattr(space, k)]
         raise SpecError(f"no layout to search: {' '.join(given) or 'the search flags'} leaves no TP x PP x CP "
                         f"that divides the {cluster.num_gpus} GPUs (world size must be TP x PP x CP x DP)")
     ctx = RuleContext(model=model, training=training, cluster=cluster, layout=table)

@@ -38,11 +38,12 @@ def test_a_world_of_two_billion_gpus_is_answered_quickly() -> None:
 
 @pytest.mark.parametrize(("space", "flag"), [
     (SearchSpace(vp=(1, 999_999_999_999)), "--vp: 999999999999 is out of range; allowed 1 to 32"),
-    (SearchSpace(pp=(10**30,)), "--pp: 1000000000000000000000000000000 is out of range; allowed 1 to 64"),
-    (SearchSpace(tp=(0,)), "--tp: 0 is out of range"),
+    (SearchSpace(pp=(10**30,)), "no layout to search: --pp 1000000000000000000000000000000 leaves no TP x PP x CP"),
+    (SearchSpace(tp=(4, 2**70), cp=(2**63,)),
+     "no layout to search: --tp 4,1180591620717411303424 --cp 9223372036854775808 leaves"),
+    (SearchSpace(tp=(0,)), "--tp: 0 is out of range; allowed 1 or more"),
     (SearchSpace(mbs=(1, 513)), "--mbs: 513 is out of range; allowed 1 to 512"),
-    (SearchSpace(cp=(65,)), "--cp: 65 is out of range"),
-    (SearchSpace(ep=(2**63,)), "--ep: 9223372036854775808 is out of range"),
+    (SearchSpace(ep=(2**63,)), "--ep: 9223372036854775808 is out of range; allowed 1 to 64"),
     (SearchSpace(max_pp=0), "--max-pp: expected a positive integer"),
 ])
 def test_values_no_layout_can_use_are_one_line_errors_naming_the_flag(space: SearchSpace, flag: str) -> None:
@@ -132,7 +133,7 @@ def test_many_layers_are_searched_in_bounded_time() -> None:
     assert time.perf_counter() - t0 < 20
 
 
-@pytest.mark.parametrize("extra", [["--vp", "999999999999"], ["--pp", "1,99999999999999999999999"],
+@pytest.mark.parametrize("extra", [["--vp", "999999999999"], ["--ep", "1,99999999999999999999999"],
                                    ["--mbs", "4096"]])
 def test_plan_cli_answers_huge_axis_values_with_one_line(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from paraplan.cli import main
@@ -142,3 +143,13 @@ def test_plan_cli_answers_huge_axis_values_with_one_line(extra: list[str], capsy
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
     assert len(err.strip().splitlines()) == 1 and f"{extra[0]}:" in err and "out of range" in err
+
+
+def test_values_past_the_world_are_dropped_and_small_batches_keep_the_default_micro_batches() -> None:
+    """tune steps TP/PP one power past the world; GBS 4 meets the default micro-batches 1, 2, 4, 8."""
+    model, cluster = load_model("gpt2"), make_cluster(load_gpu("a100-40gb"), 4)
+    training = TrainingSpec(seq_len=1024, global_batch_size=4)
+    stepped = plan(model, cluster, training, space=SearchSpace(tp=(2, 4, 8), pp=(1, 2, 4, 8)))
+    inside = plan(model, cluster, training, space=SearchSpace(tp=(2, 4), pp=(1, 2, 4)))
+    assert stepped.num_evaluated == inside.num_evaluated and stepped.rejections == inside.rejections
+    assert stepped.rejections.get("GBS_NOT_DIVISIBLE", 0) > 0  # the mbs 8 rows are still counted
