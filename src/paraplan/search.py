@@ -63,6 +63,8 @@ class SearchSpace:
 
 MAX_WORLD = 2**40
 """Largest world size the search takes: its divisors come from trial division up to sqrt(world)."""
+MAX_LAYERS = 1_000_000
+"""Most decoder layers the search takes (its pipeline splits are linear in the layer count)."""
 MAX_LAYOUTS = 2_000_000
 """Largest search space (layouts before the rules): the table and its rule masks stay in memory."""
 EVAL_CHUNK_ROWS = 1 << 18
@@ -96,6 +98,8 @@ def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     overflow the int64 columns. (TP, PP, CP above the world size are only dropped: they never make a
     row, see ``_axis_values``; callers such as ``tune`` step past the world.)"""
     world = cluster.num_gpus
+    if model.num_layers > MAX_LAYERS:
+        raise SpecError(f"num_layers: at most {MAX_LAYERS:,} for the search, got {model.num_layers:,}")
     if world > MAX_WORLD:
         raise SpecError(f"--num-gpus: at most {MAX_WORLD:,} (2^40) GPUs for the search, got {world:,}")
     mbs_hi = max(training.global_batch_size, 64)

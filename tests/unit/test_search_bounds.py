@@ -153,3 +153,9 @@ def test_values_past_the_world_are_dropped_and_small_batches_keep_the_default_mi
     inside = plan(model, cluster, training, space=SearchSpace(tp=(2, 4), pp=(1, 2, 4)))
     assert stepped.num_evaluated == inside.num_evaluated and stepped.rejections == inside.rejections
     assert stepped.rejections.get("GBS_NOT_DIVISIBLE", 0) > 0  # the mbs 8 rows are still counted
+
+
+def test_a_model_with_hundreds_of_millions_of_layers_is_a_one_line_error() -> None:
+    model = replace(load_model("llama3-8b"), num_layers=300_000_000)
+    with pytest.raises(SpecError, match=r"^num_layers: at most 1,000,000 for the search, got 300,000,000$"):
+        plan(model, make_cluster(GPU, 64), TrainingSpec(seq_len=4096, global_batch_size=512))
