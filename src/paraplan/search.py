@@ -114,8 +114,9 @@ def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         if bad:
             allowed = f"allowed {lo} to {hi:,} ({what})" if hi is not None else f"allowed {lo} or more"
             raise SpecError(f"--{name}: {bad[0]} is out of range; {allowed}")
-    if mbs_hi * world >= 2**62:
-        raise SpecError(f"--gbs: {training.global_batch_size:,} x {world:,} GPUs is too large for the search")
+    if mbs_hi * world >= 2**63:  # micro-batch x DP in int64
+        raise SpecError(f"--gbs: {training.global_batch_size:,} on {world:,} GPUs is too large for the search "
+                        "(GBS x GPUs must stay below 2^63)")
     if space.max_pp is not None and (isinstance(space.max_pp, bool) or not isinstance(space.max_pp, int | np.integer)
                                      or space.max_pp < 1):
         raise SpecError(f"--max-pp: expected a positive integer, got {space.max_pp!r}")

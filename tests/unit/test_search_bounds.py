@@ -159,3 +159,8 @@ def test_a_model_with_hundreds_of_millions_of_layers_is_a_one_line_error() -> No
     model = replace(load_model("llama3-8b"), num_layers=300_000_000)
     with pytest.raises(SpecError, match=r"^num_layers: at most 1,000,000 for the search, got 300,000,000$"):
         plan(model, make_cluster(GPU, 64), TrainingSpec(seq_len=4096, global_batch_size=512))
+
+
+def test_batch_times_world_beyond_int64_is_a_one_line_error() -> None:
+    with pytest.raises(SpecError, match=r"^--gbs: 1,073,741,824 on 1,099,511,627,776 GPUs is too large"):
+        plan(load_model("llama3-8b"), make_cluster(GPU, 2**40), TrainingSpec(seq_len=4096, global_batch_size=2**30))
