@@ -237,9 +237,12 @@ def profile_document(result: FitResult, source: str = "") -> dict[str, Any]:
                     "metric": "step time: |predicted/measured - 1| (median, mean, max) and RMS of log ratio"}}
 
 
-def write_profile(path: str | Path, result: FitResult, source: str = "") -> None:
-    """Write the profile YAML atomically (temporary file in the same folder, then rename)."""
-    write_text_atomic(path, yaml.safe_dump(profile_document(result, source), sort_keys=False))
+def write_profile(path: str | Path, result: FitResult, source: str = "", *, option: str = "output",
+                  force: bool = False) -> None:
+    """Write the profile YAML atomically (temporary file in the same folder, then rename; an existing
+    file only with ``force``)."""
+    write_text_atomic(path, yaml.safe_dump(profile_document(result, source), sort_keys=False), option=option,
+                      force=force)
 
 
 # Reading runs ------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Final
 
 import yaml
 
@@ -31,38 +33,105 @@ def read_yaml(path: str | Path, what: str) -> object:
         raise SpecError(f"{what}: '{path}' is not valid YAML: {yaml_error_text(err)}") from None
 
 
-def check_output_file(path: str | Path, option: str) -> None:
-    """Fail early (before any work is done) when ``path`` cannot be an output file: a directory,
-    or under a parent that is a file."""
-    target = Path(path)
-    if target.is_dir():
-        raise SpecError(f"{option} {target}: is a directory (give a file name)")
-    parent = next((p for p in target.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise SpecError(f"{option} {target}: {parent} is not a directory")
+_REFUSED_KINDS: Final = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                         (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+_TEMP_STEM_CHARS: Final = 64
+"""Of the target's name in its temp file's name (so a 255-byte target name still leaves room)."""
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write through a temporary file in the target folder, then rename it into place.
+def _kind(st: os.stat_result) -> str | None:
+    """What a non-regular file is ("a FIFO" ...), None for a regular file."""
+    return next((what for test, what in _REFUSED_KINDS if test(st.st_mode)), None if stat.S_ISREG(st.st_mode)
+                else "not a regular file")
 
-    A crash or error mid-write leaves the previous file (or none), never a truncated one.
+
+def _missing_target(target: Path, option: str) -> Path:
+    """A target that does not exist yet: its nearest existing parent must be a directory."""
+    for parent in target.parents:
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise SpecError(f"{option} {target}: {err.strerror}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise SpecError(f"{option} {target}: {parent} is not a directory")
+        break
+    return target
+
+
+def check_output_file(path: str | Path, option: str = "output", *, force: bool = False) -> Path:
+    """The path to write ``option``'s output file to, checked before any work is done.
+
+    Refused always (one line naming ``option``): a directory, a device, FIFO or socket (the
+    temp-file-and-rename write would replace it with a regular file), a symlink to one of those
+    or to nothing, a name the system cannot hold (ENAMETOOLONG), a parent that is a file.
+    Refused unless ``force``: an existing file. A symlink to a regular file is written through
+    (its target is returned), as a shell redirection would.
     """
     target = Path(path)
-    if target.is_dir():
-        raise SpecError(f"{target}: is a directory (give a file name)")
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return _missing_target(target, option)
+    except NotADirectoryError:
+        return _missing_target(target, option)
+    except OSError as err:
+        raise SpecError(f"{option} {target}: {err.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(target)
+        except OSError:
+            raise SpecError(f"{option} {target}: is a symlink to nothing (remove it or give another name)") from None
+        target = Path(os.path.realpath(target))
+    kind = _kind(st)
+    if kind == "a directory":
+        raise SpecError(f"{option} {path}: is a directory (give a file name)")
+    if kind is not None:
+        raise SpecError(f"{option} {path}: is {kind}, not a regular file; refusing to replace it")
+    if not force:
+        raise SpecError(f"{option} {path}: exists (use --force to replace it)")
+    return target
+
+
+def write_text_atomic(path: str | Path, text: str, *, option: str = "output", force: bool = False) -> None:
+    """Write through a temporary file in the target folder, then rename it into place.
+
+    A crash or error mid-write leaves the previous file (or none), never a truncated one. The
+    target is checked by ``check_output_file`` (again: the CLI checks early, this checks at the
+    moment of writing); without ``force`` the rename is a hard link, which fails when another
+    process created the file meanwhile, so nothing is ever replaced without ``force``.
+    """
+    target = check_output_file(path, option, force=force)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:_TEMP_STEM_CHARS]}.", suffix=".tmp")
     except OSError as err:
-        raise SpecError(f"{target}: cannot write here ({err.strerror})") from None
+        raise SpecError(f"{option} {path}: cannot write here ({err.strerror})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        _move_into_place(tmp, target, path, option, force)
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(err, OSError):
-            raise SpecError(f"{target}: cannot write ({err.strerror or err})") from None
+            raise SpecError(f"{option} {path}: cannot write ({err.strerror or err})") from None
         raise
+
+
+def _move_into_place(tmp: str, target: Path, path: str | Path, option: str, force: bool) -> None:
+    if force:
+        check_output_file(target, option, force=True)  # still a regular file (or none)
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise SpecError(f"{option} {path}: exists (use --force to replace it)") from None
+    except OSError:  # a file system without hard links: check, then rename
+        check_output_file(target, option, force=False)
+        os.replace(tmp, target)
+        return
+    os.unlink(tmp)

@@ -434,7 +434,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     picked, ties = _ranked_top(feasible, objective, cluster, top_k)
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
     notes = ((f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
-              "a larger micro-batch) and are not listed; the simplest of each tie is",) if ties else ())
+              "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
                 num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space)

@@ -64,14 +64,14 @@ def search_space_from(doc: dict[str, Any]) -> SearchSpace | None:
         raise SpecError(f"plan: search_space is malformed ({err})") from None
 
 
-def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> None:
-    """Write JSON atomically (see ``write_text_atomic``)."""
-    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+def write_json_atomic(path: str | Path, doc: dict[str, Any], *, option: str = "output", force: bool = False) -> None:
+    """Write JSON atomically (see ``write_text_atomic``: an existing file only with ``force``)."""
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n", option=option, force=force)
 
 
-def save_plan(p: Plan, path: str | Path) -> None:
-    """Write plan.json."""
-    write_json_atomic(path, plan_document(p))
+def save_plan(p: Plan, path: str | Path, *, option: str = "output", force: bool = False) -> None:
+    """Write plan.json (an existing file only with ``force``)."""
+    write_json_atomic(path, plan_document(p), option=option, force=force)
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,6 +272,8 @@ def test_packaged_dest_table_is_the_tsv() -> None:
     """megatron_dests.tsv (argument dump -> command line) is the flag TSV's dest, first flag and action."""
     from paraplan.launch.flags import _dests
 
+    if not TSV.exists():
+        pytest.skip(f"{TSV} not available")
     want: dict[str, tuple[str, str]] = {}
     for line in TSV.read_text(encoding="utf-8").splitlines()[2:]:
         cols = line.split("\t")

@@ -2,35 +2,22 @@
 
 The CLI parses options, calls one library function and renders the result; only this package
 prints. Exit codes: 0 ok, 1 bad input (one line naming the field and the allowed values),
-2 usage error (typer/click), 3 no feasible plan. ``--debug`` shows tracebacks.
+2 usage error (typer/click), 3 no feasible plan, 130 interrupted (Ctrl-C); an output that cannot be
+written (a full disk, /dev/full) is one line and exit 1. ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
 
-import importlib
+import errno
+import os
 import sys
 from collections.abc import Sequence
 
 import typer
 
 from paraplan import __version__
-from paraplan.cli._app import app, state
+from paraplan.cli._app import COMMANDS, app, load_command_modules, plain, state
 from paraplan.errors import NoFeasiblePlanError, PlannerError
-
-_COMMAND_MODULES = (
-    "paraplan.cli.info",
-    "paraplan.cli.estimate",
-    "paraplan.cli.plan",
-    "paraplan.cli.ingest",
-    "paraplan.cli.budget",
-    "paraplan.cli.report",
-    "paraplan.cli.launch",
-    "paraplan.cli.check",
-    "paraplan.cli.tune",
-    "paraplan.cli.calibrate",
-)
-for _name in _COMMAND_MODULES:
-    importlib.import_module(_name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,8 +26,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     state.debug = "--debug" in args
     if state.debug:
         args.remove("--debug")
+    if not args:  # bare `paraplan`: the help, exit 0
+        args = ["--help"]
     try:
-        app(args=args, prog_name="paraplan", standalone_mode=False)
+        code = _run(args)
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except OSError as err:
+        if state.debug:
+            raise
+        _stdout_gone(err)
+        return 1
+    return code
+
+
+def _run(args: list[str]) -> int:
+    try:
+        rv = app(args=args, prog_name="paraplan", standalone_mode=False)
     except NoFeasiblePlanError as err:
         if state.debug:
             raise
@@ -63,11 +67,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except SystemExit as err:
         return int(err.code) if isinstance(err.code, int) else 1
+    if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer.Exit(n) inside click, e.g. 130 on Ctrl-C
+        if rv == 130:
+            _err("interrupted")
+        return rv
     return state.exit_code
 
 
+def _stdout_gone(err: OSError) -> None:
+    """One line for an OSError that escaped the command: a file it named, or the output stream (a full disk,
+    /dev/full, a closed pipe); the rest of the buffered output is dropped so that the interpreter's exit flush
+    does not print a traceback."""
+    if err.filename is not None:
+        _err(f"error: {err.filename}: {err.strerror or err}")
+        return
+    if err.errno != errno.EPIPE:
+        _err(f"error: cannot write the output: {err.strerror or err}")
+    for stream in (sys.stdout, sys.__stdout__):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())  # type: ignore[union-attr]
+            os.close(devnull)
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
 def _err(message: str) -> None:
-    print(message.splitlines()[0] if "\n" in message and not state.debug else message, file=sys.stderr)
+    """One line on stderr (the whole message with --debug), control characters from names as escapes."""
+    lines = message.splitlines() or [""]
+    print("\n".join(plain(line) for line in (lines if state.debug else lines[:1])), file=sys.stderr)
 
 
-__all__ = ["__version__", "app", "main", "typer"]
+__all__ = ["COMMANDS", "__version__", "app", "load_command_modules", "main", "typer"]

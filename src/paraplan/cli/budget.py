@@ -17,8 +17,8 @@ from rich.table import Table
 
 from paraplan.budget import BudgetResult, BudgetRow, budget, parse_prices, parse_token_count
 from paraplan.cli._app import app
-from paraplan.cli.options import MODEL_HELP, PrecisionChoice, PrecisionOpt, positive
-from paraplan.cli.render import console
+from paraplan.cli.options import MODEL_HELP, ForceOpt, PrecisionChoice, PrecisionOpt, positive
+from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.search import SearchSpace
 from paraplan.specs.cluster import GpuSpec
@@ -81,14 +81,14 @@ COLUMNS = ("GPU", "GPUs", "layout", "GBS", "tok/s/GPU", "MFU", "eff.", "days", "
 def _cells(r: BudgetRow) -> list[str]:
     if not r.feasible:
         why = SHORT_REASONS.get(r.reason_code or "", r.reason or "")
-        return [r.gpu, f"{r.num_gpus:,}", f"[red]{r.reason_code}[/]", str(r.gbs)] + ["-"] * 7 + [why]
+        return [safe(r.gpu), f"{r.num_gpus:,}", f"[red]{r.reason_code}[/]", str(r.gbs)] + ["-"] * 7 + [safe(why)]
     assert r.tokens_per_s_per_gpu is not None and r.mfu is not None and r.days is not None
     assert r.gpu_hours is not None and r.efficiency is not None
     deadline = {None: "-", True: "[green]yes[/]", False: "[red]no[/]"}[r.meets_deadline]
     eff = f"{r.efficiency:.0%}" if r.scaling_pays else f"[yellow]{r.efficiency:.0%}[/]"
     notes = " ".join(SHORT_FLAGS.get(c, c) for c, _ in r.flags)
     days = f"{r.days:,.0f}" if r.days >= 100 else f"{r.days:.1f}"
-    return [r.gpu, f"{r.num_gpus:,}", r.layout or "", str(r.gbs), f"{r.tokens_per_s_per_gpu:,.0f}",
+    return [safe(r.gpu), f"{r.num_gpus:,}", r.layout or "", str(r.gbs), f"{r.tokens_per_s_per_gpu:,.0f}",
             f"{r.mfu:.0%}", eff, days, format_count(r.gpu_hours), _money(r.cost_usd), deadline, notes]
 
 
@@ -106,7 +106,7 @@ def _columns(res: BudgetResult, width: int) -> list[str]:
 def _pick_line(r: dict[str, object] | None) -> str:
     if r is None:
         return "none"
-    return (f"{r['num_gpus']:,} x {r['gpu']} ({r['layout']}, GBS {r['gbs']}): {r['days']:,.1f} days, "
+    return (f"{r['num_gpus']:,} x {safe(r['gpu'])} ({r['layout']}, GBS {r['gbs']}): {r['days']:,.1f} days, "
             f"{format_count(float(r['gpu_hours']))} GPU-hours, cost {_money(r['cost_usd'])}")  # type: ignore[arg-type]
 
 
@@ -114,7 +114,7 @@ def render_budget(res: BudgetResult, con: Console | None = None) -> None:
     """Rows grouped by GPU type, then the recommendation and notes."""
     con = con or console()
     deadline = f", deadline {res.deadline_days:g} days" if res.deadline_days is not None else ""
-    con.print(f"[bold]{res.model}[/] | {format_count(res.tokens)} tokens, seq {res.seq_len}, GBS {res.gbs}"
+    con.print(f"[bold]{safe(res.model)}[/] | {format_count(res.tokens)} tokens, seq {res.seq_len}, GBS {res.gbs}"
               + (f"..{res.max_gbs}" if res.max_gbs else "") + f"{deadline} | {res.layouts_evaluated:,} layouts")
     table = Table(title="time and cost to train (best layout per GPU count)", show_edge=con.width >= 110)
     cols = _columns(res, con.width)
@@ -135,11 +135,11 @@ def render_budget(res: BudgetResult, con: Console | None = None) -> None:
     rec = res.recommendation
     con.print(f"[bold]recommendation[/] per GPU ({rec['per_gpu_rule']}):")
     for name, pick in rec["per_gpu"].items():
-        con.print(f"  {name}: {_pick_line(pick)}")
+        con.print(f"  {safe(name)}: {_pick_line(pick)}")
     con.print(f"[bold]overall ({rec['basis']})[/]: {_pick_line(rec['overall'])}"
               + (f" [yellow]({rec['note']})[/]" if rec["note"] else ""))
     for note in res.notes:
-        con.print(f"[yellow]note:[/] {note}")
+        con.print(f"[yellow]note:[/] {safe(note)}")
 
 
 CSV_COLUMNS = ("gpu", "num_gpus", "num_nodes", "gbs", "feasible", "layout", "tp", "pp", "vp", "cp", "ep", "dp",
@@ -187,6 +187,17 @@ def budget_figure(res: BudgetResult) -> Any:
     return fig
 
 
+BUDGET_DIV_ID = "paraplan-budget"
+"""The plot's element id: fixed, so the same inputs give the same bytes (plotly's default is a random uuid)."""
+
+
+def budget_html(res: BudgetResult) -> str:
+    """The --html page: self-contained (plotly.js embedded, opens offline, like `paraplan report`), same bytes
+    for the same inputs."""
+    html: str = budget_figure(res).to_html(include_plotlyjs=True, full_html=True, div_id=BUDGET_DIV_ID)
+    return html
+
+
 @contextmanager
 def _progress() -> Iterator[Callable[[int, int], None] | None]:
     """A transient rich progress bar on stderr (only on a terminal)."""
@@ -222,6 +233,7 @@ def budget_cmd(
                                           help="CP and EP groups may span NVLink domains (large MoE runs do)."),
     fmt: BudgetFormat = typer.Option(BudgetFormat.table, "--format", "-f", help="Output format."),
     html: str | None = typer.Option(None, "--html", help="Also write the time/cost plot (plotly HTML) here."),
+    force: bool = ForceOpt,
 ) -> None:
     """Sweep GPU counts per GPU type (best layout each): time to train, GPU-hours, cost, MFU; recommend.
 
@@ -240,7 +252,7 @@ def budget_cmd(
     if html:
         from paraplan.fileio import check_output_file
 
-        check_output_file(html, "--html")
+        check_output_file(html, "--html", force=force)
     gpu_specs = load_gpus(gpu)
     names = [g.name for g in gpu_specs]
     prices = parse_prices(price, names, "--price-per-gpu-hour", known=gpu_preset_names())
@@ -253,8 +265,7 @@ def budget_cmd(
     if html:
         from paraplan.fileio import write_text_atomic
 
-        # self-contained (plotly.js embedded): opens offline, like `paraplan report`
-        write_text_atomic(html, budget_figure(res).to_html(include_plotlyjs=True, full_html=True))
+        write_text_atomic(html, budget_html(res), option="--html", force=force)
     if fmt == BudgetFormat.json:
         print(json.dumps(res.to_dict(), indent=1))
     elif fmt == BudgetFormat.csv:

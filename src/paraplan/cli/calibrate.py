@@ -22,8 +22,8 @@ from paraplan.calibrate import (
     write_profile,
 )
 from paraplan.cli._app import app
-from paraplan.cli.options import FormatOpt, OutputFormat
-from paraplan.cli.render import console
+from paraplan.cli.options import ForceOpt, FormatOpt, OutputFormat
+from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.specs.cluster import GpuSpec
 from paraplan.specs.load import load_gpu
@@ -88,26 +88,26 @@ def _render(res: FitResult, out: str) -> None:
     if res.before.n < len(res.fitted):
         con.print(f"[yellow]note:[/] {res.before.n} run(s) for {len(res.fitted)} parameters: the fit leans on the "
                   "preset values; add runs with other layouts (TP, PP, DP sizes) to pin them down", soft_wrap=True)
-    con.print(f"wrote {out}: use it with --profile {out} on any command", soft_wrap=True)
+    con.print(f"wrote {safe(out)}: use it with --profile {safe(out)} on any command", soft_wrap=True)  # path whole
 
 
 @app.command("calibrate")
 def calibrate(
     runs: str | None = typer.Option(
-        None, "--runs", help="CSV of measured runs: model,num_gpus,tp,pp,mbs,gbs,seq_len and step_time_s or "
-        "tokens_per_s_per_gpu; optional gpu,gpus_per_node,vp,cp,ep,etp,recompute,precision,sequence_parallel,"
-        "distributed_optimizer,overlap_grad_reduce,overlap_param_gather,fsdp,tp_comm_overlap,label."),
+        None, "--runs", help="CSV of measured runs: model, num_gpus, tp, pp, mbs, gbs, seq_len and step_time_s or "
+        "tokens_per_s_per_gpu; optional gpu, gpus_per_node, vp, cp, ep, etp, recompute, precision, sequence_parallel, "
+        "distributed_optimizer, overlap_grad_reduce, overlap_param_gather, fsdp, tp_comm_overlap, label."),
     pair: list[str] | None = typer.Option(None, "--pair", help="manifest.json:log.txt of a run (repeat; several "
                                           "logs of one run: manifest.json:a.log,b.log)."),
     gpu: str = typer.Option(..., "--gpu", "-g", help="GPU preset (or file) the runs used."),
     out: str = typer.Option(..., "--out", "-o", help="Cluster profile YAML to write."),
-    params: str | None = typer.Option(None, "--params",
-                                      help=f"Parameters to fit (default: {','.join(DEFAULT_PARAMS)})."),
+    params: str | None = typer.Option(None, "--params", help="Parameters to fit, comma-separated (default: "
+                                      f"{', '.join(DEFAULT_PARAMS)})."),
     source: str | None = typer.Option(None, "--source", help="Free text stored as the profile's source."),
     skip_warmup: int = typer.Option(1, "--skip-warmup", help="Iteration records to skip per log segment."),
     cross_validate: bool = typer.Option(False, "--cross-validate",
                                         help="Also report leave-one-out error (each run predicted without it)."),
-    fmt: OutputFormat = FormatOpt,
+    fmt: OutputFormat = FormatOpt, force: bool = ForceOpt,
 ) -> None:
     """Fit GEMM, collective and overlap efficiencies to measured runs; write a profile for --profile.
 
@@ -117,7 +117,7 @@ def calibrate(
         raise SpecError("calibrate: give --runs runs.csv or at least one --pair manifest.json:log.txt")
     from paraplan.fileio import check_output_file
 
-    check_output_file(out, "--out")
+    check_output_file(out, "--out", force=force)
     names = _params(params)
     spec = load_gpu(gpu)
     measured: list[Run] = read_runs_csv(runs, spec) if runs else []
@@ -125,7 +125,7 @@ def calibrate(
         man, logs = split_pair(text)
         measured.append(read_pair(man, logs, skip_warmup=skip_warmup, gpu=spec))
     res = fit_profile(measured, spec, names)
-    write_profile(out, res, source or "")
+    write_profile(out, res, source or "", option="--out", force=force)
     loo = leave_one_out(measured, spec, names) if cross_validate else None
     if fmt == OutputFormat.json:
         doc = profile_document(res, source or "")

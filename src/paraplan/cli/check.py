@@ -17,7 +17,7 @@ from paraplan.cli.options import (
     ProfileOpt,
     resolve_gpu,
 )
-from paraplan.cli.render import console, render_estimate
+from paraplan.cli.render import console, render_estimate, safe
 from paraplan.launch.check import CheckResult, check_parsed, suggest_alternative
 from paraplan.launch.parse import parse_file
 
@@ -31,8 +31,8 @@ def render_check(result: CheckResult, script: str) -> None:
     con = console()
     p = result.parsed
     launcher = " ".join(p.launcher) if p.launcher else "(no launcher: --num-gpus or the default)"
-    con.print(f"[bold]{script}[/]: {result.model.name} | {result.cluster.num_gpus} x "
-              f"{result.cluster.gpu.name} | {result.layout.short()} | seq {result.training.seq_len}, "
+    con.print(f"[bold]{safe(script)}[/]: {safe(result.model.name)} | {result.cluster.num_gpus} x "
+              f"{safe(result.cluster.gpu.name)} | {result.layout.short()} | seq {result.training.seq_len}, "
               f"GBS {result.training.global_batch_size}, {result.training.precision}")
     con.print(f"launcher: {escape(launcher)}")
     if result.violations:

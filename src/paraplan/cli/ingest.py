@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from paraplan.cli._app import app
+from paraplan.cli.render import safe
 from paraplan.ingest import RunLog, read_logs
 from paraplan.units import GIB, MIB, MS
 
@@ -160,7 +161,7 @@ def _timer_table(s: dict[str, Any]) -> Table | None:
 def render_runlog(log: RunLog, skip_warmup: int) -> None:
     """Rich tables: summary, memory per rank, timers."""
     con = Console(highlight=False)
-    con.print(f"[bold]{', '.join(log.sources)}[/]")
+    con.print(f"[bold]{safe(', '.join(log.sources))}[/]")
     summary = log.summary(skip_warmup)
     con.print(_summary_table(log, summary))
     for table in (_memory_table(log), _theoretical_table(log), _timer_table(summary)):

@@ -24,7 +24,7 @@ from paraplan.cli.options import (
     resolve_inputs,
     with_layout_flags,
 )
-from paraplan.cli.render import console
+from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as run_estimate
@@ -114,4 +114,4 @@ def launch(
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
     for path in paths:
-        con.print(f"wrote {path}")
+        con.print(f"wrote {safe(path)}")

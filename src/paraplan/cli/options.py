@@ -53,6 +53,7 @@ class PrecisionChoice(StrEnum):
     fp16 = "fp16"
 
 
+ForceOpt = typer.Option(False, "--force", help="Replace the output file if it exists.")
 MODEL_HELP = "Preset name (paraplan models), a Hugging Face config.json, or a Megatron-args JSON/YAML."
 GPU_HELP = "GPU preset (paraplan gpus) or a YAML file describing a custom GPU/cluster."
 

@@ -9,12 +9,12 @@ import sys
 from enum import StrEnum
 
 import typer
-from rich.table import Table
 
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     AttentionChoice,
     AttentionOpt,
+    ForceOpt,
     FragmentationOpt,
     GbsOpt,
     GpuOpt,
@@ -30,7 +30,7 @@ from paraplan.cli.options import (
     memory_options,
     resolve_inputs,
 )
-from paraplan.cli.render import console
+from paraplan.cli.render import console, fit_table, safe
 from paraplan.errors import SpecError
 from paraplan.explain import explain as explain_plan
 from paraplan.layout import RECOMPUTE_MODULES
@@ -102,13 +102,10 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
 
 def render_plan(p: Plan) -> None:
     con = console()
-    con.print(f"[bold]{p.model.name}[/] on {p.cluster.num_gpus} x {p.cluster.gpu.name} | seq {p.training.seq_len}, "
-              f"GBS {p.training.global_batch_size}, {p.training.precision}")
+    con.print(f"[bold]{safe(p.model.name)}[/] on {p.cluster.num_gpus} x {safe(p.cluster.gpu.name)} | "
+              f"seq {p.training.seq_len}, GBS {p.training.global_batch_size}, {p.training.precision}")
     con.print(f"{p.num_evaluated:,} layouts searched, {p.num_feasible:,} fit | ranked by {p.objective}")
-    table = Table(title="best layouts")
-    for col in ("#", "layout", "GiB peak/use", "step s", "tok/s/GPU", "MFU", "dominant"):
-        wrap = col in ("layout", "dominant")  # numbers never wrap or get cut; text columns may wrap
-        table.add_column(col, justify="left" if wrap else "right", no_wrap=not wrap, min_width=10 if wrap else None)
+    rows = []
     for i, c in enumerate(p.candidates):
         terms = {"compute": float(c.time.compute_s), "bubble": float(c.time.bubble_s),
                  "recompute": float(c.time.recompute_s)}
@@ -116,22 +113,26 @@ def render_plan(p: Plan) -> None:
         dom = max(terms, key=lambda k: terms[k])
         mfu = 100 * float(c.throughput.mfu)
         colour = "green" if mfu >= 40 else ("yellow" if mfu >= 25 else "red")
-        table.add_row(f"[bold]{i + 1}[/]" if i == 0 else str(i + 1), c.layout.short(),
-                      f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}", f"{float(c.time.step_s):.2f}",
-                      f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}", f"[{colour}]{mfu:.1f}%[/]",
-                      f"{dom} {100 * terms[dom] / float(c.time.step_s):.0f}%")
+        rows.append([f"[bold]{i + 1}[/]" if i == 0 else str(i + 1), c.layout.short(),
+                     f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}", f"{float(c.time.step_s):.2f}",
+                     f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}", f"[{colour}]{mfu:.1f}%[/]",
+                     f"{dom} {100 * terms[dom] / float(c.time.step_s):.0f}%"])
+    # a layout stays on one line: narrow terminals lose the dominant term, then tokens/s/GPU (MFU says it)
+    table = fit_table("best layouts", [("#", "right"), ("layout", "left"), ("GiB\npeak/use", "right"),
+                                       ("step\ns", "right"), ("tok/s\n/GPU", "right"), ("MFU", "right"),
+                                       ("dominant", "left")], rows, con.width, drop_order=("dominant", "tok/s\n/GPU"))
     con.print(table)
     rej = ", ".join(f"{k} {v}" for k, v in sorted(p.rejections.items(), key=lambda kv: -kv[1]))
     con.print(f"rejected: {rej or 'none'}")
     for note in p.notes:
-        con.print(f"note: {note}")
+        con.print(f"note: {safe(note)}")
 
 
 def render_findings(p: Plan) -> None:
     con = console()
     con.print(f"[bold]why {p.candidates[0].layout.short()}[/]")
     for f in explain_plan(p):
-        con.print(f"- [cyan]{f.code}[/] {f.text}")
+        con.print(f"- [cyan]{f.code}[/] {safe(f.text)}")
 
 
 def emit(p: Plan, fmt: PlanFormat, with_explain: bool) -> None:
@@ -191,6 +192,7 @@ def plan_cmd(
     attention_backend: AttentionChoice = AttentionOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
+    force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
     """Search every valid Megatron-Core layout and rank the ones that fit.
@@ -200,7 +202,7 @@ def plan_cmd(
     if save:
         from paraplan.fileio import check_output_file
 
-        check_output_file(save, "--save")
+        check_output_file(save, "--save", force=force)
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
                  tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
@@ -208,7 +210,7 @@ def plan_cmd(
     if save:
         from paraplan.serialize import save_plan
 
-        save_plan(p, save)
+        save_plan(p, save, option="--save", force=force)
     emit(p, fmt, explain)
 
 
@@ -224,6 +226,8 @@ def explain_cmd(
     workspace_gib: float | None = WorkspaceOpt, fragmentation: float | None = FragmentationOpt,
     recompute_modules: str | None = RecModOpt,
     attention_backend: AttentionChoice = AttentionOpt,
+    save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
+    force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
@@ -233,4 +237,4 @@ def explain_cmd(
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=None, fmt=fmt, recompute_modules=recompute_modules)
+             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from paraplan.estimator import Estimate
+from paraplan.cli._app import plain
 from paraplan.units import GIB, format_count, format_seconds
+
+if TYPE_CHECKING:
+    from paraplan.estimator import Estimate
 
 
 def console() -> Console:
@@ -18,11 +23,47 @@ def console() -> Console:
     return Console(highlight=False)
 
 
+def safe(text: object) -> str:
+    """``text`` for a rich markup string: markup escaped (``[link=...]`` prints as written) and control
+    characters as visible escapes (no ESC byte from a name reaches the terminal)."""
+    return escape(plain(text))
+
+
+def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]], width: int,
+              drop_order: tuple[str, ...] = ()) -> Table:
+    """A table whose cells never wrap and that fits ``width``: below 100 columns it loses its side borders and
+    uses one space between columns, then drops the columns named in ``drop_order`` (first the least needed)
+    until it fits. ``columns`` are (header, justify); cells are rich markup."""
+    from rich.text import Text
+
+    def cell_width(text: str) -> int:
+        return max(Text.from_markup(line).cell_len for line in text.split("\n"))
+
+    compact = width < 100
+    keep = list(range(len(columns)))
+    widths = [max(cell_width(columns[i][0]), *(cell_width(r[i]) for r in rows)) for i in keep]
+
+    def total(idx: list[int]) -> int:
+        return sum(widths[i] for i in idx) + (2 * (len(idx) - 1) if compact else 3 * len(idx) + 1)
+
+    for name in drop_order:
+        if total(keep) <= width:
+            break
+        keep = [i for i in keep if columns[i][0] != name]
+    table = Table(title=title, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, show_edge=not compact,
+                  pad_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
+    for i in keep:
+        table.add_column(columns[i][0], justify=columns[i][1], no_wrap=True)  # type: ignore[arg-type]
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    return table
+
+
 def render_estimate(est: Estimate) -> None:
     """Per-stage memory table, time breakdown and throughput."""
     con = console()
     lay = est.layout
-    con.print(f"[bold]{est.model.name}[/] on {est.cluster.num_gpus} x {est.cluster.gpu.name} "
+    con.print(f"[bold]{safe(est.model.name)}[/] on {est.cluster.num_gpus} x {safe(est.cluster.gpu.name)} "
               f"({est.cluster.gpus_per_node}/node, NVLink domain {est.cluster.nvlink_domain_size}) | "
               f"seq {est.training.seq_len}, GBS {est.training.global_batch_size}, {est.training.precision}")
     con.print(f"layout: {lay.short()} | micro-batches {est.num_microbatches} | "
@@ -62,7 +103,7 @@ def render_estimate(est: Estimate) -> None:
               f"{float(th.model_tflops_per_gpu):.1f} model TFLOP/s/GPU | MFU {100 * float(th.mfu):.1f}% | "
               f"HFU {100 * float(th.hfu):.1f}% (vs dense {th.mfu_peak} peak)")
     for note in est.notes:
-        con.print(f"[yellow]note:[/] {note}")
+        con.print(f"[yellow]note:[/] {safe(note)}")
 
 
 def rows_csv(rows: list[dict[str, Any]]) -> str:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from paraplan.cli._app import app
-from paraplan.cli.options import GPU_HELP, MODEL_HELP, GpuSetOpt, PrecisionChoice, ProfileOpt
+from paraplan.cli.options import GPU_HELP, MODEL_HELP, ForceOpt, GpuSetOpt, PrecisionChoice, ProfileOpt
 from paraplan.cli.plan import (
     CpOpt,
     CrossOpt,
@@ -23,6 +23,7 @@ from paraplan.cli.plan import (
     MbsOpt,
     ObjectiveChoice,
     PpOpt,
+    RecModOpt,
     RecOpt,
     TpOpt,
     TpOvOpt,
@@ -31,7 +32,7 @@ from paraplan.cli.plan import (
     _strs,
     run_plan,
 )
-from paraplan.cli.render import console
+from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.search import Plan, SearchSpace
 
@@ -79,13 +80,16 @@ def progress(total: int, delay_s: float = PROGRESS_DELAY_S) -> Iterator[Callable
 
 def _space(tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None, mbs: str | None,
            max_pp: int | None, recompute: str | None, dp_variant: str | None, allow_cross_node: bool,
-           tp_comm_overlap: bool) -> SearchSpace:
+           tp_comm_overlap: bool, recompute_modules: str | None = None) -> SearchSpace:
+    from paraplan.layout import RECOMPUTE_MODULES
+
     return SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
         recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
         dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
-        allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap)
+        allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
+        recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)))
 
 
 def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace) -> Plan:
@@ -135,8 +139,8 @@ def report_cmd(
     tp: str | None = TpOpt, pp: str | None = PpOpt, vp: str | None = VpOpt, cp: str | None = CpOpt,
     ep: str | None = EpOpt, mbs: str | None = MbsOpt, max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt,
     dp_variant: str | None = DpOpt, allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
-    gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
-    log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP,
+    recompute_modules: str | None = RecModOpt, gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
+    log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP, force: bool = ForceOpt,
 ) -> None:
     """Write an HTML report: candidate landscape, memory per stage, step time, pipeline schedule.
 
@@ -153,7 +157,7 @@ def report_cmd(
     from paraplan.fileio import check_output_file, write_text_atomic
     from paraplan.report import build_context, charts, render_html
 
-    check_output_file(output, "--output")
+    check_output_file(output, "--output", force=force)
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")
     flags = {"--model": model, "--gpu": gpu, "--num-gpus": num_gpus, "--seq-len": seq_len, "--gbs": gbs}
@@ -172,13 +176,14 @@ def report_cmd(
             runlog = read_logs(list(log))
         step("searching layouts")
         if plan_file is not None:
-            space = _space(tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap)
+            space = _space(tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap,
+                           recompute_modules)
             p = plan_from_file(plan_file, top, objective.value if objective else None, space)
         else:
             assert model and gpu and num_gpus and seq_len and gbs
             p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                          (objective or ObjectiveChoice.throughput).value, tp, pp, vp, cp, ep, mbs, max_pp, recompute,
-                         dp_variant, allow_cross_node, tp_comm_overlap)
+                         dp_variant, allow_cross_node, tp_comm_overlap, recompute_modules=recompute_modules)
         step("explaining")
         findings = explain(p)
         step("simulating pipeline schedules" + (" and diagnosing the run" if runlog is not None else ""))
@@ -189,9 +194,9 @@ def report_cmd(
         step("drawing charts")
         html = render_html(ctx, charts(ctx))
         step(f"writing {output}")
-        write_text_atomic(output, html)
+        write_text_atomic(output, html, option="--output", force=force)
     size = len(html.encode("utf-8"))
-    console().print(f"wrote {output} ({size / 1e6:.1f} MB): {len(ctx.top)} top layouts of {ctx.num_feasible:,} "
+    console().print(f"wrote {safe(output)} ({size / 1e6:.1f} MB): {len(ctx.top)} top layouts of {ctx.num_feasible:,} "
                     f"that fit ({ctx.num_evaluated:,} evaluated), {len(ctx.schedules)} pipeline schedule(s)"
                     + (f", predicted vs measured with {len(ctx.measured.diagnosis)} diagnosis finding(s)"
                        if ctx.measured else ""))

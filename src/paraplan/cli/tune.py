@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from paraplan.calibrate import RunInputs, read_manifest
@@ -31,7 +30,7 @@ from paraplan.cli.options import (
     resolve_inputs,
     with_layout_flags,
 )
-from paraplan.cli.render import console
+from paraplan.cli.render import console, safe
 from paraplan.errors import IngestError, SpecError
 from paraplan.estimator import estimate
 from paraplan.ingest import RunLog, read_logs
@@ -70,8 +69,8 @@ def _fmt(m: Metric, unit: str) -> tuple[str, str, str]:
 
 def _render(cmp: Comparison, findings_: list[dict[str, object]], log: RunLog) -> None:
     con, est = console(), cmp.estimate
-    con.print(f"[bold]{est.model.name}[/] on {est.cluster.num_gpus} x {est.cluster.gpu.name} | layout "
-              f"{est.layout.short()} | {cmp.iterations} iteration record(s) from {', '.join(log.sources)}")
+    con.print(f"[bold]{safe(est.model.name)}[/] on {est.cluster.num_gpus} x {safe(est.cluster.gpu.name)} | layout "
+              f"{est.layout.short()} | {cmp.iterations} iteration record(s) from {safe(', '.join(log.sources))}")
     table = Table(title="predicted vs measured")
     for col in ("", "predicted", "measured", "measured/predicted"):
         table.add_column(col, justify="right" if col else "left")
@@ -96,9 +95,12 @@ def _render(cmp: Comparison, findings_: list[dict[str, object]], log: RunLog) ->
                     "-" if s.ratio is None else f"x{s.ratio:.2f}")
     con.print(mem)
     for note in cmp.notes:
-        con.print(f"[yellow]note:[/] {escape(note)}")
+        con.print(f"[yellow]note:[/] {safe(note)}")
     for f in findings_:
-        con.print(f"[bold]{f['code']}[/] {escape(str(f['text']))}", soft_wrap=True)
+        text, launch, command = str(f["text"]).partition(" Launch: ")
+        con.print(f"[bold]{f['code']}[/] {safe(text)}" + (" Launch:" if launch else ""))
+        if launch:  # the command on a line of its own, unwrapped, to copy
+            con.print(safe(command), soft_wrap=True)
 
 
 def _refs(inp: RunInputs, model: str | None, gpu: str | None) -> tuple[str, str]:

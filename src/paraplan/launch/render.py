@@ -3,9 +3,11 @@
 Targets: ``megatron`` (megatron_args.sh + env.sh), ``torchrun`` (+ torchrun.sh), ``slurm``
 (+ job.sbatch), ``k8s`` (+ pytorchjob.yaml), ``all``; every target also writes manifest.json
 (layout, resolved inputs, prediction, candidate id) so a run can be joined to its prediction.
-Templates are jinja2 with StrictUndefined; shell values go through ``shquote`` (shlex.quote),
-YAML values through ``yamlstr`` (JSON strings are valid YAML scalars). Site-specific values come
-from the site profile (``paraplan.launch.site``). Conventions: ecosystem.md section 2.
+Templates are jinja2 with StrictUndefined; every interpolated value is an integer, a validated
+name (filter ``name``) or quoted for the file's language by the filters of ``paraplan.launch.quoting``:
+``sh`` (shlex.quote), ``shword`` (array elements), ``sh_comment`` (the rest of a ``#`` line, kept
+one line) and ``yaml`` (a double-quoted YAML scalar). Site-specific values come from the site profile
+(``paraplan.launch.site``, validated again here). Conventions: ecosystem.md section 2.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ import json
 import os
 import shlex
 import shutil
+import signal
+import stat
 import tempfile
-from dataclasses import asdict, dataclass, field
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,6 +31,7 @@ import jinja2
 
 from paraplan import __version__
 from paraplan.errors import SpecError
+from paraplan.fileio import check_output_file
 from paraplan.launch.megatron import (
     FSDP_MAX_CONNECTIONS_MESSAGE,
     MAX_CONNECTIONS_MESSAGE,
@@ -37,7 +45,8 @@ from paraplan.launch.megatron import (
     megatron_args,
     needs_max_connections_1,
 )
-from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile
+from paraplan.launch.quoting import in_dquotes, integer, one_line, plain_name, sh, yaml_scalar
+from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile, validated_site
 from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -114,25 +123,27 @@ def _shword(value: Value) -> str:
     """One array element: placeholders double-quoted (expanded), values shell-quoted; values with
     commas are quoted too (shellcheck SC2054 reads a bare comma in an array as a mistake)."""
     if isinstance(value, Placeholder):
+        plain_name(value.env)
+        in_dquotes(value.hint + (value.default or ""))
         return f'"{value.shell()}"'
     quoted = shlex.quote(value)
     return f"'{value}'" if quoted == value and "," in value else quoted
 
 
-def _yamlstr(value: object) -> str:
-    return json.dumps(str(value), ensure_ascii=False)
-
-
 def template_env() -> jinja2.Environment:
-    """The jinja2 environment: StrictUndefined, kept trailing newline, shquote/yamlstr filters."""
+    """The jinja2 environment: StrictUndefined, kept trailing newline, the quoting filters."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("paraplan.launch", "templates"),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
         trim_blocks=True, lstrip_blocks=True,
     )
-    env.filters["shquote"] = lambda v: shlex.quote(str(v))
+    env.filters["sh"] = sh
     env.filters["shword"] = _shword
-    env.filters["yamlstr"] = _yamlstr
+    env.filters["sh_comment"] = one_line
+    env.filters["yaml"] = yaml_scalar
+    env.filters["name"] = plain_name
+    env.filters["integer"] = integer
+    env.filters["in_dquotes"] = in_dquotes
     return env
 
 
@@ -222,6 +233,7 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     for t in chosen:
         if t not in TARGETS:
             raise SpecError(f"target '{t}' is unknown (allowed: {', '.join(TARGETS)}, all)")
+    spec = replace(spec, site=validated_site(spec.site))  # a SiteProfile built in code passes the same checks
     groups = megatron_args(spec.model, spec.layout, spec.training, arch=spec.cluster.gpu.arch)
     cid = candidate_id(spec)
     ctx = _context(spec, cid, groups)
@@ -247,35 +259,53 @@ def _previous_launch_files(target: Path) -> set[str]:
     return {n for n in names if isinstance(n, str)} & LAUNCH_FILE_NAMES if isinstance(names, list) else set()
 
 
+def _check_out_dir(target: Path) -> bool:
+    """Whether ``--out`` exists (as a directory, or a symlink to one); SpecError when it cannot be one."""
+    try:
+        st = os.stat(target)
+    except (FileNotFoundError, NotADirectoryError):
+        check_output_file(target, "--out")  # a parent that is a file, a name too long: one line
+        return False
+    except OSError as err:
+        raise SpecError(f"--out {target}: {err.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SpecError(f"--out {target}: exists and is not a directory")
+    return True
+
+
+def _check_member(path: Path, force: bool) -> None:
+    """A launch file name in an existing ``--out``: absent, or a regular file (replaced with ``force``)."""
+    if path.is_symlink():
+        raise SpecError(f"--out {path}: is a symlink, not a regular file; refusing to replace it")
+    check_output_file(path, "--out", force=force)
+
+
 def write_files(files: dict[str, str], out: str | Path, *, force: bool = False) -> list[Path]:
     """Write ``files`` into ``out`` all at once, or nothing.
 
-    Existing files are kept unless ``force`` (SpecError naming the first one). With ``force``,
-    the launch files an earlier paraplan launch left there that this one does not write (a
-    narrower ``--target``) are removed, so no stale script runs against the new arguments.
-    Everything is written to a temporary directory next to ``out`` first. A new ``out`` is one
-    rename; an existing one moves the old files aside, moves the new ones in, and moves the old
-    ones back if any step fails, so an error never leaves partial or mixed output.
+    Existing files are kept unless ``force`` (SpecError naming the first one); a directory,
+    device, FIFO, socket or symlink in the way is refused always. With ``force``, the launch
+    files an earlier paraplan launch left there that this one does not write (a narrower
+    ``--target``) are removed, so no stale script runs against the new arguments. Everything is
+    written to a temporary directory next to ``out`` first. A new ``out`` is one rename; an
+    existing one moves the old files aside, moves the new ones in, and on any failure or
+    interrupt (KeyboardInterrupt included) moves the old ones back: ``out`` holds either the
+    complete old set or the complete new one.
     """
     target = Path(out)
-    if target.exists() and not target.is_dir():
-        raise SpecError(f"--out {target}: exists and is not a directory")
     stale: list[str] = []
-    if target.is_dir():
+    if _check_out_dir(target):
         for name in files:
-            path = target / name
-            if path.is_symlink() or (path.exists() and not path.is_file()):
-                raise SpecError(f"{path} exists and is not a regular file; remove it first")
-            if path.exists() and not force:
-                raise SpecError(f"{path} exists (use --force to overwrite)")
+            _check_member(target / name, force)
         if force:
             stale = sorted(n for n in _previous_launch_files(target) - set(files) if (target / n).is_file())
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.paraplan-", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name[:64]}.paraplan-", dir=target.parent))
     except OSError as err:
         raise SpecError(f"--out {target}: cannot write here ({err.strerror})") from None
     new, old = tmp / "new", tmp / "old"
+    keep = False
     try:
         new.mkdir()
         old.mkdir()
@@ -287,33 +317,66 @@ def write_files(files: dict[str, str], out: str | Path, *, force: bool = False) 
             new.chmod(0o755)
             os.rename(new, target)
         else:
+            keep = True  # until the swap is done or undone, old/ may hold the only copy of the old files
             _swap_in(new, old, target, list(files), stale)
+            keep = False
     except OSError as err:
         raise SpecError(f"--out {target}: could not write {Path(err.filename or '').name or 'the files'} "
                         f"({err.strerror}); nothing was written") from None
     finally:
-        if tmp.exists():
+        if tmp.exists() and not (keep and old.is_dir() and any(old.iterdir())):
             shutil.rmtree(tmp)
     return [target / name for name in files]
 
 
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) until the block is done, then raise KeyboardInterrupt (main thread only)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or handler is None:
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if received:
+            raise KeyboardInterrupt
+
+
+def _restore(new: Path, old: Path, target: Path, names: list[str], existed: set[str]) -> None:
+    """Undo a partial swap from what is on disk (not from bookkeeping an interrupt may have cut short):
+    new files found in ``target`` go back to ``new``, the originals in ``old`` back to ``target``."""
+    for name in names:
+        moved_in = not os.path.lexists(new / name) and os.path.lexists(target / name)
+        if moved_in and (name not in existed or os.path.lexists(old / name)):
+            os.replace(target / name, new / name)
+    for name in existed:
+        if os.path.lexists(old / name):
+            os.replace(old / name, target / name)
+
+
 def _swap_in(new: Path, old: Path, target: Path, names: list[str], stale: list[str]) -> None:
     """Move ``target``'s files named ``names`` + ``stale`` into ``old``, then ``new``'s into
-    ``target``; on an OSError undo both and raise SpecError."""
-    moved_old: list[str] = []
-    moved_new: list[str] = []
-    try:
-        for name in [*names, *stale]:
-            if (target / name).exists():
-                os.replace(target / name, old / name)
-                moved_old.append(name)
-        for name in names:
-            os.replace(new / name, target / name)
-            moved_new.append(name)
-    except OSError as err:
-        for name in moved_new:
-            os.replace(target / name, new / name)
-        for name in moved_old:
-            os.replace(old / name, target / name)
-        raise SpecError(f"--out {target}: could not write {err.filename or ''}: {err.strerror}; "
-                        "nothing was changed") from None
+    ``target``. On any exception (KeyboardInterrupt too) undo both and re-raise (an OSError as
+    SpecError); Ctrl-C is held meanwhile, so the swap and its undo run to the end."""
+    existed = {n for n in [*names, *stale] if os.path.lexists(target / n)}
+    with _sigint_deferred():
+        try:
+            for name in [*names, *stale]:
+                if name in existed:
+                    os.replace(target / name, old / name)
+            for name in names:
+                os.replace(new / name, target / name)
+        except BaseException as err:
+            try:
+                _restore(new, old, target, names, existed)
+            except OSError as undo:
+                raise SpecError(f"--out {target}: could not put the previous files back ({undo.strerror}); "
+                                f"they are in {old}") from None
+            if isinstance(err, OSError):
+                raise SpecError(f"--out {target}: could not write {err.filename or ''}: {err.strerror}; "
+                                "nothing was changed") from None
+            raise

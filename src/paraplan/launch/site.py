@@ -19,6 +19,8 @@ Defaults are safe: nothing site-specific is invented; what is missing is simply 
 from __future__ import annotations
 
 import re
+import shlex
+import unicodedata
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
@@ -61,11 +63,20 @@ class SiteProfile:
 SITE_KEYS: Final = tuple(f.name for f in fields(SiteProfile))
 
 
+def _printable(key: str, text: str) -> str:
+    """``text`` when it holds no control, line-break or format character (DEL and U+2028 included)."""
+    bad = next((c for c in text if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")), None)
+    if bad is not None:
+        raise SpecError(f"site.{key}: {text!r} contains the control character U+{ord(bad):04X} "
+                        "(use printable single-line text)")
+    return text
+
+
 def _text(key: str, value: Any, pattern: re.Pattern[str] | None = None) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise SpecError(f"site.{key}: expected a string, got {value!r}")
-    text = str(value)
-    if "\n" in text or not text.strip():
+    text = _printable(key, str(value))
+    if not text.strip():
         raise SpecError(f"site.{key}: expected a non-empty single-line string, got {value!r}")
     if pattern is not None and not pattern.fullmatch(text):
         raise SpecError(f"site.{key}: {text!r} has characters that cannot be used here")
@@ -107,19 +118,44 @@ def site_from_dict(data: dict[str, Any]) -> SiteProfile:
     return SiteProfile(**kw)
 
 
-GEOMETRY_SBATCH: Final = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpus-per-node",
-                           "--gpus", "-G", "--gpus-per-task", "--ntasks-per-gpu", "--gres=gpu")
+GEOMETRY_SBATCH: Final = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--ntasks-per-gpu",
+                           "--ntasks-per-core", "--ntasks-per-socket", "--gpus", "-G", "--gpus-per-node",
+                           "--gpus-per-task", "--gpus-per-socket", "--nodelist", "-w", "--nodefile", "-F",
+                           "--use-min-nodes", "--gres=gpu", "--tres-per-task=gpu")
 """sbatch options that set the job's size; job.sbatch derives them from the layout (one task per
 node running torchrun, all GPUs of the node), so a site profile may not change them (other
 ``--gres`` resources are allowed)."""
+_GEOMETRY_LONG: Final = tuple(o for o in GEOMETRY_SBATCH if o.startswith("--") and "=" not in o)
+_GEOMETRY_SHORT: Final = frozenset(o[1] for o in GEOMETRY_SBATCH if len(o) == 2)
+_GPU_RESOURCE: Final = ("--gres", "--tres-per-task")
+_SHORT_FLAGS: Final = frozenset("hHkOQsuvVW")
+"""sbatch short options that take no argument (they may be bundled: -vN4 is -v -N 4)."""
+
+
+def _sets_geometry(word: str) -> bool:
+    """Whether one sbatch word sets the job size, in any spelling getopt accepts: ``--nodes=4``,
+    ``--nodes 4``, an unambiguous prefix (``--node=4``), ``-N4``, ``-vN4``, ``--gres=gpu:8``."""
+    if word.startswith("--"):
+        name = word.split("=", 1)[0]
+        if len(name) > 2 and any(o.startswith(name) for o in _GEOMETRY_LONG):
+            return True
+        return any(o.startswith(name) for o in _GPU_RESOURCE) and "gpu" in word.lower() and len(name) > 2
+    if word.startswith("-"):
+        for c in word[1:]:
+            if c not in _SHORT_FLAGS:
+                return c in _GEOMETRY_SHORT
+    return False
 
 
 def _sbatch_option(text: str) -> str:
-    if not text.startswith("-") or "#" in text:
+    try:
+        words = [part for word in shlex.split(text) for part in word.split()]  # '"--qos=a -N 4"' too
+    except ValueError as err:
+        raise SpecError(f"site.extra_sbatch: {text!r} cannot be split into words ({err})") from None
+    if not words or not words[0].startswith("-") or "#" in text:
         raise SpecError(f"site.extra_sbatch: {text!r} is not an sbatch option (e.g. --qos=high)")
-    name = text.split("=", 1)[0].split(None, 1)[0]
-    gpu_gres = name == "--gres" and "gpu" in text
-    if gpu_gres or name in GEOMETRY_SBATCH or (name[:2] in ("-N", "-n", "-G") and len(name) > 2):
+    gpu_words = [w for i, w in enumerate(words) if i and words[i - 1].split("=")[0] in _GPU_RESOURCE]
+    if any(_sets_geometry(w) for w in words) or any("gpu" in w.lower() for w in gpu_words):
         raise SpecError(f"site.extra_sbatch: {text!r} sets the job geometry, which job.sbatch derives from the "
                         f"layout (not allowed: {', '.join(GEOMETRY_SBATCH)})")
     return text
@@ -135,11 +171,13 @@ def _env(value: Any) -> tuple[tuple[str, str], ...]:
         if isinstance(v, bool) or not isinstance(v, str | int | float):
             raise SpecError(f"site.env.{name}: expected a string or number, got {v!r} "
                             "(quote values such as \"1\" or \"true\")")
-        text = str(v)
-        if "\n" in text:
-            raise SpecError(f"site.env.{name}: expected a single line")
-        out.append((name, text))
+        out.append((name, _printable(f"env.{name}", str(v))))
     return tuple(out)
+
+
+def validated_site(site: SiteProfile) -> SiteProfile:
+    """``site`` checked as a site file is (a SiteProfile built in code gets the same one-line errors)."""
+    return site_from_dict({k: v for k, v in site.as_dict().items() if v not in (None, (), [], {})})
 
 
 def load_site(path: str | Path | None) -> SiteProfile:

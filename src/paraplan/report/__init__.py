@@ -60,10 +60,10 @@ def render_html(ctx: ReportContext, items: list[Chart] | None = None, *, plotly_
     return template.render(ctx=ctx, charts=items, plotly_js=Markup(bundle), figures=Markup(figures_json(items)))
 
 
-def write_report(ctx: ReportContext, path: str | Path) -> int:
-    """Render and write the report atomically; returns its size in bytes."""
+def write_report(ctx: ReportContext, path: str | Path, *, force: bool = False) -> int:
+    """Render and write the report atomically (an existing file only with ``force``); returns its size in bytes."""
     html = render_html(ctx)
-    write_text_atomic(path, html)
+    write_text_atomic(path, html, force=force)
     return len(html.encode("utf-8"))
 
 
