@@ -25,10 +25,10 @@ from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
 from paraplan.estimate.params import ParamTerms, param_terms
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
-from paraplan.estimate.stages import pipeline_counts, representative_ranks, stage_layers_table
+from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
-from paraplan.layout import RECOMPUTE_CODES, LayoutTable, distinct_rows, layer_key_table
+from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -230,19 +230,41 @@ class Evaluated:
     fits: NDArray[np.bool_]
 
 
-def _param_terms_table(model: ModelSpec, table: LayoutTable,
-                       max_positions: int) -> tuple[ParamTerms, NDArray[np.int64]]:
-    """Parameter terms once per distinct (TP, PP, EP, ETP) of the table, and each row's index."""
-    (tp, pp, ep, etp), of_row = distinct_rows([table.tp, table.pp, table.ep, table.etp])
-    return param_terms(model, tp=tp, pp=pp, ep=ep, etp=etp, max_positions=max_positions), of_row
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """What the memory and the time passes share about a table's rows: pipeline counts and
+    representative ranks per (PP, VP), per-layer keys, parameter terms per (TP, PP, EP, ETP)."""
+
+    counts: PipelineCounts
+    ranks: list[NDArray[np.int64]]
+    keys: LayerKeyTable
+    key_of_row: NDArray[np.int64]
+    params: ParamTerms
+    params_of_row: NDArray[np.int64]
+
+    @classmethod
+    def of(cls, model: ModelSpec, training: TrainingSpec, table: LayoutTable) -> _Groups:
+        max_positions, _ = max_positions_for(model, training)
+        counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
+        keys, key_of_row = layer_key_table(table)
+        (tp, pp, ep, etp), params_of_row = distinct_rows([table.tp, table.pp, table.ep, table.etp])
+        return cls(counts=counts, ranks=representative_ranks(model, table.pp, table.vp, counts=counts),
+                   keys=keys, key_of_row=key_of_row,
+                   params=param_terms(model, tp=tp, pp=pp, ep=ep, etp=etp, max_positions=max_positions),
+                   params_of_row=params_of_row)
+
+    def take(self, rows: NDArray[np.int64]) -> _Groups:
+        """The same groups for the rows ``rows`` of the table."""
+        return _Groups(counts=self.counts.take(rows), ranks=[r[rows] for r in self.ranks], keys=self.keys,
+                       key_of_row=self.key_of_row[rows], params=self.params, params_of_row=self.params_of_row[rows])
 
 
 def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
-                     options: MemoryOptions | None = None) -> NDArray[np.float64]:
+                     options: MemoryOptions | None = None, *, groups: _Groups | None = None) -> NDArray[np.float64]:
     """Peak per-GPU memory of every row: the largest of the representative stages."""
     max_positions, _ = max_positions_for(model, training)
-    counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
-    ranks = np.stack(representative_ranks(model, table.pp, table.vp, counts=counts), axis=1)
+    g = groups if groups is not None else _Groups.of(model, training, table)
+    ranks = np.stack(g.ranks, axis=1)
     # evaluate each distinct (row, rank) once: PP = 1 rows need one stage, PP = 2 rows two
     ranks = np.sort(ranks, axis=1)
     distinct = np.ones(ranks.shape, dtype=bool)
@@ -252,20 +274,19 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     sub = table.take(rows)
     m = training.global_batch_size // (sub.mbs * sub.dp)
     # per-layer terms once per distinct (TP, CP, EP, ETP, mbs, recompute, SP) and gathered
-    keys, key_of_row = layer_key_table(table)
-    per_layer = layer_activations(model, training, keys).take(key_of_row[rows])
-    params, params_of_row = _param_terms_table(model, table, max_positions)
-    stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=counts.take(rows))
+    per_layer = layer_activations(model, training, g.keys).take(g.key_of_row[rows])
+    stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=g.counts.take(rows))
     totals = np.asarray(stage_memory(model, training, sub, stages, rank=rank, num_microbatches=m,
                                      max_positions=max_positions, options=options, per_layer=per_layer,
-                                     param_terms=params.take(params_of_row[rows])).memory.total_bytes, dtype=float)
+                                     param_terms=g.params.take(g.params_of_row[rows])).memory.total_bytes,
+                        dtype=float)
     # rows ascend and every row has at least one stage: the maximum over each row's run
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     return np.maximum.reduceat(totals, starts) if len(totals) else np.full(len(table), -np.inf)
 
 
 def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 table: LayoutTable) -> NDArray[np.float64]:
+                 table: LayoutTable, *, groups: _Groups | None = None) -> NDArray[np.float64]:
     """Step time of every row (slowest of the representative stages).
 
     A stage whose rank repeats an earlier one of the same row (all of them at PP = 1) changes
@@ -273,25 +294,23 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     of their representative ranks are new and each group is timed on those stages only."""
     max_positions, _ = max_positions_for(model, training)
     m = training.global_batch_size // (table.mbs * table.dp)
-    counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
-    ranks = np.stack(representative_ranks(model, table.pp, table.vp, counts=counts), axis=1)
+    g = groups if groups is not None else _Groups.of(model, training, table)
+    ranks = np.stack(g.ranks, axis=1)
     repeat = np.zeros(len(table), dtype=np.int64)
     for j in range(1, ranks.shape[1]):
         repeat |= (ranks[:, :j] == ranks[:, j:j + 1]).any(axis=1).astype(np.int64) << j
-    keys, key_of_row = layer_key_table(table)
-    terms = stage_terms(model, cluster, training, keys)
-    params, params_of_row = _param_terms_table(model, table, max_positions)
+    terms = stage_terms(model, cluster, training, g.keys)
     step = np.empty(len(table))
     (patterns,), group_of_row = distinct_rows([repeat])
-    for g, pattern in enumerate(patterns.tolist()):
-        idx = np.flatnonzero(group_of_row == g) if len(patterns) > 1 else np.arange(len(table))
+    for k, pattern in enumerate(patterns.tolist()):
+        idx = np.flatnonzero(group_of_row == k) if len(patterns) > 1 else np.arange(len(table))
         sub = table.take(idx) if len(patterns) > 1 else table
-        sub_counts = counts.take(idx)
+        sub_counts = g.counts.take(idx)
         stages = [stage_layers_table(model, sub.pp, sub.vp, ranks[idx, j], counts=sub_counts)
                   for j in range(ranks.shape[1]) if not (pattern >> j) & 1]
         t = step_time_from_stages(model, cluster, training, sub, stages, num_microbatches=m[idx],
-                                  max_positions=max_positions, terms=terms.take(key_of_row[idx]),
-                                  params=params.take(params_of_row[idx]))
+                                  max_positions=max_positions, terms=terms.take(g.key_of_row[idx]),
+                                  params=g.params.take(g.params_of_row[idx]))
         step[idx] = np.asarray(t.step_s, dtype=float)
     return step
 
@@ -308,16 +327,17 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                          step_s=np.concatenate([p.step_s for p in parts]),
                          tokens_per_s_per_gpu=np.concatenate([p.tokens_per_s_per_gpu for p in parts]),
                          fits=np.concatenate([p.fits for p in parts]))
-    peak = peak_bytes_table(model, training, table, options)
+    groups = _Groups.of(model, training, table)
+    peak = peak_bytes_table(model, training, table, options, groups=groups)
     usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
     fits = peak <= usable
     if time_all:
-        step = step_s_table(model, cluster, training, table)
+        step = step_s_table(model, cluster, training, table, groups=groups)
     else:
         step = np.full(len(table), np.inf)
         idx = np.nonzero(fits)[0]
         if len(idx):
-            step[idx] = step_s_table(model, cluster, training, table.take(idx))
+            step[idx] = step_s_table(model, cluster, training, table.take(idx), groups=groups.take(idx))
     return Evaluated(table=table, peak_bytes=peak, step_s=step,
                      tokens_per_s_per_gpu=training.tokens_per_step / (step * cluster.num_gpus), fits=fits)
 
