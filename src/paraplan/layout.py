@@ -207,8 +207,10 @@ class LayoutTable:
         """Rows whose (pp, vp) uses an entry of ``pipeline_layouts``."""
         if not self.pipeline_layouts:
             return np.zeros(len(self.tp), dtype=bool)
-        keys = np.array([p * 1000 + v for p, v in self.pipeline_layouts], dtype=np.int64)
-        return np.isin(self.pp * 1000 + self.vp, keys)
+        (pair_pp, pair_vp), pair_of_row = distinct_rows([self.pp, self.vp])
+        listed = np.array([(p, v) in self.pipeline_layouts
+                           for p, v in zip(pair_pp.tolist(), pair_vp.tolist(), strict=True)], dtype=bool)
+        return listed[pair_of_row]
 
     @property
     def sp(self) -> BoolArray:
@@ -279,3 +281,84 @@ class LayoutTable:
             recompute_modules=first.recompute_modules,
             recompute_num_layers=first.recompute_num_layers,
         )
+
+
+LAYER_KEY_COLUMNS: Final = ("tp", "cp", "ep", "etp", "mbs", "recompute_code", "sequence_parallel", "tp_comm_overlap")
+"""The layout columns that per-layer formulas (activations and time of one layer, logits) read."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerKeyTable:
+    """One row per distinct combination of ``LAYER_KEY_COLUMNS``: what the per-layer formulas
+    need, computed once per combination and gathered back to the layouts (many layouts differ
+    only in PP, VP, DP or the optimizer sharding). It has no PP, VP, DP or optimizer columns, so a
+    formula that read one would fail here instead of silently mixing rows."""
+
+    tp: IntArray
+    cp: IntArray
+    ep: IntArray
+    etp: IntArray
+    mbs: IntArray
+    recompute_code: IntArray
+    sequence_parallel: BoolArray
+    tp_comm_overlap: BoolArray
+    recompute_modules: tuple[str, ...]
+    recompute_num_layers: int
+
+    @property
+    def sp(self) -> BoolArray:
+        """Sequence parallel in effect (as ``LayoutTable.sp``)."""
+        return self.sequence_parallel & (self.tp > 1)
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+
+def distinct_rows(columns: list[NDArray[np.generic]]) -> tuple[list[IntArray], IntArray]:
+    """Distinct combinations of equally long integer (or bool) columns: their values column by
+    column (ascending combination order) and, for every row, the index of its combination.
+
+    Columns are packed into one mixed-radix integer; small ranges use a presence table (linear
+    time), larger ones a sort, and ranges too large to pack a row-wise ``np.unique``."""
+    cols = [np.asarray(c).astype(np.int64) for c in columns]
+    n = int(cols[0].shape[0])
+    if n == 0:
+        return [c[:0] for c in cols], np.zeros(0, dtype=np.int64)
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows, strict=True)]
+    size = 1
+    for s in spans:
+        size *= s
+    if size >= 2**62:
+        rows, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return [rows[:, j] for j in range(len(cols))], inverse.reshape(-1).astype(np.int64)
+    key = np.zeros(n, dtype=np.int64)
+    for c, lo, s in zip(cols, lows, spans, strict=True):
+        key = key * s + (c - lo)
+    if size <= max(4 * n, 1 << 20):
+        present = np.zeros(size, dtype=bool)
+        present[key] = True
+        uniq = np.flatnonzero(present)
+        inverse = (np.cumsum(present) - 1)[key]
+    else:
+        uniq, inverse = np.unique(key, return_inverse=True)
+    values: list[IntArray] = []
+    rest = uniq.astype(np.int64)
+    for lo, s in zip(reversed(lows), reversed(spans), strict=True):
+        values.append(rest % s + lo)
+        rest = rest // s
+    values.reverse()
+    return values, inverse.reshape(-1).astype(np.int64)
+
+
+def layer_key_table(table: LayoutTable) -> tuple[LayerKeyTable, IntArray]:
+    """The distinct ``LAYER_KEY_COLUMNS`` combinations of ``table`` and each row's index among them."""
+    values, inverse = distinct_rows([getattr(table, c) for c in LAYER_KEY_COLUMNS])
+    cols = dict(zip(LAYER_KEY_COLUMNS, values, strict=True))
+    keys = LayerKeyTable(
+        tp=cols["tp"], cp=cols["cp"], ep=cols["ep"], etp=cols["etp"], mbs=cols["mbs"],
+        recompute_code=cols["recompute_code"], sequence_parallel=cols["sequence_parallel"].astype(bool),
+        tp_comm_overlap=cols["tp_comm_overlap"].astype(bool), recompute_modules=table.recompute_modules,
+        recompute_num_layers=table.recompute_num_layers,
+    )
+    return keys, inverse

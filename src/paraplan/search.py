@@ -13,7 +13,7 @@ key (fewer parallel axes, smaller TP, PP, ...), so it does not depend on enumera
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,12 +22,13 @@ from numpy.typing import NDArray
 
 from paraplan.errors import LayoutError, NoFeasiblePlanError, SpecError
 from paraplan.estimate.comm import span_in_domain
-from paraplan.estimate.memory import MemoryOptions, stage_memory
+from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
+from paraplan.estimate.params import ParamTerms, param_terms
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
-from paraplan.estimate.stages import representative_ranks, stage_layers_table
-from paraplan.estimate.step_time import step_time_from_stages
+from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
+from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
-from paraplan.layout import RECOMPUTE_CODES, LayoutTable
+from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -60,23 +61,88 @@ class SearchSpace:
     """Modules the selective-recompute layouts recompute (Megatron's --recompute-modules)."""
 
 
+MAX_WORLD = 2**40
+"""Largest world size the search takes: its divisors come from trial division up to sqrt(world)."""
+MAX_LAYERS = 1_000_000
+"""Most decoder layers the search takes (its pipeline splits are linear in the layer count)."""
+MAX_LAYOUTS = 2_000_000
+"""Largest search space (layouts before the rules): the table and its rule masks stay in memory."""
+EVAL_CHUNK_ROWS = 1 << 18
+"""Rows evaluated together: bounds the memory of the formulas' temporaries on large spaces."""
+
+
+def _prime_factors(n: int) -> dict[int, int]:
+    """Prime factorisation of n >= 1 by trial division (at most sqrt(n) / 2 divisions)."""
+    factors: dict[int, int] = {}
+    d = 2
+    while d * d <= n:
+        while n % d == 0:
+            factors[d] = factors.get(d, 0) + 1
+            n //= d
+        d += 1 if d == 2 else 2
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """All divisors of n >= 1, ascending, from its prime factorisation."""
+    divs = [1]
+    for prime, power in _prime_factors(n).items():
+        divs = [d * prime**k for d in divs for k in range(power + 1)]
+    return sorted(divs)
+
+
+def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: SearchSpace) -> None:
+    """One-line SpecErrors for search values no layout can use and that would cost time or memory, or
+    overflow the int64 columns. (TP, PP, CP above the world size are only dropped: they never make a
+    row, see ``_axis_values``; callers such as ``tune`` step past the world.)"""
+    world = cluster.num_gpus
+    if model.num_layers > MAX_LAYERS:
+        raise SpecError(f"num_layers: at most {MAX_LAYERS:,} for the search, got {model.num_layers:,}")
+    if world > MAX_WORLD:
+        raise SpecError(f"--num-gpus: at most {MAX_WORLD:,} (2^40) GPUs for the search, got {world:,}")
+    mbs_hi = max(training.global_batch_size, 64)
+    bounds = {"tp": (1, None, ""), "pp": (1, None, ""), "cp": (1, None, ""),
+              "ep": (1, world, "the number of GPUs"), "etp": (0, world, "the number of GPUs; 0 = TP"),
+              "vp": (1, model.num_layers, f"num_layers of {model.name}"),
+              "mbs": (1, mbs_hi, "the global batch size, or 64")}
+    for name, (lo, hi, what) in bounds.items():
+        values = getattr(space, name)
+        bad = [v for v in values or () if isinstance(v, bool) or not isinstance(v, int | np.integer)
+               or v < lo or (hi is not None and v > hi)]
+        if bad:
+            allowed = f"allowed {lo} to {hi:,} ({what})" if hi is not None else f"allowed {lo} or more"
+            raise SpecError(f"--{name}: {bad[0]} is out of range; {allowed}")
+    if mbs_hi * world >= 2**63:  # micro-batch x DP in int64
+        raise SpecError(f"--gbs: {training.global_batch_size:,} on {world:,} GPUs is too large for the search "
+                        "(GBS x GPUs must stay below 2^63)")
+    if space.max_pp is not None and (isinstance(space.max_pp, bool) or not isinstance(space.max_pp, int | np.integer)
+                                     or space.max_pp < 1):
+        raise SpecError(f"--max-pp: expected a positive integer, got {space.max_pp!r}")
+
+
+def _unique(values: Iterable[Any]) -> list[Any]:
+    """Values without repeats, in their order (a repeated value would enumerate layouts twice)."""
+    return list(dict.fromkeys(values))
 
 
 def _axis_values(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                  space: SearchSpace) -> dict[str, list[int]]:
     world = cluster.num_gpus
     pow2 = [2**i for i in range(12) if 2**i <= world]
-    tp = list(space.tp) if space.tp else [t for t in pow2 if t <= cluster.nvlink_domain_size]
+    # TP, PP, CP above the world never divide it: dropped here (no row, no overflow of their product)
+    tp = (_unique(t for t in space.tp if t <= world) if space.tp
+          else [t for t in pow2 if t <= cluster.nvlink_domain_size])
     max_pp = min(space.max_pp or model.num_layers, model.num_layers, world)
-    pp = list(space.pp) if space.pp else [p for p in _divisors(world) if p <= max_pp]
-    vp = list(space.vp) if space.vp else [1, 2, 3, 4, 6, 8]
-    cp = list(space.cp) if space.cp else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0) or c == 1]
+    pp = _unique(p for p in space.pp if p <= world) if space.pp else [p for p in _divisors(world) if p <= max_pp]
+    vp = _unique(space.vp) if space.vp else [1, 2, 3, 4, 6, 8]
+    cp = (_unique(c for c in space.cp if c <= world) if space.cp
+          else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0) or c == 1])
     if model.is_moe:
         assert model.num_experts is not None
-        ep = list(space.ep) if space.ep else [e for e in _divisors(model.num_experts) if e <= world]
-        etp = list(space.etp) if space.etp else [1] + [t for t in tp if t > 1]
+        ep = _unique(space.ep) if space.ep else [e for e in _divisors(model.num_experts) if e <= world]
+        etp = _unique(space.etp) if space.etp else [1] + [t for t in tp if t > 1]
     else:
         ep, etp = [1], [0]
     return {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp}
@@ -89,35 +155,46 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     ax = _axis_values(model, cluster, training, space)
     grid = np.array(list(itertools.product(ax["tp"], ax["pp"], ax["cp"])), dtype=np.int64).reshape(-1, 3)
     grid = grid[world % (grid[:, 0] * grid[:, 1] * grid[:, 2]) == 0]
-    rec_codes = [RECOMPUTE_CODES[r] for r in space.recompute]
-    dpv = [DP_VARIANTS.index(v) for v in space.dp_variants]
-    rest = np.array(list(itertools.product(ax["vp"], ax["ep"], ax["etp"], space.mbs, rec_codes, dpv,
-                                           [int(s) for s in space.sequence_parallel])),
-                    dtype=np.int64).reshape(-1, 7)
-    n_grid, n_rest = grid.shape[0], rest.shape[0]
-    g = np.repeat(grid, n_rest, axis=0)
-    r = np.tile(rest, (n_grid, 1))
-    tp, pp, cp = g[:, 0], g[:, 1], g[:, 2]
-    etp = np.where(r[:, 2] == 0, tp, r[:, 2])
-    keep = np.ones(len(tp), dtype=bool)
-    if model.is_moe:
-        keep &= (etp == 1) | (etp == tp)  # ETP 1 (folding) or = TP (Megatron's default)
-    keep &= (r[:, 0] == 1) | (pp > 1)  # VP needs PP (also a rule; trims the table)
-    sel = np.nonzero(keep)[0]
-    layouts = uneven_layouts(model, pp[sel], r[sel, 0])
-    dpv_col = r[sel, 5]
-    sp_col = r[sel, 6].astype(bool)
+    rec_codes = [RECOMPUTE_CODES[r] for r in _unique(space.recompute)]
+    dpv = [DP_VARIANTS.index(v) for v in _unique(space.dp_variants)]
+    rest_axes = (ax["vp"], ax["ep"], ax["etp"], _unique(space.mbs), rec_codes, dpv,
+                 _unique([int(s) for s in space.sequence_parallel]))
+    n_product = len(grid) * int(np.prod([len(a) for a in rest_axes]))
+    if n_product > 16 * MAX_LAYOUTS:  # before the VP/ETP filter below, which holds one bool per combination
+        _too_many(n_product, len(grid), rest_axes)
+    rest = np.array(list(itertools.product(*rest_axes)), dtype=np.int64).reshape(-1, 7)
+    # rows are (grid row, rest row) pairs in row-major order; filter on that 2-D view, then gather
+    g_tp, g_pp, g_cp = (np.ascontiguousarray(grid[:, k]) for k in range(3))
+    r_vp, r_ep, r_etp, r_mbs, r_rec, r_dpv, r_sp = (np.ascontiguousarray(rest[:, k]) for k in range(7))
+    keep = np.broadcast_to((r_vp == 1)[None, :] | (g_pp > 1)[:, None], (len(grid), len(rest)))  # VP needs PP
+    if model.is_moe:  # ETP 1 (folding) or = TP (Megatron's default)
+        keep = keep & (((r_etp == 0) | (r_etp == 1))[None, :] | (r_etp[None, :] == g_tp[:, None]))
+    sel = np.flatnonzero(keep)
+    if len(sel) > MAX_LAYOUTS:
+        _too_many(len(sel), len(grid), rest_axes)
+    gi, ri = np.divmod(sel, max(len(rest), 1))
+    tp, pp, cp, vp = g_tp[gi], g_pp[gi], g_cp[gi], r_vp[ri]
+    etp = np.where(r_etp[ri] == 0, tp, r_etp[ri])
+    dpv_col = r_dpv[ri]
+    sp_col = r_sp[ri].astype(bool)
     return LayoutTable(
-        tp=tp[sel], pp=pp[sel], vp=r[sel, 0], cp=cp[sel], ep=r[sel, 1], etp=etp[sel],
-        dp=world // (tp[sel] * pp[sel] * cp[sel]), mbs=r[sel, 3], recompute_code=r[sel, 4],
+        tp=tp, pp=pp, vp=vp, cp=cp, ep=r_ep[ri], etp=etp,
+        dp=(world // (g_tp * g_pp * g_cp))[gi], mbs=r_mbs[ri], recompute_code=r_rec[ri],
         sequence_parallel=sp_col,
         distributed_optimizer=dpv_col == DP_VARIANTS.index("distopt"),
         fsdp=dpv_col == DP_VARIANTS.index("fsdp"),
         overlap_grad_reduce=np.ones(len(sel), dtype=bool),
         overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
         tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
-        pipeline_layouts=layouts, recompute_modules=space.recompute_modules,
+        pipeline_layouts=uneven_layouts(model, pp, vp), recompute_modules=space.recompute_modules,
     )
+
+
+def _too_many(n_layouts: int, n_grid: int, rest_axes: tuple[list[int], ...]) -> None:
+    sizes = " x ".join(f"{len(a)} {k}" for k, a in zip(("vp", "ep", "etp", "mbs", "recompute", "dp-variant"),
+                                                       rest_axes, strict=False))
+    raise SpecError(f"search space too large: {n_layouts:,} layouts (from {n_grid} TP x PP x CP x {sizes}), at "
+                    f"most {MAX_LAYOUTS:,}; narrow --tp/--pp/--cp/--vp/--ep/--mbs")
 
 
 def uneven_layouts(model: ModelSpec, pp: NDArray[np.int64],
@@ -126,10 +203,12 @@ def uneven_layouts(model: ModelSpec, pp: NDArray[np.int64],
     Megatron accepts them through --decoder-first/last-pipeline-num-layers or
     --pipeline-model-parallel-layout (DeepSeek-V3's 61 layers, Qwen3-235B's 94, Llama-3.1's 126)."""
     out: dict[tuple[int, int], tuple[int, ...]] = {}
-    for key in np.unique(pp * 1000 + vp):
-        p, v = int(key // 1000), int(key % 1000)
+    (pair_pp, pair_vp), _ = distinct_rows([pp, vp])
+    for p, v in zip(pair_pp.tolist(), pair_vp.tolist(), strict=True):
         if p < 2 or model.num_layers % (p * v) == 0:
             continue
+        if p * v > model.num_layers + 2:
+            continue  # fewer layers (with embedding and loss) than virtual stages: the rules reject these rows
         try:
             split = auto_uneven_split(model.num_layers, p, v)
         except LayoutError:
@@ -151,11 +230,41 @@ class Evaluated:
     fits: NDArray[np.bool_]
 
 
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """What the memory and the time passes share about a table's rows: pipeline counts and
+    representative ranks per (PP, VP), per-layer keys, parameter terms per (TP, PP, EP, ETP)."""
+
+    counts: PipelineCounts
+    ranks: list[NDArray[np.int64]]
+    keys: LayerKeyTable
+    key_of_row: NDArray[np.int64]
+    params: ParamTerms
+    params_of_row: NDArray[np.int64]
+
+    @classmethod
+    def of(cls, model: ModelSpec, training: TrainingSpec, table: LayoutTable) -> _Groups:
+        max_positions, _ = max_positions_for(model, training)
+        counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
+        keys, key_of_row = layer_key_table(table)
+        (tp, pp, ep, etp), params_of_row = distinct_rows([table.tp, table.pp, table.ep, table.etp])
+        return cls(counts=counts, ranks=representative_ranks(model, table.pp, table.vp, counts=counts),
+                   keys=keys, key_of_row=key_of_row,
+                   params=param_terms(model, tp=tp, pp=pp, ep=ep, etp=etp, max_positions=max_positions),
+                   params_of_row=params_of_row)
+
+    def take(self, rows: NDArray[np.int64]) -> _Groups:
+        """The same groups for the rows ``rows`` of the table."""
+        return _Groups(counts=self.counts.take(rows), ranks=[r[rows] for r in self.ranks], keys=self.keys,
+                       key_of_row=self.key_of_row[rows], params=self.params, params_of_row=self.params_of_row[rows])
+
+
 def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
-                     options: MemoryOptions | None = None) -> NDArray[np.float64]:
+                     options: MemoryOptions | None = None, *, groups: _Groups | None = None) -> NDArray[np.float64]:
     """Peak per-GPU memory of every row: the largest of the representative stages."""
     max_positions, _ = max_positions_for(model, training)
-    ranks = np.stack(representative_ranks(model, table.pp, table.vp, table.pipeline_layouts), axis=1)
+    g = groups if groups is not None else _Groups.of(model, training, table)
+    ranks = np.stack(g.ranks, axis=1)
     # evaluate each distinct (row, rank) once: PP = 1 rows need one stage, PP = 2 rows two
     ranks = np.sort(ranks, axis=1)
     distinct = np.ones(ranks.shape, dtype=bool)
@@ -164,41 +273,71 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     rank = ranks[rows, cols]
     sub = table.take(rows)
     m = training.global_batch_size // (sub.mbs * sub.dp)
-    totals = np.asarray(stage_memory(model, training, sub,
-                                     stage_layers_table(model, sub.pp, sub.vp, rank, sub.pipeline_layouts),
-                                     rank=rank, num_microbatches=m, max_positions=max_positions,
-                                     options=options).memory.total_bytes, dtype=float)
-    peak = np.full(len(table), -np.inf)
-    np.maximum.at(peak, rows, totals)
-    return peak
+    # per-layer terms once per distinct (TP, CP, EP, ETP, mbs, recompute, SP) and gathered
+    per_layer = layer_activations(model, training, g.keys).take(g.key_of_row[rows])
+    stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=g.counts.take(rows))
+    totals = np.asarray(stage_memory(model, training, sub, stages, rank=rank, num_microbatches=m,
+                                     max_positions=max_positions, options=options, per_layer=per_layer,
+                                     param_terms=g.params.take(g.params_of_row[rows])).memory.total_bytes,
+                        dtype=float)
+    # rows ascend and every row has at least one stage: the maximum over each row's run
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    return np.maximum.reduceat(totals, starts) if len(totals) else np.full(len(table), -np.inf)
 
 
 def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                 table: LayoutTable) -> NDArray[np.float64]:
-    """Step time of every row (slowest of the representative stages)."""
+                 table: LayoutTable, *, groups: _Groups | None = None) -> NDArray[np.float64]:
+    """Step time of every row (slowest of the representative stages).
+
+    A stage whose rank repeats an earlier one of the same row (all of them at PP = 1) changes
+    neither the slowest stage (the first maximum) nor the DP maxima, so rows are grouped by which
+    of their representative ranks are new and each group is timed on those stages only."""
     max_positions, _ = max_positions_for(model, training)
     m = training.global_batch_size // (table.mbs * table.dp)
-    ranks = representative_ranks(model, table.pp, table.vp, table.pipeline_layouts)
-    stages = [stage_layers_table(model, table.pp, table.vp, rk, table.pipeline_layouts) for rk in ranks]
-    t = step_time_from_stages(model, cluster, training, table, stages, num_microbatches=m,
-                              max_positions=max_positions)
-    return np.asarray(t.step_s, dtype=float)
+    g = groups if groups is not None else _Groups.of(model, training, table)
+    ranks = np.stack(g.ranks, axis=1)
+    repeat = np.zeros(len(table), dtype=np.int64)
+    for j in range(1, ranks.shape[1]):
+        repeat |= (ranks[:, :j] == ranks[:, j:j + 1]).any(axis=1).astype(np.int64) << j
+    terms = stage_terms(model, cluster, training, g.keys)
+    step = np.empty(len(table))
+    (patterns,), group_of_row = distinct_rows([repeat])
+    for k, pattern in enumerate(patterns.tolist()):
+        idx = np.flatnonzero(group_of_row == k) if len(patterns) > 1 else np.arange(len(table))
+        sub = table.take(idx) if len(patterns) > 1 else table
+        sub_counts = g.counts.take(idx)
+        stages = [stage_layers_table(model, sub.pp, sub.vp, ranks[idx, j], counts=sub_counts)
+                  for j in range(ranks.shape[1]) if not (pattern >> j) & 1]
+        t = step_time_from_stages(model, cluster, training, sub, stages, num_microbatches=m[idx],
+                                  max_positions=max_positions, terms=terms.take(g.key_of_row[idx]),
+                                  params=g.params.take(g.params_of_row[idx]))
+        step[idx] = np.asarray(t.step_s, dtype=float)
+    return step
 
 
 def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,
                    options: MemoryOptions | None = None, *, time_all: bool = True) -> Evaluated:
     """Peak memory and step time of every row, vectorised. With ``time_all=False`` only rows that
-    fit are timed (the others get an infinite step time): the search's fast path."""
-    peak = peak_bytes_table(model, training, table, options)
+    fit are timed (the others get an infinite step time): the search's fast path. Large tables are
+    evaluated ``EVAL_CHUNK_ROWS`` rows at a time (rows are independent: the same numbers)."""
+    if len(table) > EVAL_CHUNK_ROWS:
+        chunks = [np.arange(i, min(i + EVAL_CHUNK_ROWS, len(table))) for i in range(0, len(table), EVAL_CHUNK_ROWS)]
+        parts = [evaluate_table(model, cluster, training, table.take(c), options, time_all=time_all) for c in chunks]
+        return Evaluated(table=table, peak_bytes=np.concatenate([p.peak_bytes for p in parts]),
+                         step_s=np.concatenate([p.step_s for p in parts]),
+                         tokens_per_s_per_gpu=np.concatenate([p.tokens_per_s_per_gpu for p in parts]),
+                         fits=np.concatenate([p.fits for p in parts]))
+    groups = _Groups.of(model, training, table)
+    peak = peak_bytes_table(model, training, table, options, groups=groups)
     usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
     fits = peak <= usable
     if time_all:
-        step = step_s_table(model, cluster, training, table)
+        step = step_s_table(model, cluster, training, table, groups=groups)
     else:
         step = np.full(len(table), np.inf)
         idx = np.nonzero(fits)[0]
         if len(idx):
-            step[idx] = step_s_table(model, cluster, training, table.take(idx))
+            step[idx] = step_s_table(model, cluster, training, table.take(idx), groups=groups.take(idx))
     return Evaluated(table=table, peak_bytes=peak, step_s=step,
                      tokens_per_s_per_gpu=training.tokens_per_step / (step * cluster.num_gpus), fits=fits)
 
@@ -264,11 +403,11 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
         raise SpecError("--recompute-modules: Delayed scaling does not support moe_act and layernorm recompute "
                         "for fp8.")
+    _check_space(model, cluster, training, space)
     table = candidate_table(model, cluster, training, space)
     n_total = len(table)
     if n_total == 0:
-        ax = _axis_values(model, cluster, training, space)
-        given = [f"--{k} {','.join(map(str, ax[k]))}" for k in ("tp", "pp", "cp") if getattr(space, k)]
+        given = [f"--{k} {','.join(map(str, getattr(space, k)))}" for k in ("tp", "pp", "cp") if getattr(space, k)]
         raise SpecError(f"no layout to search: {' '.join(given) or 'the search flags'} leaves no TP x PP x CP "
                         f"that divides the {cluster.num_gpus} GPUs (world size must be TP x PP x CP x DP)")
     ctx = RuleContext(model=model, training=training, cluster=cluster, layout=table)
@@ -312,8 +451,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
-    order = rank_order(feasible, objective, cluster)
-    picked, ties = distinct_top(feasible, order, top_k)
+    picked, ties = _ranked_top(feasible, objective, cluster, top_k)
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
     notes = ((f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
               "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
@@ -344,15 +482,34 @@ def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[l
     return picked, ties
 
 
-def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.int64]:
-    """Indices best first: objective (rounded), then the simplicity key."""
+def _rounded_objective(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.float64]:
     if objective == "memory-headroom":
         primary = ev.peak_bytes / cluster.gpu.hbm_bytes
     else:
         primary = ev.step_s
-    rounded = np.round(primary / max(float(np.min(primary)), 1e-30), 9)
-    keys: Sequence[Any] = [*reversed(simplicity_key(ev.table)), rounded]
+    return np.round(primary / max(float(np.min(primary)), 1e-30), 9)
+
+
+def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.int64]:
+    """Indices best first: objective (rounded), then the simplicity key."""
+    keys: Sequence[Any] = [*reversed(simplicity_key(ev.table)), _rounded_objective(ev, objective, cluster)]
     return np.lexsort(keys)
+
+
+def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int) -> tuple[list[int], int]:
+    """``distinct_top(ev, rank_order(ev, ...), top_k)`` without sorting every row: the rows whose
+    rounded objective is at most the (64 top_k)-th smallest are a prefix of ``rank_order`` (the
+    objective is its first key), so they are sorted alone; the full order is the fallback when
+    ties use up that prefix before ``top_k`` distinct layouts are found."""
+    rounded = _rounded_objective(ev, objective, cluster)
+    want = 64 * top_k
+    if len(rounded) > 4 * want:
+        idx = np.flatnonzero(rounded <= np.partition(rounded, want)[want])
+        keys: Sequence[Any] = [*reversed(simplicity_key(ev.table.take(idx))), rounded[idx]]
+        picked, ties = distinct_top(ev, idx[np.lexsort(keys)], top_k)
+        if len(picked) == top_k:
+            return picked, ties
+    return distinct_top(ev, rank_order(ev, objective, cluster), top_k)
 
 
 def _fit_advice(cluster: ClusterSpec, space: SearchSpace,

@@ -19,10 +19,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned
-from paraplan.estimate.params import StageLayers, StageParams, padded_vocab, stage_params
+from paraplan.estimate.params import ParamTerms, StageLayers, StageParams, padded_vocab, stage_params
 from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import (
@@ -149,43 +150,83 @@ def activation_context(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LayerActivations:
+    """The activation terms that do not depend on the pipeline stage (per layer or per micro-batch,
+    fields may be arrays): computed once per layout, or once per distinct per-layer combination in
+    the search (``paraplan.layout.layer_key_table``) and gathered with ``take``."""
+
+    dense: Num
+    """Saved activations of one dense layer, one micro-batch (``act.layer_bytes``)."""
+    moe: Num
+    """Same for one MoE layer (0 for dense models)."""
+    mtp: Num
+    """Same for one MTP layer (the type of the last main layer)."""
+    embedding: Num
+    """Embedding-stage inputs of one micro-batch (``act.embedding_bytes``)."""
+    rebuilt: Num
+    """Full-recompute working group (``act.recompute_working_bytes``)."""
+    one_layer: Num
+    """One layer without full recompute, the model's main layer type (backward working set)."""
+    output: Num
+    """Final norms and logits of one micro-batch, one head (``act.output_bytes``)."""
+
+    def take(self, index: NDArray[np.int64]) -> LayerActivations:
+        """Rows ``index`` of every array field."""
+        return LayerActivations(**{f.name: _take(getattr(self, f.name), index) for f in fields(self)})
+
+
+def _take(value: Num, index: NDArray[np.int64]) -> Num:
+    return value if np.ndim(value) == 0 else np.asarray(value)[index]
+
+
+def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Any) -> LayerActivations:
+    """The stage-independent activation terms of a layout (or a table of layouts)."""
+    ctx = activation_context(model, training, layout)
+    return LayerActivations(
+        dense=act.layer_bytes(model, ctx, moe=False),
+        moe=act.layer_bytes(model, ctx, moe=True) if model.is_moe else 0.0,
+        mtp=act.layer_bytes(model, ctx, moe=model.mtp_layer_is_moe),
+        embedding=act.embedding_bytes(model, ctx),
+        rebuilt=act.recompute_working_bytes(model, ctx, has_moe=model.is_moe),
+        one_layer=act.layer_bytes_no_full_recompute(model, ctx, moe=model.is_moe),
+        output=act.output_bytes(model, ctx, padded_vocab=padded_vocab(model, layout.tp)),
+    )
+
+
 def stage_activation_bytes(
     model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, *,
-    rank: Num, num_microbatches: Num, options: MemoryOptions,
+    rank: Num, num_microbatches: Num, options: MemoryOptions, per_layer: LayerActivations | None = None,
 ) -> tuple[Num, Num]:
     """(activation bytes, in-flight chunk count) for one pipeline rank at its peak.
 
     layers:     units * (n_dense*a_dense + n_moe*a_moe) / vp   (units from in_flight_units)
     embedding:  first-chunk micro-batches in flight * embedding_bytes (rank 0)
     transient:  full-recompute working group + backward working set (one layer, one micro-batch)
+    ``per_layer``: the layout's ``layer_activations`` when already computed.
     """
-    ctx = activation_context(model, training, layout)
-    per_mb = stage.num_dense_layers * act.layer_bytes(model, ctx, moe=False)
+    la = per_layer if per_layer is not None else layer_activations(model, training, layout)
+    per_mb = stage.num_dense_layers * la.dense
     if model.is_moe:
-        per_mb = per_mb + stage.num_moe_layers * act.layer_bytes(model, ctx, moe=True)
+        per_mb = per_mb + stage.num_moe_layers * la.moe
     units = in_flight_units(rank=rank, pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
     layers = units * per_mb / layout.vp
     emb_mbs = first_chunk_in_flight(pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
-    emb = np.where(stage.has_embedding, emb_mbs * act.embedding_bytes(model, ctx), 0.0)
-    has_moe = model.is_moe
-    rebuilt = act.recompute_working_bytes(model, ctx, has_moe=has_moe)
-    one_layer = act.layer_bytes_no_full_recompute(model, ctx, moe=has_moe)
-    working = options.backward_working_frac * one_layer
-    mtp_layers = np.where(stage.num_mtp_layers > 0,
-                          stage.num_mtp_layers * act.layer_bytes(model, ctx, moe=model.mtp_layer_is_moe), 0.0)
-    return layers + emb + rebuilt + working + mtp_layers, units
+    emb = np.where(stage.has_embedding, emb_mbs * la.embedding, 0.0)
+    working = options.backward_working_frac * la.one_layer
+    mtp_layers = np.where(stage.num_mtp_layers > 0, stage.num_mtp_layers * la.mtp, 0.0)
+    return layers + emb + la.rebuilt + working + mtp_layers, units
 
 
 def stage_other_bytes(
     model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, params: StageParams,
-    activations_bytes: Num, *, options: MemoryOptions,
+    activations_bytes: Num, *, options: MemoryOptions, per_layer: LayerActivations | None = None,
 ) -> OtherBytes:
     """Logits (last stage, one micro-batch, plus one per MTP layer), FP8 weight copies,
     FSDP gather buffers, workspace and fragmentation."""
-    ctx = activation_context(model, training, layout)
-    vpad = padded_vocab(model, layout.tp)
+    la = per_layer if per_layer is not None else layer_activations(model, training, layout)
     heads = 1 + np.asarray(stage.num_mtp_layers)
-    logits = np.where(stage.has_output, heads * act.output_bytes(model, ctx, padded_vocab=vpad), 0.0)
+    logits = np.where(stage.has_output, heads * la.output, 0.0)
     layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
     fsdp_buffers = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * (PARAM_BYTES + GRAD_BYTES) * per_layer_params, 0.0)
@@ -201,16 +242,22 @@ def stage_other_bytes(
 def stage_memory(
     model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, *,
     rank: Num, num_microbatches: Num, max_positions: int, options: MemoryOptions | None = None,
+    per_layer: LayerActivations | None = None, param_terms: ParamTerms | None = None,
 ) -> StageMemory:
-    """Memory breakdown of one pipeline rank (vectorised over candidates)."""
+    """Memory breakdown of one pipeline rank (vectorised over candidates). ``per_layer`` and
+    ``param_terms``: the layout's ``layer_activations`` and ``params.param_terms`` when already
+    computed (the search gathers them)."""
     options = options or MemoryOptions()
+    per_layer = per_layer if per_layer is not None else layer_activations(model, training, layout)
     params = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
-                          max_positions=max_positions)
+                          max_positions=max_positions, terms=param_terms)
     weights, grads, optimizer = model_state_bytes(params, layout, training.precision)
     activations, units = stage_activation_bytes(
-        model, training, layout, stage, rank=rank, num_microbatches=num_microbatches, options=options
+        model, training, layout, stage, rank=rank, num_microbatches=num_microbatches, options=options,
+        per_layer=per_layer,
     )
-    other = stage_other_bytes(model, training, layout, stage, params, activations, options=options)
+    other = stage_other_bytes(model, training, layout, stage, params, activations, options=options,
+                              per_layer=per_layer)
     return StageMemory(
         memory=MemoryBreakdown(weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
                                activations_bytes=activations, other_bytes=other.total),

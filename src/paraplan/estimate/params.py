@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from paraplan.specs.model import ModelSpec
 
@@ -230,26 +231,59 @@ def mtp_expert_params(model: ModelSpec, *, tp: Num, ep: Num, etp: Num) -> Num:
     return model.mtp_num_layers * moe_layer_params(model, tp=tp, ep=ep, etp=etp).experts
 
 
-def stage_params(
-    model: ModelSpec, stage: StageLayers, *, tp: Num, pp: Num, ep: Num, etp: Num, max_positions: int
-) -> StageParams:
-    """Parameters held by one GPU of a pipeline stage (vectorised over candidates)."""
+@dataclass(frozen=True, slots=True)
+class ParamTerms:
+    """The stage-independent parts of ``stage_params`` (fields may be arrays), shared by the stages
+    of a layout."""
+
+    dense_layer: Num
+    """All parameters of one dense layer on one GPU."""
+    moe_dense: Num
+    """Non-expert parameters of one MoE layer (0 for dense models)."""
+    moe_experts: Num
+    """Routed-expert parameters of one MoE layer (0 for dense models)."""
+    embedding: Num
+    output: Num
+    mtp_total: Num
+    mtp_experts: Num
+
+    def take(self, index: NDArray[np.int64]) -> ParamTerms:
+        """Rows ``index`` of every array field."""
+        return ParamTerms(**{f.name: (v if np.ndim(v := getattr(self, f.name)) == 0 else np.asarray(v)[index])
+                             for f in fields(self)})
+
+
+def param_terms(model: ModelSpec, *, tp: Num, pp: Num, ep: Num, etp: Num, max_positions: int) -> ParamTerms:
+    """Per-layer, embedding, output and MTP parameter counts of a layout (or table of layouts)."""
     dense = dense_layer_params(model, tp=tp)
     if model.is_moe:
         moe = moe_layer_params(model, tp=tp, ep=ep, etp=etp)
-        moe_dense = moe.attention + moe.mlp + moe.replicated
-        moe_experts = moe.experts
+        moe_dense, moe_experts = moe.attention + moe.mlp + moe.replicated, moe.experts
     else:
         moe_dense, moe_experts = 0, 0
-    mtp_total = mtp_params(model, tp=tp, ep=ep, etp=etp, pp=pp, max_positions=max_positions)
-    mtp_exp = mtp_expert_params(model, tp=tp, ep=ep, etp=etp)
+    return ParamTerms(
+        dense_layer=dense.total, moe_dense=moe_dense, moe_experts=moe_experts,
+        embedding=embedding_params(model, tp=tp, max_positions=max_positions),
+        output=output_params(model, tp=tp, pp=pp),
+        mtp_total=mtp_params(model, tp=tp, ep=ep, etp=etp, pp=pp, max_positions=max_positions),
+        mtp_experts=mtp_expert_params(model, tp=tp, ep=ep, etp=etp),
+    )
+
+
+def stage_params(
+    model: ModelSpec, stage: StageLayers, *, tp: Num, pp: Num, ep: Num, etp: Num, max_positions: int,
+    terms: ParamTerms | None = None,
+) -> StageParams:
+    """Parameters held by one GPU of a pipeline stage (vectorised over candidates). ``terms``: the
+    layout's ``param_terms`` when already computed (the same for every stage)."""
+    t = terms if terms is not None else param_terms(model, tp=tp, pp=pp, ep=ep, etp=etp, max_positions=max_positions)
     has_mtp = np.asarray(stage.num_mtp_layers) > 0
     return StageParams(
-        embedding=np.where(stage.has_embedding, embedding_params(model, tp=tp, max_positions=max_positions), 0),
-        output_layer=np.where(stage.has_output, output_params(model, tp=tp, pp=pp), 0),
-        layers_dense=stage.num_dense_layers * dense.total + stage.num_moe_layers * moe_dense,
-        layers_experts=stage.num_moe_layers * moe_experts + np.where(has_mtp, mtp_exp, 0),
-        mtp=np.where(has_mtp, mtp_total - mtp_exp, 0),
+        embedding=np.where(stage.has_embedding, t.embedding, 0),
+        output_layer=np.where(stage.has_output, t.output, 0),
+        layers_dense=stage.num_dense_layers * t.dense_layer + stage.num_moe_layers * t.moe_dense,
+        layers_experts=stage.num_moe_layers * t.moe_experts + np.where(has_mtp, t.mtp_experts, 0),
+        mtp=np.where(has_mtp, t.mtp_total - t.mtp_experts, 0),
     )
 
 

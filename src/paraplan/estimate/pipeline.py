@@ -110,14 +110,13 @@ def _layout_counts(num_layers: int, layout: ParallelLayout) -> list[list[int]]:
     return [[counts[chunk * pp + rank] for chunk in range(vp)] for rank in range(pp)]
 
 
-def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssignment]:
-    """Which global layers each pipeline rank builds (chunk by chunk)."""
-    pp, vp = layout.pp, layout.vp
+def chunk_layer_counts(num_layers: int, layout: ParallelLayout) -> list[list[int]]:
+    """Decoder layers per pipeline rank, per virtual chunk (raises LayoutError like Megatron)."""
     if layout.pipeline_layout:
         per_chunk = _layout_counts(num_layers, layout)
     else:
         counts = _rank_layer_counts(num_layers, layout)
-        per_chunk = [[c // vp] * vp for c in counts]
+        per_chunk = [[c // layout.vp] * layout.vp for c in counts]
         if layout.account_for_embedding:
             per_chunk[0][0] -= 1
         if layout.account_for_loss:
@@ -125,6 +124,13 @@ def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssig
     if min(min(c) for c in per_chunk) < 0:
         raise LayoutError("a pipeline stage would hold a negative number of layers",
                           reason="LAYERS_NOT_DIVISIBLE_BY_PP")
+    return per_chunk
+
+
+def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssignment]:
+    """Which global layers each pipeline rank builds (chunk by chunk)."""
+    pp, vp = layout.pp, layout.vp
+    per_chunk = chunk_layer_counts(num_layers, layout)
     chunks: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
     start = 0
     for chunk in range(vp):
@@ -175,32 +181,30 @@ def balanced_uneven_split(num_layers: int, pp: int, vp: int = 1) -> tuple[int, i
     each, as ``--account-for-embedding/loss-in-pipeline-split`` count them). Ties prefer the
     smaller F + La. Mirrors how NeMo/Megatron-Bridge recipes split DeepSeek-V3's 61 layers over
     PP 16 (first 3, last 2, 14 middle stages of 4).
+
+    The key (load, |F - La|, F + La, F) is minimised over the sums S = F + La: for a given S the
+    most even F <= La (F = VP * floor(S / 2VP)) is best on load and on |F - La|, so one candidate
+    per S is enough. Every count is a multiple of VP (L = l VP, S = k VP), and the middle
+    (l - k) VP must split over the PP - 2 middle ranks in multiples of VP: k = l - j (PP - 2),
+    j >= 1, k >= 2 (vectorised; about L / (VP (PP - 2)) candidates).
     """
-    if pp < 2:
+    if pp < 2 or num_layers % vp:
         return None
-    best: tuple[int, int, int, int] | None = None
-    for first in range(vp, num_layers + 1, vp):
-        for last in range(vp, num_layers - first + 1, vp):
-            middle_layers = num_layers - first - last
-            mid_ranks = pp - 2
-            if mid_ranks == 0:
-                if middle_layers:
-                    continue
-                per_mid = 0
-            else:
-                if middle_layers <= 0 or middle_layers % mid_ranks:
-                    continue
-                per_mid = middle_layers // mid_ranks
-                if per_mid % vp:
-                    continue
-            load = max(first + 1, last + 1, per_mid)
-            key = (load, abs(first - last), first + last, first)
-            if best is None or key < best:
-                best = key
-    if best is None:
+    whole = num_layers // vp
+    mid_ranks = pp - 2
+    if mid_ranks == 0:
+        k = np.arange(whole, whole + 1 if whole >= 2 else whole, dtype=np.int64)
+    else:
+        k = np.arange(whole - mid_ranks, 1, -mid_ranks, dtype=np.int64)
+    if not len(k):
         return None
-    load, _, total, first = best
-    return first, total - first
+    total = k * vp
+    per_mid = (num_layers - total) // max(mid_ranks, 1)
+    first = (k // 2) * vp
+    last = total - first
+    load = np.maximum(np.maximum(first + 1, last + 1), per_mid)
+    best = np.lexsort((first, total, np.abs(first - last), load))[0]
+    return int(first[best]), int(last[best])
 
 
 def balanced_pipeline_layout(num_layers: int, pp: int, vp: int = 1) -> tuple[int, ...]:
@@ -214,9 +218,10 @@ def balanced_pipeline_layout(num_layers: int, pp: int, vp: int = 1) -> tuple[int
     total = num_layers + 2
     base, extra = divmod(total, n)
     counts = [base] * n
-    order = sorted(range(n), key=lambda j: (j in (0, n - 1), abs(j - (n - 1) / 2)))
-    for j in order[:extra]:
-        counts[j] += 1
+    j = np.arange(n)
+    order = np.lexsort((np.abs(j - (n - 1) / 2), (j == 0) | (j == n - 1)))  # stable: middle stages first
+    for i in order[:extra].tolist():
+        counts[i] += 1
     counts[0] -= 1
     counts[-1] -= 1
     if min(counts) < 0:

@@ -4,13 +4,14 @@ needs (first, second, last) as arrays over candidates (vectorised path)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.estimate.params import StageLayers
-from paraplan.estimate.pipeline import stage_assignment
-from paraplan.layout import ParallelLayout
+from paraplan.estimate.pipeline import chunk_layer_counts, stage_assignment
+from paraplan.layout import ParallelLayout, distinct_rows
 from paraplan.specs.model import ModelSpec
 
 
@@ -36,69 +37,109 @@ def all_stage_layers(model: ModelSpec, layout: ParallelLayout) -> list[StageLaye
     ]
 
 
-def _per_key_layout(model: ModelSpec, p: int, v: int,
-                    layouts: dict[tuple[int, int], tuple[int, ...]]) -> list[StageLayers] | None:
-    """Stage assignment for one (pp, vp): even, or the balanced layout given for it."""
+def _moe_prefix(model: ModelSpec) -> NDArray[np.int64]:
+    """MoE layers among the first i main layers, i = 0..num_layers."""
+    pattern = np.asarray(model.moe_layer_pattern(), dtype=np.int64)
+    return np.concatenate((np.zeros(1, dtype=np.int64), np.cumsum(pattern)))
+
+
+def _rank_counts(model: ModelSpec, p: int, v: int, layouts: dict[tuple[int, int], tuple[int, ...]],
+                 moe_prefix: NDArray[np.int64]) -> tuple[list[int], list[int]] | None:
+    """(dense, MoE) layers of every rank for one (pp, vp): even, or the balanced layout given for
+    it; None where the layers do not divide (rejected by the rules). The same counts as
+    ``all_stage_layers``, from the chunk sizes and a prefix sum instead of layer indices."""
     if (p, v) in layouts:
-        return all_stage_layers(model, ParallelLayout(pp=p, vp=v, pipeline_layout=layouts[(p, v)]))
-    if model.num_layers % (p * v):
-        return None  # rejected by the rules
-    return all_stage_layers(model, ParallelLayout(pp=p, vp=v))
+        layout = ParallelLayout(pp=p, vp=v, pipeline_layout=layouts[(p, v)])
+    elif model.num_layers % (p * v):
+        return None
+    else:
+        layout = ParallelLayout(pp=p, vp=v)
+    per_chunk = np.asarray(chunk_layer_counts(model.num_layers, layout), dtype=np.int64).reshape(p, v)
+    sizes = per_chunk.T.reshape(-1)  # virtual stage chunk * p + rank holds the next block of layers
+    ends = np.cumsum(sizes)
+    assert int(ends[-1]) == model.num_layers, (int(ends[-1]), model.num_layers)
+    moe = (moe_prefix[ends] - moe_prefix[ends - sizes]).reshape(v, p).sum(axis=0)
+    return (per_chunk.sum(axis=1) - moe).tolist(), moe.tolist()
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCounts:
+    """(dense, MoE) layers per rank of every distinct (pp, vp) of a set of rows, and which one each
+    row has: computed once (``pipeline_counts``) and shared by every stage the search looks at."""
+
+    pair_of_row: NDArray[np.int64]
+    dense: NDArray[np.int64]
+    """(pairs, largest PP) layers per rank, 0 past the pair's PP."""
+    moe: NDArray[np.int64]
+    known: NDArray[np.bool_]
+    """False for pairs whose layers do not divide (rejected by the rules; counts left 0)."""
+    pair_pp: list[int]
+
+    def take(self, rows: NDArray[np.int64]) -> PipelineCounts:
+        """The same counts for the rows ``rows`` of the original set."""
+        return PipelineCounts(pair_of_row=self.pair_of_row[rows], dense=self.dense, moe=self.moe,
+                              known=self.known, pair_pp=self.pair_pp)
+
+
+def pipeline_counts(model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64],
+                    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None) -> PipelineCounts:
+    """Per-rank layer counts of every distinct (pp, vp) among the rows: even splits, or the
+    balanced ``layouts`` given for pairs that do not divide."""
+    (pair_pp, pair_vp), pair_of_row = distinct_rows([pp, vp])
+    prefix = _moe_prefix(model)
+    pps, vps = pair_pp.tolist(), pair_vp.tolist()
+    counts = [_rank_counts(model, p, v, layouts or {}, prefix) for p, v in zip(pps, vps, strict=True)]
+    width = max([len(c[0]) for c in counts if c is not None], default=1)
+    dense = np.zeros((len(counts), width), dtype=np.int64)
+    moe = np.zeros((len(counts), width), dtype=np.int64)
+    known = np.zeros(len(counts), dtype=bool)
+    for j, c in enumerate(counts):
+        if c is not None:
+            dense[j, :len(c[0])], moe[j, :len(c[1])], known[j] = c[0], c[1], True
+    return PipelineCounts(pair_of_row=pair_of_row, dense=dense, moe=moe, known=known, pair_pp=pps)
 
 
 def representative_ranks(
     model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64],
-    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None, *, counts: PipelineCounts | None = None,
 ) -> list[NDArray[np.int64]]:
     """Ranks whose memory and time bound every stage: 0 (most in flight, embedding), 1 (most in
     flight among middle stages), the ranks holding the most layers (most MoE layers first, and
     most dense layers first: uneven layouts and mixed dense/MoE patterns) and p - 1 (output
-    layer, logits)."""
-    layouts = layouts or {}
-    most_moe = np.zeros_like(pp)
-    most_dense = np.zeros_like(pp)
-    moe_heavy = np.zeros_like(pp)
-    keys = pp * 1000 + vp
-    for key in np.unique(keys):
-        p, v = int(key // 1000), int(key % 1000)
-        per_rank = _per_key_layout(model, p, v, layouts)
-        if per_rank is None:
-            continue
-        totals = [s.num_dense_layers + s.num_moe_layers for s in per_rank]
-        most_moe[keys == key] = max(range(p), key=lambda r: (totals[r], per_rank[r].num_moe_layers, -r))
-        most_dense[keys == key] = max(range(p), key=lambda r: (totals[r], per_rank[r].num_dense_layers, -r))
-        moe_heavy[keys == key] = max(range(p), key=lambda r: (per_rank[r].num_moe_layers, totals[r], -r))
-    ranks = [np.zeros_like(pp), np.minimum(1, pp - 1), most_moe, most_dense, pp - 1]
-    return [*ranks, moe_heavy] if model.is_moe else ranks
+    layer, logits). ``counts``: ``pipeline_counts`` of these rows when already computed."""
+    c = counts if counts is not None else pipeline_counts(model, pp, vp, layouts)
+    n_pairs = len(c.known)
+    most_moe = np.zeros(n_pairs, dtype=np.int64)
+    most_dense = np.zeros(n_pairs, dtype=np.int64)
+    moe_heavy = np.zeros(n_pairs, dtype=np.int64)
+    for j in np.flatnonzero(c.known).tolist():
+        p = c.pair_pp[j]
+        dense, moe = c.dense[j, :p].tolist(), c.moe[j, :p].tolist()
+        totals = [d + m for d, m in zip(dense, moe, strict=True)]
+        most_moe[j] = max(range(p), key=lambda r: (totals[r], moe[r], -r))
+        most_dense[j] = max(range(p), key=lambda r: (totals[r], dense[r], -r))
+        moe_heavy[j] = max(range(p), key=lambda r: (moe[r], totals[r], -r))
+    row = c.pair_of_row
+    ranks = [np.zeros_like(pp), np.minimum(1, pp - 1), most_moe[row], most_dense[row], pp - 1]
+    return [*ranks, moe_heavy[row]] if model.is_moe else ranks
 
 
 def stage_layers_table(
     model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64], rank: NDArray[np.int64],
-    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None,
+    layouts: dict[tuple[int, int], tuple[int, ...]] | None = None, *, counts: PipelineCounts | None = None,
 ) -> StageLayers:
     """StageLayers arrays for (pp, vp, rank) rows (the search space): even splits, or the
     balanced ``layouts`` given for (pp, vp) pairs that do not divide.
 
     Assignments are computed once per distinct (pp, vp) and gathered, so the cost does not grow
-    with the number of candidates.
+    with the number of candidates. ``counts``: ``pipeline_counts`` of these rows when already computed.
     """
-    n = pp.shape[0]
-    dense = np.zeros(n, dtype=np.int64)
-    moe = np.zeros(n, dtype=np.int64)
-    keys = pp * 1000 + vp
-    for key in np.unique(keys):
-        p, v = int(key // 1000), int(key % 1000)
-        rows = keys == key
-        per_rank = _per_key_layout(model, p, v, layouts or {})
-        if per_rank is None:
-            continue  # rejected by the rules; leave zeros
-        d = np.array([s.num_dense_layers for s in per_rank], dtype=np.int64)
-        m = np.array([s.num_moe_layers for s in per_rank], dtype=np.int64)
-        dense[rows] = d[rank[rows]]
-        moe[rows] = m[rank[rows]]
+    c = counts if counts is not None else pipeline_counts(model, pp, vp, layouts)
+    ok = c.known[c.pair_of_row]
+    r = np.where(ok, rank, 0)
     return StageLayers(
-        num_dense_layers=dense,
-        num_moe_layers=moe,
+        num_dense_layers=np.where(ok, c.dense[c.pair_of_row, r], 0),
+        num_moe_layers=np.where(ok, c.moe[c.pair_of_row, r], 0),
         has_embedding=rank == 0,
         has_output=rank == pp - 1,
         num_mtp_layers=np.where(rank == pp - 1, model.mtp_num_layers, 0),

@@ -16,10 +16,11 @@ All formulas are vectorised (layout fields may be numpy arrays), see docs/model.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from paraplan.estimate import comm
 from paraplan.estimate.flops import (
@@ -29,7 +30,7 @@ from paraplan.estimate.flops import (
     model_flops_per_step,
     recompute_flops_per_step,
 )
-from paraplan.estimate.params import StageLayers, padded_vocab, stage_params
+from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, param_terms, stage_params
 from paraplan.estimate.pipeline import bubble_frac
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
@@ -283,41 +284,96 @@ def _tp_overlap(layout: Any, eff: EfficiencySpec) -> Num:
     return np.where(layout.tp_comm_overlap & layout.sp, eff.tp_comm_overlap_frac, eff.tp_overlap_frac)
 
 
-def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any,
-               stage: StageLayers) -> StageTime:
-    """Forward + backward of one micro-batch on one pipeline rank (all its chunks)."""
+@dataclass(frozen=True, slots=True)
+class LayerKindTerms:
+    """What ``stage_time`` reads of one layer kind (dense, MoE or MTP), per micro-batch."""
+
+    compute_s: Num
+    recompute_s: Num
+    tp_link_s: Num
+    ep_link_s: Num
+    cp_link_s: Num
+    attn_fwd_s: Num
+
+
+@dataclass(frozen=True, slots=True)
+class StageTerms:
+    """The stage-independent terms of ``stage_time`` (fields may be arrays): computed once per
+    layout, or once per distinct per-layer combination in the search
+    (``paraplan.layout.layer_key_table``) and gathered with ``take``."""
+
+    parts: tuple[LayerKindTerms, ...]
+    """Dense layers, then MoE layers (MoE models), then MTP layers (models with MTP)."""
+    tp_exposed_frac: Num
+    """Share of TP communication not hidden (1 - the TP overlap)."""
+    logits_s: Num
+    """Output layer and loss of one head."""
+    embedding_s: Num
+    """Embedding lookup on the first stage."""
+    output_tp_link_s: Num
+    """TP all-gathers around the output layer."""
+
+    def take(self, index: NDArray[np.int64]) -> StageTerms:
+        """Rows ``index`` of every array field."""
+        def pick(v: Num) -> Num:
+            return v if np.ndim(v) == 0 else np.asarray(v)[index]
+
+        parts = tuple(LayerKindTerms(**{f.name: pick(getattr(k, f.name)) for f in fields(k)}) for k in self.parts)
+        return StageTerms(parts=parts, tp_exposed_frac=pick(self.tp_exposed_frac), logits_s=pick(self.logits_s),
+                          embedding_s=pick(self.embedding_s), output_tp_link_s=pick(self.output_tp_link_s))
+
+
+def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any) -> StageTerms:
+    """Per-layer times of each layer kind and the per-micro-batch output/embedding terms."""
     eff, gpu = cluster.gpu.efficiency, cluster.gpu
     modules = tuple(layout.recompute_modules)
     dense = layer_time(model, cluster, training, layout, moe=False)
-    n_dense, n_moe = stage.num_dense_layers, stage.num_moe_layers
-    parts = [(dense, n_dense)]
-    is_moe = [False]
+    kinds = [(dense, False)]
     if model.is_moe:
-        parts.append((layer_time(model, cluster, training, layout, moe=True), n_moe))
-        is_moe.append(True)
+        kinds.append((layer_time(model, cluster, training, layout, moe=True), True))
     if model.mtp_num_layers:
-        mtp_lt = parts[-1][0] if model.mtp_layer_is_moe else dense
-        parts.append((mtp_lt, stage.num_mtp_layers))
-        is_moe.append(bool(model.is_moe and model.mtp_layer_is_moe))
-    compute = sum(n * lt.compute_s for lt, n in parts)
-    recompute = sum(n * _recompute_s(lt, layout, modules, eff, moe=m)
-                    for (lt, n), m in zip(parts, is_moe, strict=True))
-    links = {"tp": sum(n * lt.tp_link_s for lt, n in parts), "ep": sum(n * lt.ep_link_s for lt, n in parts),
-             "cp": sum(n * lt.cp_link_s for lt, n in parts)}
-    attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * lt.attn_fwd_s for lt, n in parts)
-    # logits and loss on the last stage (and per MTP head), embedding on the first
+        mtp_lt = kinds[-1][0] if model.mtp_layer_is_moe else dense
+        kinds.append((mtp_lt, bool(model.is_moe and model.mtp_layer_is_moe)))
+    parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=_recompute_s(lt, layout, modules, eff, moe=m),
+                                 tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
+                                 attn_fwd_s=lt.attn_fwd_s) for lt, m in kinds)
     T, sh, t = _ctx(layout, training)
     fp8 = training.precision == "fp8"
     vpad = padded_vocab(model, t)
-    heads = 1 + np.asarray(stage.num_mtp_layers)
     hbm = gpu.hbm_bytes_per_s * eff.hbm_frac
     logits = 3.0 * gemm_s(cluster, fp8 and False, T, vpad / t, model.hidden_size) + 16.0 * T * vpad / t / hbm
-    compute = compute + np.where(stage.has_output, heads * logits, 0.0)
-    compute = compute + np.where(stage.has_embedding, 8.0 * T * model.hidden_size / sh / hbm, 0.0)
-    links["tp"] = links["tp"] + np.where(stage.has_output, 2.0 * comm.all_gather_s(
-        2.0 * T * model.hidden_size, t, comm.ring_busbw(cluster, t, 1), eff.collective_latency_s), 0.0)
+    return StageTerms(
+        parts=parts, tp_exposed_frac=1.0 - _tp_overlap(layout, eff), logits_s=logits,
+        embedding_s=8.0 * T * model.hidden_size / sh / hbm,
+        output_tp_link_s=2.0 * comm.all_gather_s(2.0 * T * model.hidden_size, t, comm.ring_busbw(cluster, t, 1),
+                                                 eff.collective_latency_s),
+    )
+
+
+def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any,
+               stage: StageLayers, terms: StageTerms | None = None) -> StageTime:
+    """Forward + backward of one micro-batch on one pipeline rank (all its chunks). ``terms``: the
+    layout's ``stage_terms`` when already computed (the same for every stage)."""
+    eff = cluster.gpu.efficiency
+    terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
+    counts = [stage.num_dense_layers]
+    if model.is_moe:
+        counts.append(stage.num_moe_layers)
+    if model.mtp_num_layers:
+        counts.append(stage.num_mtp_layers)
+    parts = list(zip(terms.parts, counts, strict=True))
+    compute = sum(n * k.compute_s for k, n in parts)
+    recompute = sum(n * k.recompute_s for k, n in parts)
+    links = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
+             "cp": sum(n * k.cp_link_s for k, n in parts)}
+    attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * k.attn_fwd_s for k, n in parts)
+    # logits and loss on the last stage (and per MTP head), embedding on the first
+    heads = 1 + np.asarray(stage.num_mtp_layers)
+    compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
+    compute = compute + np.where(stage.has_embedding, terms.embedding_s, 0.0)
+    links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
     exposed = {
-        "tp": (1.0 - _tp_overlap(layout, eff)) * links["tp"],
+        "tp": terms.tp_exposed_frac * links["tp"],
         "ep": (1.0 - eff.ep_overlap_frac) * links["ep"],
         "cp": np.maximum(links["cp"] - eff.cp_overlap_frac * attn, 0.0),
     }
@@ -352,17 +408,36 @@ class StepTime:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class _DpGroups:
+    """Stage-independent inputs of the DP collectives: parameter terms, group sizes, bandwidths."""
+
+    params: ParamTerms
+    n_dense: Num
+    n_exp: Num
+    bw_d: Num
+    bw_e: Num
+
+
+def _dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: Any, max_positions: int,
+               params: ParamTerms | None) -> _DpGroups:
+    n_dense, n_exp = layout.dp * layout.cp, layout.edp
+    # rank order tp-cp-ep-dp-pp: the DP x CP group strides over TP, expert-DP over ETP x EP
+    return _DpGroups(
+        params=params if params is not None else param_terms(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
+                                                             etp=layout.etp, max_positions=max_positions),
+        n_dense=n_dense, n_exp=n_exp, bw_d=comm.ring_busbw(cluster, n_dense, layout.tp),
+        bw_e=comm.ring_busbw(cluster, n_exp, layout.etp * layout.ep))
+
+
 def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageLayers,
-              max_positions: int, precision: str) -> tuple[Num, Num, Num]:
+              groups: _DpGroups, max_positions: int, precision: str) -> tuple[Num, Num, Num]:
     """(gradient reduce, parameter gather, local optimizer params) for one stage, link time."""
     eff = cluster.gpu.efficiency
     gb = grad_bytes_per_param(precision)
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
-                     max_positions=max_positions)
-    n_dense, n_exp = layout.dp * layout.cp, layout.edp
-    # rank order tp-cp-ep-dp-pp: the DP x CP group strides over TP, expert-DP over ETP x EP
-    bw_d = comm.ring_busbw(cluster, n_dense, layout.tp)
-    bw_e = comm.ring_busbw(cluster, n_exp, layout.etp * layout.ep)
+                     max_positions=max_positions, terms=groups.params)
+    n_dense, n_exp, bw_d, bw_e = groups.n_dense, groups.n_exp, groups.bw_d, groups.bw_e
     alpha = eff.collective_latency_s
     buckets_d = np.ceil(p.dense / DDP_BUCKET_PARAMS)
     buckets_e = np.ceil(p.expert / DDP_BUCKET_PARAMS)
@@ -380,12 +455,16 @@ def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageL
 
 def step_time_from_stages(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any,
-    stages: Sequence[StageLayers], *, num_microbatches: Num, max_positions: int,
+    stages: Sequence[StageLayers], *, num_microbatches: Num, max_positions: int, terms: StageTerms | None = None,
+    params: ParamTerms | None = None,
 ) -> StepTime:
-    """Step time of a layout given the stages to consider (all, or first/second/last)."""
+    """Step time of a layout given the stages to consider (all, or first/second/last). ``terms``
+    and ``params``: the layout's ``stage_terms`` and ``params.param_terms`` when already computed
+    (the search gathers them)."""
     eff, gpu = cluster.gpu.efficiency, cluster.gpu
     m = num_microbatches
-    times = [stage_time(model, cluster, training, layout, st) for st in stages]
+    terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
+    times = [stage_time(model, cluster, training, layout, st, terms) for st in stages]
     totals = np.stack([np.broadcast_to(np.asarray(st.total_s, dtype=float), np.shape(times[0].total_s))
                        for st in times])
     slow = np.argmax(totals, axis=0)
@@ -398,7 +477,8 @@ def step_time_from_stages(
     bub_frac = bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
-    dp = [_dp_times(model, cluster, layout, st, max_positions, training.precision) for st in stages]
+    groups = _dp_groups(model, cluster, layout, max_positions, params)
+    dp = [_dp_times(model, cluster, layout, st, groups, max_positions, training.precision) for st in stages]
     grad = np.max(np.stack([np.broadcast_to(np.asarray(d[0], dtype=float), totals.shape[1:]) for d in dp]), 0)
     gather = np.max(np.stack([np.broadcast_to(np.asarray(d[1], dtype=float), totals.shape[1:]) for d in dp]), 0)
     local = np.max(np.stack([np.broadcast_to(np.asarray(d[2], dtype=float), totals.shape[1:]) for d in dp]), 0)
@@ -453,8 +533,15 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
     from paraplan.estimator import max_positions_for
 
     max_positions, _ = max_positions_for(model, training)
-    return step_time_from_stages(model, cluster, training, layout, all_stage_layers(model, layout),
-                                 num_microbatches=num_microbatches, max_positions=max_positions)
+    stages = all_stage_layers(model, layout)
+    # ranks holding the same layers (most middle ranks) take the same time: time each kind once; the
+    # slowest stage (the first maximum) and the DP maxima are unchanged, its index maps back
+    first_of: dict[StageLayers, int] = {}
+    for r, st in enumerate(stages):
+        first_of.setdefault(st, r)
+    t = step_time_from_stages(model, cluster, training, layout, list(first_of),
+                              num_microbatches=num_microbatches, max_positions=max_positions)
+    return replace(t, slowest_stage=np.asarray(list(first_of.values()))[t.slowest_stage])
 
 
 @dataclass(frozen=True, slots=True)
