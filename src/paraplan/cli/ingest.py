@@ -15,6 +15,7 @@ from rich.table import Table
 
 from paraplan.cli._app import app
 from paraplan.ingest import RunLog, read_logs
+from paraplan.ingest.source import MAX_LINE_BYTES
 from paraplan.units import GIB, MIB, MS
 
 _MAX_RANK_ROWS = 16
@@ -85,6 +86,8 @@ def _summary_table(log: RunLog, s: dict[str, Any]) -> Table:
                       f"{s['loss_missing_iterations']}" + (f" (first: iteration {first})" if first is not None else ""))
     table.add_row("lines read / unparsed / partial",
                   f"{s['lines']} / {s['unparsed_lines']} / {s['partial_lines']}")
+    if s["long_lines_skipped"]:
+        table.add_row(f"over-long lines skipped (> {MAX_LINE_BYTES // MIB} MiB)", str(s["long_lines_skipped"]))
     return table
 
 

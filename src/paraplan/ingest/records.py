@@ -204,7 +204,8 @@ class RunLog:
     ``segment_starts`` are indices into ``iterations`` where a run segment starts (a new file or a
     restart: the iteration number went down); warm-up records are skipped per segment.
     Line counters: ``lines`` non-blank physical lines; ``unparsed_lines`` yielded nothing;
-    ``partial_lines`` yielded a record but had unreadable parts (truncated, garbage).
+    ``partial_lines`` yielded a record but had unreadable parts (truncated, garbage); ``long_lines`` pieces of
+    lines longer than ``source.MAX_LINE_BYTES`` that were skipped, not read (binary junk, a dumped tensor).
     """
 
     iterations: tuple[IterationRecord, ...] = ()
@@ -219,7 +220,14 @@ class RunLog:
     lines: int = 0
     unparsed_lines: int = 0
     partial_lines: int = 0
+    long_lines: int = 0
     sources: tuple[str, ...] = ()
+
+    @property
+    def num_records(self) -> int:
+        """Records kept (what ``stream.MAX_RECORDS`` counts; the theoretical block is not one)."""
+        return (len(self.iterations) + len(self.memory) + len(self.timers) + len(self.validation)
+                + len(self.step_reports))
 
     def summary(self, skip_warmup: int = 1) -> dict[str, Any]:
         """The run summary (see ``paraplan.ingest.summary.summarize``)."""
@@ -267,8 +275,13 @@ def merge(logs: Sequence[RunLog]) -> RunLog:
         lines=sum(log.lines for log in logs),
         unparsed_lines=sum(log.unparsed_lines for log in logs),
         partial_lines=sum(log.partial_lines for log in logs),
+        long_lines=sum(log.long_lines for log in logs),
         sources=tuple(s for log in logs for s in log.sources),
     )
+
+
+MAX_THEORETICAL_LINES = 100
+"""Lines of the theoretical-memory block that are merged (the block has about 12; see ``RunLogBuilder``)."""
 
 
 @dataclass(slots=True)
@@ -277,7 +290,8 @@ class RunLogBuilder:
 
     A new segment starts at the first iteration record and wherever the iteration number does not
     increase (a restart); consecutive NeMo 1 tqdm redraws of the same step collapse to the last.
-    Timer records without an iteration get the last iteration seen before them.
+    Timer records without an iteration get the last iteration seen before them. The theoretical-memory
+    block takes its first ``MAX_THEORETICAL_LINES`` lines (Megatron prints about 12; merging is not free).
     """
 
     iterations: list[IterationRecord] = field(default_factory=list)
@@ -288,6 +302,13 @@ class RunLogBuilder:
     theoretical: TheoreticalMemoryRecord | None = None
     segment_starts: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # lines, unparsed, partial
+    theoretical_lines: int = 0
+
+    @property
+    def num_records(self) -> int:
+        """Records kept so far (the theoretical block is one)."""
+        return (len(self.iterations) + len(self.memory) + len(self.timers) + len(self.validation)
+                + len(self.step_reports))
 
     def add(self, record: Record) -> None:
         """Append one record to its list."""
@@ -303,7 +324,8 @@ class RunLogBuilder:
             self.validation.append(record)
         elif isinstance(record, StepReport):
             self.step_reports.append(record)
-        else:
+        elif self.theoretical_lines < MAX_THEORETICAL_LINES:
+            self.theoretical_lines += 1
             self.theoretical = record if self.theoretical is None else self.theoretical.combine(record)
 
     def _add_iteration(self, record: IterationRecord) -> None:
