@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -91,7 +92,7 @@ def _fields(text: str) -> tuple[list[tuple[str, str]], bool]:
 
 
 def _numbers(pairs: list[tuple[str, str]]) -> list[tuple[str, float]]:
-    return [(k.strip(), v) for k, raw in pairs if (v := number(raw)) is not None]
+    return [(sys.intern(k.strip()), v) for k, raw in pairs if (v := number(raw)) is not None]
 
 
 def _is_loss(key: str) -> bool:
@@ -119,7 +120,7 @@ def _collect(pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], bool]:
         elif attr:
             kw.setdefault(attr, _int(value) if attr in _INT_ATTRS else value / scale)
         else:
-            (losses if _is_loss(key) else extra).append((key.strip(), value))
+            (losses if _is_loss(key) else extra).append((sys.intern(key.strip()), value))
     kw["losses"], kw["extra"] = tuple(losses), tuple(extra)
     return kw, bad
 
@@ -260,7 +261,7 @@ def parse_timer_body(text: str, line: int | None = None, kind: str = "minmax") -
         return None
     hi = float(m.groups()[-1]) / _MS_IN_S
     lo = float(m.group(2)) / _MS_IN_S if kind == "minmax" else None
-    return TimerRecord(name=m.group(1), value_s=hi, min_s=lo, max_s=hi, kind=kind, line=line)
+    return TimerRecord(name=sys.intern(m.group(1)), value_s=hi, min_s=lo, max_s=hi, kind=kind, line=line)
 
 
 _VALID = re.compile(r"^(validation(?:-\d+)? loss at (?:iteration (\d+)|the end of training for "
