@@ -31,10 +31,10 @@ _VALUE = re.compile(rf"\s*+({NUM})(?:\s*+/\s*+(?:{NUM}))*+\s*+", re.IGNORECASE)
 
 # §9.1: launcher / logging prefixes (srun -l, torchrun [rankN]:, python logging, ALCF fork).
 _PREFIX = re.compile(
-    r"^(?:\s*(?:\d+:\s|\[rank\d+\]:\s?|(?:INFO|WARNING|DEBUG|ERROR|CRITICAL):[\w.]+:"
-    r"|\[[^\]]*\]\[(?:INFO|WARNING|DEBUG|ERROR)\s*\]\[[^\]]*\]\s*-\s))+"
+    r"^(?:\s*+(?:\d++:\s|\[rank\d++\]:\s?+|(?:INFO|WARNING|DEBUG|ERROR|CRITICAL):[\w.]++:"
+    r"|\[[^\]]*+\]\[(?:INFO|WARNING|DEBUG|ERROR)\s*+\]\[[^\]]*+\]\s*+-\s))++"
 )
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 # §9.1: glued records (ranks writing to one stream without a newline); the leading lookahead
 # on the first characters only makes the split fast.
 _GLUE = re.compile(
