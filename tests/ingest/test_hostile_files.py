@@ -13,19 +13,22 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import paraplan.ingest
 from paraplan.cli import main
 from paraplan.errors import IngestError, SpecError
 from paraplan.ingest import parse_text, read_log, read_logs, run_config
 from paraplan.ingest.records import MAX_THEORETICAL_LINES
-from paraplan.ingest.source import MAX_LINE_BYTES
+from paraplan.ingest.source import MAX_LINE_BYTES, LineStats, log_lines
 from paraplan.specs.load import load_model
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
@@ -206,3 +209,38 @@ def test_theoretical_block_lines_are_capped() -> None:
     assert log.theoretical is not None and log.theoretical.in_flight_microbatches == 8
     assert len(log.theoretical.raw.splitlines()) == MAX_THEORETICAL_LINES
     assert log.lines == 20_000 and log.unparsed_lines == 0
+
+
+def _expected_lines(data: bytes, max_line: int) -> tuple[list[tuple[int, str]], int]:
+    """What ``log_lines`` yields, per line joined, and how many pieces it skips: a line of at most ``max_line``
+    bytes whole; a longer one without its ``\\r``-pieces (``\\r`` included) of more than ``max_line`` bytes."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    out, skipped = [], 0
+    for number, line in enumerate(lines, start=1):
+        if len(line) > max_line:
+            segments = line.split(b"\r")
+            kept = [seg + b"\r" * (i < len(segments) - 1) for i, seg in enumerate(segments) if len(seg) <= max_line]
+            skipped += len(segments) - len(kept)
+            line = b"".join(kept)
+        out.append((number, line.decode("utf-8", errors="replace")))
+    return out, skipped
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b"\r", b"\n", b"\xc3\xa9", b"\xc3", b"\xff"]), max_size=80).map(b"".join),
+       st.integers(min_value=1, max_value=12))
+def test_line_reader_cuts_long_lines_at_carriage_returns_and_skips_long_pieces(data: bytes, max_line: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.log"
+        path.write_bytes(data)
+        stats = LineStats()
+        got = list(log_lines(path, stats, max_line_bytes=max_line))
+    joined: dict[int, str] = {}
+    for number, text in got:
+        joined[number] = joined.get(number, "") + text
+    expected, skipped = _expected_lines(data, max_line)
+    assert sorted(joined.items()) == expected and stats.long_lines == skipped
+    assert [n for n, _ in got] == sorted(n for n, _ in got)
+    assert all(len(text) <= max_line + 1 for _, text in got)  # a character per byte at most

@@ -75,11 +75,11 @@ class _Gzip:
         return data
 
 
-def _skip_piece(read: _Reader, stats: LineStats) -> tuple[bytes, bool]:
-    """Skip the rest of an over-long piece up to the next ``\\r`` (kept: the rest of the line, which is returned)
-    or ``\\n`` (the line ended: ``b""``, True)."""
+def _skip_piece(read: _Reader, stats: LineStats, window: int) -> tuple[bytes, bool]:
+    """Skip the rest of an over-long piece, up to the next ``\\r`` (what follows it is returned, False) or the end of
+    the line (``b""``, True)."""
     stats.long_lines += 1
-    while chunk := read.readline(MAX_LINE_BYTES):
+    while chunk := read.readline(window):
         if (cut := chunk.find(b"\r")) >= 0:
             return chunk[cut + 1 :], False
         if chunk.endswith(b"\n"):
@@ -88,22 +88,28 @@ def _skip_piece(read: _Reader, stats: LineStats) -> tuple[bytes, bool]:
 
 
 def _pieces(read: _Reader, stats: LineStats, max_line_bytes: int) -> Iterator[tuple[bytes, bool]]:
-    """``(bytes, ends_line)``: whole lines, or ``\\r``-cut pieces of lines over ``max_line_bytes``."""
-    carry = b""
+    """``(bytes, ends_line)``: whole lines, or for a line longer than ``max_line_bytes`` its ``\\r``-ended pieces,
+    leaving out (and counting) each ``\\r``-piece that is itself longer than that."""
+    window = max_line_bytes + 1  # a line of max_line_bytes and its newline
+    carry, inside = b"", False  # inside: a long line was started (its end comes as a piece, b"" if need be)
     while True:
-        data = carry + read.readline(max_line_bytes - len(carry))
+        data = carry if carry.endswith(b"\n") else carry + read.readline(window - len(carry))
         carry = b""
         if not data:
+            if inside:
+                yield b"", True
             return
-        if data.endswith(b"\n") or len(data) < max_line_bytes:
+        if data.endswith(b"\n") or len(data) < window:  # shorter without a newline: the end of the file
             yield data, True
+            inside = False
             continue
         cut = data.rfind(b"\r")
         if cut >= 0:  # a long line of tqdm redraws: parse what is before the last \r, go on after it
             yield data[: cut + 1], False
-            carry = data[cut + 1 :]
+            carry, inside = data[cut + 1 :], True
             continue
-        carry, ended = _skip_piece(read, stats)
+        carry, ended = _skip_piece(read, stats, window)
+        inside = not ended
         if ended:
             yield b"", True
 
