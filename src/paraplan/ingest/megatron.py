@@ -24,7 +24,7 @@ from paraplan.units import GB, GIB, MIB, MS
 
 # Linear-time patterns (issue 17): possessive quantifiers (``*+``, ``++``) where giving characters back can never
 # help, ``(?<!...)`` where a search would otherwise restart inside the run it just scanned, and no lazy group before
-# ``\s*$`` (split, then strip). tests/ingest/test_hostile.py times each on 100 KB lines.
+# ``\s*$`` (split, then strip). tests/ingest/test_hostile_patterns.py times each on 100 KB lines.
 NUM = r"[-+]?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][-+]?+\d++)?+|[-+]?+(?:nan|inf(?:inity)?+)"
 """A printed number: ``12``, ``1.5``, ``.5``, ``1.0E-05``, ``nan``, ``inf`` (wrap it in a group)."""
 _VALUE = re.compile(rf"\s*+({NUM})(?:\s*+/\s*+(?:{NUM}))*+\s*+", re.IGNORECASE)

@@ -8,7 +8,7 @@ Units are SI: seconds and bytes. Every field that a log line did not carry is ``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -237,21 +237,31 @@ class RunLog:
 
     def to_dict(self, skip_warmup: int = 1) -> dict[str, Any]:
         """JSON-ready dict: records, timers grouped by name, and the summary."""
-        timers: dict[str, list[dict[str, Any]]] = {}
+        return {key: _listed(value) for key, value in self.json_sections(skip_warmup)}
+
+    def json_sections(self, skip_warmup: int = 1) -> Iterator[tuple[str, Any]]:
+        """``to_dict``'s items in order, each record list as an iterator of record dicts (the timers: name ->
+        iterator), so that a writer can stream a large log record by record."""
+        timers: dict[str, list[TimerRecord]] = {}
         for t in self.timers:
-            timers.setdefault(t.name, []).append(record_to_dict(t))
-        return {
-            "sources": list(self.sources),
-            "iterations": [record_to_dict(r) for r in self.iterations],
-            "memory": [record_to_dict(r) for r in self.memory],
-            "timers": timers,
-            "validation": [record_to_dict(r) for r in self.validation],
-            "step_reports": [record_to_dict(r) for r in self.step_reports],
-            "theoretical": record_to_dict(self.theoretical) if self.theoretical else None,
-            "run_config": None if self.run_config is None else {
-                "sizes": dict(self.run_config.sizes), "arguments": dict(self.run_config.arguments)},
-            "summary": self.summary(skip_warmup),
-        }
+            timers.setdefault(t.name, []).append(t)
+        yield "sources", list(self.sources)
+        yield "iterations", map(record_to_dict, self.iterations)
+        yield "memory", map(record_to_dict, self.memory)
+        yield "timers", {name: map(record_to_dict, group) for name, group in timers.items()}
+        yield "validation", map(record_to_dict, self.validation)
+        yield "step_reports", map(record_to_dict, self.step_reports)
+        yield "theoretical", record_to_dict(self.theoretical) if self.theoretical else None
+        yield "run_config", None if self.run_config is None else {
+            "sizes": dict(self.run_config.sizes), "arguments": dict(self.run_config.arguments)}
+        yield "summary", self.summary(skip_warmup)
+
+
+def _listed(value: Any) -> Any:
+    """A ``json_sections`` value with its iterators turned into lists."""
+    if isinstance(value, Iterator):
+        return list(value)
+    return {k: _listed(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def merge(logs: Sequence[RunLog]) -> RunLog:
