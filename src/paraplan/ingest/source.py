@@ -11,8 +11,9 @@ UTF-8 with ``errors="replace"`` (a stray byte becomes U+FFFD instead of failing 
   that is skipped and counted in ``LineStats.long_lines`` (Megatron's longest line, an iteration line, is about
   2 KB: such a piece is binary junk or a dumped tensor, and the rest of the log stays readable);
 * gzip data may expand at most ``MAX_GZIP_RATIO`` times the compressed bytes read (checked once more than
-  ``GZIP_RATIO_FLOOR_BYTES`` came out): deflate reaches about 1000x only on runs of one byte (a gzip bomb: 13 MB
-  of zeros is 13 GB), text logs are 5-30x. A file over the limit is refused with a line saying how to avoid it.
+  ``GZIP_RATIO_FLOOR_BYTES`` came out): deflate reaches about 1000x on runs of one byte (a gzip bomb: 13 MB
+  of zeros is 13 GB), while the sample logs compress 2-3x and benchmarks/ingest_scale.py's repetitive 100 MB log
+  14x. A file over the limit is refused with a line saying how to avoid it (gunzip it: text has no size limit).
 
 Not here: TensorBoard event files (``tensorboard.py``) and what the lines mean (``megatron.py``).
 """

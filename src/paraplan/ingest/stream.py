@@ -110,9 +110,9 @@ class LogParser:
             self.bad = self.bad or bad
         self.config.feed(physical)
         if self.max_records is not None and self.out.num_records > self.max_records:
-            raise IngestError(f"{self.source}: more than {self.max_records:,} records by line {line_no:,} "
-                              "(MAX_RECORDS: iteration, timer and memory lines kept in memory); ingest a part of "
-                              "the log (e.g. split -l) or a log with a longer --log-interval")
+            raise IngestError(f"{self.source}: more than {self.max_records:,} records by line {line_no:,} (MAX_RECORDS "
+                              f"{MAX_RECORDS:,} for all the logs read together, each iteration, timer and memory "
+                              "line kept in memory); ingest a part of the log (e.g. split -l)")
 
     def finish(self, *, long_lines: int = 0) -> RunLog:
         """The ``RunLog`` of the lines fed (``long_lines``: pieces the reader skipped as too long)."""
