@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import paraplan.ingest
+from paraplan.calibrate import read_manifest, read_runs_csv
 from paraplan.cli import main
 from paraplan.errors import IngestError, SpecError
 from paraplan.ingest import parse_text, read_log, read_logs, run_config
@@ -84,6 +85,10 @@ def test_a_fifo_is_refused_before_it_is_opened(tmp_path: Path, capsys: pytest.Ca
         read_logs([fifo])  # what tune --log, report --log and calibrate's manifest:log pairs read through
     with _deadline(10), pytest.raises(SpecError, match=r"^model: .* is a FIFO"):
         load_model(str(fifo))  # --model train.log
+    with _deadline(10), pytest.raises(SpecError, match=r"^manifest: .* is a FIFO"):
+        read_manifest(fifo)  # calibrate --pair manifest.json:train.log
+    with _deadline(10), pytest.raises(SpecError, match=r"^runs: .* is a FIFO"):
+        read_runs_csv(fifo)
     event_fifo = tmp_path / "events.out.tfevents.1"
     os.mkfifo(event_fifo)
     with _deadline(10), pytest.raises(IngestError, match="FIFO"):
