@@ -82,6 +82,8 @@ class RunConfigReader:
         """One physical line (without its newline)."""
         if self.done and self.sizes:
             return
+        if not self.inside and "using world size: " not in raw and " arguments " not in raw:
+            return  # (nor has the line once its prefix is removed)
         line = _PREFIX.sub("", raw.rstrip("\r"))
         if not self.sizes and "using world size: " in line and (head := _SIZES_HEAD.search(line)):
             if tail := _SIZES_TAIL.search(line, head.end()):
