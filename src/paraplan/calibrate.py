@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 
 from paraplan.errors import LayoutError, PlannerError, SpecError
 from paraplan.estimate.step_time import step_time
-from paraplan.fileio import write_text_atomic
+from paraplan.fileio import check_regular_file, write_text_atomic
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
@@ -314,6 +314,8 @@ def _row_run(where: str, row: dict[str, str | None], base: Path, gpu: GpuSpec | 
 def read_runs_csv(path: str | Path, gpu: GpuSpec | None = None) -> list[Run]:
     """Runs from a CSV file (columns in the module docstring); SpecError naming the line and column."""
     p = Path(path)
+    if p.exists():
+        check_regular_file(p, "runs")  # a FIFO would block the read
     try:
         lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
     except FileNotFoundError:
@@ -372,6 +374,8 @@ def read_manifest(path: str | Path) -> RunInputs:
     p = Path(path)
     if p.is_dir():
         p = p / "manifest.json"
+    if p.exists():
+        check_regular_file(p, "manifest")  # a FIFO would block the read
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -6,11 +6,11 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 import yaml
 
-from paraplan.errors import SpecError
+from paraplan.errors import PlannerError, SpecError
 
 
 def yaml_error_text(err: yaml.YAMLError) -> str:
@@ -135,3 +135,39 @@ def _move_into_place(tmp: str, target: Path, path: str | Path, option: str, forc
         os.replace(tmp, target)
         return
     os.unlink(tmp)
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(mode: int) -> str:
+    return next((kind for test, kind in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def check_regular_file(path: str | Path, what: str, *, error: type[PlannerError] = SpecError) -> os.stat_result:
+    """``os.stat`` of ``path`` when it is a regular file (symlinks followed); ``error`` in one line otherwise, before
+    anything opens it: a FIFO would block, ``/dev/zero`` never ends, a directory or socket cannot be read."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise error(f"{what}: cannot read '{path}': {err.strerror or err}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{what}: '{path}' is {_not_regular(info.st_mode)}, and only regular files are read")
+    return info
+
+
+def open_regular_file(path: str | Path, what: str, *, error: type[PlannerError] = SpecError) -> BinaryIO:
+    """``path`` opened for reading bytes, refusing anything but a regular file (``check_regular_file``). It is opened
+    non-blocking and checked again with ``fstat``, so a FIFO swapped in after the check cannot block either."""
+    check_regular_file(path, what, error=error)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise error(f"{what}: cannot read '{path}': {err.strerror or err}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise error(f"{what}: '{path}' is {_not_regular(mode)}, and only regular files are read")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")

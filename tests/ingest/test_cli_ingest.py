@@ -136,3 +136,17 @@ def test_a_log_without_training_output_is_one_line_exit_1(tmp_path: Path, capsys
 def test_missing_losses_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ingest", _sample("05")]) == 0
     assert "records without a loss" in capsys.readouterr().out
+
+
+def test_json_is_streamed_as_json_dumps_would_write_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--format json`` is written a record at a time (bounded memory) with the text of one ``json.dumps``."""
+    from paraplan.cli.ingest import _finite
+    from paraplan.ingest import read_logs
+
+    nan_log = tmp_path / "nan.log"
+    nan_log.write_text(" iteration 2/9 | lm loss: nan | elapsed time per iteration (ms): 5.0 |\n", encoding="utf-8")
+    for logs in [[_sample("01")], [_sample("17"), _sample("13")], [str(LOGS / "synthetic" / "argument_dump.log")],
+                 [str(nan_log)]]:
+        assert main(["ingest", "--format", "json", *logs]) == 0
+        expected = json.dumps(_finite(read_logs(logs).to_dict()), indent=1, allow_nan=False) + "\n"
+        assert capsys.readouterr().out == expected

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from rich.table import Table
 from paraplan.cli._app import app
 from paraplan.cli.render import safe
 from paraplan.ingest import RunLog, read_logs
+from paraplan.ingest.source import MAX_LINE_BYTES
 from paraplan.units import GIB, MIB, MS
 
 _MAX_RANK_ROWS = 16
@@ -37,6 +40,29 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
+
+
+def json_chunks(value: Any, indent: str = "") -> Iterator[str]:
+    """The text of ``json.dumps(value, indent=1, allow_nan=False)`` (NaN/inf as null) in pieces: an iterator in
+    ``value`` is written as a list one item at a time, each item whole (``RunLog.json_sections``: the document of a
+    large log is never in memory at once, about 3 KB per record)."""
+    if isinstance(value, dict) and any(isinstance(v, Iterator | dict) for v in value.values()):
+        for i, (key, item) in enumerate(value.items()):
+            yield ("{\n" if i == 0 else ",\n") + f"{indent} {json.dumps(key)}: "
+            yield from json_chunks(item, indent + " ")
+        yield f"\n{indent}}}"
+    elif isinstance(value, Iterator):
+        empty = True
+        for item in value:
+            yield ("[\n" if empty else ",\n") + indent + " " + _json_text(item, indent + " ")
+            empty = False
+        yield "[]" if empty else f"\n{indent}]"
+    else:
+        yield _json_text(value, indent)
+
+
+def _json_text(value: Any, indent: str) -> str:
+    return json.dumps(_finite(value), indent=1, allow_nan=False).replace("\n", "\n" + indent)
 
 
 def _ms(seconds: float | None) -> str:
@@ -86,6 +112,8 @@ def _summary_table(log: RunLog, s: dict[str, Any]) -> Table:
                       f"{s['loss_missing_iterations']}" + (f" (first: iteration {first})" if first is not None else ""))
     table.add_row("lines read / unparsed / partial",
                   f"{s['lines']} / {s['unparsed_lines']} / {s['partial_lines']}")
+    if s["long_lines_skipped"]:
+        table.add_row(f"over-long lines skipped (> {MAX_LINE_BYTES // MIB} MiB)", str(s["long_lines_skipped"]))
     return table
 
 
@@ -188,6 +216,7 @@ def ingest(logs: list[Path] = _LOGS, fmt: IngestFormat = _FORMAT, skip_warmup: i
     """
     log = read_logs(list(logs))
     if fmt == IngestFormat.json:
-        print(json.dumps(_finite(log.to_dict(skip_warmup)), indent=1, allow_nan=False))
+        sys.stdout.writelines(json_chunks(dict(log.json_sections(skip_warmup))))
+        sys.stdout.write("\n")
         return
     render_runlog(log, skip_warmup)

@@ -11,11 +11,10 @@ Units are seconds and bytes; values a log did not carry are ``None``.
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 from paraplan.errors import IngestError
-from paraplan.ingest.megatron import parse_line, parse_segment, parse_text
+from paraplan.ingest.megatron import parse_line, parse_segment
 from paraplan.ingest.records import (
     IterationRecord,
     MemoryRecord,
@@ -27,6 +26,8 @@ from paraplan.ingest.records import (
     ValidationRecord,
     merge,
 )
+from paraplan.ingest.source import GZIP_MAGIC, LineStats, log_lines
+from paraplan.ingest.stream import MAX_RECORDS, LogParser, parse_lines, parse_text
 from paraplan.ingest.summary import quantile, summarize
 from paraplan.ingest.tensorboard import read_tensorboard, runlog_from_scalars
 
@@ -36,42 +37,40 @@ def is_tensorboard(path: Path) -> bool:
     return path.is_dir() or "tfevents" in path.name
 
 
-def read_log(path: str | Path) -> RunLog:
-    """Read one text log or TensorBoard event file/directory; ``IngestError`` if unreadable."""
+def read_log(path: str | Path, *, max_records: int = MAX_RECORDS) -> RunLog:
+    """Read one text log (plain or gzip, streamed line by line: ``source.log_lines`` has the limits) or a
+    TensorBoard event file/directory; ``IngestError`` in one line if unreadable or over a limit."""
     path = Path(path)
     if not path.exists():
         raise IngestError(f"{path}: no such file or directory")
     if is_tensorboard(path):
         return read_tensorboard(path)
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise IngestError(f"{path}: cannot read ({err.strerror or err})") from err
-    if data[:2] == GZIP_MAGIC:  # logs are often kept gzipped
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as err:
-            raise IngestError(f"{path}: a damaged gzip file ({err})") from None
-    return parse_text(data.decode("utf-8", errors="replace"), source=str(path))
-
-
-GZIP_MAGIC = b"\x1f\x8b"
-"""The first two bytes of a gzip stream (RFC 1952, section 2.3.1)."""
+    stats = LineStats()
+    parser = LogParser(str(path), max_records=max_records)
+    for line_no, text in log_lines(path, stats):
+        parser.feed(text, line_no)
+    return parser.finish(long_lines=stats.long_lines)
 
 
 def read_logs(paths: list[str] | list[Path]) -> RunLog:
     """Read several logs (e.g. one per job of a resumed run) into one RunLog, one segment each."""
     if not paths:
         raise IngestError("no log files given")
-    log = merge([read_log(p) for p in paths])
+    logs: list[RunLog] = []
+    for p in paths:  # the record limit holds for all the logs together
+        logs.append(read_log(p, max_records=MAX_RECORDS - sum(x.num_records for x in logs)))
+    log = merge(logs)
     if not (log.iterations or log.memory or log.timers or log.step_reports or log.validation or log.theoretical):
         names = ", ".join(str(p) for p in paths)
-        raise IngestError(f"{names}: no Megatron training output found ({log.lines} lines read: no iteration line, "
-                          "memory report or timer block)")
+        skipped = f", {log.long_lines} over-long line(s) skipped" if log.long_lines else ""
+        raise IngestError(f"{names}: no Megatron training output found ({log.lines} lines read{skipped}: no iteration "
+                          "line, memory report or timer block)")
     return log
 
 
 __all__ = [
+    "GZIP_MAGIC",
+    "MAX_RECORDS",
     "IngestError",
     "IterationRecord",
     "MemoryRecord",
@@ -82,8 +81,10 @@ __all__ = [
     "TimerRecord",
     "ValidationRecord",
     "is_tensorboard",
+    "log_lines",
     "merge",
     "parse_line",
+    "parse_lines",
     "parse_segment",
     "parse_text",
     "quantile",

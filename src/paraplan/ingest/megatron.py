@@ -4,43 +4,46 @@ Formats: ``shared/reference/megatron-logs.md`` (§ numbers below), read from Meg
 ``training.py`` (``training_log``), ``utils/common_utils.py`` (``report_memory``),
 ``core/timers.py`` (``Timers.log``), ``theoretical_memory_usage.py``, Bridge ``train_utils.py``.
 Each ``parse_*`` reads one format from one cleaned segment (record or ``None``); ``parse_line``
-cleans and splits a physical line; ``parse_text`` adds timer-block state. Never raises on bad text.
+cleans and splits a physical line; ``stream.py`` reads whole logs (timer-block state). Never raises on bad text.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from paraplan.ingest import records as rec
 from paraplan.ingest.primus import with_primus
-from paraplan.ingest.records import IterationRecord, MemoryRecord, Record, RunLog, TimerRecord
-from paraplan.ingest.run_config import read_run_config
+from paraplan.ingest.records import IterationRecord, MemoryRecord, Record, TimerRecord
 from paraplan.ingest.theoretical import parse_theoretical
 from paraplan.units import GB, GIB, MIB, MS
 
-NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)"
-_VALUE = re.compile(rf"\s*({NUM})(?:\s*/\s*(?:{NUM}))*\s*", re.IGNORECASE)
+# Linear-time patterns (issue 17): possessive quantifiers (``*+``, ``++``) where giving characters back can never
+# help, ``(?<!...)`` where a search would otherwise restart inside the run it just scanned, and no lazy group before
+# ``\s*$`` (split, then strip). tests/ingest/test_hostile_patterns.py times each on 100 KB lines.
+NUM = r"[-+]?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][-+]?+\d++)?+|[-+]?+(?:nan|inf(?:inity)?+)"
+"""A printed number: ``12``, ``1.5``, ``.5``, ``1.0E-05``, ``nan``, ``inf`` (wrap it in a group)."""
+_VALUE = re.compile(rf"\s*+({NUM})(?:\s*+/\s*+(?:{NUM}))*+\s*+", re.IGNORECASE)
 
 # §9.1: launcher / logging prefixes (srun -l, torchrun [rankN]:, python logging, ALCF fork).
 _PREFIX = re.compile(
-    r"^(?:\s*(?:\d+:\s|\[rank\d+\]:\s?|(?:INFO|WARNING|DEBUG|ERROR|CRITICAL):[\w.]+:"
-    r"|\[[^\]]*\]\[(?:INFO|WARNING|DEBUG|ERROR)\s*\]\[[^\]]*\]\s*-\s))+"
+    r"^(?:\s*+(?:\d++:\s|\[rank\d++\]:\s?+|(?:INFO|WARNING|DEBUG|ERROR|CRITICAL):[\w.]++:"
+    r"|\[[^\]]*+\]\[(?:INFO|WARNING|DEBUG|ERROR)\s*+\]\[[^\]]*+\]\s*+-\s))++"
 )
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]")
 # §9.1: glued records (ranks writing to one stream without a newline); the leading lookahead
 # on the first characters only makes the split fast.
 _GLUE = re.compile(
     r"(?=[\[ i(T])(?:(?=\[Rank \d+\] \()|(?= ?\[\d{4}-\d\d-\d\d [\d:.]+\] iteration\s)"
     r"|(?<=[^\s,:\]])(?= ?iteration\s+\d+\s*/)|(?<=[\d|])(?=\(min, max\) time across)"
     r"|(?<=\S)(?=Training epoch \d+, iteration ))")
-_ITER = re.compile(r"iteration\s*[=:]?\s*(\d+)\s*/\s*(\d+)")
-_STAMP = re.compile(r"\[(\d{4}-?\d\d-?\d\d[ T][\d:.]+)\]")
-_KV = re.compile(r"^\s*([^:=]+?)\s*[:=]\s*(.*?)\s*$")
+_ITER = re.compile(r"iteration\s*+(?:[=:]\s*+)?(\d++)\s*+/\s*+(\d++)")
+_STAMP = re.compile(r"\[(\d{4}-?\d\d-?\d\d[ T][\d:.]++)\]")
+_KV_SEP = re.compile(r"[:=]")
 
 _MS_IN_S = round(1 / MS)  # divide (not * 1e-3): 7624.3 ms -> 7.6243 s, not 7.624300000000001
 # §1 / §8: normalised field name -> (IterationRecord attribute, divisor to SI).
@@ -73,14 +76,23 @@ def _norm(key: str) -> str:
     return " ".join(key.split())
 
 
+def key_value(piece: str) -> tuple[str, str] | None:
+    """``" key : value "`` (or ``key=value``) -> ``("key", "value")``, split at the first ``:`` or ``=``, both
+    stripped; ``None`` without a separator after the first character."""
+    sep = _KV_SEP.search(piece)
+    if sep is None or sep.start() == 0:
+        return None
+    return piece[: sep.start()].strip(), piece[sep.end() :].strip()
+
+
 def _fields(text: str) -> tuple[list[tuple[str, str]], bool]:
     """Split ``| key: value | key=value |`` into pairs; the flag is True if a piece was garbage."""
-    found = [_KV.match(piece) for piece in text.split("|") if piece.strip()]
-    return [(m.group(1), m.group(2)) for m in found if m], not all(found)
+    found = [key_value(piece) for piece in text.split("|") if piece.strip()]
+    return [kv for kv in found if kv], not all(found)
 
 
 def _numbers(pairs: list[tuple[str, str]]) -> list[tuple[str, float]]:
-    return [(k.strip(), v) for k, raw in pairs if (v := number(raw)) is not None]
+    return [(sys.intern(k.strip()), v) for k, raw in pairs if (v := number(raw)) is not None]
 
 
 def _is_loss(key: str) -> bool:
@@ -108,7 +120,7 @@ def _collect(pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], bool]:
         elif attr:
             kw.setdefault(attr, _int(value) if attr in _INT_ATTRS else value / scale)
         else:
-            (losses if _is_loss(key) else extra).append((key.strip(), value))
+            (losses if _is_loss(key) else extra).append((sys.intern(key.strip()), value))
     kw["losses"], kw["extra"] = tuple(losses), tuple(extra)
     return kw, bad
 
@@ -131,8 +143,8 @@ def parse_iteration(text: str, line: int | None = None) -> IterationRecord | Non
     )  # fmt: skip
 
 
-_NEMO1 = re.compile(r"Epoch (\d+):\s*\d+%\|(?:[^|]*\|)?\s*(\d+)/(\d+)\s*\[([^\]]*)(\]?)")
-_RATE = re.compile(rf"({NUM})\s*(s/it|it/s)")
+_NEMO1 = re.compile(r"Epoch (\d++):\s*+\d++%\|(?:[^|]*+\|)?\s*+(\d++)/(\d++)\s*+\[([^\]]*+)(\]?)")
+_RATE = re.compile(rf"(?<![\d.])({NUM})\s*+(s/it|it/s)")  # no restart inside a number
 
 
 def parse_nemo1(text: str, line: int | None = None) -> IterationRecord | None:
@@ -154,8 +166,8 @@ def parse_nemo1(text: str, line: int | None = None) -> IterationRecord | None:
                            partial=bad or not m.group(5), **kw)
 
 
-_MEM = re.compile(r"^(?:\[Rank (\d+)\]\s*)?(?:\(([^)]*)\)\s*)?memory \((MB|GB)\)\s*\|(.*)$")
-_MEM_CTX = re.compile(r"(\d+) iterations|iteration (\d+)")
+_MEM = re.compile(r"^(?:\[Rank (\d++)\]\s*+)?(?:\(([^)]*+)\)\s*+)?memory \((MB|GB)\)\s*+\|(.*)$")
+_MEM_CTX = re.compile(r"(?<!\d)(\d++) iterations|iteration (\d++)")
 _MEM_ATTRS = {
     "allocated": "allocated_bytes", "max allocated": "max_allocated_bytes",
     "reserved": "reserved_bytes", "max reserved": "max_reserved_bytes",
@@ -197,23 +209,25 @@ def parse_memory(text: str, line: int | None = None) -> MemoryRecord | None:
     )  # fmt: skip
 
 
-_DS_MEM = re.compile(rf"global_step=(\d+).*MemAllocated=({NUM})GB, MaxMemAllocated=({NUM})GB")
+_DS_STEP = re.compile(r"global_step=(\d++)")
+_DS_MEM = re.compile(rf"MemAllocated=({NUM})GB, MaxMemAllocated=({NUM})GB")
 
 
 def parse_deepspeed_memory(text: str, line: int | None = None) -> MemoryRecord | None:
     """DeepSpeed ``ThroughputTimer`` (§8): ``epoch=0/micro_step=10/global_step=10, ...,
     MemAllocated=1.2GB, MaxMemAllocated=3.4GB``; ``deepspeed/utils/timer.py`` divides by 1024**3."""
-    m = _DS_MEM.search(text)
-    if m is None:
+    step = _DS_STEP.search(text)
+    m = _DS_MEM.search(text, step.end()) if step else None
+    if step is None or m is None:
         return None
     return MemoryRecord(
-        iteration=int(m.group(1)), context=f"global_step={m.group(1)}",
-        allocated_bytes=float(m.group(2)) * GIB, max_allocated_bytes=float(m.group(3)) * GIB,
+        iteration=int(step.group(1)), context=f"global_step={step.group(1)}",
+        allocated_bytes=float(m.group(1)) * GIB, max_allocated_bytes=float(m.group(2)) * GIB,
         fmt="deepspeed", line=line,
     )  # fmt: skip
 
 
-_LEGACY_TIMERS = re.compile(r"^(?:\[Rank (\d+)\]\s*)?time \(ms\)\s*\|(.*)$")
+_LEGACY_TIMERS = re.compile(r"^(?:\[Rank (\d++)\]\s*+)?time \(ms\)\s*+\|(.*)$")
 
 
 def parse_legacy_timers(text: str, line: int | None = None) -> list[TimerRecord]:
@@ -233,8 +247,8 @@ def parse_legacy_timers(text: str, line: int | None = None) -> list[TimerRecord]
     ]
 
 
-_MINMAX = re.compile(rf"^\s*(\S.*?) \.*: \(\s*({NUM}),\s*({NUM})\)\s*$")
-_MAXBODY = re.compile(rf"^\s*(\S.*?) \.*: ({NUM})\s*$")
+_MINMAX = re.compile(rf"^\s*+(\S.*?) \.*+: \(\s*+({NUM}),\s*+({NUM})\)\s*+$")
+_MAXBODY = re.compile(rf"^\s*+(\S.*?) \.*+: ({NUM})\s*+$")
 
 
 def parse_timer_body(text: str, line: int | None = None, kind: str = "minmax") -> (
@@ -247,7 +261,7 @@ def parse_timer_body(text: str, line: int | None = None, kind: str = "minmax") -
         return None
     hi = float(m.groups()[-1]) / _MS_IN_S
     lo = float(m.group(2)) / _MS_IN_S if kind == "minmax" else None
-    return TimerRecord(name=m.group(1), value_s=hi, min_s=lo, max_s=hi, kind=kind, line=line)
+    return TimerRecord(name=sys.intern(m.group(1)), value_s=hi, min_s=lo, max_s=hi, kind=kind, line=line)
 
 
 _VALID = re.compile(r"^(validation(?:-\d+)? loss at (?:iteration (\d+)|the end of training for "
@@ -267,7 +281,7 @@ def parse_validation(text: str, line: int | None = None) -> rec.ValidationRecord
     )  # fmt: skip
 
 
-_STEP = re.compile(rf"Step Time\s*:\s*({NUM})\s*s\s+GPU utilization:\s*({NUM})\s*(?:MODEL_)?TFLOP")
+_STEP = re.compile(rf"Step Time\s*+:\s*+({NUM})\s*+s\s++GPU utilization:\s*+({NUM})\s*+(?:MODEL_)?TFLOP")
 
 
 def parse_bridge_step(text: str, line: int | None = None) -> rec.StepReport | None:
@@ -310,76 +324,3 @@ def segments(physical_line: str) -> list[str]:
 def parse_line(physical_line: str, line: int | None = None) -> list[Record]:
     """All records of a physical line, stateless (``max``/``all`` timer bodies need parse_text)."""
     return [r for piece in segments(physical_line) for r in parse_segment(piece, line)]
-
-
-_HEADER = re.compile(r"^(\(min, max\) time|max time|times) across ranks \(ms\):$")
-_ALL_NAME = re.compile(r"^(\S[^:]*):$")
-_ALL_RANK = re.compile(rf"^rank\s+(\d+):\s*({NUM})$")
-_NOISE = re.compile(r"^(?:-{10,}|Theoretical memory footprints not yet supported.*)$")
-
-
-class _TimerBlock:
-    """State of a multi-line timer block (§4.2, ``Timers.log``): the ``max`` body and the ``all``
-    form (``  name:`` then ``     rank  N: value`` lines); minmax bodies are stateless."""
-
-    def __init__(self, out: rec.RunLogBuilder) -> None:
-        self.out, self.kind, self.name, self.line = out, "", "", 0
-        self.ranks: list[tuple[str, float]] = []
-
-    def feed(self, text: str, line: int) -> bool:
-        """True if the segment belongs to the block; any other segment ends the block."""
-        if header := _HEADER.match(text):
-            self.close()
-            self.kind = {"(min, max) time": "minmax", "max time": "max"}.get(header.group(1), "all")
-            return True
-        if self.kind == "max" and (rec_ := parse_timer_body(text, line, "max")) is not None:
-            self.out.add(rec_)
-            return True
-        if self.kind == "all":
-            if self.name and (rank := _ALL_RANK.match(text)):
-                self.ranks.append((rank.group(1), float(rank.group(2)) / _MS_IN_S))
-                return True
-            if name := _ALL_NAME.match(text):
-                self._flush()
-                self.name, self.line = name.group(1), line
-                return True
-        self.close()
-        return False
-
-    def _flush(self) -> None:
-        if self.name and self.ranks:
-            lo, hi = min(v for _, v in self.ranks), max(v for _, v in self.ranks)
-            self.out.add(TimerRecord(name=self.name, value_s=hi, min_s=lo, max_s=hi, kind="all",
-                                     per_rank=tuple(self.ranks), line=self.line))
-        self.name, self.ranks = "", []
-
-    def close(self) -> None:
-        """Emit a pending ``all`` timer and leave the block."""
-        self._flush()
-        self.kind = ""
-
-
-def _feed(text: str, line: int, out: rec.RunLogBuilder, block: _TimerBlock) -> tuple[bool, bool]:
-    if block.feed(text, line):
-        return True, False
-    records = parse_segment(text, line)
-    for record in records:
-        out.add(record)
-    return bool(records) or bool(_NOISE.match(text)), any(r.partial for r in records)
-
-
-def parse_text(text: str, source: str = "<text>") -> RunLog:
-    """Parse a whole log (any mix of the formats above) into a ``RunLog``; never raises. A line
-    is unparsed when none of its pieces was recognised, partial when a record was truncated or a
-    glued piece next to a record was unreadable."""
-    out = rec.RunLogBuilder()
-    block = _TimerBlock(out)
-    for line_no, physical in enumerate(text.split("\n"), start=1):
-        results = [_feed(p, line_no, out, block) for p in segments(physical)]
-        if known := [ok for ok, _ in results]:
-            bad = any(b for _, b in results) or not all(known)
-            out.count_line(recognized=any(known), partial=bad)
-    block.close()
-    log = out.build(source)
-    config = read_run_config(text, source)
-    return log if config is None else dataclasses.replace(log, run_config=config)

@@ -23,13 +23,14 @@ from collections.abc import Callable
 from paraplan.ingest.records import IterationRecord, MemoryRecord, Record
 from paraplan.units import GIB
 
-_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-_RANK = re.compile(r"\[rank-(\d+)/(\d+)\]")
+# Linear-time patterns (possessive quantifiers; pairs split at ':' then matched), see megatron.py.
+_NUM = r"[-+]?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][-+]?+\d++)?+"
+_RANK = re.compile(r"\[rank-(\d++)/(\d++)\]")
 _HIP_KEY = "hip mem usage/free/total/usage_ratio"
-_HIP = re.compile(rf"{re.escape(_HIP_KEY)}\s*:\s*([^|]*)")
-_HIP_VALUE = re.compile(rf"^\s*({_NUM})\s*(GB|GiB|%)\s*$")
+_HIP = re.compile(rf"{re.escape(_HIP_KEY)}\s*+:\s*+([^|]*+)")
+_HIP_VALUE = re.compile(rf"^\s*+({_NUM})\s*+(GB|GiB|%)\s*+$")
 _HIP_NAMES = ("used", "free", "total", "usage ratio")
-_PAIR = re.compile(rf"^\s*([^:|]+?)\s*:\s*({_NUM})\s*/\s*({_NUM})\s*$")
+_PAIR_VALUE = re.compile(rf"\s*+({_NUM})\s*+/\s*+({_NUM})\s*+")
 
 IterationParser = Callable[[str, "int | None"], "IterationRecord | None"]
 
@@ -66,9 +67,13 @@ def parse_hip_memory(text: str, iteration: int | None = None, line: int | None =
 
 
 def averages(text: str) -> tuple[tuple[str, float], ...]:
-    """``(average <key>, b)`` for every ``key: a/b`` field of the line (as printed)."""
-    found = (_PAIR.match(piece) for piece in text.split("|"))
-    return tuple((f"average {m.group(1)}", float(m.group(3))) for m in found if m)
+    """``(average <key>, b)`` for every ``key: a/b`` field of the line (key as printed, stripped)."""
+    out: list[tuple[str, float]] = []
+    for piece in text.split("|"):
+        key, sep, value = piece.partition(":")
+        if sep and key and (m := _PAIR_VALUE.fullmatch(value)):
+            out.append((f"average {key.strip()}", float(m.group(2))))
+    return tuple(out)
 
 
 def with_primus(parse_iteration: IterationParser) -> Callable[[str, int | None], IterationRecord | list[Record] | None]:

@@ -8,7 +8,7 @@ Units are SI: seconds and bytes. Every field that a log line did not carry is ``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -204,7 +204,8 @@ class RunLog:
     ``segment_starts`` are indices into ``iterations`` where a run segment starts (a new file or a
     restart: the iteration number went down); warm-up records are skipped per segment.
     Line counters: ``lines`` non-blank physical lines; ``unparsed_lines`` yielded nothing;
-    ``partial_lines`` yielded a record but had unreadable parts (truncated, garbage).
+    ``partial_lines`` yielded a record but had unreadable parts (truncated, garbage); ``long_lines`` pieces of
+    lines longer than ``source.MAX_LINE_BYTES`` that were skipped, not read (binary junk, a dumped tensor).
     """
 
     iterations: tuple[IterationRecord, ...] = ()
@@ -219,7 +220,14 @@ class RunLog:
     lines: int = 0
     unparsed_lines: int = 0
     partial_lines: int = 0
+    long_lines: int = 0
     sources: tuple[str, ...] = ()
+
+    @property
+    def num_records(self) -> int:
+        """Records kept (what ``stream.MAX_RECORDS`` counts; the theoretical block is not one)."""
+        return (len(self.iterations) + len(self.memory) + len(self.timers) + len(self.validation)
+                + len(self.step_reports))
 
     def summary(self, skip_warmup: int = 1) -> dict[str, Any]:
         """The run summary (see ``paraplan.ingest.summary.summarize``)."""
@@ -229,21 +237,31 @@ class RunLog:
 
     def to_dict(self, skip_warmup: int = 1) -> dict[str, Any]:
         """JSON-ready dict: records, timers grouped by name, and the summary."""
-        timers: dict[str, list[dict[str, Any]]] = {}
+        return {key: _listed(value) for key, value in self.json_sections(skip_warmup)}
+
+    def json_sections(self, skip_warmup: int = 1) -> Iterator[tuple[str, Any]]:
+        """``to_dict``'s items in order, each record list as an iterator of record dicts (the timers: name ->
+        iterator), so that a writer can stream a large log record by record."""
+        timers: dict[str, list[TimerRecord]] = {}
         for t in self.timers:
-            timers.setdefault(t.name, []).append(record_to_dict(t))
-        return {
-            "sources": list(self.sources),
-            "iterations": [record_to_dict(r) for r in self.iterations],
-            "memory": [record_to_dict(r) for r in self.memory],
-            "timers": timers,
-            "validation": [record_to_dict(r) for r in self.validation],
-            "step_reports": [record_to_dict(r) for r in self.step_reports],
-            "theoretical": record_to_dict(self.theoretical) if self.theoretical else None,
-            "run_config": None if self.run_config is None else {
-                "sizes": dict(self.run_config.sizes), "arguments": dict(self.run_config.arguments)},
-            "summary": self.summary(skip_warmup),
-        }
+            timers.setdefault(t.name, []).append(t)
+        yield "sources", list(self.sources)
+        yield "iterations", map(record_to_dict, self.iterations)
+        yield "memory", map(record_to_dict, self.memory)
+        yield "timers", {name: map(record_to_dict, group) for name, group in timers.items()}
+        yield "validation", map(record_to_dict, self.validation)
+        yield "step_reports", map(record_to_dict, self.step_reports)
+        yield "theoretical", record_to_dict(self.theoretical) if self.theoretical else None
+        yield "run_config", None if self.run_config is None else {
+            "sizes": dict(self.run_config.sizes), "arguments": dict(self.run_config.arguments)}
+        yield "summary", self.summary(skip_warmup)
+
+
+def _listed(value: Any) -> Any:
+    """A ``json_sections`` value with its iterators turned into lists."""
+    if isinstance(value, Iterator):
+        return list(value)
+    return {k: _listed(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def merge(logs: Sequence[RunLog]) -> RunLog:
@@ -267,8 +285,13 @@ def merge(logs: Sequence[RunLog]) -> RunLog:
         lines=sum(log.lines for log in logs),
         unparsed_lines=sum(log.unparsed_lines for log in logs),
         partial_lines=sum(log.partial_lines for log in logs),
+        long_lines=sum(log.long_lines for log in logs),
         sources=tuple(s for log in logs for s in log.sources),
     )
+
+
+MAX_THEORETICAL_LINES = 100
+"""Lines of the theoretical-memory block that are merged (the block has about 12; see ``RunLogBuilder``)."""
 
 
 @dataclass(slots=True)
@@ -277,7 +300,8 @@ class RunLogBuilder:
 
     A new segment starts at the first iteration record and wherever the iteration number does not
     increase (a restart); consecutive NeMo 1 tqdm redraws of the same step collapse to the last.
-    Timer records without an iteration get the last iteration seen before them.
+    Timer records without an iteration get the last iteration seen before them. The theoretical-memory
+    block takes its first ``MAX_THEORETICAL_LINES`` lines (Megatron prints about 12; merging is not free).
     """
 
     iterations: list[IterationRecord] = field(default_factory=list)
@@ -288,6 +312,13 @@ class RunLogBuilder:
     theoretical: TheoreticalMemoryRecord | None = None
     segment_starts: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # lines, unparsed, partial
+    theoretical_lines: int = 0
+
+    @property
+    def num_records(self) -> int:
+        """Records kept so far (the theoretical block is one)."""
+        return (len(self.iterations) + len(self.memory) + len(self.timers) + len(self.validation)
+                + len(self.step_reports))
 
     def add(self, record: Record) -> None:
         """Append one record to its list."""
@@ -303,7 +334,8 @@ class RunLogBuilder:
             self.validation.append(record)
         elif isinstance(record, StepReport):
             self.step_reports.append(record)
-        else:
+        elif self.theoretical_lines < MAX_THEORETICAL_LINES:
+            self.theoretical_lines += 1
             self.theoretical = record if self.theoretical is None else self.theoretical.combine(record)
 
     def _add_iteration(self, record: IterationRecord) -> None:

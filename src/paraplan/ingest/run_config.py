@@ -21,13 +21,15 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-_SIZES_LINE: Final = re.compile(
-    r"using world size: (?P<world>\d+), data-parallel[- ]size: (?P<dp>\d+)"
-    r"(?:, context-parallel size: (?P<cp>\d+))?.*?tensor-model-parallel size: (?P<tp>\d+), "
-    r"pipeline-model-parallel size: (?P<pp>\d+)")
-_ARGS_START: Final = re.compile(r"-{8,} arguments -{8,}")
-_ARGS_END: Final = re.compile(r"-{8,} end of arguments -{8,}")
-_ARG_LINE: Final = re.compile(r"^\s+(?P<name>[A-Za-z_][A-Za-z0-9_]*) \.* ?(?P<value>.*?)\s*$")
+# Linear-time patterns (issue 17): the sizes line is found in two searches (no lazy ``.*?`` between them), runs
+# of dashes are matched from their first dash only, and an argument's value is stripped, not matched by ``\s*$``.
+_SIZES_HEAD: Final = re.compile(
+    r"using world size: (?P<world>\d++), data-parallel[- ]size: (?P<dp>\d++)"
+    r"(?:, context-parallel size: (?P<cp>\d++))?")
+_SIZES_TAIL: Final = re.compile(r"tensor-model-parallel size: (?P<tp>\d++), pipeline-model-parallel size: (?P<pp>\d++)")
+_ARGS_START: Final = re.compile(r"(?<!-)-{8,}+ arguments -{8}")
+_ARGS_END: Final = re.compile(r"(?<!-)-{8,}+ end of arguments -{8}")
+_ARG_LINE: Final = re.compile(r"^\s++(?P<name>[A-Za-z_][A-Za-z0-9_]*+) \.*+ ?+(?P<value>.*+)")
 _PREFIX: Final = re.compile(r"^(?:\[?rank\d+\]?:\s*|\d+:\s*)")
 
 ARGUMENT_SIZES: Final = {
@@ -63,23 +65,50 @@ class RunConfig:
         return sizes
 
 
+MAX_ARGUMENTS: Final = 10_000
+"""Argument lines kept from one dump: Megatron prints about 700; a dump without its end line would otherwise take
+every indented line of the log (timer bodies look like arguments), so the dump is closed there."""
+
+
+class RunConfigReader:
+    """Reads a log line by line (``feed``) for its sizes line and its first argument dump (``result``)."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.args: list[tuple[str, str]] = []
+        self.inside = self.done = False
+
+    def feed(self, raw: str) -> None:
+        """One physical line (without its newline)."""
+        if self.done and self.sizes:
+            return
+        if not self.inside and "using world size: " not in raw and " arguments " not in raw:
+            return  # (nor has the line once its prefix is removed)
+        line = _PREFIX.sub("", raw.rstrip("\r"))
+        if not self.sizes and "using world size: " in line and (head := _SIZES_HEAD.search(line)):
+            if tail := _SIZES_TAIL.search(line, head.end()):
+                groups = {**head.groupdict(), **tail.groupdict()}
+                self.sizes = {k: int(groups[k]) for k in ("world", "dp", "cp", "tp", "pp") if groups[k] is not None}
+        if self.done or (" arguments " not in line and not self.inside):
+            return
+        if _ARGS_START.search(line):
+            self.inside = True
+        elif self.inside and _ARGS_END.search(line):
+            self.inside, self.done = False, True
+        elif self.inside and (a := _ARG_LINE.match(line)):
+            self.args.append((a["name"], a["value"].rstrip()))
+            self.done = len(self.args) >= MAX_ARGUMENTS
+
+    def result(self, source: str = "") -> RunConfig | None:
+        """The sizes line and the first argument dump read; None when the log had neither."""
+        if not self.sizes and not self.args:
+            return None
+        return RunConfig(arguments=tuple(self.args), sizes_line=tuple(self.sizes.items()), source=source)
+
+
 def read_run_config(text: str, source: str = "") -> RunConfig | None:
     """The sizes line and the first argument dump of a log text; None when it has neither."""
-    sizes: dict[str, int] = {}
-    args: list[tuple[str, str]] = []
-    inside = done = False
+    reader = RunConfigReader()
     for raw in text.split("\n"):
-        line = _PREFIX.sub("", raw.rstrip("\r"))
-        if not sizes and (m := _SIZES_LINE.search(line)):
-            sizes = {k: int(v) for k, v in m.groupdict().items() if v is not None}
-        if done:
-            continue
-        if _ARGS_START.search(line):
-            inside = True
-        elif inside and _ARGS_END.search(line):
-            inside, done = False, True
-        elif inside and (a := _ARG_LINE.match(line)):
-            args.append((a["name"], a["value"]))
-    if not sizes and not args:
-        return None
-    return RunConfig(arguments=tuple(args), sizes_line=tuple(sizes.items()), source=source)
+        reader.feed(raw)
+    return reader.result(source)

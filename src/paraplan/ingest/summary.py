@@ -167,4 +167,5 @@ def summarize(log: RunLog, skip_warmup: int = 1) -> dict[str, Any]:
         "lines": log.lines,
         "unparsed_lines": log.unparsed_lines,
         "partial_lines": log.partial_lines,
+        "long_lines_skipped": log.long_lines,
     }

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from paraplan.errors import IngestError
+from paraplan.fileio import check_regular_file
 from paraplan.ingest.records import IterationRecord, MemoryRecord, RunLog, TimerRecord
 
 Series = Mapping[str, Mapping[int, float]]
@@ -135,6 +136,8 @@ def read_tensorboard(path: str | Path) -> RunLog:
         raise IngestError(f"{path}: no such file or directory")
     if path.is_dir() and not any("tfevents" in p.name for p in path.iterdir()):
         raise IngestError(f"{path}: no TensorBoard event files (events.out.tfevents.*) in it")
+    if not path.is_dir():
+        check_regular_file(path, "log", error=IngestError)  # a FIFO would block the reader
     ea = _module("tensorboard.backend.event_processing.event_accumulator")
     tensor_util = _module("tensorboard.util.tensor_util")
     acc = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})

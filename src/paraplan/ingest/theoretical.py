@@ -28,7 +28,8 @@ from typing import Any
 from paraplan.ingest.records import TheoreticalMemoryRecord
 from paraplan.units import MIB
 
-_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+# Linear-time patterns (possessive quantifiers; the summary split at commas), see megatron.py.
+_NUM = r"[-+]?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][-+]?+\d++)?+"
 _BILLION = 10**9
 
 _PARAM_FIELDS = {
@@ -44,15 +45,35 @@ _PARAM_FIELDS = {
 }
 """``<label> in billions: X`` (lower case) -> field; other ``number of ...`` labels go to ``extra``."""
 
-_BILLIONS = re.compile(rf"^((?:total )?number of [^:]+?) in billions:\s*({_NUM})$", re.IGNORECASE)
+_BILLIONS = re.compile(rf"^((?:total )?number of [^:]+?) in billions:\s*+({_NUM})$", re.IGNORECASE)
 _PER_LAYER = re.compile(
-    rf"^Activation memory footprint per transformer layer(?:\s*\(([^)]*)\))?:\s*({_NUM})\s*MB$")
-_PENALTY = re.compile(rf"^Memory penalty from interleaved schedule:\s*({_NUM})$")
-_IN_FLIGHT = re.compile(r"^Number of in-flight microbatches:\s*(\d+)$")
+    rf"^Activation memory footprint per transformer layer(?:\s*+\(([^)]*+)\))?:\s*+({_NUM})\s*+MB$")
+_PENALTY = re.compile(rf"^Memory penalty from interleaved schedule:\s*+({_NUM})$")
+_IN_FLIGHT = re.compile(r"^Number of in-flight microbatches:\s*+(\d++)$")
 _MARKER = re.compile(r"^compute_activation_memory[ _](with(?:out)?)[ _]sp$", re.IGNORECASE)
 _UNSUPPORTED = re.compile(r"^Theoretical memory footprints not yet supported for (.+?)\.?$")
-_SUMMARY = re.compile(r"Theoretical memory footprints:\s*(.*)$")
-_PAIR = re.compile(rf"(\w[\w ./()-]*?)\s*=\s*({_NUM})\s*MB")
+_SUMMARY = re.compile(r"Theoretical memory footprints:\s*+(.*)$")
+_NAME = re.compile(r"(?<![\w ./()-])[ ./()-]*+(\w[\w ./()-]*+)\s*+\Z")
+_MB = re.compile(rf"=\s*+({_NUM})\s*+MB")
+
+
+def summary_pairs(text: str) -> tuple[list[tuple[str, float]], bool]:
+    """``name=X MB`` pairs of the summary (after ``footprints:``), X in MiB, as ``re.findall`` of
+    ``(\\w[\\w ./()-]*?)\\s*=\\s*(X)\\s*MB`` would find them, but in linear time: each ``=`` is tried once, its name
+    read back to the start of the run of name characters before it; flag: text other than pairs, spaces and commas."""
+    pairs: list[tuple[str, float]] = []
+    pos = done = 0  # where to look for the next '=', where the last pair ended
+    partial = False
+    while (eq := text.find("=", pos)) >= 0:
+        name = _NAME.search(text[pos:eq])  # a slice: a name may start right where the last pair ended
+        value = _MB.match(text, eq) if name else None
+        if name is None or value is None:
+            pos = eq + 1
+            continue
+        partial = partial or bool(text[done : pos + name.start(1)].strip(" ,"))
+        pairs.append((name.group(1).rstrip(), float(value.group(1)) * MIB))
+        pos = done = value.end()
+    return pairs, partial or bool(text[done:].strip(" ,"))
 
 
 def billions_to_count(text: str) -> int | None:
@@ -69,15 +90,13 @@ def parse_summary(text: str, line: int | None = None) -> TheoreticalMemoryRecord
     (full form; weight-only form 2024-04..2025-08 and in Bridge without SP+selective) and Bridge's
     ``format_training_memory_estimate`` ``<component>=X MB, ..., total=X MB``. MB = MiB."""
     m = _SUMMARY.search(text)
-    found = _PAIR.findall(m.group(1) if m else "")
-    comps = tuple((k.strip(), float(v) * MIB) for k, v in found)
-    if m is None or not comps:
+    comps, partial = summary_pairs(m.group(1)) if m else ([], False)
+    if not comps:
         return None
     d = dict(comps)
     return TheoreticalMemoryRecord(
         weight_and_optimizer_bytes=d.get("weight and optimizer"), total_bytes=d.get("total"),
-        activation_bytes=d.get("activation"), components=comps, raw=text, line=line,
-        partial=bool(_PAIR.sub("", m.group(1)).strip(" ,")),
+        activation_bytes=d.get("activation"), components=tuple(comps), raw=text, line=line, partial=partial,
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from paraplan.errors import SpecError
-from paraplan.fileio import read_yaml, yaml_error_text
+from paraplan.fileio import check_regular_file, read_yaml, yaml_error_text
 from paraplan.specs.cluster import EfficiencySpec, GpuSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.units import GBIT, GIB, TB, TFLOP
@@ -195,6 +195,9 @@ def load_model(ref: str) -> ModelSpec:
         if ref in model_preset_names() or not any(c in ref for c in "/\\.") :
             return load_model_preset(ref)
         raise SpecError(f"model: file '{ref}' not found (and not a preset: {', '.join(model_preset_names())})")
+    check_regular_file(path, "model")  # a FIFO would block, /dev/zero fill memory
+    if path.suffix in (".log", ".txt", ".gz", ".out"):
+        return _model_from_log(path)  # streamed, not read whole
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
