@@ -59,7 +59,7 @@ def fast_command(args: Sequence[str]) -> tuple[str, str] | None:
         fmt = rest[1]
     elif len(rest) == 1 and rest[0].startswith("--format="):
         fmt = rest[0][len("--format="):]
-    elif len(rest) == 1 and rest[0].startswith("-f") and not rest[0].startswith("--"):
+    elif len(rest) == 1 and rest[0].startswith("-f"):
         fmt = rest[0][len("-f"):]
     else:
         return None
