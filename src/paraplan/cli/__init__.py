@@ -42,9 +42,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+_FAST_FORMATS = ("table", "json", "csv")
+
+
+def fast_command(args: Sequence[str]) -> tuple[str, str] | None:
+    """(command, format) when ``args`` are exactly ``models`` or ``gpus`` with at most one ``--format``/``-f``
+    of table, json or csv (``--format json``, ``--format=json``, ``-f json``, ``-fjson``): ``main`` runs those
+    without building typer's command, whose option parsing imports pydantic. Anything else (``--help``, another
+    value, a second option, shell completion) is None and goes through typer, so help and errors are typer's."""
+    if not args or args[0] not in ("models", "gpus") or "_PARAPLAN_COMPLETE" in os.environ:
+        return None
+    rest = list(args[1:])
+    if not rest:
+        return args[0], "table"
+    if len(rest) == 2 and rest[0] in ("--format", "-f"):
+        fmt = rest[1]
+    elif len(rest) == 1 and rest[0].startswith("--format="):
+        fmt = rest[0][len("--format="):]
+    elif len(rest) == 1 and rest[0].startswith("-f"):
+        fmt = rest[0][len("-f"):]
+    else:
+        return None
+    return (args[0], fmt) if fmt in _FAST_FORMATS else None
+
+
 def _run(args: list[str]) -> int:
+    fast = fast_command(args)
     try:
-        rv = app(args=args, prog_name="paraplan", standalone_mode=False)
+        if fast is None:
+            rv = app(args=args, prog_name="paraplan", standalone_mode=False)
+        else:
+            from paraplan.cli.info import FAST_COMMANDS, ListFormat
+
+            state.exit_code = 0
+            FAST_COMMANDS[fast[0]](ListFormat(fast[1]))
+            rv = None
     except NoFeasiblePlanError as err:
         if state.debug:
             raise
@@ -98,4 +130,4 @@ def _err(message: str) -> None:
     print("\n".join(plain(line) for line in (lines if state.debug else lines[:1])), file=sys.stderr)
 
 
-__all__ = ["COMMANDS", "__version__", "app", "load_command_modules", "main", "typer"]
+__all__ = ["COMMANDS", "__version__", "app", "fast_command", "load_command_modules", "main", "typer"]

@@ -1,13 +1,14 @@
 """``paraplan models`` and ``paraplan gpus``: the built-in presets.
 
-Both start fast: the spec loaders (and numpy, for the parameter counts) are imported inside the commands,
-so this module costs only typer and rich (``benchmarks/startup.py``)."""
+Both start fast: they print the rows of the packaged preset index (``paraplan.specs.presets.index``, read
+with json), so neither imports pydantic, numpy or yaml, and ``paraplan.cli.main`` runs them without building
+typer's command for the plain invocations (``FAST_COMMANDS``; ``benchmarks/startup.py``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
 
 import typer
 from rich import box
@@ -60,19 +61,10 @@ def models(fmt: ListFormat = _FORMAT) -> None:
 
     Example: paraplan models --format json
     """
-    from paraplan.estimate.params import model_param_counts
-    from paraplan.specs.load import load_model_preset, model_preset_names
+    from paraplan.specs.presets.index import preset_rows
     from paraplan.units import format_count
 
-    rows: list[dict[str, Any]] = []
-    for name in model_preset_names():
-        m = load_model_preset(name)
-        counts = model_param_counts(m, max_positions=m.max_position_embeddings or 4096)
-        rows.append({"name": name, "layers": m.num_layers, "hidden": m.hidden_size,
-                     "heads": m.num_attention_heads, "kv_heads": m.query_groups,
-                     "experts": m.num_experts, "topk": m.moe_router_topk if m.is_moe else None,
-                     "params": counts.total, "active_params": counts.active_per_token,
-                     "source": m.source})
+    rows = preset_rows("models")
     if fmt == ListFormat.json:
         print(json.dumps(rows, indent=1))
         return
@@ -97,19 +89,9 @@ def gpus(fmt: ListFormat = _FORMAT) -> None:
 
     Example: paraplan gpus
     """
-    from paraplan.specs.load import gpu_preset_names, load_gpu
-    from paraplan.units import GIB, TB, TFLOP
+    from paraplan.specs.presets.index import preset_rows
 
-    rows: list[dict[str, Any]] = []
-    for name in gpu_preset_names():
-        g = load_gpu(name)
-        rows.append({"name": name, "hbm_gib": g.hbm_bytes / GIB, "hbm_tbyte_per_s": g.hbm_bytes_per_s / TB,
-                     "bf16_tflops": g.peak_bf16_flops_per_s / TFLOP,
-                     "fp8_tflops": None if g.peak_fp8_flops_per_s is None else g.peak_fp8_flops_per_s / TFLOP,
-                     "nvlink_gbyte_per_s": g.nvlink_bytes_per_s / 1e9,
-                     "network_gbyte_per_s": g.network_bytes_per_s / 1e9,
-                     "gpus_per_node": g.gpus_per_node, "nvlink_domain_size": g.nvlink_domain_size,
-                     "source": g.source})
+    rows = preset_rows("gpus")
     if fmt == ListFormat.json:
         print(json.dumps(rows, indent=1))
         return
@@ -126,3 +108,7 @@ def gpus(fmt: ListFormat = _FORMAT) -> None:
                ("NVLink\ndomain", True)]
     con.print(preset_table("paraplan GPU presets (dense peaks, per-direction bandwidth)", columns, cells,
                            con.width))
+
+
+FAST_COMMANDS: dict[str, Callable[[ListFormat], None]] = {"models": models, "gpus": gpus}
+"""The commands ``paraplan.cli.main`` calls directly for ``<command> [--format table|json|csv]``."""
