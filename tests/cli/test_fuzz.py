@@ -3,7 +3,8 @@ tests/fixtures/hostile, all run in-process through ``paraplan.cli.main(argv)``.
 
 Properties checked on every call (``check_call``):
   * no exception escapes ``main()``; it returns an int in {0, 1, 2, 3, 4, 130};
-  * on an exit code other than 0, stderr is exactly one non-empty line and never a traceback;
+  * on an exit code other than 0, stderr is exactly one line with a message (not a bare "error:"), never a
+    traceback;
   * each call ends within ``CALL_LIMIT_S`` (SIGALRM), under an address-space cap ``MEMORY_LIMIT_BYTES`` above
     what the process had, and the whole fuzz grows peak RSS by less than that;
   * no ESC byte (\\x1b) reaches stdout or stderr (the output is not a terminal, so rich adds none: any ESC comes
@@ -320,6 +321,7 @@ def check_call(o: Outcome, cwd: Path, before: list[_Target], sandbox: Sandbox | 
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].strip(), (
             f"{call!r}: exit {o.rc} with stderr of {len(lines)} line(s) (want exactly one): {err[:600]!r}")
+        assert lines[0].strip().rstrip(":") not in ("error", "aborted"), f"{call!r}: exit {o.rc} with {lines[0]!r}"
     assert o.seconds < CALL_LIMIT_S, f"{call!r}: took {o.seconds:.1f} s"
     for where, data in (("stdout", o.stdout), ("stderr", o.stderr)):
         assert ESC not in data, f"{call!r}: ESC byte on {where}: {_around(data, ESC)!r}"
@@ -409,18 +411,10 @@ def _canaries(*roots: Path) -> list[str]:
 
 
 def check_launch_dir(out: Path, sb: Sandbox, call: Call) -> None:
-    """Run the generated files with stub launchers; no canary may appear; YAML is one document each."""
+    """Run the generated files with stub launchers (no canary may appear), then: YAML is one document each, JSON
+    is strict."""
     if not out.is_dir():
         return
-    for path in sorted(out.glob("*.yaml")):
-        try:
-            docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
-        except (yaml.YAMLError, UnicodeDecodeError) as err:
-            raise AssertionError(f"{call!r}: {path.name} is not valid YAML: {err}") from None
-        assert len(docs) == 1 and isinstance(docs[0], dict), (
-            f"{call!r}: {path.name} holds {len(docs)} YAML document(s), want one mapping")
-    for path in sorted(out.glob("*.json")):
-        _strict_json(path.read_bytes(), f"{call!r}: {path.name}")
     log = sb.root / "stub.log"
     env = {"PATH": f"{sb.bin}:/usr/bin:/bin", "HOME": str(sb.home), "STUB_LOG": str(log), "LAUNCH_DIR": str(out),
            "SLURM_JOB_NODELIST": "node001", "SLURM_NNODES": "1", "SLURM_JOB_ID": "1", "SLURM_SUBMIT_DIR": str(out),
@@ -439,6 +433,15 @@ def check_launch_dir(out: Path, sb: Sandbox, call: Call) -> None:
                            stderr=subprocess.DEVNULL, timeout=CALL_LIMIT_S, check=False)
         found = _canaries(out, sb.home, out.parent)
         assert not found, f"{call!r}: running {name} with stub launchers created {found}"
+    for path in sorted(out.glob("*.yaml")):
+        try:
+            docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise AssertionError(f"{call!r}: {path.name} is not valid YAML: {err}") from None
+        assert len(docs) == 1 and isinstance(docs[0], dict), (
+            f"{call!r}: {path.name} holds {len(docs)} YAML document(s), want one mapping")
+    for path in sorted(out.glob("*.json")):
+        _strict_json(path.read_bytes(), f"{call!r}: {path.name}")
 
 
 def _placeholders(text: str) -> set[str]:
@@ -675,6 +678,7 @@ def _text() -> st.SearchStrategy[str]:
 VALID: dict[str, st.SearchStrategy[str]] = {
     "model": st.one_of(_names(MODEL_PRESETS), _names(["valid_model.yaml", *NAME_MODELS, *HF[:3],
                                                       str(FIXTURES / "logs" / "synthetic" / "argument_dump.log")])),
+    "model_small": _names(["gpt2", "llama3-8b", "valid_model.yaml", "model_name_newline.yaml"]),  # report/budget
     "gpu": st.one_of(_names(GPU_PRESETS), _names(["valid_gpu.yaml", "gpu_name_newline.yaml"])),
     "gpu_list": _names(["h100-80gb", "h100-80gb,b200", "a100-80gb,h200-141gb", "valid_gpu.yaml"]),
     "count": _ints(1, 2, 4, 8, 16, 32, 64),
@@ -683,7 +687,7 @@ VALID: dict[str, st.SearchStrategy[str]] = {
     "small": _ints(1, 2, 4),
     "int_list": _names(["1", "2", "1,2", "1,2,4", "4", "2,8"]),
     "recompute_list": _names(["none", "selective", "full", "none,full", "selective,full"]),
-    "dp_list": _names(["zero1", "fsdp", "zero1,fsdp", "ddp"]),
+    "dp_list": _names(["distopt", "fsdp", "distopt,fsdp", "ddp"]),
     "modules_list": _names(["core_attn", "core_attn,mlp", "mla_up_proj,moe_act"]),
     "modules": _names(["core_attn", "mlp", "moe", "layernorm", "moe_act", "mla_up_proj", "shared_experts"]),
     "gpu_set": _names(["network_gbit_per_s=200", "efficiency.gemm_max_frac=0.7", "hbm_gib=40", "gpus_per_node=4"]),
@@ -708,7 +712,8 @@ VALID: dict[str, st.SearchStrategy[str]] = {
     "out_dir": _names(["outdir", "runs/a"]),
     "text": _names(["cluster X, 2026-11-29", "src"]),
 }
-_INPUT_KINDS = {"model", "gpu", "gpu_list", "profile", "site", "plan", "manifest", "log", "runs", "script"}
+_INPUT_KINDS = {"model", "model_small", "gpu", "gpu_list", "profile", "site", "plan", "manifest", "log", "runs",
+                "script"}
 _INT_KINDS = {"count", "seq", "batch", "small"}
 _FLOAT_KINDS = {"float", "frac", "days"}
 
@@ -765,7 +770,8 @@ class Param:
 def _kind_of(cmd: str, name: str, annotation: Any) -> str:
     if cmd in SEARCH_COMMANDS and name in ("tp", "pp", "vp", "cp", "ep", "mbs"):
         return "int_list"
-    special = {("budget", "gpu"): "gpu_list", ("budget", "gpus_per_node"): "per_node",
+    special = {("budget", "gpu"): "gpu_list", ("budget", "model"): "model_small",
+               ("report", "model"): "model_small", ("budget", "gpus_per_node"): "per_node",
                ("launch", "out"): "out_dir", ("calibrate", "out"): "out_file", ("calibrate", "gpu"): "gpu",
                ("plan", "recompute"): "recompute_list", ("explain", "recompute"): "recompute_list",
                ("report", "recompute"): "recompute_list", ("plan", "recompute_modules"): "modules_list",
@@ -1066,6 +1072,33 @@ CORPUS_CASES: list[tuple[str, list[str], str]] = [
     ("tune-argdump-32k", ["tune", "--log", "log_argdump_32k.log", "-g", "h100-80gb"], "any"),
     ("tune-theoretical-20k", ["tune", "--log", "log_theoretical_20k.log", "--manifest", "valid_manifest.json"], "any"),
     ("model-log-gzip-bomb", [*EST, "-m", "gzip_bomb.log.gz"], "refuse"),
+    # command-line boundaries (issue 17)
+    ("cli-no-arguments", [], "any"),
+    ("cli-num-gpus-2-31", ["plan", "-m", "gpt2", "-g", "h100-80gb", "-n", "2147483648", "-s", "1024", "--gbs", "16"],
+     "any"),
+    ("cli-vp-huge", ["plan", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024", "--gbs", "16", "--vp",
+                     "999999999999"], "any"),
+    ("cli-mbs-2-64", ["plan", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024", "--gbs", "16", "--mbs",
+                      "18446744073709551616"], "refuse"),
+    ("cli-report-gbs-0", ["report", "-o", "r.html", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024", "--gbs",
+                          "0"], "refuse"),
+    ("cli-workspace-inf", [*EST, "-m", "gpt2", "--workspace-gib", "1e309"], "refuse"),
+    ("cli-check-num-gpus-2-63", ["check", "-n", "9223372036854775808", SCRIPTS[-1]], "refuse"),
+    ("cli-out-name-too-long", [*LAUNCH[:-1], "x" * 300, "-m", "gpt2"], "refuse"),
+    ("cli-model-name-too-long", [*EST, "-m", "x" * 300 + ".yaml"], "refuse"),
+    ("cli-gpu-set-5000-digits", [*EST, "-m", "gpt2", "--gpu-set", "hbm_gib=" + "9" * 5000], "refuse"),
+    ("cli-escape-in-preset-name", [*EST, "-m", "\x1b]0;title\x07"], "refuse"),
+    ("cli-megatron-args-fifo", ["estimate", "--megatron-args", "@fifo", "-g", "h100-80gb"], "refuse"),
+    ("cli-save-over-existing", ["plan", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024", "--gbs", "16",
+                                "--save", "existing.json"], "any"),
+    ("cli-save-to-fifo", ["plan", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024", "--gbs", "16", "--save",
+                          "fifo"], "any"),
+    ("cli-report-to-device", ["report", "-o", "chardev", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024",
+                              "--gbs", "16"], "any"),
+    ("cli-calibrate-over-existing", ["calibrate", "--runs", "valid_runs.csv", "-g", "h100-80gb", "-o", "existing.yaml"],
+     "any"),
+    ("cli-budget-html-over-existing", ["budget", "-m", "gpt2", "-t", "1e9", "-s", "1024", "-g", "h100-80gb",
+                                       "--max-gpus", "8", "--html", "existing.html"], "any"),
 ]
 
 
