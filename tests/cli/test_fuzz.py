@@ -297,12 +297,14 @@ def _address_space_cap() -> Iterator[None]:
 
 
 class _Alarm:
-    """SIGALRM: a KeyboardInterrupt at ``interrupt_after_s`` (once), CallTimeout at CALL_LIMIT_S; only
-    while ``armed`` (never inside the harness itself)."""
+    """SIGALRM: a KeyboardInterrupt at ``interrupt_after_s`` (once), CallTimeout at CALL_LIMIT_S. Raises only while
+    ``armed`` (main() is running): a signal that comes before main() starts is retried 1 ms later, one after main()
+    returned (``done``) is dropped, so the harness itself is never interrupted."""
 
     def __init__(self, interrupt_after_s: float | None) -> None:
         self.interrupt_after_s = interrupt_after_s
         self.armed = False
+        self.done = False
         self.interrupted = False
         self.start = 0.0
 
@@ -310,12 +312,14 @@ class _Alarm:
         self.previous = signal.signal(signal.SIGALRM, self._fire)
         self.start = time.monotonic()
         first = CALL_LIMIT_S if self.interrupt_after_s is None else min(self.interrupt_after_s, CALL_LIMIT_S)
-        self.armed = True
         signal.setitimer(signal.ITIMER_REAL, max(first, 1e-4))
         return self
 
     def _fire(self, _signum: int, _frame: object) -> None:
+        if self.done:
+            return
         if not self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 1e-3)
             return
         if self.interrupt_after_s is not None and not self.interrupted:
             self.interrupted = True
@@ -326,7 +330,7 @@ class _Alarm:
         raise CallTimeout(f"still running after {CALL_LIMIT_S:g} s")
 
     def __exit__(self, *exc: object) -> None:
-        self.armed = False
+        self.armed, self.done = False, True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, self.previous)
 
@@ -365,18 +369,23 @@ def run_cli(call: Call, cwd: Path) -> Outcome:
     try:
         os.chdir(cwd)
         sys.stdin, sys.stdout, sys.stderr = stdin, out, err
-        with _address_space_cap(), warnings.catch_warnings(record=True) as caught, _no_gc_callbacks(), alarm:
+        with _address_space_cap(), warnings.catch_warnings(record=True) as caught, _no_gc_callbacks():
             warnings.simplefilter("default")  # as the installed CLI does (pytest would make them errors)
-            try:
-                result = main(list(call.argv))
-                sys.stdout.flush()  # what the interpreter does at exit: ENOSPC / EPIPE surface here
-                if not isinstance(result, int) or isinstance(result, bool):
-                    escaped = f"main() returned {result!r}, not an int"
-                else:
-                    rc = result
-            except BaseException:  # the property is that nothing gets here
-                alarm.armed = False
-                escaped = traceback.format_exc(limit=-12)
+            with alarm:
+                try:
+                    alarm.armed = True
+                    try:
+                        result = main(list(call.argv))
+                        sys.stdout.flush()  # what the interpreter does at exit: ENOSPC / EPIPE surface here
+                    finally:
+                        alarm.armed, alarm.done = False, True
+                    if not isinstance(result, int) or isinstance(result, bool):
+                        escaped = f"main() returned {result!r}, not an int"
+                    else:
+                        rc = result
+                except BaseException:  # the property is that nothing gets here
+                    alarm.armed, alarm.done = False, True
+                    escaped = traceback.format_exc(limit=-12)
             for w in caught:  # printed on stderr by the real interpreter
                 err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
     finally:
