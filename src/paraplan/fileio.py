@@ -50,23 +50,23 @@ def _shown(path: str | Path) -> str:
     return text if len(text) <= 80 else text[:38] + "..." + text[-38:]
 
 
+_OS_REASONS: Final = {errno.ENOENT: "file not found", errno.EISDIR: "is a directory (give a file)",
+                      errno.ENAMETOOLONG: "file name too long", errno.EACCES: "permission denied",
+                      errno.ENOTDIR: "a component of the path is not a directory"}
+
+
 def read_input_text(path: str | Path, what: str, *, max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The text of an input file; SpecError in one line (``what``: the option or field it is for)
     when it is missing, a directory or other non-regular file, unreadable, too long a name, larger
     than ``max_bytes`` or not UTF-8 (a UTF-8 byte-order mark is dropped)."""
     shown = _shown(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # before open(): a FIFO would block it
+            raise SpecError(f"{what}: cannot read '{shown}': not a regular file")
         with open(path, "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise SpecError(f"{what}: '{shown}' is not a regular file")
             data = f.read(max_bytes + 1)
-    except IsADirectoryError:
-        raise SpecError(f"{what}: '{shown}' is a directory (give a file)") from None
-    except FileNotFoundError:
-        raise SpecError(f"{what}: file '{shown}' not found") from None
     except OSError as err:
-        reason = "file name too long" if err.errno == errno.ENAMETOOLONG else (err.strerror or str(err))
+        reason = _OS_REASONS.get(err.errno or 0, err.strerror or str(err))
         raise SpecError(f"{what}: cannot read '{shown}': {reason}") from None
     if len(data) > max_bytes:
         raise SpecError(f"{what}: '{shown}' is larger than {max_bytes // 2**20} MiB (the input size limit)")

@@ -28,6 +28,9 @@ FP16_GRAD_BYTES: Final = 2.0
 state, so Megatron's table gives 20 B/param, or 4 + 16/d with the distributed optimizer
 (``docs/user-guide/features/dist_optimizer.md``)."""
 FP16_MAIN_GRAD_BYTES: Final = 4.0
+MAX_TOKENS: Final = 2**24
+"""Largest seq_len and global_batch_size accepted (16,777,216; 1M-token contexts and 16K-sequence batches are
+the largest published)."""
 
 
 def grad_bytes_per_param(precision: str) -> float:
@@ -45,7 +48,7 @@ def grad_bytes_per_param(precision: str) -> float:
 class TrainingSpec:
     """What one training step processes."""
 
-    __pydantic_config__ = ConfigDict(extra="forbid")
+    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seq_len: int
     """Tokens per sequence (``--seq-length``)."""
@@ -64,6 +67,8 @@ class TrainingSpec:
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise SpecError(f"{fname} must be a positive integer, got {value!r}")
+            if value > MAX_TOKENS:
+                raise SpecError(f"{fname} must be at most {MAX_TOKENS:,} (the limit), got {value}")
         if self.attention_backend not in ("flash", "unfused"):
             raise SpecError(f"attention_backend must be flash or unfused, got {self.attention_backend!r}")
         if self.precision not in PRECISIONS:
