@@ -61,8 +61,10 @@ def read_input_text(path: str | Path, what: str, *, max_bytes: int = MAX_INPUT_B
     than ``max_bytes`` or not UTF-8 (a UTF-8 byte-order mark is dropped)."""
     shown = _shown(path)
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # before open(): a FIFO would block it
-            raise SpecError(f"{what}: cannot read '{shown}': not a regular file")
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # checked before open(): opening a FIFO would block
+            kind = "is a directory (give a file)" if stat.S_ISDIR(mode) else "not a regular file"
+            raise SpecError(f"{what}: cannot read '{shown}': {kind}")
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
     except OSError as err:

@@ -234,6 +234,12 @@ _HUMAN_GPU_KEYS = {
 }
 
 
+def gpu_override_keys() -> list[str]:
+    """Keys a GPU file or ``--gpu-set`` may set (human units; efficiency is a section)."""
+    machine = {target for target, _ in _HUMAN_GPU_KEYS.values()} | {"efficiency"}
+    return [*_HUMAN_GPU_KEYS, *(f.name for f in fields(GpuSpec) if f.name not in machine)]
+
+
 def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
     """GpuSpec from a preset/cluster-file mapping with human units in the key names."""
     out: dict[str, Any] = {}
