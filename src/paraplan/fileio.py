@@ -192,6 +192,13 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number (write a finite number)")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{brief(text, 30)} is not a JSON number within range (write a finite number)")
+    return value
+
+
 def _check_depth(doc: Any, limit: int) -> bool:
     """True when ``doc`` nests lists/dicts at most ``limit`` deep (iterative: no recursion)."""
     stack: list[tuple[Any, int]] = [(doc, 0)]
@@ -209,7 +216,7 @@ def load_json_text(text: str, what: str, source: str = "") -> Any:
     NaN/Infinity, an integer beyond Python's digit limit, or nesting beyond MAX_NESTING."""
     where = f"'{_shown(source)}' " if source else ""
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant)
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as err:
         raise SpecError(f"{what}: {where}is not valid JSON: {err}") from None
     except ValueError as err:  # NaN/Infinity (parse_constant), or int() past Python's digit limit

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from paraplan.cli.options import MODEL_HELP, PrecisionChoice, PrecisionOpt, posi
 from paraplan.cli.render import console
 from paraplan.errors import SpecError
 from paraplan.search import SearchSpace
+from paraplan.serialize import dumps_json
 from paraplan.specs.cluster import GpuSpec
 from paraplan.specs.load import gpu_preset_names, load_gpu, load_model
 from paraplan.units import format_count
@@ -256,7 +256,7 @@ def budget_cmd(
         # self-contained (plotly.js embedded): opens offline, like `paraplan report`
         write_text_atomic(html, budget_figure(res).to_html(include_plotlyjs=True, full_html=True))
     if fmt == BudgetFormat.json:
-        print(json.dumps(res.to_dict(), indent=1))
+        print(dumps_json(res.to_dict()))
     elif fmt == BudgetFormat.csv:
         sys.stdout.write(to_csv(res))
     else:

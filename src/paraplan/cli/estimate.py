@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from paraplan.cli._app import app
@@ -36,6 +34,7 @@ from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as run_estimate
+from paraplan.serialize import dumps_json
 
 
 @app.command("estimate")
@@ -125,7 +124,7 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
 
 def _emit(result: Estimate, fmt: OutputFormat) -> None:
     if fmt == OutputFormat.json:
-        print(json.dumps(result.to_dict(), indent=1))
+        print(dumps_json(result.to_dict()))
     elif fmt == OutputFormat.csv:
         print(estimate_csv(result), end="")
     else:

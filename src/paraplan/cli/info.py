@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
@@ -12,6 +11,7 @@ from paraplan.cli._app import app
 from paraplan.cli.options import FormatOpt, OutputFormat
 from paraplan.cli.render import rows_csv
 from paraplan.estimate.params import model_param_counts
+from paraplan.serialize import dumps_json
 from paraplan.specs.load import gpu_preset_names, load_gpu, load_model_preset, model_preset_names
 from paraplan.units import GIB, TB, TFLOP, format_count
 
@@ -32,7 +32,7 @@ def models(fmt: OutputFormat = FormatOpt) -> None:
                      "params": counts.total, "active_params": counts.active_per_token,
                      "source": m.source})
     if fmt == OutputFormat.json:
-        print(json.dumps(rows, indent=1))
+        print(dumps_json(rows))
         return
     if fmt == OutputFormat.csv:
         print(rows_csv(rows), end="")
@@ -64,7 +64,7 @@ def gpus(fmt: OutputFormat = FormatOpt) -> None:
                      "gpus_per_node": g.gpus_per_node, "nvlink_domain_size": g.nvlink_domain_size,
                      "source": g.source})
     if fmt == OutputFormat.json:
-        print(json.dumps(rows, indent=1))
+        print(dumps_json(rows))
         return
     if fmt == OutputFormat.csv:
         print(rows_csv(rows), end="")

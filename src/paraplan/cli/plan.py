@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from enum import StrEnum
 
@@ -35,6 +34,7 @@ from paraplan.errors import SpecError
 from paraplan.explain import explain as explain_plan
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.search import Plan, SearchSpace, plan
+from paraplan.serialize import dumps_json
 from paraplan.units import GIB
 
 
@@ -139,7 +139,7 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool) -> None:
         d = p.to_dict()
         if with_explain:
             d["explanation"] = [f.as_dict() for f in explain_plan(p)]
-        print(json.dumps(d, indent=1))
+        print(dumps_json(d))
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
         w = csv.writer(buf)

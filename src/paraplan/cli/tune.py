@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from paraplan.cli.render import console
 from paraplan.errors import IngestError, SpecError
 from paraplan.estimator import estimate
 from paraplan.ingest import RunLog, read_logs
-from paraplan.serialize import load_plan
+from paraplan.serialize import dumps_json, load_plan
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import gpu_preset_names, model_preset_names, override_gpu
 from paraplan.tune import Comparison, Metric, compare, diagnose
@@ -202,6 +201,6 @@ def tune(
     if fmt == OutputFormat.json:
         doc = {"sources": list(run_log.sources), "candidate_id": inp.candidate_id, "comparison": cmp.to_dict(),
                "findings": findings}
-        print(json.dumps(doc, indent=1))
+        print(dumps_json(doc))
     else:
         _render(cmp, findings, run_log)
