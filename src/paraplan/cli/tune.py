@@ -177,7 +177,7 @@ def tune(
                    if v is None]
         if missing:
             raise SpecError(f"tune: with --model, also give {', '.join(missing)}")
-        assert model and gpu and num_gpus and seq_len and gbs
+        assert gpu is not None and num_gpus is not None and seq_len is not None and gbs is not None  # checked above
         specs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
                                gbs=gbs, precision=precision.value, gpu_set=gpu_set, profile=profile)
         layout, _ = flags.layout(num_gpus, specs.model)
