@@ -75,6 +75,9 @@ def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[
     return values
 
 
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+
 def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
              precision: str, gpu_set: list[str] | None, profile: str | None, top: int, objective: str,
              tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
@@ -88,10 +91,16 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
                             attention_backend=attention_backend)
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")
+    if pp and max_pp is not None:
+        raise SpecError("--pp and --max-pp contradict: --pp lists the PP sizes to search, --max-pp caps the "
+                        "default list (give one)")
+    if recompute_modules and recompute and "selective" not in _strs("recompute", recompute, RECOMPUTE_CHOICES, ()):
+        raise SpecError(f"--recompute-modules and --recompute {recompute} contradict: modules apply to "
+                        "selective recompute only")
     space = SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
-        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
+        recompute=_strs("recompute", recompute, RECOMPUTE_CHOICES, RECOMPUTE_CHOICES),
         dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
         allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
         recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)),
