@@ -78,10 +78,12 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         if "=" not in item:
             raise SpecError(f"--gpu-set expects key=value, got {brief(item)}")
         key, raw = item.split("=", 1)
+        if key.startswith("efficiency.") and key not in eff_keys:
+            raise SpecError(f"--gpu-set {brief(key)[1:-1]}: unknown efficiency field (allowed: "
+                            f"{', '.join(k.split('.', 1)[1] for k in eff_keys)})")
         if key not in keys and key not in eff_keys:
             raise SpecError(f"--gpu-set {brief(key)[1:-1]}: unknown key (allowed: {', '.join(keys)}, "
-                            "efficiency.<field> with <field> one of "
-                            f"{', '.join(k.split('.', 1)[1] for k in eff_keys)})")
+                            "or efficiency.<field> for a model efficiency)")
         value = load_yaml_text(raw, f"--gpu-set {key}")
         if isinstance(value, dict | list):
             raise SpecError(f"--gpu-set {key}: expected a single value, got {brief(value)}")

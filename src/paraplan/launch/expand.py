@@ -3,8 +3,8 @@
 expansions. Unknown variables and other forms (``$(...)``, ``$((...))``) stay as literal text.
 
 Expansion is bounded (a variable that doubles itself 40 times would need 2^40 characters): one word
-expands to at most MAX_WORD_CHARS, a whole script to MAX_SCRIPT_CHARS with MAX_SUBSTITUTIONS
-substitutions; past a limit, SpecError in one line naming it.
+expands to at most MAX_WORD_CHARS, a whole script to MAX_SCRIPT_CHARS in at most MAX_SCRIPT_FIELDS
+fields with MAX_SUBSTITUTIONS substitutions; past a limit, SpecError in one line naming it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ MAX_WORD_CHARS: Final = 2**20
 """Longest expansion of one word (1 MiB; a Megatron command line is a few KB)."""
 MAX_SCRIPT_CHARS: Final = 16 * 2**20
 """Most characters all expansions of one script may produce (16 MiB)."""
-MAX_SUBSTITUTIONS: Final = 1_000_000
-"""Most variable substitutions in one script."""
+MAX_SCRIPT_FIELDS: Final = 200_000
+"""Most fields (words after splitting) all expansions of one script may produce (an array that doubles
+itself makes millions of one-character fields)."""
+MAX_SUBSTITUTIONS: Final = 200_000
+"""Most variable substitutions in one script (a long launch script has a few hundred)."""
 
 _EXPANSION: Final = re.compile(
     r"\$(?:\{(?P<brace>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
@@ -39,6 +42,8 @@ class Env:
     arrays: dict[str, list[str]] = field(default_factory=dict)
     expanded_chars: int = 0
     """Characters produced by expansions so far (bounded by MAX_SCRIPT_CHARS)."""
+    expanded_fields: int = 0
+    """Fields produced by expansions so far (bounded by MAX_SCRIPT_FIELDS)."""
     substitutions: int = 0
     """Variable substitutions so far (bounded by MAX_SUBSTITUTIONS)."""
 
@@ -98,6 +103,10 @@ class _Fields:
         if self.open:
             self.fields[-1] += text
         else:
+            self.env.expanded_fields += 1
+            if self.env.expanded_fields > MAX_SCRIPT_FIELDS:
+                raise SpecError(f"script: variable expansion produces more than {MAX_SCRIPT_FIELDS:,} words "
+                                "(the limit)")
             self.fields.append(text)
         self.open = True
 
