@@ -45,9 +45,16 @@ def brief(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def clip(text: object, limit: int = 80) -> str:
+    """``str(text)`` shortened to ``limit`` characters (its middle cut out): a user-given name or
+    path in an error message."""
+    out = str(text)
+    half = (limit - 3) // 2
+    return out if len(out) <= limit else out[:half] + "..." + out[-half:]
+
+
 def _shown(path: str | Path) -> str:
-    text = str(path)
-    return text if len(text) <= 80 else text[:38] + "..." + text[-38:]
+    return clip(path)
 
 
 _OS_REASONS: Final = {errno.ENOENT: "file not found", errno.EISDIR: "is a directory (give a file)",

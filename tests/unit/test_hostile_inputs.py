@@ -211,6 +211,7 @@ def test_profile_with_inf_efficiency(tmp_path: Path, capsys: pytest.CaptureFixtu
     (["--recompute", "none", "--recompute-num-layers", "2"], "--recompute-num-layers and --recompute none"),
     (["-s", "9" * 5000], "--seq-len"),
     (["-s", str(2**40)], "seq_len must be at most 16,777,216"),
+    (["--gpus-per-node", str(2**63)], r"gpus_per_node must be in \[1, 65536\]"),
 ])
 def test_estimate_flags(extra: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
     err = one_line_error([*EST, *extra], capsys)
@@ -366,3 +367,10 @@ def test_self_doubling_script(body: str, tmp_path: Path, capsys: pytest.CaptureF
 def test_brief_is_bounded() -> None:
     huge = [list(range(1000))] * 1000
     assert len(brief(huge)) <= 80 and len(brief("x" * 10**6)) <= 80
+
+
+def test_long_unknown_key_is_cut(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = write(tmp_path / "m.json", json.dumps({"num_layers": 2, "hidden_size": 4096, "num_attention_heads": 32,
+                                                   "vocab_size": 32000, "k" * 100_000: 1}))
+    err = one_line_error(["estimate", "-m", model, *EST[3:11]], capsys)
+    assert "kkkk...kkkk: unknown field (allowed: " in err

@@ -68,7 +68,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     """``--gpu-set key=value`` pairs (values parsed as YAML scalars; efficiency.x for nested)."""
     from dataclasses import fields
 
-    from paraplan.fileio import brief, load_yaml_text
+    from paraplan.fileio import brief, clip, load_yaml_text
     from paraplan.specs.cluster import EfficiencySpec
     from paraplan.specs.load import gpu_override_keys
 
@@ -79,10 +79,10 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
             raise SpecError(f"--gpu-set expects key=value, got {brief(item)}")
         key, raw = item.split("=", 1)
         if key.startswith("efficiency.") and key not in eff_keys:
-            raise SpecError(f"--gpu-set {brief(key)[1:-1]}: unknown efficiency field (allowed: "
+            raise SpecError(f"--gpu-set {clip(key)}: unknown efficiency field (allowed: "
                             f"{', '.join(k.split('.', 1)[1] for k in eff_keys)})")
         if key not in keys and key not in eff_keys:
-            raise SpecError(f"--gpu-set {brief(key)[1:-1]}: unknown key (allowed: {', '.join(keys)}, "
+            raise SpecError(f"--gpu-set {clip(key)}: unknown key (allowed: {', '.join(keys)}, "
                             "or efficiency.<field> for a model efficiency)")
         value = load_yaml_text(raw, f"--gpu-set {key}")
         if isinstance(value, dict | list):

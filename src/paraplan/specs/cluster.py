@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,7 +78,7 @@ class EfficiencySpec:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                     or value < lo or (lo_open and value == lo) or value > hi:
                 span = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}, finite"
-                raise SpecError(f"gpu.efficiency.{f.name} must be in {span}, got {value!r}")
+                raise SpecError(f"gpu.efficiency.{f.name} must be in {span}, got {brief(value)}")
 
 
 EFFICIENCY_RANGES: dict[str, tuple[float, bool, float]] = {
@@ -183,8 +184,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise SpecError(f"num_gpus must be a positive integer, got {self.num_gpus}")
-        if self.gpus_per_node < 1:
-            raise SpecError(f"gpus_per_node must be a positive integer, got {self.gpus_per_node}")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_DOMAIN:
+            raise SpecError(f"gpus_per_node must be in [1, {MAX_GPUS_PER_DOMAIN}], got {self.gpus_per_node}")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise SpecError(
                 f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node "

@@ -26,6 +26,7 @@ from paraplan.errors import SpecError
 from paraplan.fileio import (
     MAX_YAML_BYTES,
     brief,
+    clip,
     load_json_text,
     load_yaml_text,
     path_exists,
@@ -60,7 +61,7 @@ def validate_fields(cls: type, data: dict[str, Any], prefix: str) -> Any:
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise SpecError(
-            f"{prefix}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})"
+            f"{prefix}{clip(unknown[0])}: unknown field (allowed: {', '.join(sorted(allowed))})"
         )
     try:
         return TypeAdapter(cls).validate_python(data, strict=False)
@@ -289,7 +290,7 @@ def load_gpu(ref: str, *, _chain: tuple[str, ...] = ()) -> GpuSpec:
             raise SpecError(f"gpu: base: more than {MAX_GPU_BASE_CHAIN} files chained through base:")
         data = read_yaml(path, "gpu")
         if not isinstance(data, dict):
-            raise SpecError(f"gpu: '{brief(ref)[1:-1]}' must hold a mapping of fields")
+            raise SpecError(f"gpu: '{clip(ref)}' must hold a mapping of fields")
         base = data.pop("base", None)
         if base is not None:
             if not isinstance(base, str):

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 
 Normalization = Literal["LayerNorm", "RMSNorm"]
 PositionEmbedding = Literal["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
@@ -249,7 +250,7 @@ class ModelSpec:
         for fname, allowed in RECIPE_CHOICES.items():
             value = getattr(self, fname)
             if value is not None and value not in allowed:
-                raise SpecError(f"{fname} must be one of {', '.join(allowed)}, got {value!r}")
+                raise SpecError(f"{fname} must be one of {', '.join(allowed)}, got {brief(value)}")
         groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
         if (groups is None) != (group_topk is None):
             raise SpecError("moe_router_num_groups and moe_router_group_topk must be set together")
@@ -357,7 +358,7 @@ class ModelSpec:
 
 def _require_positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(f"{name} must be a positive integer, got {value!r}")
+        raise SpecError(f"{name} must be a positive integer, got {brief(value)}")
 
 
 MODEL_FIELDS: tuple[str, ...] = tuple(

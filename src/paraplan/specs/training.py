@@ -13,6 +13,7 @@ from typing import Final, Literal
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 
 Precision = Literal["bf16", "fp8", "fp16"]
 PRECISIONS: Final = ("bf16", "fp8", "fp16")
@@ -66,13 +67,13 @@ class TrainingSpec:
         for fname in ("seq_len", "global_batch_size"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise SpecError(f"{fname} must be a positive integer, got {value!r}")
+                raise SpecError(f"{fname} must be a positive integer, got {brief(value)}")
             if value > MAX_TOKENS:
                 raise SpecError(f"{fname} must be at most {MAX_TOKENS:,} (the limit), got {value}")
         if self.attention_backend not in ("flash", "unfused"):
-            raise SpecError(f"attention_backend must be flash or unfused, got {self.attention_backend!r}")
+            raise SpecError(f"attention_backend must be flash or unfused, got {brief(self.attention_backend)}")
         if self.precision not in PRECISIONS:
-            raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+            raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {brief(self.precision)}")
 
     @property
     def tokens_per_step(self) -> int:
