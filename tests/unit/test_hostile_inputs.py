@@ -44,7 +44,7 @@ def one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str], *, max_s
     assert elapsed < max_s, f"took {elapsed:.2f} s"
     if max_mib is not None:
         assert peak_mib < max_mib, f"peak {peak_mib:.0f} MiB"
-    assert len(err) < 600, err
+    assert len(err) < 1500, err[:300]  # bounded: the allowed-field list of a model is the longest part
     return err.strip()
 
 
