@@ -77,6 +77,10 @@ INT_BOUNDS: Final[dict[str, int]] = {
 }
 """Upper bound of every integer ModelSpec field (the lower bound is in ``__post_init__``); the error
 names the bound, so that arithmetic on a model stays in bounded time and memory."""
+MAX_WEIGHTS: Final = 2**50
+"""Largest (layers x hidden x widest layer matrix) and (hidden x vocabulary) accepted: 1.1e15, 500 x
+DeepSeek-V3 (61 x 7,168 x 256 experts x 2,048 = 2.3e12). Each field may be large, not all at once:
+parameter and FLOP counts then stay far inside 64-bit integers, as the vectorised estimate needs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,6 +243,22 @@ class ModelSpec:
         freq = self.moe_layer_freq
         if isinstance(freq, int) and not isinstance(freq, bool) and freq > MAX_NUM_LAYERS:
             raise SpecError(f"moe_layer_freq must be at most {MAX_NUM_LAYERS:,}, got {freq}")
+        self._check_weights()
+
+    def _check_weights(self) -> None:
+        ints = [getattr(self, n) for n in ("num_layers", "mtp_num_layers", "hidden_size", "vocab_size",
+                                           "num_attention_heads", "ffn_hidden_size", "kv_channels", "num_experts",
+                                           "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")]
+        if not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in ints):
+            return  # the per-field checks name the field
+        layers, h = self.num_layers + self.mtp_num_layers, self.hidden_size
+        widest = max(self.ffn, self.moe_ffn * (self.num_experts or 0), self.shared_ffn,
+                     (self.kv_channels or 0) * self.num_attention_heads, h)
+        for what, size in ((f"layers x hidden_size x widest matrix ({layers} x {h} x {widest})", layers * h * widest),
+                           (f"hidden_size x vocab_size ({h} x {self.vocab_size})", h * self.vocab_size)):
+            if size > MAX_WEIGHTS:
+                raise SpecError(f"model too large: {what} = {size:.3g} is over {MAX_WEIGHTS:.3g} (the limit on "
+                                "model sizes)")
 
     def _check_recipe(self) -> None:
         if not self.norm_epsilon > 0:

@@ -29,6 +29,8 @@ FP16_GRAD_BYTES: Final = 2.0
 state, so Megatron's table gives 20 B/param, or 4 + 16/d with the distributed optimizer
 (``docs/user-guide/features/dist_optimizer.md``)."""
 FP16_MAIN_GRAD_BYTES: Final = 4.0
+MAX_TOKENS_PER_STEP: Final = 2**40
+"""Largest seq_len x global_batch_size accepted (1.1e12 tokens; Llama 3 405B trained with 16M a step)."""
 MAX_TOKENS: Final = 2**24
 """Largest seq_len and global_batch_size accepted (16,777,216; 1M-token contexts and 16K-sequence batches are
 the largest published)."""
@@ -70,6 +72,9 @@ class TrainingSpec:
                 raise SpecError(f"{fname} must be a positive integer, got {brief(value)}")
             if value > MAX_TOKENS:
                 raise SpecError(f"{fname} must be at most {MAX_TOKENS:,} (the limit), got {value}")
+        if self.seq_len * self.global_batch_size > MAX_TOKENS_PER_STEP:
+            raise SpecError(f"seq_len x global_batch_size = {self.seq_len * self.global_batch_size:.3g} tokens per "
+                            f"step is over {MAX_TOKENS_PER_STEP:.3g} (the limit)")
         if self.attention_backend not in ("flash", "unfused"):
             raise SpecError(f"attention_backend must be flash or unfused, got {brief(self.attention_backend)}")
         if self.precision not in PRECISIONS:
