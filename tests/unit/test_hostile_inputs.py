@@ -374,3 +374,25 @@ def test_long_unknown_key_is_cut(tmp_path: Path, capsys: pytest.CaptureFixture[s
                                                    "vocab_size": 32000, "k" * 100_000: 1}))
     err = one_line_error(["estimate", "-m", model, *EST[3:11]], capsys)
     assert "kkkk...kkkk" in err and "k" * 100 not in err and "kkkk: unknown field (allowed: " in err
+
+
+@pytest.mark.parametrize(("flag", "match"), [
+    ("--num-layers " + "9" * 5000, "--num-layers '9999"),
+    (f"--hidden-size {2**63}", "hidden_size must be at most 1,048,576"),
+])
+def test_script_numbers(flag: str, match: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = write(tmp_path / "run.sh", "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 1024 "
+                   f"--num-attention-heads 8 --seq-length 2048 --micro-batch-size 1 --global-batch-size 8 {flag}\n")
+    err = one_line_error(["check", script], capsys)
+    assert match in err and len(err) < 300, err[:300]
+
+
+def test_model_size_is_bounded_as_a_product(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # every field within its own bound, the product of them far beyond any model
+    fields = {"num_layers": 100_000, "hidden_size": 2**20, "num_attention_heads": 8, "vocab_size": 2**24,
+              "ffn_hidden_size": 2**24}
+    model = write(tmp_path / "m.json", json.dumps(fields))
+    err = one_line_error(["estimate", "-m", model, *EST[3:11]], capsys)
+    assert "model too large: layers x hidden_size x widest matrix (100000 x 1048576 x 16777216)" in err
+    err = one_line_error([*EST[:7], "-s", str(2**24), "--gbs", str(2**24)], capsys)
+    assert "seq_len x global_batch_size = 2.81e+14 tokens per step is over 1.1e+12 (the limit)" in err
