@@ -25,8 +25,9 @@ from paraplan.errors import SpecError
 
 MAX_INPUT_BYTES: Final = 16 * 2**20
 """Largest input file read (plan.json, manifest.json, scripts, CSV): 16 MiB."""
-MAX_YAML_BYTES: Final = 4 * 2**20
-"""Largest YAML file read (model, GPU, site, profile): 4 MiB; PyYAML parses about 0.2 MiB/s."""
+MAX_YAML_BYTES: Final = 2**20
+"""Largest YAML file read (model, GPU, site, profile): 1 MiB, a hundred times the largest real one; PyYAML
+parses about 1 MiB/s, so a file at the limit loads in about a second."""
 MAX_NESTING: Final = 64
 """Deepest nesting of lists/mappings in a YAML or JSON input."""
 MAX_YAML_NODES: Final = 100_000

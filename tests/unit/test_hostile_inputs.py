@@ -131,7 +131,7 @@ def test_utf8_bom_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_size_caps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = write(tmp_path / "big.yaml", "notes: '" + "x" * MAX_YAML_BYTES + "'\n")
     err = one_line_error([*EST[:3], "-g", big, *EST[5:]], capsys)
-    assert "is larger than 4 MiB (the input size limit)" in err
+    assert "is larger than 1 MiB (the input size limit)" in err
     small = write(tmp_path / "s.json", "[1, 2, 3]")
     with pytest.raises(SpecError, match="larger than"):
         read_input_text(small, "plan", max_bytes=4)
