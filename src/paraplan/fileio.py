@@ -196,15 +196,28 @@ def read_yaml(path: str | Path, what: str) -> object:
 
 
 # ----------------------------------------------------------------------------- JSON
+class _Refused(ValueError):
+    """A JSON value the reader refuses (its message is the reason)."""
+
+
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (write a finite number)")
+    raise _Refused(f"{name} is not a JSON number (write a finite number)")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{brief(text, 30)} is not a JSON number within range (write a finite number)")
+        raise _Refused(f"{brief(text, 30)} is not a JSON number within range (write a finite number)")
     return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Refused(f"duplicate key {brief(key)}")
+        out[key] = value
+    return out
 
 
 def _check_depth(doc: Any, limit: int) -> bool:
@@ -221,16 +234,18 @@ def _check_depth(doc: Any, limit: int) -> bool:
 
 def load_json_text(text: str, what: str, source: str = "") -> Any:
     """The JSON document in ``text``; SpecError in one line naming ``what`` on a syntax error,
-    NaN/Infinity, an integer beyond Python's digit limit, or nesting beyond MAX_NESTING."""
+    NaN/Infinity, a duplicate key, an integer beyond Python's digit limit, or nesting beyond MAX_NESTING."""
     where = f"'{_shown(source)}' " if source else ""
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                         object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise SpecError(f"{what}: {where}is not valid JSON: {err}") from None
-    except ValueError as err:  # NaN/Infinity (parse_constant), or int() past Python's digit limit
-        reason = str(err) if "JSON number" in str(err) else \
-            f"an integer of more than {sys.get_int_max_str_digits()} digits"
-        raise SpecError(f"{what}: {where}is not valid JSON: {reason}") from None
+    except _Refused as err:  # NaN/Infinity, 1e999, a duplicate key
+        raise SpecError(f"{what}: {where}is not valid JSON: {err}") from None
+    except ValueError:  # int() past Python's digit limit
+        raise SpecError(f"{what}: {where}is not valid JSON: an integer of more than "
+                        f"{sys.get_int_max_str_digits()} digits") from None
     except RecursionError:
         raise SpecError(f"{what}: {where}is nested deeper than {MAX_NESTING} levels (the limit)") from None
     if not _check_depth(doc, MAX_NESTING):

@@ -303,6 +303,7 @@ def test_plan_json_types(plan_doc: dict[str, object], field: str, value: object,
     ('{"schema_version": 1, "inputs": NaN}', "NaN is not a JSON number"),
     ('{"schema_version": 1, "inputs": -Infinity}', "-Infinity is not a JSON number"),
     ('{"schema_version": 1, "inputs": 1e309}', "'1e309' is not a JSON number within range"),
+    ('{"schema_version": 1, "inputs": {}, "inputs": {}}', "duplicate key 'inputs'"),
 ])
 def test_plan_json_non_finite(text: str, match: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / "plan.json", text)
