@@ -87,8 +87,9 @@ def read_input_text(path: str | Path, what: str, *, max_bytes: int = MAX_INPUT_B
 
 
 def path_exists(path: str | Path) -> bool:
-    """True when ``path`` exists; False for anything a stat cannot see (missing, a
-    name too long, a component that is a file), so that callers fall back to presets."""
+    """True when ``path`` exists; False when it does not or a stat cannot tell (a name too long, a
+    component that is a file), where ``Path.exists`` raises: callers then try presets, and
+    ``read_input_text`` names the reason."""
     try:
         return Path(path).exists()
     except (OSError, ValueError):
