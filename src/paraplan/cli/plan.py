@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from enum import StrEnum
 
@@ -38,6 +37,7 @@ from paraplan.explain import explain as explain_plan
 from paraplan.launch.site import SiteProfile, load_site
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.search import Plan, SearchSpace, plan
+from paraplan.serialize import dumps_json
 from paraplan.units import GIB
 
 
@@ -78,6 +78,9 @@ def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[
     return values
 
 
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+
 def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
              precision: str, gpu_set: list[str] | None, profile: str | None, top: int, objective: str,
              tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
@@ -91,10 +94,16 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
                             attention_backend=attention_backend)
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")
+    if pp and max_pp is not None:
+        raise SpecError("--pp and --max-pp contradict: --pp lists the PP sizes to search, --max-pp caps the "
+                        "default list (give one)")
+    if recompute_modules and recompute and "selective" not in _strs("recompute", recompute, RECOMPUTE_CHOICES, ()):
+        raise SpecError(f"--recompute-modules and --recompute {recompute} contradict: modules apply to "
+                        "selective recompute only")
     space = SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
-        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
+        recompute=_strs("recompute", recompute, RECOMPUTE_CHOICES, RECOMPUTE_CHOICES),
         dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
         allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
         recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)),
@@ -169,7 +178,7 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None 
         d["checkpoints"] = [advise(c, site.storage(), site.failures()).as_dict() for c in p.candidates]
         if with_explain:
             d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures())]
-        print(json.dumps(d, indent=1))
+        print(dumps_json(d))
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
         w = csv.writer(buf)

@@ -246,7 +246,7 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     names = list(dict.fromkeys(n for t in chosen for n in TARGET_FILES[t]))
     files = {n: env.get_template(f"{n}.j2").render(**ctx) for n in names}
     doc = manifest(spec, cid, groups, [*names, "manifest.json"], chosen)
-    files["manifest.json"] = json.dumps(doc, indent=2, default=_json_default) + "\n"
+    files["manifest.json"] = json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"
     return files
 
 
