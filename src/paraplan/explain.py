@@ -149,8 +149,9 @@ def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     if p > 1:
         bub = float(best.time.bubble_frac)
         if lay.schedule:
-            out.append(Finding("BUBBLE", f"pipeline bubble {100 * bub:.1f}% under {schedule_label(lay.schedule, lay.vp)} "
-                               f"(VP {lay.vp}); m/p = {m / p:.1f}",
+            label = schedule_label(lay.schedule, lay.vp)
+            out.append(Finding("BUBBLE", f"pipeline bubble {100 * bub:.1f}% under {label} (VP {lay.vp}); "
+                               f"m/p = {m / p:.1f}",
                                {"bubble_frac": bub, "m_over_p": m / p, "vp": lay.vp, "schedule": lay.schedule}))
         else:
             vp_text = (f"interleaved with VP {lay.vp}" if lay.vp > 1 else "not interleaved")
@@ -297,7 +298,8 @@ def schedule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     if lay.pp == 1 or not schedule_named(lay.schedule).megatron:
         return []
     step = float(best.time.step_s)
-    parts, numbers = [], {}
+    parts: list[str] = []
+    numbers: dict[str, dict[str, Any]] = {}
     for name, vp in WHAT_IF_SCHEDULES:
         title = schedule_named(name).title
         alt_layout = replace(lay, schedule=name, vp=vp, first_stage_layers=0, last_stage_layers=0, pipeline_layout=())
@@ -356,6 +358,7 @@ def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpe
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
-            + schedule_findings(plan, best) + overlap_findings(plan) + recompute_module_findings(plan) + checkpoint_findings(best, storage, failures)
+            + schedule_findings(plan, best) + overlap_findings(plan) + recompute_module_findings(plan)
+            + checkpoint_findings(best, storage, failures)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
                        {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

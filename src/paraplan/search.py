@@ -139,7 +139,8 @@ def _axis_values(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
           else [t for t in pow2 if t <= cluster.nvlink_domain_size])
     max_pp = min(space.max_pp or model.num_layers, model.num_layers, world)
     pp = _unique(p for p in space.pp if p <= world) if space.pp else [p for p in _divisors(world) if p <= max_pp]
-    vp = _unique(space.vp) if space.vp else [v for v in (1, 2, 3, 4, 6, 8) if schedule_named(space.schedule).allows_vp(v)]
+    sched = schedule_named(space.schedule)
+    vp = _unique(space.vp) if space.vp else [v for v in (1, 2, 3, 4, 6, 8) if sched.allows_vp(v)]
     cp = (_unique(c for c in space.cp if c <= world) if space.cp
           else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0) or c == 1])
     if model.is_moe:
@@ -459,8 +460,9 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
     picked, ties = _ranked_top(feasible, objective, cluster, top_k)
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
-    notes = ((f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
-              "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
+    notes: tuple[str, ...] = (
+        (f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
+         "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
     sched = schedule_named(space.schedule)
     if not sched.megatron:
         notes += (f"schedule {sched.name}: {sched.title} is a what-if, {NOT_IN_MEGATRON}; the numbers say what it "

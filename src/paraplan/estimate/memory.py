@@ -8,8 +8,8 @@ parameters; Megatron's own estimator divides by DP only (docs/model.md). Megatro
 (optim_grads_params) shards all 18 B and all-gathers two layers' weights at a time.
 
 Activations: ``paraplan.estimate.activations``, multiplied by the micro-batches each rank holds in
-flight (the layout's schedule, ``paraplan.schedules``: ``Schedule.in_flight_units``). Other: logits on the last stage, FP8
-weight copies, FSDP gather buffers, and a configurable workspace and fragmentation allowance.
+flight (the layout's schedule, ``paraplan.schedules``: ``Schedule.in_flight_units``). Other: logits on
+the last stage, FP8 weight copies, FSDP gather buffers, and a configurable workspace and fragmentation allowance.
 Vectorised over candidates like the rest of ``estimate``.
 """
 

@@ -1,7 +1,7 @@
 """Check a parsed launch script: every Megatron rule it breaks, and the estimate when it breaks none.
 
-Rules come from ``paraplan.rules.rules_for`` for the layout's schedule (all of them are evaluated, not only the first), the
-flag-level rules of ``paraplan.launch.megatron.launch_violations``, what the argument reader found
+Rules come from ``paraplan.rules.rules_for`` for the layout's schedule (all of them are evaluated, not
+only the first), the flag-level rules of ``paraplan.launch.megatron.launch_violations``, what the argument reader found
 (``MegatronFlags.problems``), the pipeline split (``estimate.pipeline``) and the environment
 Megatron asserts (CUDA_DEVICE_MAX_CONNECTIONS, ecosystem.md 1.4). Messages are Megatron's.
 """
@@ -21,6 +21,7 @@ from paraplan.launch.megatron import (
     MAX_CONNECTIONS_MESSAGE,
     fsdp_rejects_max_connections,
     launch_violations,
+    layout_dict,
     needs_max_connections_1,
 )
 from paraplan.launch.parse import ParsedScript
@@ -54,7 +55,7 @@ class CheckResult:
         return {
             "world_size": self.cluster.num_gpus, "gpu": self.cluster.gpu.name,
             "gpus_per_node": self.cluster.gpus_per_node, "layout": self.layout.short(),
-            "layout_fields": asdict(self.layout), "training": asdict(self.training),
+            "layout_fields": layout_dict(self.layout), "training": asdict(self.training),
             "model": self.model.name,
             "violations": [{"code": c, "message": m} for c, m in self.violations],
             "unknown_flags": list(p.unknown_flags), "defaults_applied": list(p.defaults_applied),

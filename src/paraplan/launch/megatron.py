@@ -15,14 +15,14 @@ exactly that.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Final
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Final
 
 from paraplan.errors import LayoutError
 from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
-from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
+from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import TrainingSpec
 
 MEGATRON_COMMIT: Final = "d98e8a6"
@@ -210,6 +210,14 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
                     f"recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: "
                     f"{per_rank}"))
     return out
+
+
+def layout_dict(layout: ParallelLayout) -> dict[str, Any]:
+    """A layout as plain data; ``schedule`` only when one was chosen (ids of earlier layouts stay the same)."""
+    d = asdict(layout)
+    if not d.get("schedule"):
+        d.pop("schedule", None)
+    return d
 
 
 def as_launched(

@@ -136,6 +136,8 @@ def simulate(*, pp: int, vp: int, num_microbatches: int, forward: Sequence[float
         orders = [rank_order(rank=r, pp=pp, vp=vp, num_microbatches=num_microbatches, group=group) for r in range(pp)]
     else:
         orders = [sched.rank_order(rank=r, pp=pp, vp=vp, num_microbatches=num_microbatches) for r in range(pp)]
+    pairs = [sched.paired_ops(rank=r, pp=pp, vp=vp, num_microbatches=num_microbatches) if group is None or schedule
+             else frozenset[int]() for r in range(pp)]
     owner = _owners(sched, pp, vp)
     share = {"F": 1.0, "B": 1.0, "I": 1.0 - WGRAD_SHARE_OF_BACKWARD, "W": WGRAD_SHARE_OF_BACKWARD}
     done: dict[tuple[Kind, int, int, int], float] = {}
@@ -149,6 +151,9 @@ def simulate(*, pp: int, vp: int, num_microbatches: int, forward: Sequence[float
             while pos[r] < len(orders[r]):
                 kind, mb, chunk = orders[r][pos[r]]
                 deps = _dependencies(kind, mb, chunk, r, pp, vp, sched, owner)
+                if pos[r] in pairs[r]:  # an overlapped pair starts when the inputs of both have arrived
+                    deps += _dependencies(*orders[r][pos[r] + 1], r, pp, vp, sched, owner)
+                    deps = [d for d in deps if d != (kind, mb, chunk, r)]
                 _input_grad_dep(deps, done)
                 if any(d not in done for d in deps):
                     break

@@ -30,9 +30,22 @@ from paraplan.schedules.interleaved import Interleaved
 from paraplan.schedules.one_f_one_b import OneFOneB
 from paraplan.schedules.zb_h1 import ZeroBubbleH1
 
-__all__ = ["NOT_IN_MEGATRON", "SCHEDULES", "SCHEDULE_NAMES", "Combined1F1B", "DualPipeV", "Interleaved",
-           "MegatronChoice", "OneFOneB", "Schedule", "ScheduleRule", "ZeroBubbleH1", "schedule_named",
-           "schedule_of", "schedule_label"]
+__all__ = [
+    "NOT_IN_MEGATRON",
+    "SCHEDULES",
+    "SCHEDULE_NAMES",
+    "Combined1F1B",
+    "DualPipeV",
+    "Interleaved",
+    "MegatronChoice",
+    "OneFOneB",
+    "Schedule",
+    "ScheduleRule",
+    "ZeroBubbleH1",
+    "schedule_label",
+    "schedule_named",
+    "schedule_of",
+]
 
 _ONE: Final = OneFOneB()
 _INTER: Final = Interleaved()
@@ -58,12 +71,12 @@ class MegatronChoice:
 
     def in_flight_units(self, *, rank: Count, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """1F1B's or interleaved's count, by VP."""
-        return np.where(vp > 1, _INTER.in_flight_units(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches),  # type: ignore[no-any-return]
+        return np.where(vp > 1, _INTER.in_flight_units(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches),
                         _ONE.in_flight_units(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches))
 
     def first_chunk_in_flight(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """1F1B's min(p, m) or interleaved's min(2p - 1, m), by VP."""
-        return np.where(vp > 1, _INTER.first_chunk_in_flight(pp=pp, vp=vp, num_microbatches=num_microbatches),  # type: ignore[no-any-return]
+        return np.where(vp > 1, _INTER.first_chunk_in_flight(pp=pp, vp=vp, num_microbatches=num_microbatches),
                         _ONE.first_chunk_in_flight(pp=pp, vp=vp, num_microbatches=num_microbatches))
 
     def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
@@ -76,7 +89,7 @@ class MegatronChoice:
 
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """1 interleaved, 0.5 for 1F1B."""
-        return np.where(vp > 1, 1.0, 0.5)  # type: ignore[no-any-return]
+        return np.where(vp > 1, 1.0, 0.5)
 
     def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
         """No expert-parallel overlap: 1."""
@@ -89,6 +102,10 @@ class MegatronChoice:
     def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
         """chunk * PP + rank."""
         return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
+
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """No overlapped pairs in the timeline."""
+        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """1F1B's order at VP 1, interleaved's above."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -60,7 +60,9 @@ class RuleView(Protocol):
     def model(self) -> ModelSpec: ...
 
     @property
-    def layout(self) -> object: ...
+    def layout(self) -> Any:
+        """A ParallelLayout or a LayoutTable (``paraplan.rules.RuleContext.layout``)."""
+        ...
 
     @property
     def num_microbatches(self) -> object: ...
@@ -80,16 +82,30 @@ class ScheduleRule:
 class Schedule(Protocol):
     """A pipeline schedule (see the module docstring)."""
 
-    name: str
-    """CLI / plan.json name, e.g. ``1f1b``."""
-    title: str
-    """Human name, e.g. ``interleaved 1F1B``."""
-    megatron: bool
-    """True when Megatron-LM runs this schedule."""
-    launch_flags: tuple[str, ...]
-    """Megatron flags that select it (beyond the layout's VP flags)."""
-    rules: tuple[ScheduleRule, ...]
-    """Validity rules, in the order they are checked (after the layer-count rules)."""
+    @property
+    def name(self) -> str:
+        """CLI / plan.json name, e.g. ``1f1b``."""
+        ...
+
+    @property
+    def title(self) -> str:
+        """Human name, e.g. ``interleaved 1F1B``."""
+        ...
+
+    @property
+    def megatron(self) -> bool:
+        """True when Megatron-LM runs this schedule."""
+        ...
+
+    @property
+    def launch_flags(self) -> tuple[str, ...]:
+        """Megatron flags that select it (beyond the layout's VP flags)."""
+        ...
+
+    @property
+    def rules(self) -> tuple[ScheduleRule, ...]:
+        """Validity rules, in the order they are checked (after the layer-count rules)."""
+        ...
 
     def allows_vp(self, vp: int) -> bool:
         """Whether the schedule runs with VP model chunks per rank (the search's VP axis)."""
@@ -135,6 +151,11 @@ class Schedule(Protocol):
         """The operations of one rank in execution order (for the timeline)."""
         ...
 
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """Positions i where ``rank_order`` ops i and i + 1 run as one overlapped pair (both inputs
+        needed before either starts); empty for schedules without such pairs."""
+        ...
+
 
 def _ints(x: object) -> NDArray[np.int64]:
     return np.asarray(x, dtype=np.int64)
@@ -143,7 +164,7 @@ def _ints(x: object) -> NDArray[np.int64]:
 def layers_total(ctx: RuleView) -> int:
     """Decoder layers plus the embedding / loss when the account-for flags count them."""
     lay = ctx.layout
-    return ctx.model.num_layers + int(getattr(lay, "account_for_embedding")) + int(getattr(lay, "account_for_loss"))
+    return ctx.model.num_layers + int(lay.account_for_embedding) + int(lay.account_for_loss)
 
 
 def _lay(ctx: RuleView, name: str) -> NDArray[np.int64]:
@@ -159,7 +180,7 @@ VP_WITHOUT_PP: Final = ScheduleRule(
 
 LAYERS_NOT_DIVISIBLE_BY_VP: Final = ScheduleRule(
     "LAYERS_NOT_DIVISIBLE_BY_VP",
-    lambda c: np.logical_not(np.asarray(getattr(c.layout, "uneven"))) & (_lay(c, "vp") > 1)
+    lambda c: np.logical_not(np.asarray(c.layout.uneven)) & (_lay(c, "vp") > 1)
     & ((layers_total(c) // _lay(c, "pp")) % _lay(c, "vp") != 0),
     lambda c: ("number of layers per pipeline stage must be divisible number of layers per "
                f"virtual pipeline stage (layers per stage {layers_total(c) // int(_lay(c, 'pp'))}, "

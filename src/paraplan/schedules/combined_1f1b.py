@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Final
 
 import numpy as np
+from numpy.typing import NDArray
 
 from paraplan.schedules.base import (
     LAYERS_NOT_DIVISIBLE_BY_VP,
@@ -45,12 +46,12 @@ from paraplan.schedules.interleaved import interleaved_order
 _SRC: Final = "TC: __post_init__ (overlap_moe_expert_parallel_comm)"
 
 
-def _get(c: RuleView, name: str) -> np.ndarray:  # type: ignore[type-arg]
-    return np.asarray(getattr(c.layout, name))
+def _get(c: RuleView, name: str) -> NDArray[np.int64]:
+    return np.asarray(getattr(c.layout, name), dtype=np.int64)
 
 
 def _recompute_has_moe(c: RuleView) -> bool:
-    return "moe" in tuple(getattr(c.layout, "recompute_modules"))
+    return "moe" in tuple(c.layout.recompute_modules)
 
 
 COMBINED_RULES: Final[tuple[ScheduleRule, ...]] = (
@@ -60,7 +61,8 @@ COMBINED_RULES: Final[tuple[ScheduleRule, ...]] = (
                  lambda c: ("If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified "
                             "when pipeline_model_parallel_size > 1"), _SRC),
     ScheduleRule("COMBINED_1F1B_RECOMPUTE",
-                 lambda c: (_get(c, "recompute_code") == 2) | ((_get(c, "recompute_code") == 1) & _recompute_has_moe(c)),
+                 lambda c: (_get(c, "recompute_code") == 2)
+                 | ((_get(c, "recompute_code") == 1) & _recompute_has_moe(c)),
                  lambda c: ("disable full recomputation (and moe in recompute_modules) when enabling "
                             "overlap_moe_expert_parallel_comm"), _SRC),
     ScheduleRule("COMBINED_1F1B_MTP", lambda c: np.asarray(c.model.mtp_num_layers > 1),
@@ -81,7 +83,7 @@ class Combined1F1B:
     def _warmup0(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """Rank 0's unpaired warm-up chunk-forwards: 2(p - 1) + (v - 1) p + 1 (PP = 1: 1), at most m v."""
         piped = np.minimum(2 * (pp - 1) + (vp - 1) * pp + 1, num_microbatches * vp)
-        return np.where(pp > 1, piped, 1)  # type: ignore[no-any-return]
+        return np.where(pp > 1, piped, 1)
 
     def allows_vp(self, vp: int) -> bool:
         """Whether the schedule runs with VP model chunks per rank (any VP (VP > 1 when PP > 1: a rule))."""
@@ -94,11 +96,11 @@ class Combined1F1B:
     def in_flight_units(self, *, rank: Count, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """Interleaved's count plus the extra warm-up chunk-forward; PP = 1: min(2, m)."""
         piped = np.minimum(2 * (pp - rank - 1) + (vp - 1) * pp + 2, num_microbatches * vp)
-        return np.where(pp > 1, piped, np.minimum(2, num_microbatches))  # type: ignore[no-any-return]
+        return np.where(pp > 1, piped, np.minimum(2, num_microbatches))
 
     def first_chunk_in_flight(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(2p, m) (one more than interleaved's 2p - 1, the extra warm-up forward)."""
-        return np.minimum(2 * pp, num_microbatches)  # type: ignore[no-any-return]
+        return np.minimum(2 * pp, num_microbatches)
 
     def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """2 v m sends."""
@@ -123,6 +125,10 @@ class Combined1F1B:
     def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
         """chunk * PP + rank."""
         return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
+
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """No overlapped pairs in the timeline."""
+        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """Interleaved order with one more warm-up chunk-forward; PP = 1: F0, then (F i+1, B i) pairs."""

@@ -71,12 +71,12 @@ class DualPipeV:
 
     def in_flight_units(self, *, rank: Count, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(2p + 1, 2m) chunk units on every rank."""
-        return np.minimum(2 * pp + 1 + 0 * rank, vp * num_microbatches)  # type: ignore[no-any-return]
+        return np.minimum(2 * pp + 1 + 0 * rank, vp * num_microbatches)
 
     def first_chunk_in_flight(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(2p, m): rank 0 runs 2p - 1 chunk-0 forwards in steps 1-2 and one more in the first F&B
         before its first chunk-0 backward."""
-        return np.minimum(2 * pp, num_microbatches)  # type: ignore[no-any-return]
+        return np.minimum(2 * pp, num_microbatches)
 
     def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """2 v m sends (the V's turn on the last rank is local, counted anyway: an upper bound)."""
@@ -93,7 +93,7 @@ class DualPipeV:
     def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
         """Unpaired chunk passes: of rank 0's 2m chunk-forwards, 2p - 1 (steps 1-2) run before the first F&B
         pair; as many backwards run unpaired at the end: (2p - 1) / (2m)."""
-        return np.minimum((2 * pp - 1) / (vp * num_microbatches), 1.0)  # type: ignore[no-any-return]
+        return np.minimum((2 * pp - 1) / (vp * num_microbatches), 1.0)
 
     def output_rank(self, pp: Count) -> Count:
         """Rank 0 (its chunk 1 is stage 2p - 1)."""
@@ -104,15 +104,22 @@ class DualPipeV:
         return rank if chunk == 0 else 2 * pp - 1 - rank
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
-        """``DualPipeV.step`` (dualpipev.py), steps 1-8; an F&B pair is drawn as F then B."""
-        return dualpipe_v_order(rank=rank, pp=pp, num_microbatches=num_microbatches)
+        """``DualPipeV.step`` (dualpipev.py), steps 1-8; an F&B pair is F then B (``paired_ops``)."""
+        return dualpipe_v_order(rank=rank, pp=pp, num_microbatches=num_microbatches)[0]
+
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """Positions i in ``rank_order`` where ops i and i + 1 are an overlapped F&B pair
+        (``_forward_backward_chunk``: both inputs are received before either runs)."""
+        return dualpipe_v_order(rank=rank, pp=pp, num_microbatches=num_microbatches)[1]
 
 
-def dualpipe_v_order(*, rank: int, pp: int, num_microbatches: int) -> list[Op]:
-    """The operations of ``DualPipeV.step`` on one rank: F/B/I/W with chunk 0 or 1. Zero-bubble
-    backwards (``enable_zb``) are I passes whose W is queued (first in, first out)."""
+def dualpipe_v_order(*, rank: int, pp: int, num_microbatches: int) -> tuple[list[Op], frozenset[int]]:
+    """The operations of ``DualPipeV.step`` on one rank (F/B/I/W with chunk 0 or 1; zero-bubble
+    backwards, ``enable_zb``, are I passes whose W is queued first in, first out) and the positions
+    of its overlapped F&B pairs."""
     p, r, m = pp, rank, num_microbatches
     ops: list[Op] = []
+    pairs: set[int] = set()
     nxt = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}
     queue: list[tuple[int, int]] = []
 
@@ -140,27 +147,27 @@ def dualpipe_v_order(*, rank: int, pp: int, num_microbatches: int) -> list[Op]:
         bwd(1, zb=True)
         wgt()
         fwd(1)
-    for _ in range(m - 2 * p + r + 1):  # step 4: nF0B1F1B0
+    for i in range(m - 2 * p + r + 1):  # step 4: nF0B1F1B0
+        if not (i == 0 and r == p - 1):  # the last rank's first F0 / B1 are not overlapped
+            pairs.add(len(ops))
         fwd(0)
         bwd(1)
+        pairs.add(len(ops))
         fwd(1)
         bwd(0)
     for _ in range(p - r - 1):  # step 5: nB1F1B0
         bwd(1)
+        pairs.add(len(ops))
         fwd(1)
         bwd(0)
-    zb = False
-    for i in range(r + 1):  # step 6: nB1B0, the second half zero bubble
-        if i == (r + 1) // 2 and r % 2 == 1:
-            zb = True
-        bwd(1, zb=zb)
-        if i == (r + 1) // 2 and r % 2 == 0:
-            zb = True
-        bwd(0, zb=zb)
+    half = (r + 1) // 2
+    for i in range(r + 1):  # step 6: nB1B0, the second half zero bubble (odd ranks from B1, even from B0)
+        bwd(1, zb=i > half or (i == half and r % 2 == 1))
+        bwd(0, zb=i >= half)
     for _ in range(p - r - 1):  # step 7: nWB0 (zero bubble)
         wgt()
         bwd(0, zb=True)
     for _ in range(r + 1):  # step 8: nW
         wgt()
     assert not queue, queue
-    return ops
+    return ops, frozenset(pairs)

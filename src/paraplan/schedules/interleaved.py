@@ -82,11 +82,11 @@ class Interleaved:
 
     def in_flight_units(self, *, rank: Count, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(2(p - r - 1) + (v - 1) p + 1, m v) chunk-micro-batches."""
-        return np.minimum(2 * (pp - rank - 1) + (vp - 1) * pp + 1, num_microbatches * vp)  # type: ignore[no-any-return]
+        return np.minimum(2 * (pp - rank - 1) + (vp - 1) * pp + 1, num_microbatches * vp)
 
     def first_chunk_in_flight(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(2p - 1, m)."""
-        return np.minimum(2 * pp - 1, num_microbatches)  # type: ignore[no-any-return]
+        return np.minimum(2 * pp - 1, num_microbatches)
 
     def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """2 v m sends."""
@@ -115,6 +115,10 @@ class Interleaved:
     def warmup(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> int:
         """Warm-up chunk-forwards (group size p)."""
         return interleaved_warmup(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches)
+
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """No overlapped pairs in the timeline."""
+        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """Megatron's interleaved order (group size p)."""

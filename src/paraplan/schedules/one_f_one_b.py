@@ -48,11 +48,11 @@ class OneFOneB:
 
     def in_flight_units(self, *, rank: Count, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(p - r, m)."""
-        return np.minimum(pp - rank, num_microbatches)  # type: ignore[no-any-return]
+        return np.minimum(pp - rank, num_microbatches)
 
     def first_chunk_in_flight(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(p, m)."""
-        return np.minimum(pp, num_microbatches)  # type: ignore[no-any-return]
+        return np.minimum(pp, num_microbatches)
 
     def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """2 v m sends (v = 1): activations forward and gradients backward, per micro-batch and chunk."""
@@ -81,6 +81,10 @@ class OneFOneB:
     def warmup(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> int:
         """Forwards before the first backward: min(p - r - 1, m)."""
         return min(pp - rank - 1, num_microbatches)
+
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """No overlapped pairs in the timeline."""
+        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """Warm-up forwards, 1F1B, cool-down backwards."""

@@ -12,9 +12,9 @@ the slots where 1F1B would wait, so the fill / drain hop costs F + B - W instead
 
 Relative to the ideal m (F + B) with F = 1/3, B = 2/3, W = B / 2 = 1/3 of a micro-batch's
 forward + backward (``FORWARD_SHARE``, ``WGRAD_SHARE_OF_BACKWARD``): (p - 1) / (3 m), a third
-of 1F1B's. Peak activations are 1F1B's (Qi et al.: "the same peak memory as 1F1B", p M_B):
-min(p - r, m) micro-batches on rank r; the W of a deferred micro-batch is done before the next
-forward would exceed that count.
+of 1F1B's. Peak activations: Qi et al. give ZB-H1 "the same peak memory as 1F1B", p M_B, the peak over
+ranks. Per rank it is higher than 1F1B's p - r: rank r defers r weight-gradient passes, whose
+saved inputs stay until W runs, so every rank holds min(p, m) micro-batches (``zb_h1_order``).
 
 VP = 1 (ZB-H1 is a 1F1B variant; the V-shaped zero-bubble schedules are ``dualpipe-v``'s family),
 PP > 1 and m >= PP (the formula's steady state).
@@ -65,12 +65,12 @@ class ZeroBubbleH1:
         return (pp - 1) * HOP_SHARE / num_microbatches
 
     def in_flight_units(self, *, rank: Count, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """min(p - r, m), as 1F1B."""
-        return np.minimum(pp - rank, num_microbatches)  # type: ignore[no-any-return]
+        """min(p, m) on every rank (1F1B's p - r plus the r deferred W passes)."""
+        return np.minimum(pp + 0 * rank, num_microbatches)
 
     def first_chunk_in_flight(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """min(p, m)."""
-        return np.minimum(pp, num_microbatches)  # type: ignore[no-any-return]
+        return np.minimum(pp, num_microbatches)
 
     def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
         """2 m sends, as 1F1B (W sends nothing)."""
@@ -96,10 +96,12 @@ class ZeroBubbleH1:
         """chunk * PP + rank (one chunk)."""
         return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
 
-    def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
-        """1F1B's warm-up and steady state with B split into I (input gradient) and W (weight gradient).
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """No overlapped pairs in the timeline."""
+        return frozenset()
 
-        Rank r may hold p - r - 1 forwards beyond 1F1B's... (see ``_order``)."""
+    def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
+        """1F1B's warm-up and steady state with B split into I (input gradient) and W (weight gradient)."""
         return zb_h1_order(rank=rank, pp=pp, num_microbatches=num_microbatches)
 
 
