@@ -101,6 +101,10 @@ def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     overflow the int64 columns. (TP, PP, CP above the world size are only dropped: they never make a
     row, see ``_axis_values``; callers such as ``tune`` step past the world.)"""
     world = cluster.num_gpus
+    schedule_named(space.schedule)  # SpecError naming the schedules
+    if space.schedule == "combined_1f1b" and not model.is_moe:
+        raise SpecError(f"--schedule combined_1f1b: overlap_moe_expert_parallel_comm is only supported with expert "
+                        f"model parallelism, and {model.name} has no experts")
     if model.num_layers > MAX_LAYERS:
         raise SpecError(f"num_layers: at most {MAX_LAYERS:,} for the search, got {model.num_layers:,}")
     if world > MAX_WORLD:

@@ -114,3 +114,11 @@ def test_explain_says_what_the_what_if_schedules_would_gain(capsys: pytest.Captu
     # the same layout with ZB-H1 (VP 1): bubble (p - 1) / (3 m), Qi et al. 2024
     assert what_if["numbers"]["zb-h1"]["bubble_frac"] == pytest.approx((p - 1) / (3 * m), rel=1e-12)
     assert what_if["numbers"]["dualpipe-v"]["bubble_frac"] == pytest.approx((p - 1) / (3 * m), rel=1e-12)
+
+
+def test_combined_1f1b_on_a_dense_model_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", "-m", "llama3-8b", "-g", "h100-80gb", "-n", "16", "-s", "4096", "--gbs", "64",
+                          "--schedule", "combined_1f1b"], capsys)
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--schedule combined_1f1b" in lines[0] and "expert" in lines[0]

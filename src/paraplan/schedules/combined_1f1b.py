@@ -11,6 +11,8 @@ every steady 1F1B pair is independent; without a pipeline (PP = 1) the first for
 - in flight on rank r: the interleaved count plus one, min(2(p - r - 1) + (v - 1) p + 2, m v);
   PP = 1: min(2, m) (the forward of micro-batch i + 1 runs while micro-batch i still holds its
   activations for the backward);
+- timeline: Megatron's interleaved order with the extra warm-up forward; a combined pair is drawn as
+  its forward then its backward (its all-to-all overlap shows in the step time, not in the drawing);
 - EP all-to-all: the unpaired passes, warm-up forwards and cool-down backwards, leave theirs
   exposed: w / (m v) of it with w rank 0's warm-up (PP = 1: 1 / m); the paired passes hide theirs
   behind the other micro-batch's compute (``ep_exposed_frac``).
@@ -18,7 +20,8 @@ every steady 1F1B pair is independent; without a pipeline (PP = 1) the first for
 Validity (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``):
 EP > 1; VP set when PP > 1; no full recompute; ``moe`` not in ``--recompute-modules``; at most one MTP
 layer; plus the interleaved schedule's rules when VP > 1. ``--delay-wgrad-compute`` needs
-``--overlap-moe-expert-parallel-comm`` (same file); both flags are in Megatron-LM main
+``--overlap-moe-expert-parallel-comm`` (same file) and Transformer Engine (``validate_args``: TE >= 2.8.0
+together with ``--overlap-grad-reduce``); both flags are in Megatron-LM main
 (``../shared/reference/megatron_lm_flags_main_d98e8a6.tsv``).
 """
 
