@@ -30,7 +30,7 @@ SCHEMA_VERSION = 1
 LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "recompute", "recompute_modules",
                "sequence_parallel", "distributed_optimizer", "fsdp", "overlap_grad_reduce",
                "overlap_param_gather", "tp_comm_overlap", "first_stage_layers", "last_stage_layers",
-               "pipeline_layout")
+               "pipeline_layout", "schedule")
 
 
 def inputs_dict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> dict[str, Any]:
@@ -47,7 +47,8 @@ def plan_document(p: Plan) -> dict[str, Any]:
     doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "paraplan", "tool_version": __version__,
                            "inputs": inputs_dict(p.model, p.cluster, p.training), "plan": p.to_dict()}
     if p.space is not None:
-        doc["search_space"] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(p.space).items()}
+        doc["search_space"] = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(p.space).items()
+                               if k != "schedule" or v}  # Megatron's own choice: no key, as before schedules
     return doc
 
 

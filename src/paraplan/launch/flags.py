@@ -389,6 +389,11 @@ def _layout_fields(r: _Reader, num_layers: int, moe: bool) -> dict[str, Any]:
         if not lay[key] and key != "tp_comm_overlap" and (key != "sequence_parallel"
                                                           or lay["tp"] > 1):
             r.default(flag, "off")
+    if r.has("--overlap-moe-expert-parallel-comm"):  # Megatron's combined 1F1B (paraplan.schedules)
+        lay["schedule"] = "combined_1f1b"
+    elif r.has("--delay-wgrad-compute"):  # TC: __post_init__
+        r.problems.append(("DELAY_WGRAD_NEEDS_EP_OVERLAP", "overlap_moe_expert_parallel_comm must be enabled "
+                           "when enabling delay_wgrad_compute"))
     lay["fsdp"] = r.has("--use-megatron-fsdp") or r.has("--use-torch-fsdp2")
     if r.has("--use-torch-fsdp2"):
         r.notes.append("--use-torch-fsdp2 is modelled as Megatron-FSDP (optim_grads_params)")
