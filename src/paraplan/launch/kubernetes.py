@@ -104,7 +104,7 @@ def _affinity(site: SiteProfile) -> dict[str, Any] | None:
 def pod_patch(site: SiteProfile, *, container: str) -> dict[str, Any]:
     """Pod settings of the site: mounts, volumes (with /dev/shm), IPC_LOCK, scheduling, pull secret."""
     k = site.kubernetes
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     mounts += [{"name": v.name, "mountPath": v.mount_path, **({"readOnly": True} if v.read_only else {})}
                for v in k.volumes]
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}}]
