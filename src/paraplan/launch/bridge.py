@@ -55,7 +55,7 @@ _MODULE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 _FIELD: Final = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?")
 _SOURCE: Final = re.compile(r"src/(megatron/bridge/perf_recipes/[a-z0-9_/]+)\.py:([a-z0-9_]+)")
 _WORD: Final = re.compile(r"[A-Za-z0-9_.:/+-]+")
-_LAYOUT: Final = re.compile(r"[Etml|]+")
+_LAYOUT: Final = re.compile(r"[EtmL|]+")
 
 Scalar = int | float | bool | str | None
 Value = Scalar | list[str]
