@@ -155,7 +155,7 @@ def test_site_can_ask_for_the_runtime_file() -> None:
 
 def test_checkpoint_dir_must_be_on_a_writable_volume() -> None:
     data = {**K8S_SITE, "checkpoint_dir": "/models/ckpt"}  # /models is read-only
-    with pytest.raises(SpecError, match="site.checkpoint_dir: '/models/ckpt' is on no writable"):
+    with pytest.raises(SpecError, match=r"site\.checkpoint_dir: '/models/ckpt' is on no writable"):
         files_for(llama70b_spec(site_from_dict(data)))
 
 

@@ -84,8 +84,10 @@ def _pod_env(env: list[tuple[str, str, str]], refs: list[dict[str, str]], site: 
 
 
 def _check_checkpoint_dir(site: SiteProfile) -> None:
+    """With volumes declared, checkpoint_dir must be on a writable one (SpecError); without any, trainjob.yaml
+    says so in a PLACEHOLDER comment (a Slurm-only site file still writes every target)."""
     ckpt = site.checkpoint_dir
-    if ckpt is None:
+    if ckpt is None or not site.kubernetes.volumes:
         return
     mounts = [v.mount_path.rstrip("/") for v in site.kubernetes.volumes if not v.read_only]
     if not any(ckpt == m or ckpt.startswith(m + "/") for m in mounts):
@@ -203,9 +205,9 @@ def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], clust
                     "spec": pod_patch(site, container=TRAINER_NODE)}}}}]}}}}],
         },
     }
-    ckpt_note = [] if site.checkpoint_dir else [
-        "PLACEHOLDER: CHECKPOINT_DIR is 'checkpoints' inside the container (lost with the pod): set checkpoint_dir",
-        "in site.yaml to a path on a kubernetes.volumes mount"]
+    ckpt_note = [] if site.checkpoint_dir and k.volumes else [
+        f"PLACEHOLDER: CHECKPOINT_DIR is {site.checkpoint_dir or 'checkpoints'!r} inside the container and no volume "
+        "holds it (lost with the pod):", "set checkpoint_dir in site.yaml to a path on a kubernetes.volumes mount"]
     files = {"trainjob.yaml": dump(job, [*header, *ckpt_note, f"Runtime: ClusterTrainingRuntime {runtime}"
                                          + (" (clustertrainingruntime.yaml)" if make_runtime else
                                             " (installed with Kubeflow Trainer)"),
