@@ -90,8 +90,11 @@ def launch(
     flags: LayoutFlags = NO_FLAGS,
 ) -> None:
     """Write launch files for one layout: megatron_args.sh, env.sh, torchrun.sh, job.sbatch,
-    pytorchjob.yaml, trainjob.yaml (+ clustertrainingruntime.yaml, computedomain.yaml where needed),
-    bridge_recipe.py + bridge_overrides.txt and manifest.json (layout, prediction, candidate id).
+    pytorchjob.yaml and manifest.json (layout, prediction, candidate id).
+
+    Also trainjob.yaml (Kubeflow Trainer v2; clustertrainingruntime.yaml and computedomain.yaml where
+    needed) and, for models Megatron-Bridge has a recipe for, bridge_recipe.py + bridge_overrides.txt;
+    --print-site-template prints a commented site.yaml.
 
     The layout comes from --plan (and --rank) or from the same flags as ``paraplan estimate``;
     it is validated and estimated first, and nothing is written when it breaks a rule.
