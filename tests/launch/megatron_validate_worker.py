@@ -1,6 +1,7 @@
-"""Run Megatron-LM's own ``parse_args`` + ``validate_args`` on argument lists, on CPU (our code).
+"""Run Megatron-LM's own ``parse_args`` + ``validate_args`` on argument lists, then build the TransformerConfig
+from them (``core_transformer_config_from_args``: its ``__post_init__`` checks), on CPU (our code).
 
-Usage: ``python megatron_validate_worker.py MEGATRON_LM_DIR < cases.json > results.json``; each case is
+Usage: ``python megatron_validate_worker.py MEGATRON_LM_DIR RESULTS_JSON < cases.json``; each case is
 ``{"name", "argv", "env", "world_size", "capability": [major, minor]}``, each result
 ``{"name", "ok", "error"}``. Megatron-LM is imported once from the checkout (never copied into this
 repository). Stand-ins, none of which changes what validate_args decides for these arguments:
@@ -10,7 +11,9 @@ repository). Stand-ins, none of which changes what validate_args decides for the
 * Megatron modules that import Triton kernels at import time get an inert stand-in module (Triton has
   no CPU build); torch itself still sees no Triton;
 * ``typing.override`` (Python 3.12) is the identity on Python 3.11;
-* WORLD_SIZE and RANK come from the case (validate_args reads the world size from them).
+* WORLD_SIZE and RANK come from the case (validate_args reads the world size from them);
+* Transformer Engine reads as version ``TE_VERSION`` (NeMo containers ship TE 2.x) and TransformerConfig's
+  look-ups of its fused RoPE kernels find inert stand-ins.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import types
 import typing
 from typing import Any
 from unittest import mock
+
+TE_VERSION = "2.10.0"
 
 
 class _Inert(types.ModuleType):
@@ -56,13 +61,30 @@ def _install_stand_ins(capability: list[int]) -> None:
     torch.cuda.get_device_capability = lambda *a, **k: tuple(capability)  # type: ignore[assignment]
 
 
+def _kernel_stand_ins() -> None:
+    """Transformer Engine's fused kernels are looked up by TransformerConfig; on CPU there are none, so the
+    lookups find inert stand-ins (the NeMo containers these launches target ship TE 2.x)."""
+    from megatron.core import utils
+    from megatron.core.models.common.embeddings import rope_utils
+    from packaging.version import Version
+
+    utils._te_version = Version(TE_VERSION)  # the cached Transformer Engine version
+
+    for name in ("fused_apply_rotary_pos_emb", "fused_apply_rotary_pos_emb_thd"):
+        if getattr(rope_utils, name, None) is None:
+            setattr(rope_utils, name, mock.MagicMock(name=name))
+
+
 def main() -> int:
     sys.path.insert(0, sys.argv[1])
+    results_path = sys.argv[2]  # sys.argv is each case's argument list below
     cases = json.load(sys.stdin)
     _install_stand_ins(cases[0]["capability"] if cases else [9, 0])
     import torch
+    from megatron.training.argument_utils import core_transformer_config_from_args
     from megatron.training.arguments import parse_args, validate_args
 
+    _kernel_stand_ins()
     results = []
     base_env = dict(os.environ)
     for case in cases:
@@ -83,14 +105,16 @@ def main() -> int:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 args = parse_args()
                 validate_args(args, {})
+                config = core_transformer_config_from_args(args)  # TransformerConfig.__post_init__ checks
             results.append({"name": case["name"], "ok": True, "error": None,
-                            "data_parallel_size": args.data_parallel_size})
+                            "data_parallel_size": args.data_parallel_size, "config": type(config).__name__})
         except SystemExit as err:  # argparse: an unknown flag or a bad value
             results.append({"name": case["name"], "ok": False, "error": f"SystemExit {err.code}: "
                             + out.getvalue()[-2000:]})
         except Exception as err:  # an assertion or ValueError of validate_args
             results.append({"name": case["name"], "ok": False, "error": f"{type(err).__name__}: {err}"})
-    json.dump(results, sys.__stdout__)
+    with open(results_path, "w", encoding="utf-8") as f:  # not stdout: Megatron's loggers write there
+        json.dump(results, f)
     return 0
 
 

@@ -153,8 +153,10 @@ def test_mla_with_mtp_uses_rope_with_mla_rope_type() -> None:
     assert spec.model.position_embedding_type == "yarn" and spec.model.mtp_num_layers
     assert pairs["--position-embedding-type"] == "rope" and pairs["--rope-type"] == "yarn"
     assert pairs["--rotary-scaling-factor"] == "40.0"
+    assert "--no-rope-fusion" not in pairs
     rope = replace(spec.model, position_embedding_type="rope")
-    assert dict(flag_pairs(megatron_args(rope, spec.layout, spec.training)))["--rope-type"] == "rope"
+    pairs = dict(flag_pairs(megatron_args(rope, spec.layout, spec.training)))
+    assert pairs["--rope-type"] == "rope" and "--no-rope-fusion" in pairs  # fused RoPE for MLA is YaRN only
 
 
 def test_mtp_with_yarn_without_mla_is_refused() -> None:

@@ -1,6 +1,7 @@
 """Megatron-LM accepts every launch: the arguments of each matrix plan (``matrix.py``), read from the
 megatron_args.sh and env.sh paraplan writes (sourced by bash, as torchrun.sh does), pass Megatron-LM's own
-``parse_args`` + ``validate_args``.
+``parse_args`` + ``validate_args``, and the TransformerConfig built from them (``core_transformer_config_from_args``)
+passes its own checks.
 
 Optional: skipped unless MEGATRON_LM points at a Megatron-LM checkout (main d98e8a6 is what the flag
 table was made from) and a Python with torch is given by MEGATRON_LM_PYTHON (default: this interpreter).
@@ -93,10 +94,15 @@ def megatron_results(out_root: str) -> dict[str, dict[str, Any]]:
         words, exported, unset = sourced(written(name, out_root))
         cases.append({"name": name, "argv": words, "env": exported, "unset": unset,
                       "world_size": spec.cluster.num_gpus, "capability": CAPABILITY[spec.cluster.gpu.arch]})
-    done = subprocess.run([python, str(HERE / "megatron_validate_worker.py"), source], input=json.dumps(cases),
-                          capture_output=True, text=True, timeout=900)
+    return {r["name"]: r for r in _run_worker(python, source, cases, Path(out_root) / "results.json")}
+
+
+def _run_worker(python: str, source: str, cases: list[dict[str, Any]], results: Path) -> list[dict[str, Any]]:
+    done = subprocess.run([python, str(HERE / "megatron_validate_worker.py"), source, str(results)],
+                          input=json.dumps(cases), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {r["name"]: r for r in json.loads(done.stdout)}
+    loaded: list[dict[str, Any]] = json.loads(results.read_text(encoding="utf-8"))
+    return loaded
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -106,6 +112,7 @@ def test_megatron_lm_parse_args_and_validate_args_accept_the_launch(
     assert result["ok"], f"{name}: {result['error']}"
     spec = plan_spec(name)
     assert result["data_parallel_size"] == spec.layout.dp  # Megatron derives the same DP from the world size
+    assert result["config"] == ("MLATransformerConfig" if spec.model.multi_latent_attention else "TransformerConfig")
 
 
 def test_megatron_lm_rejects_the_old_deepseek_launch(out_root: str) -> None:
@@ -118,7 +125,5 @@ def test_megatron_lm_rejects_the_old_deepseek_launch(out_root: str) -> None:
     old = [*words[:i + 1], "yarn", *words[i + 2:]]
     case = {"name": name, "argv": old, "env": exported, "unset": unset, "world_size": spec.cluster.num_gpus,
             "capability": CAPABILITY[spec.cluster.gpu.arch]}
-    done = subprocess.run([python, str(HERE / "megatron_validate_worker.py"), source], input=json.dumps([case]),
-                          capture_output=True, text=True, timeout=300)
-    result = json.loads(done.stdout)[0]
+    result = _run_worker(python, source, [case], Path(out_root) / "old.json")[0]
     assert not result["ok"] and "Multi-Token Prediction (MTP) is not supported with yarn" in result["error"]

@@ -44,7 +44,8 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     # model
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--group-query-attention", "--num-query-groups", "--kv-channels", "--swiglu",
-    "--position-embedding-type", "--rope-type", "--normalization", "--untie-embeddings-and-output-weights",
+    "--position-embedding-type", "--rope-type", "--no-rope-fusion", "--normalization",
+    "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--hidden-dropout",
     "--attention-dropout", "--vocab-size", "--make-vocab-size-divisible-by",
     "--attention-backend",
@@ -352,10 +353,14 @@ def _positions(m: ModelSpec) -> list[Arg]:
     Megatron's DeepSeek-V3 scripts write ``--position-embedding-type rope`` and let MLA apply YaRN
     (``--rope-type``, MLA's default yarn, with ``--rotary-scaling-factor``/``--mscale``): validate_args
     rejects MTP with ``--position-embedding-type yarn``. ``--rope-type`` is always written for MLA, since
-    MLA without it would apply YaRN to a model that asked for plain RoPE.
+    MLA without it would apply YaRN to a model that asked for plain RoPE; MLA with plain RoPE turns the fused RoPE
+    kernel off (TransformerConfig: 'apply_rope_fusion for MLA only works with YARN RoPE.').
     """
-    if m.multi_latent_attention and m.position_embedding_type in ("rope", "yarn"):
-        return [_a("--position-embedding-type", "rope"), _a("--rope-type", m.position_embedding_type)]
+    if m.multi_latent_attention and m.position_embedding_type == "yarn":
+        return [_a("--position-embedding-type", "rope"), _a("--rope-type", "yarn")]
+    if m.multi_latent_attention and m.position_embedding_type == "rope":  # TC: 'apply_rope_fusion for MLA only
+        return [_a("--position-embedding-type", "rope"), _a("--rope-type", "rope"),  # works with YARN RoPE.'
+                _a("--no-rope-fusion")]
     return [_a("--position-embedding-type", m.position_embedding_type)]
 
 
