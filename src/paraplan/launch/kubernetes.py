@@ -19,6 +19,7 @@ The Trainer's torch plugin gives torchrun its node count, rank and rendezvous (P
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Final
 
 import yaml
@@ -227,3 +228,48 @@ def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], clust
         files["computedomain.yaml"] = dump(cd, [*header, "NVIDIA DRA driver ComputeDomain: one IMEX channel for the "
                                                 f"{cluster.num_nodes} NVL72 nodes (multi-node NVLink); apply first"])
     return files
+
+
+def pytorchjob_file(*, job_name: str, candidate_id: str, header: list[str], cluster: ClusterSpec, site: SiteProfile,
+                    groups: tuple[ArgGroup, ...], env: list[tuple[str, str, str]], gpus_per_node: int) -> str:
+    """pytorchjob.yaml: the legacy Kubeflow Training Operator v1 ``PyTorchJob`` (Master + Workers), with the same
+    pod settings from the site as the TrainJob (the operator sets PET_* and MASTER_ADDR/PORT for torchrun)."""
+    _check_checkpoint_dir(site)
+    k = site.kubernetes
+    words: list[str] = []
+    for group in groups:
+        for arg in group.args:
+            words += [arg.flag, *(f"$({v.env})" if isinstance(v, Placeholder) else k8s_literal(v) for v in arg.values)]
+    _, refs = container_args(groups, dict(site.env))
+    spec = pod_patch(site, container="pytorch")
+    container = spec["containers"][0]
+    container.update({
+        "image": site.container_image or IMAGE_PLACEHOLDER,
+        "command": ["torchrun", f"{k8s_literal(site.megatron_path)}/pretrain_gpt.py"], "args": words,
+        "env": _pod_env(env, refs, site),
+        "resources": {"limits": {"nvidia.com/gpu": gpus_per_node, **k.rdma_resources}}})
+    spec["containers"] = [{key: container[key] for key in ("name", "image", "command", "args", "env", "resources",
+                                                           "volumeMounts", "securityContext") if key in container}]
+    labels = {"paraplan/candidate-id": candidate_id, **({KUEUE_QUEUE_LABEL: k.queue} if k.queue else {}),
+              **({KUEUE_PRIORITY_LABEL: k.priority_class} if k.priority_class else {})}
+    template: dict[str, Any] = {"spec": spec}
+    if k.topology_key:
+        template = {"metadata": {"annotations": topology_annotations(site)}, "spec": spec}
+
+    def replica(n: int) -> dict[str, Any]:  # a fresh copy each: no YAML anchors
+        return {"replicas": n, "restartPolicy": "OnFailure", "template": copy.deepcopy(template)}
+
+    replicas = {"Master": replica(1), **({"Worker": replica(cluster.num_nodes - 1)} if cluster.num_nodes > 1 else {})}
+    suspend = k.suspend if k.suspend is not None else k.queue is not None
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": job_name, **({"namespace": site.namespace} if site.namespace else {}),
+                        "labels": labels},
+           "spec": {**({"runPolicy": {"suspend": True}} if suspend else {}), "nprocPerNode": str(gpus_per_node),
+                    "pytorchReplicaSpecs": replicas}}
+    notes = ["The operator sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK and MASTER_ADDR/PORT for torchrun.",
+             "$(VAR) in args is expanded by Kubernetes from the container env (a literal $ is written $$).",
+             "Legacy Kubeflow Training Operator v1; trainjob.yaml is the Trainer v2 equivalent."]
+    if not site.container_image:
+        notes.append("PLACEHOLDER: set container_image in the site profile (an image with Megatron-LM at "
+                     "megatron_path, e.g. NVIDIA's NeMo container)")
+    return dump(job, [*header, *notes])
