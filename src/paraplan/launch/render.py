@@ -1,13 +1,16 @@
-"""Render launch files from templates and write them atomically.
+"""Render launch files and write them atomically.
 
-Targets: ``megatron`` (megatron_args.sh + env.sh), ``torchrun`` (+ torchrun.sh), ``slurm``
-(+ job.sbatch), ``k8s`` (+ pytorchjob.yaml), ``all``; every target also writes manifest.json
-(layout, resolved inputs, prediction, candidate id) so a run can be joined to its prediction.
-Templates are jinja2 with StrictUndefined; every interpolated value is an integer, a validated
+Targets: ``megatron`` (megatron_args.sh + env.sh), ``torchrun`` (+ torchrun.sh), ``slurm`` = ``sbatch``
+(+ job.sbatch), ``k8s`` = ``pytorchjob`` (+ pytorchjob.yaml, legacy Kubeflow v1), ``trainjob`` (+ trainjob.yaml,
+Kubeflow Trainer v2, with clustertrainingruntime.yaml / computedomain.yaml where needed), ``bridge``
+(bridge_recipe.py + bridge_overrides.txt), ``all``; every target also writes manifest.json (layout, resolved
+inputs, prediction, candidate id) so a run can be joined to its prediction.
+The shell files are jinja2 templates with StrictUndefined; every interpolated value is an integer, a validated
 name (filter ``name``) or quoted for the file's language by the filters of ``paraplan.launch.quoting``:
 ``sh`` (shlex.quote), ``shword`` (array elements), ``sh_comment`` (the rest of a ``#`` line, kept
-one line) and ``yaml`` (a double-quoted YAML scalar). Site-specific values come from the site profile
-(``paraplan.launch.site``, validated again here). Conventions: ecosystem.md section 2.
+one line). The YAML files are built as data and written by ``yaml.safe_dump`` (``paraplan.launch.kubernetes``),
+the Bridge files from ``repr`` of validated values (``paraplan.launch.bridge``). Site-specific values come from
+the site profile (``paraplan.launch.site``, validated again here). Conventions: ecosystem.md section 2.
 """
 
 from __future__ import annotations
