@@ -179,3 +179,14 @@ def test_every_recipe_function_exists_in_bridge() -> None:
     for row in perf_table():
         path, _, function = row["source"].partition(":")
         assert f"def {function}(" in (bridge / path).read_text(encoding="utf-8"), row["source"]
+
+
+def test_cli_all_notes_a_target_the_model_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    args = ["launch", "--model", "gpt2", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "1024", "--gbs", "64"]
+    assert main([*args, "--out", str(tmp_path / "all")]) == 0
+    assert "note: bridge not written: --target bridge: Megatron-Bridge has no recipe" in capsys.readouterr().out
+    assert (tmp_path / "all/trainjob.yaml").exists() and not (tmp_path / "all/bridge_recipe.py").exists()
+    assert main([*args, "--target", "bridge", "--out", str(tmp_path / "bridge")]) == 1
+    assert not (tmp_path / "bridge").exists()  # nothing written

@@ -4,7 +4,7 @@ and a validation against the CRDs' OpenAPI schemas.
 The issue asked for the CRD schemas vendored as test fixtures; the workplace does not allow committing files
 from other repositories, so the schema test reads them from a kubeflow/trainer checkout named by
 KUBEFLOW_TRAINER (manifests/base/crds/trainer.kubeflow.org_{trainjobs,clustertrainingruntimes}.yaml; checked
-with the checkout of 2026-12, API trainer.kubeflow.org/v1alpha1) and is skipped without it.
+with kubeflow/trainer master 8c0f5059b of 2026-08-21, API trainer.kubeflow.org/v1alpha1) and is skipped without it.
 """
 
 from __future__ import annotations

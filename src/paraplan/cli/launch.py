@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from enum import StrEnum
 
@@ -138,5 +139,7 @@ def launch(
     con.print(f"checkpoint: --save-interval {ckpt.save_interval_iters} ({advice.reason()})", soft_wrap=True)
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
+    for target_name, reason in json.loads(files["manifest.json"]).get("skipped_targets", {}).items():
+        con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")
