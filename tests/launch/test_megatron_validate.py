@@ -10,8 +10,8 @@ checkout, on CPU, with the stand-ins its docstring lists. Also: ``check`` of eac
 broken rule (always runs).
 
 Setup (about 30 s for the 35 plans on 2 CPU cores): ``python3 -m venv /tmp/mlm-venv && /tmp/mlm-venv/bin/pip install
-torch==2.13.0 numpy packaging einops``; ``git archive`` Megatron-LM into /tmp/src/megatron-lm; then
-``MEGATRON_LM=/tmp/src/megatron-lm MEGATRON_LM_PYTHON=/tmp/mlm-venv/bin/python pytest tests/launch/test_megatron_validate.py``.
+torch==2.13.0 numpy packaging einops``; ``git archive`` Megatron-LM into /tmp/src/megatron-lm; then run
+with ``MEGATRON_LM=/tmp/src/megatron-lm MEGATRON_LM_PYTHON=/tmp/mlm-venv/bin/python``.
 """
 
 from __future__ import annotations
