@@ -28,6 +28,7 @@ from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_count
 from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.headroom import DEFAULT_HEADROOM, Headroom
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RuleContext, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
@@ -37,6 +38,8 @@ from paraplan.specs.training import TrainingSpec
 
 Objective = Literal["throughput", "memory-headroom"]
 DP_VARIANTS = ("distopt", "fsdp", "ddp")
+MEMORY_HEADROOM_MAX_LOSS = 0.05
+"""``--objective memory-headroom``: the most free memory among layouts within this throughput loss of the best."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,13 +329,16 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,
-                   options: MemoryOptions | None = None, *, time_all: bool = True) -> Evaluated:
-    """Peak memory and step time of every row, vectorised. With ``time_all=False`` only rows that
+                   options: MemoryOptions | None = None, *, time_all: bool = True,
+                   margin_bytes: float = 0.0) -> Evaluated:
+    """Peak memory and step time of every row, vectorised. A row fits when its peak plus
+    ``margin_bytes`` stays within usable memory. With ``time_all=False`` only rows that
     fit are timed (the others get an infinite step time): the search's fast path. Large tables are
     evaluated ``EVAL_CHUNK_ROWS`` rows at a time (rows are independent: the same numbers)."""
     if len(table) > EVAL_CHUNK_ROWS:
         chunks = [np.arange(i, min(i + EVAL_CHUNK_ROWS, len(table))) for i in range(0, len(table), EVAL_CHUNK_ROWS)]
-        parts = [evaluate_table(model, cluster, training, table.take(c), options, time_all=time_all) for c in chunks]
+        parts = [evaluate_table(model, cluster, training, table.take(c), options, time_all=time_all,
+                                margin_bytes=margin_bytes) for c in chunks]
         return Evaluated(table=table, peak_bytes=np.concatenate([p.peak_bytes for p in parts]),
                          step_s=np.concatenate([p.step_s for p in parts]),
                          tokens_per_s_per_gpu=np.concatenate([p.tokens_per_s_per_gpu for p in parts]),
@@ -340,7 +346,7 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     groups = _Groups.of(model, training, table)
     peak = peak_bytes_table(model, training, table, options, groups=groups)
     usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
-    fits = peak <= usable
+    fits = peak + margin_bytes <= usable
     if time_all:
         step = step_s_table(model, cluster, training, table, groups=groups)
     else:
@@ -376,16 +382,29 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     space: SearchSpace | None = None
     """The search space the plan was made with (None for plans read back from plan.json)."""
+    headroom: Headroom = DEFAULT_HEADROOM
+    """The memory margin a layout had to keep free to count as fitting."""
+
+    @property
+    def usable_bytes(self) -> float:
+        """Usable memory per GPU (HBM less the reserved part)."""
+        return float(self.cluster.gpu.hbm_bytes - self.cluster.gpu.reserved_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: candidates best first, rejections per reason."""
+        from paraplan.headroom import fit_text
+
+        usable = self.usable_bytes
         return {
             "objective": self.objective,
             "num_evaluated": self.num_evaluated,
             "num_feasible": self.num_feasible,
+            "headroom": self.headroom.as_dict(usable),
             "candidates": [
                 {"rank": i + 1, **{k: v for k, v in c.to_dict().items()
-                                   if k in ("config", "placement", "memory", "time", "throughput", "notes")}}
+                                   if k in ("config", "placement", "memory", "time", "throughput", "notes")},
+                 "fit": {"free_bytes": usable - c.peak_bytes,
+                         "text": fit_text(c.peak_bytes, usable, self.headroom)}}
                 for i, c in enumerate(self.candidates)
             ],
             "rejections": dict(sorted(self.rejections.items(), key=lambda kv: -kv[1])),
@@ -405,9 +424,15 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,
-         objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None) -> Plan:
-    """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits."""
+         objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None,
+         headroom: Headroom | None = None) -> Plan:
+    """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits.
+
+    A layout fits when its peak plus the ``headroom`` margin (default: the memory model's error band,
+    ``paraplan.headroom``) stays within usable memory; those that fit only inside the margin are
+    rejected as OOM_MARGIN, those above usable memory as OOM."""
     space = space or SearchSpace()
+    headroom = headroom if headroom is not None else DEFAULT_HEADROOM
     cluster.gpu.peak_flops_per_s(training.precision)
     if (training.precision == "fp8" and cluster.gpu.arch != "blackwell" and "selective" in space.recompute
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
@@ -441,30 +466,35 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                                           f"({cluster.nvlink_domain_size} GPUs)")
             alive &= ~mask
     valid = table.take(np.nonzero(alive)[0])
-    ev = evaluate_table(model, cluster, training, valid, options, time_all=False) if len(valid) else None
+    usable = float(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes)
+    margin = headroom.margin_bytes(usable)
+    ev = (evaluate_table(model, cluster, training, valid, options, time_all=False, margin_bytes=margin)
+          if len(valid) else None)
+    if ev is not None and (~ev.fits).any():
+        _count_oom(valid, ev, usable, headroom, rejections, examples)
     if ev is None or not ev.fits.any():
         smallest = None
         if ev is not None and len(valid):
-            rejections["OOM"] = len(valid)
             i = int(np.argmin(ev.peak_bytes))
             smallest = (valid.row(i), float(ev.peak_bytes[i]))
-            examples["OOM"] = (f"smallest footprint {smallest[0].short()} needs "
-                               f"{smallest[1] / 2**30:.1f} GiB > "
-                               f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
-        raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples, space, smallest),
-                                  rejections=rejections)
-    if (~ev.fits).any():
-        rejections["OOM"] = int((~ev.fits).sum())
-        oom_idx = np.nonzero(~ev.fits)[0]
-        j = int(oom_idx[np.argmin(ev.peak_bytes[oom_idx])])
-        examples["OOM"] = (f"{valid.row(j).short()} needs {ev.peak_bytes[j] / 2**30:.1f} GiB > "
-                           f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
+            key = "OOM" if smallest[1] > usable else "OOM_MARGIN"
+            examples[key] = f"smallest footprint {examples[key]}"
+        raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples, space, smallest,
+                                                  headroom),
+                                  rejections=rejections, examples=examples, num_evaluated=n_total)
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
     picked, ties = _ranked_top(feasible, objective, cluster, top_k)
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
-    notes: tuple[str, ...] = (
+    notes: tuple[str, ...] = (f"fit means peak + margin <= {usable / 2**30:.1f} GiB usable; "
+                              f"{headroom.describe(usable)}",)
+    if objective == "memory-headroom":
+        best = float(np.min(feasible.step_s))
+        notes += (f"memory-headroom: the most free memory among layouts within {100 * MEMORY_HEADROOM_MAX_LOSS:.0f}% "
+                  f"of the best throughput (step time at most {best / (1 - MEMORY_HEADROOM_MAX_LOSS):.3f} s, "
+                  f"best {best:.3f} s)",)
+    notes += (
         (f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
          "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
     sched = schedule_named(space.schedule)
@@ -473,7 +503,25 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                   "would gain (launch refuses it)",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
-                num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space)
+                num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space, headroom=headroom)
+
+
+def _count_oom(valid: LayoutTable, ev: Evaluated, usable: float, headroom: Headroom,
+               rejections: dict[str, int], examples: dict[str, str]) -> None:
+    """Rejections of the rows that do not fit: OOM above usable memory, OOM_MARGIN within it but inside
+    the margin; each with its smallest-footprint example."""
+    over = ev.peak_bytes > usable
+    for code, mask in (("OOM", ~ev.fits & over), ("OOM_MARGIN", ~ev.fits & ~over)):
+        if not mask.any():
+            continue
+        rejections[code] = int(mask.sum())
+        idx = np.nonzero(mask)[0]
+        j = int(idx[np.argmin(ev.peak_bytes[idx])])
+        need = float(ev.peak_bytes[j]) / 2**30
+        examples[code] = (f"{valid.row(j).short()} needs {need:.1f} GiB > {usable / 2**30:.1f} GiB usable"
+                          if code == "OOM" else
+                          f"{valid.row(j).short()} needs {need:.1f} GiB, within {usable / 2**30:.1f} GiB usable "
+                          f"but inside the {headroom.describe(usable)}")
 
 
 def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[list[int], int]:
@@ -500,7 +548,11 @@ def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[l
 
 def _rounded_objective(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.float64]:
     if objective == "memory-headroom":
-        primary = ev.peak_bytes / cluster.gpu.hbm_bytes
+        # the smallest peak (most free memory) among the layouts within MEMORY_HEADROOM_MAX_LOSS of the
+        # best throughput, then the others by step time (every fitting peak is below the HBM: < 1 < 2)
+        best = float(np.min(ev.step_s))
+        near = ev.step_s * (1 - MEMORY_HEADROOM_MAX_LOSS) <= best * (1 + 1e-12)
+        primary = np.where(near, ev.peak_bytes / cluster.gpu.hbm_bytes, 2 + ev.step_s / max(best, 1e-30))
     else:
         primary = ev.step_s
     return np.round(primary / max(float(np.min(primary)), 1e-30), 9)
@@ -529,32 +581,40 @@ def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int)
 
 
 def _fit_advice(cluster: ClusterSpec, space: SearchSpace,
-                smallest: tuple[Any, float] | None) -> str:
+                smallest: tuple[Any, float] | None, headroom: Headroom) -> str:
     """What would make the smallest-footprint layout fit, from its numbers."""
     if smallest is None:
         return "what would make it fit: relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
     layout, need = smallest
     usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    margin = headroom.margin_bytes(usable)
+    if need <= usable:
+        return (f"what would make it fit: a smaller margin (--headroom; {layout.short()} leaves "
+                f"{(usable - need) / 2**30:.1f} GiB free, less than the {margin / 2**30:.1f} GiB margin; "
+                "--headroom 0 accepts it at the memory model's own risk), or more GPUs")
+    usable -= margin
     ratio = need / usable
     per_node = cluster.gpus_per_node
     more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
-    tips = [f"about {more}+ GPUs (--num-gpus; it needs {ratio:.1f}x the usable memory)"]
+    tips = [f"about {more}+ GPUs (--num-gpus; it needs {ratio:.1f}x the usable memory"
+            f"{' less the margin' if margin else ''})"]
     if layout.recompute != "full" and "full" not in space.recompute:
         tips.append("allow full recompute (--recompute none,selective,full)")
     if space.max_pp is not None or space.pp is not None:
         tips.append("allow more pipeline stages (--max-pp/--pp)")
     if layout.mbs > 1:
         tips.append("micro-batch 1 (--mbs 1)")
-    tips.append(f"a GPU with more than {need / 2**30:.0f} GiB usable")
+    tips.append(f"a GPU with more than {(need + margin) / 2**30:.0f} GiB usable")
     return "what would make it fit: " + "; or ".join(tips)
 
 
 def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                     rejections: dict[str, int], examples: dict[str, str], space: SearchSpace,
-                    smallest: tuple[Any, float] | None) -> str:
+                    smallest: tuple[Any, float] | None, headroom: Headroom) -> str:
     parts = ", ".join(f"{k} {v}" for k, v in sorted(rejections.items(), key=lambda kv: -kv[1]))
-    hint = examples.get("OOM", "")
-    advice = _fit_advice(cluster, space, smallest)
+    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    hint = examples.get("OOM" if smallest is None or smallest[1] > usable else "OOM_MARGIN", "")
+    advice = _fit_advice(cluster, space, smallest, headroom)
     return (f"no layout of {model.name} fits on {cluster.num_gpus} x {cluster.gpu.name} at seq "
             f"{training.seq_len}, GBS {training.global_batch_size}: rejected {parts}"
             + (f"; {hint}" if hint else "") + f"; {advice}")

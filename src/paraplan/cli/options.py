@@ -228,6 +228,10 @@ PipelineSplitOpt = typer.Option(
          "say which --decoder-first/last-pipeline-num-layers (or --pipeline-model-parallel-layout) "
          "Megatron needs; even: require layers divisible by PP x VP (Megatron's rule without those flags).")
 ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")
+HeadroomOpt = typer.Option(
+    None, "--headroom",
+    help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none); "
+         "default: the memory model's p80 under-prediction (benchmarks/memory.py).")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

@@ -10,7 +10,7 @@ from enum import StrEnum
 import typer
 
 from paraplan.checkpoint import CheckpointAdvice, advise, format_decimal_bytes
-from paraplan.cli._app import app
+from paraplan.cli._app import app, state
 from paraplan.cli.options import (
     AttentionChoice,
     AttentionOpt,
@@ -20,6 +20,7 @@ from paraplan.cli.options import (
     GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
+    HeadroomOpt,
     ModelOpt,
     NumGpusOpt,
     PrecisionChoice,
@@ -31,9 +32,10 @@ from paraplan.cli.options import (
     resolve_inputs,
 )
 from paraplan.cli.render import console, fit_table, safe
-from paraplan.errors import SpecError
+from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.explain import CKPT_BLOCKING_FLAG
 from paraplan.explain import explain as explain_plan
+from paraplan.headroom import parse_headroom
 from paraplan.launch.site import SiteProfile, load_site
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.schedules import SCHEDULE_NAMES
@@ -96,8 +98,10 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
              mbs: str | None, max_pp: int | None, recompute: str | None, dp_variant: str | None,
              allow_cross_node: bool, tp_comm_overlap: bool, workspace_gib: float | None = None,
              fragmentation: float | None = None, attention_backend: str = "flash",
-             recompute_modules: str | None = None, schedule: str = "") -> Plan:
-    """Resolve inputs and search (``schedule``: a ``paraplan.schedules`` name, "" = Megatron's choice)."""
+             recompute_modules: str | None = None, schedule: str = "", headroom: str | None = None) -> Plan:
+    """Resolve inputs and search (``schedule``: a ``paraplan.schedules`` name, "" = Megatron's choice;
+    ``headroom``: the ``--headroom`` text, None = the memory model's error band)."""
+    margin = parse_headroom(headroom)
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile,
                             attention_backend=attention_backend)
@@ -119,7 +123,7 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
         schedule=schedule,
     )
     return plan(inputs.model, inputs.cluster, inputs.training, space=space, objective=objective,  # type: ignore[arg-type]
-                top_k=top, options=memory_options(workspace_gib, fragmentation))
+                top_k=top, options=memory_options(workspace_gib, fragmentation), headroom=margin)
 
 
 def render_plan(p: Plan, site: SiteProfile | None = None) -> None:
@@ -143,13 +147,15 @@ def render_plan(p: Plan, site: SiteProfile | None = None) -> None:
         mfu = 100 * float(c.throughput.mfu)
         colour = "green" if mfu >= 40 else ("yellow" if mfu >= 25 else "red")
         rows.append([f"[bold]{i + 1}[/]" if i == 0 else str(i + 1), c.layout.short(),
-                     f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}", f"{float(c.time.step_s):.2f}",
+                     f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}",
+                     f"{(c.usable_bytes - c.peak_bytes) / GIB:.1f}", f"{float(c.time.step_s):.2f}",
                      f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}", f"[{colour}]{mfu:.1f}%[/]",
                      f"{dom} {100 * terms[dom] / float(c.time.step_s):.0f}%"])
     # a layout stays on one line: narrow terminals lose the dominant term, then tokens/s/GPU (MFU says it)
     table = fit_table("best layouts", [("#", "right"), ("layout", "left"), ("GiB\npeak/use", "right"),
-                                       ("step\ns", "right"), ("tok/s\n/GPU", "right"), ("MFU", "right"),
-                                       ("dominant", "left")], rows, con.width, drop_order=("dominant", "tok/s\n/GPU"))
+                                       ("GiB\nfree", "right"), ("step\ns", "right"), ("tok/s\n/GPU", "right"),
+                                       ("MFU", "right"), ("dominant", "left")], rows, con.width,
+                      drop_order=("dominant", "tok/s\n/GPU"))
     con.print(table)
     con.print("checkpoints: " + "; ".join(ckpts))
     for line in limits:
@@ -237,7 +243,7 @@ def plan_cmd(
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt,
     fragmentation: float | None = FragmentationOpt, recompute_modules: str | None = RecModOpt,
-    attention_backend: AttentionChoice = AttentionOpt,
+    attention_backend: AttentionChoice = AttentionOpt, headroom: str | None = HeadroomOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
     schedule: ScheduleChoice | None = ScheduleOpt,
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
@@ -255,10 +261,18 @@ def plan_cmd(
         from paraplan.fileio import check_output_file
 
         check_output_file(save, "--save", force=force)
-    p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
-                 objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
-                 tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
-                 recompute_modules=recompute_modules, schedule=schedule.value if schedule is not None else "")
+    try:
+        p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
+                     objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
+                     tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
+                     recompute_modules=recompute_modules, schedule=schedule.value if schedule is not None else "",
+                     headroom=headroom)
+    except NoFeasiblePlanError as err:
+        if fmt != PlanFormat.json:
+            raise
+        print(dumps_json(err.to_dict()))  # the rejection summary as JSON; exit 3 as for the table
+        state.exit_code = 3
+        return
     if save:
         from paraplan.serialize import save_plan
 
@@ -277,7 +291,7 @@ def explain_cmd(
     gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt, fragmentation: float | None = FragmentationOpt,
     recompute_modules: str | None = RecModOpt,
-    attention_backend: AttentionChoice = AttentionOpt,
+    attention_backend: AttentionChoice = AttentionOpt, headroom: str | None = HeadroomOpt,
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
@@ -293,4 +307,4 @@ def explain_cmd(
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
              explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site,
-             schedule=schedule)
+             schedule=schedule, headroom=headroom)
