@@ -392,19 +392,14 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: candidates best first, rejections per reason."""
-        from paraplan.headroom import fit_text
-
-        usable = self.usable_bytes
         return {
             "objective": self.objective,
             "num_evaluated": self.num_evaluated,
             "num_feasible": self.num_feasible,
-            "headroom": self.headroom.as_dict(usable),
+            "headroom": self.headroom.as_dict(self.usable_bytes),
             "candidates": [
                 {"rank": i + 1, **{k: v for k, v in c.to_dict().items()
-                                   if k in ("config", "placement", "memory", "time", "throughput", "notes")},
-                 "fit": {"free_bytes": usable - c.peak_bytes,
-                         "text": fit_text(c.peak_bytes, usable, self.headroom)}}
+                                   if k in ("config", "placement", "memory", "time", "throughput", "notes")}}
                 for i, c in enumerate(self.candidates)
             ],
             "rejections": dict(sorted(self.rejections.items(), key=lambda kv: -kv[1])),
@@ -486,7 +481,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
     picked, ties = _ranked_top(feasible, objective, cluster, top_k)
-    top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
+    top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options, headroom=headroom)
+           for i in picked]
     notes: tuple[str, ...] = (f"fit means peak + margin <= {usable / 2**30:.1f} GiB usable; "
                               f"{headroom.describe(usable)}",)
     if objective == "memory-headroom":

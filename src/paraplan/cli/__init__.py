@@ -2,8 +2,11 @@
 
 The CLI parses options, calls one library function and renders the result; only this package
 prints. Exit codes: 0 ok, 1 bad input (one line naming the field and the allowed values),
-2 usage error (typer/click), 3 no feasible plan, 130 interrupted (Ctrl-C); an output that cannot be
-written (a full disk, /dev/full) is one line and exit 1. ``--debug`` shows tracebacks.
+2 usage error (typer/click: an unknown option, a missing or non-numeric value), 3 no feasible plan
+(``plan``/``explain``; with ``--format json`` the rejection summary as JSON on stdout), 4 the layout
+does not fit in usable memory (``estimate``/``check``; one that fits only inside the ``--headroom``
+margin is a warning, exit 0), 130 interrupted (Ctrl-C); an output that cannot be written (a full disk,
+/dev/full) is one line and exit 1. ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -93,10 +96,11 @@ def _run(args: list[str]) -> int:
         _err("aborted")
         return 1
     except typer.TyperException as err:
-        # usage errors (unknown option, non-integer value): one line, exit 1
+        # usage errors (unknown option, non-integer value): one line, exit 2 (click's UsageError code)
         fmt = getattr(err, "format_message", None)
         _err(f"error: {fmt() if callable(fmt) else err}")
-        return 1
+        code = getattr(err, "exit_code", 1)
+        return code if isinstance(code, int) and code in (1, 2) else 1
     except SystemExit as err:
         return int(err.code) if isinstance(err.code, int) else 1
     if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer.Exit(n) inside click, e.g. 130 on Ctrl-C

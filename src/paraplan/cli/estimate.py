@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from paraplan.cli._app import app
+from paraplan.cli._app import app, state
 from paraplan.cli.options import (
     NO_FLAGS,
     AttentionChoice,
@@ -14,6 +14,7 @@ from paraplan.cli.options import (
     GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
+    HeadroomOpt,
     LayoutFlags,
     OptGbsOpt,
     OptModelOpt,
@@ -34,6 +35,7 @@ from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as run_estimate
+from paraplan.headroom import Headroom, parse_headroom
 from paraplan.serialize import dumps_json
 
 
@@ -57,6 +59,7 @@ def estimate(
     profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt,
     fragmentation: float | None = FragmentationOpt,
+    headroom: str | None = HeadroomOpt,
     fmt: OutputFormat = FormatOpt,
     flags: LayoutFlags = NO_FLAGS,
 ) -> None:
@@ -64,7 +67,11 @@ def estimate(
 
     Example: paraplan estimate --model llama3-70b --gpu h100-80gb --num-gpus 64 --tp 4 --pp 4
     --cp 2 --seq-len 8192 --gbs 512 --mbs 1
+
+    Exit code 4 when the layout does not fit in usable memory; a warning (exit 0) when it fits only
+    inside the --headroom margin.
     """
+    margin = parse_headroom(headroom)
     if megatron_args is not None:
         given = [f"--{name}" for name, value in (("model", model), ("seq-len", seq_len), ("gbs", gbs))
                  if value is not None]
@@ -74,7 +81,7 @@ def estimate(
         if given:
             raise SpecError(f"--megatron-args describes the model, layout, batch and precision; drop "
                             f"{', '.join(given)} (or drop --megatron-args)")
-        result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile)
+        result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile, margin)
         _emit(result, fmt)
         return
     for flag, value in (("model", model), ("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs)):
@@ -91,12 +98,13 @@ def estimate(
     if broken:  # the flag-level rules launch and Megatron apply (layout rules run in estimate)
         raise LayoutError(broken[0][1], reason=broken[0][0])
     result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
-                          extra_notes=notes, memory_options=memory_options(workspace_gib, fragmentation))
+                          extra_notes=notes, memory_options=memory_options(workspace_gib, fragmentation),
+                          headroom=margin)
     _emit(result, fmt)
 
 
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,
-                        gpu_set: list[str] | None, profile: str | None) -> Estimate:
+                        gpu_set: list[str] | None, profile: str | None, headroom: Headroom) -> Estimate:
     """Estimate the layout a Megatron command line describes; its first broken rule is the error."""
     from paraplan.fileio import read_input_text
     from paraplan.launch.check import check_parsed
@@ -106,7 +114,8 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     if text.startswith("@"):
         text = read_input_text(text[1:], "--megatron-args")
     gpu_spec = resolve_gpu(gpu, gpu_set, profile)
-    result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node)
+    result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
+                          headroom=headroom)
     # the environment a launcher sets is `paraplan check`'s business; the estimate needs the layout only
     blocking = [(c, m) for c, m in result.violations if c != "CUDA_DEVICE_MAX_CONNECTIONS"]
     if blocking:
@@ -115,7 +124,8 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     unknown = list(result.parsed.unknown_flags)
     notes = list(result.parsed.flags.notes) + (
         [f"not Megatron-LM flags (main @ {MEGATRON_COMMIT}), ignored: {', '.join(unknown)}"] if unknown else [])
-    return run_estimate(result.model, result.cluster, result.training, result.layout, extra_notes=notes)
+    return run_estimate(result.model, result.cluster, result.training, result.layout, extra_notes=notes,
+                        headroom=headroom)
 
 
 def _emit(result: Estimate, fmt: OutputFormat) -> None:
@@ -125,3 +135,5 @@ def _emit(result: Estimate, fmt: OutputFormat) -> None:
         print(estimate_csv(result), end="")
     else:
         render_estimate(result)
+    if not result.fits:
+        state.exit_code = 4  # the layout does not fit (documented in paraplan.cli)

@@ -83,9 +83,11 @@ def render_estimate(est: Estimate) -> None:
                       f"[{style}]{total / GIB:.1f}[/]" if style else f"{total / GIB:.1f}",
                       f"{float(st.in_flight):.0f}")
     con.print(table)
-    verdict = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
+    colour = "green" if est.fits_with_margin else ("yellow" if est.fits else "red")
+    verdict = f"[{colour}]{'fits' if est.fits else 'does NOT fit'}[/]"
     con.print(f"peak {est.peak_bytes / GIB:.1f} GiB (stage {est.peak_stage}) of "
               f"{est.usable_bytes / GIB:.1f} GiB usable ({est.cluster.gpu.hbm_bytes / GIB:.1f} GiB HBM): {verdict}")
+    con.print(f"[{colour}]{'warning: ' if not est.fits_with_margin else ''}{safe(est.fit_text)}[/]")
     t = est.time
     tt = Table(title="step time")
     tt.add_column("term")
