@@ -52,12 +52,12 @@ class Headroom:
         return self.bytes_ if self.bytes_ else self.frac * usable_bytes
 
     def describe(self, usable_bytes: float) -> str:
-        """``margin 7.6 GiB (19.4% of usable: memory model p80 ..., )`` for the output."""
+        """``margin 15.2 GiB = 19.4% of usable (memory model p80 under-prediction, ...)`` for the output."""
         margin = self.margin_bytes(usable_bytes)
         if margin == 0:
             return f"no memory margin ({self.source})"
-        share = f"{100 * self.frac:.1f}% of usable" if self.frac else f"{margin / GIB:.1f} GiB"
-        return f"margin {margin / GIB:.1f} GiB ({share}: {self.source})"
+        share = f" = {100 * self.frac:.1f}% of usable" if self.frac else ""
+        return f"margin {margin / GIB:.1f} GiB{share} ({self.source})"
 
     def as_dict(self, usable_bytes: float) -> dict[str, float | str]:
         """JSON: the margin in bytes, as a fraction of usable memory, and where it comes from."""
@@ -95,11 +95,11 @@ def parse_headroom(text: str | None) -> Headroom:
 
 
 def fit_text(peak_bytes: float, usable_bytes: float, headroom: Headroom) -> str:
-    """``fits with 12.3 GiB free (margin 15.2 GiB ...)``, ``inside the margin: ...`` or ``does not fit``."""
+    """``fits with 12.3 GiB free; margin 15.2 GiB ...``, ``inside the margin: ...`` or ``does not fit: ...``."""
     free = usable_bytes - peak_bytes
     margin = headroom.margin_bytes(usable_bytes)
     if free < 0:
         return f"does not fit: {-free / GIB:.1f} GiB over usable memory"
     if free < margin:
-        return (f"inside the margin: {free / GIB:.1f} GiB free, less than the {headroom.describe(usable_bytes)}")
-    return f"fits with {free / GIB:.1f} GiB free ({headroom.describe(usable_bytes)})"
+        return f"inside the margin: {free / GIB:.1f} GiB free, less than the {headroom.describe(usable_bytes)}"
+    return f"fits with {free / GIB:.1f} GiB free; {headroom.describe(usable_bytes)}"

@@ -80,8 +80,10 @@ def check(
     fmt: OutputFormat = FormatOpt,
 ) -> None:
     """Read a Megatron-LM launch script: broken rules (Megatron's wording), unknown flags,
-    defaults applied, memory and throughput. Exit code 1 when a rule is broken, 4 when the layout
-    does not fit in usable memory (a warning, exit 0, when it fits only inside the --headroom margin).
+    defaults applied, memory and throughput. Exit code 1 when a rule is broken.
+
+    Exit code 4 when the layout does not fit in usable memory (a warning, exit 0, when it fits only
+    inside the --headroom margin).
 
     Example: paraplan check train_llama3_8b.sh --gpu h100-80gb
     """
