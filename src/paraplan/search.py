@@ -483,8 +483,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     picked, ties = _ranked_top(feasible, objective, cluster, top_k)
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options, headroom=headroom)
            for i in picked]
-    notes: tuple[str, ...] = (f"fit means peak + margin <= {usable / 2**30:.1f} GiB usable; "
-                              f"{headroom.describe(usable)}",)
+    notes: tuple[str, ...] = ()
     if objective == "memory-headroom":
         best = float(np.min(feasible.step_s))
         notes += (f"memory-headroom: the most free memory among layouts within {100 * MEMORY_HEADROOM_MAX_LOSS:.0f}% "
@@ -497,6 +496,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     if not sched.megatron:
         notes += (f"schedule {sched.name}: {sched.title} is a what-if, {NOT_IN_MEGATRON}; the numbers say what it "
                   "would gain (launch refuses it)",)
+    notes += (f"fit means peak + margin <= {usable / 2**30:.1f} GiB usable; {headroom.describe(usable)}",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
                 num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space, headroom=headroom)
