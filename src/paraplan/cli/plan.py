@@ -7,6 +7,7 @@ import io
 import json
 import sys
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -33,12 +34,16 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, fit_table, safe
 from paraplan.errors import SpecError
+from paraplan.estimator import Estimate
 from paraplan.explain import CKPT_BLOCKING_FLAG
 from paraplan.explain import explain as explain_plan
 from paraplan.launch.site import SiteProfile, load_site
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.search import Plan, SearchSpace, plan
 from paraplan.units import GIB
+
+if TYPE_CHECKING:
+    from paraplan.recipes.compare import RecipeComparison
 
 
 class PlanFormat(StrEnum):
@@ -103,7 +108,7 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
                 top_k=top, options=memory_options(workspace_gib, fragmentation))
 
 
-def render_plan(p: Plan, site: SiteProfile | None = None) -> None:
+def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparison | None = None) -> None:
     con = console()
     site = site or SiteProfile()
     con.print(f"[bold]{safe(p.model.name)}[/] on {p.cluster.num_gpus} x {safe(p.cluster.gpu.name)} | "
@@ -132,6 +137,8 @@ def render_plan(p: Plan, site: SiteProfile | None = None) -> None:
                                        ("step\ns", "right"), ("tok/s\n/GPU", "right"), ("MFU", "right"),
                                        ("dominant", "left")], rows, con.width, drop_order=("dominant", "tok/s\n/GPU"))
     con.print(table)
+    if recipe is not None:
+        con.print(recipe_line(recipe, p.candidates[0]))
     con.print("checkpoints: " + "; ".join(ckpts))
     for line in limits:
         con.print(f"[yellow]checkpoint limit[/] {line}")
@@ -154,21 +161,43 @@ def _checkpoint_limits(adv: CheckpointAdvice) -> list[str]:
     return out
 
 
-def render_findings(p: Plan, site: SiteProfile | None = None) -> None:
+def recipe_line(cmp: RecipeComparison, pick: Estimate) -> str:
+    """The recipe next to the pick, on one line (rich markup)."""
+    from paraplan.cli.recipes import knobs_summary, layout_text
+
+    r = cmp.recipe
+    head = (f"[cyan]recipe[/] {safe(r.alias)} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
+            f"{r.get('global_batch_size')}; closest NVIDIA recipe for this model and GPU): {safe(layout_text(r))}, "
+            f"{safe(knobs_summary(r))}")
+    e = cmp.estimate
+    if e is None:
+        return f"{head}; does not run here: {safe(cmp.error)}"
+    gain = float(e.throughput.tokens_per_s_per_gpu) / float(pick.throughput.tokens_per_s_per_gpu) - 1.0
+    fits = "" if e.fits else " [red]does not fit[/]"
+    return (f"{head} | on {cmp.at}: {e.peak_bytes / GIB:.1f}/{e.usable_bytes / GIB:.1f} GiB{fits}, "
+            f"{float(e.throughput.tokens_per_s_per_gpu):,.0f} tok/s/GPU ({100 * gain:+.1f}% vs #1)"
+            + (f"; {len(cmp.run.not_modelled)} knobs not modelled yet" if cmp.run and cmp.run.not_modelled else ""))
+
+
+def render_findings(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparison | None = None) -> None:
     con = console()
     site = site or SiteProfile()
     con.print(f"[bold]why {p.candidates[0].layout.short()}[/]")
-    for f in explain_plan(p, site.storage(), site.failures()):
+    for f in explain_plan(p, site.storage(), site.failures(), recipe=recipe):
         con.print(f"- [cyan]{f.code}[/] {safe(f.text)}")
 
 
-def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None = None) -> None:
+def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None = None,
+         recipe: RecipeComparison | None = None) -> None:
     site = site or SiteProfile()
     if fmt == PlanFormat.json:
         d = p.to_dict()
         d["checkpoints"] = [advise(c, site.storage(), site.failures()).as_dict() for c in p.candidates]
+        if recipe is not None:
+            d["recipe"] = recipe.as_dict(p.candidates[0])
         if with_explain:
-            d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures())]
+            d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures(),
+                                                                   recipe=recipe)]
         print(json.dumps(d, indent=1))
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
@@ -183,9 +212,9 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None 
                         f"{float(c.throughput.mfu):.4f}"])
         sys.stdout.write(buf.getvalue())
     else:
-        render_plan(p, site)
+        render_plan(p, site, recipe)
         if with_explain:
-            render_findings(p, site)
+            render_findings(p, site, recipe)
 
 
 TopOpt = typer.Option(5, "--top", "-k", help="How many layouts to show.")
@@ -243,7 +272,9 @@ def plan_cmd(
         from paraplan.serialize import save_plan
 
         save_plan(p, save, option="--save", force=force)
-    emit(p, fmt, explain, site_profile)
+    from paraplan.recipes.compare import compare_with_plan
+
+    emit(p, fmt, explain, site_profile, recipe=compare_with_plan(p, memory_options(workspace_gib, fragmentation)))
 
 
 @app.command("explain")
