@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from paraplan.cli._app import app
-from paraplan.cli.render import console, fit_table, rows_csv, safe
+from paraplan.cli.render import console, fit_table, safe
 from paraplan.errors import SpecError
 
 if TYPE_CHECKING:
@@ -66,6 +66,22 @@ def layout_text(r: Recipe) -> str:
             + f" mbs{r.get('micro_batch_size')}")
 
 
+_CSV_COLUMNS = ("alias", "source", "model", "gpu", "num_gpus", "precision", "task", "seq_length", "global_batch_size",
+                "layout", "knobs", "paraplan_model", "paraplan_gpu", "reason")
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    """The CSV listing (its header even when no recipe matches)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=_CSV_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
 def _row(r: Recipe) -> dict[str, Any]:
     return {"alias": r.alias, "source": r.source, "model": r.get("model"), "gpu": r.get("gpu"),
             "num_gpus": r.get("num_gpus"), "precision": r.get("precision"), "task": r.get("task"),
@@ -94,25 +110,36 @@ def recipes_cmd(
     from paraplan.recipes.catalogue import catalogue
 
     everyone = catalogue(recipes_file)
+    for flag, value, column, preset in (("--model", model, "model", "model_preset"),
+                                        ("--gpu", gpu, "gpu", "gpu_preset")):
+        names = {str(r.get(column)).lower() for r in everyone} | {str(getattr(r, preset)).lower() for r in everyone
+                                                                  if getattr(r, preset)}
+        if value is not None and value.lower() not in names:
+            raise SpecError(f"{flag}: no recipe for '{value}' (recipes exist for: {', '.join(sorted(names))})")
     chosen = select(everyone, model, gpu, everything)
     if fmt == RecipeFormat.json:
         print(json.dumps([r.as_dict() for r in chosen], indent=1))
         return
     if fmt == RecipeFormat.csv:
-        print(rows_csv([_row(r) for r in chosen]), end="")
+        print(_csv([_row(r) for r in chosen]), end="")
         return
     con = console()
+    hidden = len(select(everyone, model, gpu, True)) - len(chosen)
     if not chosen:
-        hidden = len(select(everyone, model, gpu, True))
-        raise SpecError("--model/--gpu: no recipe matches" + (f" ({hidden} without a paraplan preset: add --all)"
-                                                             if hidden else " (paraplan recipes --all lists them)"))
+        con.print("no recipe with a paraplan model and GPU preset matches"
+                  + (f"; {hidden} without one: add --all" if hidden else ""))
+        return
     cols = [("alias", "left"), ("GPUs", "right"), ("seq", "right"), ("GBS", "right"), ("layout", "left"),
             ("knobs", "left")] + ([("reason", "left")] if everything else [])
     rows = [[safe(r.alias), str(r.get("num_gpus")), str(r.get("seq_length")), str(r.get("global_batch_size")),
              safe(layout_text(r)), safe(knobs_summary(r))] + ([safe(r.reason or "-")] if everything else [])
             for r in chosen]
     con.print(fit_table(f"{len(chosen)} recipes", cols, rows, con.width, drop_order=("knobs", "reason")))
-    hidden = len(select(everyone, model, gpu, True)) - len(chosen)
+    if everything and any(not r.runnable for r in chosen):
+        from collections import Counter
+
+        for reason, n in Counter(r.reason for r in chosen if not r.runnable).most_common():
+            con.print(f"{n} cannot run: {safe(reason)}")
     if hidden:
         con.print(f"{hidden} more have no paraplan model or GPU preset: `paraplan recipes --all` lists them with "
                   "the reason")

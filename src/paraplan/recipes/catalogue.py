@@ -3,7 +3,8 @@
 The packaged ``bridge_recipes.json`` holds one row per row of ``../shared/reference/bridge_perf_recipes.csv``
 (432 recipes, 84 columns, written by ``python -m paraplan.recipes.build``), each under the CSV's column names with
 its cells read by ``parse_cell``. A recipe's identifier is its ``source`` (``path:function``); ``alias`` gives a
-short, deterministic name (``llama3-70b-h100-fp8cs-64``). ``model`` and ``gpu`` map to paraplan's presets through
+short, deterministic name (``llama3-70b-h100-fp8cs-64``; a user recipe's ends in ``-user``). ``model`` and ``gpu``
+map to paraplan's presets through
 ``MODEL_PRESETS`` and ``GPU_PRESETS``; a row whose model or GPU has no preset stays in the library with the reason
 (``paraplan recipes --all``).
 
@@ -49,6 +50,7 @@ GPU_PRESETS: Final[dict[str, str]] = {
     "h100": "h100-80gb", "b200": "b200", "b300": "b300", "gb200": "gb200", "gb300": "gb300",
 }
 """Recipe ``gpu`` -> paraplan GPU preset (``paraplan gpus``); VR200 and R100 have none."""
+_GPU_NAMES: Final = {preset: name for name, preset in GPU_PRESETS.items()}
 
 MAX_USER_FILE_BYTES: Final = 16 * 2**20
 """Largest user recipe file read (16 MiB; the whole NVIDIA table is 0.4 MB)."""
@@ -172,7 +174,8 @@ def alias_for(fields: dict[str, Cell]) -> str:
     preset when it has one (``llama3-70b-h100-fp8cs-64``). The parts are those of the recipe's function name, so
     two recipes of the table never share one (tests/recipes checks)."""
     model = str(fields.get("model", ""))
-    parts = [MODEL_PRESETS.get(model, model.replace("_", "-")), str(fields.get("gpu", "")),
+    gpu = str(fields.get("gpu", ""))
+    parts = [MODEL_PRESETS.get(model, model.replace("_", "-")), _GPU_NAMES.get(gpu, gpu),
              str(fields.get("precision", "")).replace("_", ""), str(fields.get("num_gpus", ""))]
     task = str(fields.get("task") or "pretrain")
     if task != "pretrain":
@@ -192,7 +195,8 @@ def make_recipe(fields: dict[str, Cell], *, origin: str = "bridge", row: int = 0
         reasons.append(f"no paraplan model preset for {model} (paraplan models)")
     if gpu_preset is None:
         reasons.append(f"no paraplan GPU preset for {gpu} (paraplan gpus)")
-    return Recipe(fields=fields, alias=alias_for(fields), model_preset=model_preset, gpu_preset=gpu_preset,
+    alias = alias_for(fields) + ("" if origin == "bridge" else "-user")  # never one of NVIDIA's aliases
+    return Recipe(fields=fields, alias=alias, model_preset=model_preset, gpu_preset=gpu_preset,
                   reason="; ".join(reasons), origin=origin, row=row)
 
 

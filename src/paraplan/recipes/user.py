@@ -160,7 +160,7 @@ def read_user_recipes(path: str) -> list[Recipe]:
         for name in dict.fromkeys((r.source, r.alias)):
             if name in seen:
                 raise SpecError(f"--recipes {path}: row {i}: '{name}' names an earlier row too (sources and aliases "
-                                "are unique)")
+                                "are unique; a config_variant tells two rows of one job apart)")
             seen.add(name)
         out.append(r)
     if not out:
