@@ -4,9 +4,8 @@ The packaged ``bridge_recipes.json`` holds one row per row of ``../shared/refere
 (432 recipes, 84 columns, written by ``python -m paraplan.recipes.build``), each under the CSV's column names with
 its cells read by ``parse_cell``. A recipe's identifier is its ``source`` (``path:function``); ``alias`` gives a
 short, deterministic name (``llama3-70b-h100-fp8cs-64``; a user recipe's ends in ``-user``). ``model`` and ``gpu``
-map to paraplan's presets through
-``MODEL_PRESETS`` and ``GPU_PRESETS``; a row whose model or GPU has no preset stays in the library with the reason
-(``paraplan recipes --all``).
+map to paraplan's presets through ``MODEL_PRESETS`` and ``GPU_PRESETS``; a row whose model or GPU has no preset
+stays in the library with the reason (``paraplan recipes --all``).
 
 User recipes (``--recipes FILE``) are a CSV with the same header or a YAML list of mappings (or a mapping with a
 ``recipes`` list), keyed by the same column names; a column a user row leaves out takes the Megatron-Bridge pretrain
