@@ -110,3 +110,21 @@ def test_the_finding_says_agrees_when_the_recipe_is_the_pick() -> None:
     assert f.numbers["same_layout"] is True and f.numbers["gain_frac"] == 0.0
     assert "the pick uses the same layout and agrees on speed" in f.text
     assert [x.code for x in explain(p, recipe=same)].count("RECIPE") == 1
+
+
+def test_plan_compares_with_a_user_recipe_when_it_is_closest(tmp_path: object,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "mine.yaml"
+    path.write_text("- {source: 'mine:70b_48', model: llama3-70b, gpu: h100, num_gpus: 48, precision: fp8_cs, "
+                    "seq_length: 8192, global_batch_size: 192, micro_batch_size: 1, tp: 4, pp: 4, vp: 5}\n",
+                    encoding="utf-8")
+    args = ["--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "48", "--seq-len", "8192", "--gbs", "192",
+            "--precision", "fp8", "--format", "json"]
+    code, out = run(["plan", *args, "--recipes", str(path)], capsys)
+    assert code == 0
+    assert json.loads(out)["recipe"]["source"] == "mine:70b_48"
+    code, out = run(["plan", *args], capsys)
+    assert code == 0
+    assert json.loads(out)["recipe"]["source"] != "mine:70b_48"

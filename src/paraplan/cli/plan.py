@@ -32,6 +32,7 @@ from paraplan.cli.options import (
     memory_options,
     resolve_inputs,
 )
+from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import console, fit_table, safe
 from paraplan.errors import SpecError
 from paraplan.estimator import Estimate
@@ -254,6 +255,7 @@ def plan_cmd(
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
+    recipes_file: str | None = RecipesFileOpt,
 ) -> None:
     """Search every valid Megatron-Core layout and rank the ones that fit.
 
@@ -272,9 +274,11 @@ def plan_cmd(
         from paraplan.serialize import save_plan
 
         save_plan(p, save, option="--save", force=force)
+    from paraplan.recipes.catalogue import catalogue
     from paraplan.recipes.compare import compare_with_plan
 
-    emit(p, fmt, explain, site_profile, recipe=compare_with_plan(p, memory_options(workspace_gib, fragmentation)))
+    emit(p, fmt, explain, site_profile, recipe=compare_with_plan(p, memory_options(workspace_gib, fragmentation),
+                                                                 catalogue(recipes_file)))
 
 
 @app.command("explain")
@@ -294,6 +298,7 @@ def explain_cmd(
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
                                     "failure rate) for the CHECKPOINT finding."),
+    recipes_file: str | None = RecipesFileOpt,
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
 
@@ -302,4 +307,5 @@ def explain_cmd(
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site)
+             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site,
+             recipes_file=recipes_file)

@@ -25,9 +25,10 @@ class RecipeFormat(StrEnum):
     csv = "csv"
 
 
-RecipesFileOpt = typer.Option(None, "--recipes", help="Your own recipes: a CSV with bridge_perf_recipes.csv's columns "
-                              "(a subset holding source, model, gpu, num_gpus, precision, seq_length, "
-                              "global_batch_size, micro_batch_size, tp, pp), or a YAML list of the same fields.")
+RecipesFileOpt = typer.Option(None, "--recipes", help="Your own recipes, beside NVIDIA's: a CSV with "
+                              "bridge_perf_recipes.csv's columns (a subset holding source, model, gpu, num_gpus, "
+                              "precision, seq_length, global_batch_size, micro_batch_size, tp, pp), or a YAML list "
+                              "of the same fields.")
 
 
 def _matches(value: str, wanted: str | None, preset: str | None) -> bool:
