@@ -108,6 +108,7 @@ def test_flags_beside_the_recipe_win(capsys: pytest.CaptureFixture[str]) -> None
     assert isinstance(rec, dict)
     assert set(rec["overridden"]) == {"--pp", "--vp", "--mbs", "--gbs", "--num-gpus", "--recompute", "--precision"}
     assert any("pipeline layout" in n and "dropped" in n for n in rec["notes"])
+    assert any(n.startswith("given beside the recipe") and "--pp" in n for n in out["notes"])  # type: ignore[union-attr]
     assert out["cluster"]["num_gpus"] == 128  # type: ignore[index]
     code, other_gpu = run_json(["estimate", "--recipe", name, "--gpu", "h200-141gb", "--format", "json"], capsys)
     assert code == 0 and isinstance(other_gpu, dict)

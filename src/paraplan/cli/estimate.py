@@ -174,6 +174,10 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
     gpu_spec = resolve_gpu(gpu or run.job.gpu, gpu_set, profile)
     given = [f"--{f.replace('_', '-')}" for f in ("gpu", "num_gpus", "seq_len", "gbs", "precision", *_FLAG_FIELDS,
                                                   "pipeline_split") if _given(ctx, f)]
+    if given:
+        from dataclasses import replace
+
+        run = replace(run, notes=(*run.notes, f"given beside the recipe, winning over its values: {', '.join(given)}"))
     return (estimate_run(run, gpus_per_node=gpus_per_node, gpu_spec=gpu_spec, memory_options=options,
                          mfu_peak=mfu_peak), run_dict(run, given))
 
