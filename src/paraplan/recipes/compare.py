@@ -89,8 +89,8 @@ def compare_with_plan(plan: Plan, options: MemoryOptions | None = None,
         return None
     errors = []
     here: dict[str, Any] = {"num_gpus": plan.cluster.num_gpus, "seq_len": tr.seq_len, "gbs": tr.global_batch_size,
-                            "precision": tr.precision}
-    jobs: tuple[tuple[str, dict[str, Any]], ...] = (("this job", here), ("its own job", {}))
+                            "precision": tr.precision, "model": plan.model}
+    jobs: tuple[tuple[str, dict[str, Any]], ...] = (("this job", here), ("its own job", {"model": plan.model}))
     for at, job in jobs:
         try:
             run = recipe_run(r, **job)

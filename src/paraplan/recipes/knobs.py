@@ -299,9 +299,9 @@ class RecipeRun:
 
 def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = None, gbs: int | None = None,
                precision: str | None = None, layout_overrides: dict[str, Any] | None = None,
-               pipeline_split: str = "auto") -> RecipeRun:
+               pipeline_split: str = "auto", model: ModelSpec | None = None) -> RecipeRun:
     """``r`` as model, job and layout, with ``layout_overrides`` (ParallelLayout fields) and the job values given
-    winning over the recipe's. An override of PP, VP or the pipeline-split fields drops the recipe's
+    winning over the recipe's (``model``: the ModelSpec to use instead of the recipe's preset, e.g. a plan's). An override of PP, VP or the pipeline-split fields drops the recipe's
     ``pipeline_model_parallel_layout`` (as Bridge recomputes layouts when PP or VP change)."""
     from paraplan.layout import layout_for_world
     from paraplan.specs.load import load_model
@@ -320,7 +320,8 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
     fields_.update(over)
     if "distributed_optimizer" in over or "fsdp" in over:  # the CLI rule: FSDP shards the optimizer itself
         fields_["distributed_optimizer"] = fields_["distributed_optimizer"] and not fields_["fsdp"]
-    model = load_model(job.model)
+    if model is None:
+        model = load_model(job.model)
     if job.mtp_num_layers is not None and job.mtp_num_layers != model.mtp_num_layers:
         model = replace(model, mtp_num_layers=job.mtp_num_layers)
     dp = r.get("dp")
