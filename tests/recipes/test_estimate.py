@@ -116,6 +116,20 @@ def test_flags_beside_the_recipe_win(capsys: pytest.CaptureFixture[str]) -> None
     assert other_gpu["memory"]["usable_bytes"] > base["memory"]["usable_bytes"]  # type: ignore[index]
 
 
+def test_optimizer_overrides_follow_the_cli_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    name = "llama3-70b-h100-fp8cs-64"  # distributed optimizer with overlapped param gather
+    code, out = run_json(["estimate", "--recipe", name, "--no-distributed-optimizer", "--format", "json"], capsys)
+    assert code == 0 and isinstance(out, dict)
+    cfg = out["config"]
+    assert isinstance(cfg, dict)
+    assert (cfg["distributed_optimizer"], cfg["overlap_param_gather"], cfg["fsdp"]) == (False, False, False)
+    code, out = run_json(["estimate", "--recipe", name, "--fsdp", "--format", "json"], capsys)
+    assert code == 0 and isinstance(out, dict)
+    cfg = out["config"]
+    assert isinstance(cfg, dict)
+    assert (cfg["distributed_optimizer"], cfg["overlap_param_gather"], cfg["fsdp"]) == (False, True, True)
+
+
 def test_a_flag_given_at_its_default_value_still_overrides(capsys: pytest.CaptureFixture[str]) -> None:
     name = "llama3-70b-h100-fp8cs-64"  # TP 4 in the recipe; --tp 1 is the flag's default value
     code, out = run_json(["estimate", "--recipe", name, "--tp", "1", "--pp", "8", "--vp", "1", "--format", "json"],

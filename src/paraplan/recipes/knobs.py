@@ -318,8 +318,10 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
         notes.append(f"the recipe's pipeline layout '{r.get('pipeline_model_parallel_layout')}' is dropped: "
                      + ", ".join(sorted(moved & set(over))) + " given")
     fields_.update(over)
-    if "distributed_optimizer" in over or "fsdp" in over:  # the CLI rule: FSDP shards the optimizer itself
-        fields_["distributed_optimizer"] = fields_["distributed_optimizer"] and not fields_["fsdp"]
+    # the CLI's rules (build_layout): FSDP shards the optimizer itself; the param gather needs a sharded optimizer
+    fields_["distributed_optimizer"] = fields_["distributed_optimizer"] and not fields_["fsdp"]
+    fields_["overlap_param_gather"] = fields_["overlap_param_gather"] and (
+        fields_["distributed_optimizer"] or fields_["fsdp"])
     if model is None:
         model = load_model(job.model)
     if job.mtp_num_layers is not None and job.mtp_num_layers != model.mtp_num_layers:
