@@ -128,3 +128,16 @@ def test_plan_compares_with_a_user_recipe_when_it_is_closest(tmp_path: object,
     code, out = run(["plan", *args], capsys)
     assert code == 0
     assert json.loads(out)["recipe"]["source"] != "mine:70b_48"
+
+
+def test_a_recipe_predicted_not_to_fit_names_its_unmodelled_memory_knobs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(["explain", "--model", "deepseek-v3", "--gpu", "gb200", "--num-gpus", "256", "--seq-len", "4096",
+                     "--gbs", "4096", "--precision", "fp8", "--format", "json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    (f,) = [x for x in d["explanation"] if x["code"] == "RECIPE"]
+    if f["numbers"]["fits"]:
+        pytest.skip("the recipe is predicted to fit now: nothing to name")
+    assert "grad_reduce_in_fp32=False" in f["numbers"]["memory_knobs_not_modelled"]
+    assert "predicted NOT to fit" in f["text"] and "grad_reduce_in_fp32=False" in f["text"]
+    assert d["recipe"]["memory"]["fits"] is False

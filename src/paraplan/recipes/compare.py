@@ -23,6 +23,12 @@ AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
 
 _MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
+MEMORY_KNOBS = ("grad_reduce_in_fp32", "use_precision_aware_optimizer", "optimizer_state_dtypes", "fp8_param_gather",
+                "fp4_param_gather", "reuse_grad_buf_for_mxfp8_param_ag", "cpu_offloading", "optimizer_cpu_offload",
+                "fine_grained_activation_offloading", "moe_paged_stash", "cross_entropy_fusion_impl",
+                "PYTORCH_CUDA_ALLOC_CONF", "task=peft")
+"""Not-modelled columns that lower a recipe's memory below paraplan's estimate (bf16 gradient buffers, bf16
+optimizer states, FP8 weight gathers, offloading, fused cross entropy, expandable segments, PEFT)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +197,12 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> Finding:
             f"({(rec.peak_bytes - pick.peak_bytes) / GIB:+.1f} vs the pick; {mem_top} {mem_diff[mem_top] / GIB:+.1f}"
             f" GiB), {rec_tps:,.0f} tokens/s/GPU ({100 * gain:+.1f}%)")
     if not rec.fits:
+        lower = [x for x in (cmp.run.not_modelled if cmp.run else ()) if x.startswith(MEMORY_KNOBS)]
+        nums["memory_knobs_not_modelled"] = lower
         text += (f"; predicted NOT to fit ({rec.peak_bytes / GIB:.1f} of {rec.usable_bytes / GIB:.1f} GiB usable, "
-                 f"largest term {max(mem_terms, key=lambda k: mem_terms[k])})")
+                 f"largest term {max(mem_terms, key=lambda k: mem_terms[k])})"
+                 + (f", without its knobs that lower memory and paraplan does not model yet: {', '.join(lower)}"
+                    if lower else ""))
     if cmp.at != "this job":
         text += "; compare per GPU only (another job)"
     elif same_layout(rec, pick):
