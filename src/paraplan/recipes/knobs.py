@@ -301,8 +301,9 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
                precision: str | None = None, layout_overrides: dict[str, Any] | None = None,
                pipeline_split: str = "auto", model: ModelSpec | None = None) -> RecipeRun:
     """``r`` as model, job and layout, with ``layout_overrides`` (ParallelLayout fields) and the job values given
-    winning over the recipe's (``model``: the ModelSpec to use instead of the recipe's preset, e.g. a plan's). An override of PP, VP or the pipeline-split fields drops the recipe's
-    ``pipeline_model_parallel_layout`` (as Bridge recomputes layouts when PP or VP change)."""
+    winning over the recipe's (``model``: the ModelSpec to use instead of the recipe's preset, e.g. a plan's). An
+    override of PP, VP or the pipeline-split fields drops the recipe's ``pipeline_model_parallel_layout`` (as Bridge
+    recomputes layouts when PP or VP change)."""
     from paraplan.layout import layout_for_world
     from paraplan.specs.load import load_model
 
