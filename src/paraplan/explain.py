@@ -309,7 +309,7 @@ def recipe_findings(plan: Plan, recipe: Any = None) -> list[Finding]:
     from paraplan.recipes.compare import compare_with_plan, recipe_finding
 
     cmp = recipe if recipe is not None else compare_with_plan(plan)
-    return [] if cmp is None else [recipe_finding(cmp, plan)]
+    return [] if cmp is None else [Finding(*recipe_finding(cmp, plan))]
 
 
 def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpec | None = None, *,

@@ -106,9 +106,9 @@ def test_the_finding_says_agrees_when_the_recipe_is_the_pick() -> None:
     cmp = compare_with_plan(p)
     assert cmp is not None and cmp.estimate is not None
     same = RecipeComparison(recipe=cmp.recipe, at="this job", run=cmp.run, estimate=p.candidates[0])
-    f = recipe_finding(same, p)
-    assert f.numbers["same_layout"] is True and f.numbers["gain_frac"] == 0.0
-    assert "the pick uses the same layout and agrees on speed" in f.text
+    code, text, numbers = recipe_finding(same, p)
+    assert code == "RECIPE" and numbers["same_layout"] is True and numbers["gain_frac"] == 0.0
+    assert "the pick uses the same layout and agrees on speed" in text
     assert [x.code for x in explain(p, recipe=same)].count("RECIPE") == 1
 
 

@@ -14,7 +14,6 @@ from paraplan.units import GIB
 if TYPE_CHECKING:
     from paraplan.estimate.memory import MemoryOptions
     from paraplan.estimator import Estimate
-    from paraplan.explain import Finding
     from paraplan.recipes.catalogue import Recipe
     from paraplan.recipes.knobs import RecipeRun
     from paraplan.search import Plan
@@ -173,10 +172,9 @@ def outside_search(plan: Plan, rec: Estimate) -> list[str]:
     return out
 
 
-def recipe_finding(cmp: RecipeComparison, plan: Plan) -> Finding:
-    """RECIPE: the recipe next to the pick, in numbers, and the term that differs most."""
-    from paraplan.explain import Finding
-
+def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[str, Any]]:
+    """RECIPE: the recipe next to the pick, in numbers, and the term that differs most, as (code, text, numbers)
+    for ``paraplan.explain.Finding`` (this module does not import explain: no import circle)."""
     pick = plan.candidates[0]
     r = cmp.recipe
     rec = cmp.estimate
@@ -184,7 +182,7 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> Finding:
             f"{r.get('global_batch_size')}, {r.get('precision')}; the closest for this model and GPU)")
     nums: dict[str, Any] = {"source": r.source, "alias": r.alias, "at": cmp.at}
     if rec is None:
-        return Finding("RECIPE", f"{head}: its layout does not run here ({cmp.error})", nums)
+        return "RECIPE", f"{head}: its layout does not run here ({cmp.error})", nums
     pick_tps, rec_tps = float(pick.throughput.tokens_per_s_per_gpu), float(rec.throughput.tokens_per_s_per_gpu)
     gain = rec_tps / pick_tps - 1.0
     mem_terms, pick_mem = _memory_terms(rec), _memory_terms(pick)
@@ -225,4 +223,4 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> Finding:
     if cmp.run and cmp.run.not_modelled:
         nums["not_modelled"] = list(cmp.run.not_modelled)
         text += f"; not modelled yet: {len(cmp.run.not_modelled)} of its knobs (estimate --recipe {r.alias} lists them)"
-    return Finding("RECIPE", text, nums)
+    return "RECIPE", text, nums
