@@ -130,6 +130,15 @@ def test_optimizer_overrides_follow_the_cli_rules(capsys: pytest.CaptureFixture[
     assert (cfg["distributed_optimizer"], cfg["overlap_param_gather"], cfg["fsdp"]) == (False, True, True)
 
 
+def test_attention_backend_beside_the_recipe_wins(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["estimate", "--recipe", "llama3-8b-h100-bf16-8", "--format", "json"]
+    code, base = run_json(args, capsys)
+    code2, unfused = run_json([*args, "--attention-backend", "unfused"], capsys)
+    assert code == code2 == 0 and isinstance(base, dict) and isinstance(unfused, dict)
+    assert unfused["recipe"]["overridden"] == ["--attention-backend"]  # type: ignore[index]
+    assert unfused["memory"]["peak_bytes"] > base["memory"]["peak_bytes"]  # type: ignore[index]  # s x s scores
+
+
 def test_a_flag_given_at_its_default_value_still_overrides(capsys: pytest.CaptureFixture[str]) -> None:
     name = "llama3-70b-h100-fp8cs-64"  # TP 4 in the recipe; --tp 1 is the flag's default value
     code, out = run_json(["estimate", "--recipe", name, "--tp", "1", "--pp", "8", "--vp", "1", "--format", "json"],

@@ -84,6 +84,7 @@ def estimate(
                 raise SpecError(f"--recipe names the model, layout and batch; drop --{opt_name} (or drop --recipe)")
         result, block = _from_recipe(ctx, recipe, recipes_file, gpu=gpu, num_gpus=num_gpus,
                                      gpus_per_node=gpus_per_node, seq_len=seq_len, gbs=gbs, precision=precision,
+                                     attention_backend=attention_backend,
                                      flags=flags, gpu_set=gpu_set, profile=profile, mfu_peak=mfu_peak.value,
                                      options=memory_options(workspace_gib, fragmentation))
         _emit(result, fmt, recipe=block)
@@ -148,8 +149,8 @@ def _given(ctx: typer.Context, name: str) -> bool:
 
 def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu: str | None, num_gpus: int | None,
                  gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: PrecisionChoice,
-                 flags: LayoutFlags, gpu_set: list[str] | None, profile: str | None, mfu_peak: str,
-                 options: MemoryOptions) -> tuple[Estimate, dict[str, Any]]:
+                 attention_backend: AttentionChoice, flags: LayoutFlags, gpu_set: list[str] | None,
+                 profile: str | None, mfu_peak: str, options: MemoryOptions) -> tuple[Estimate, dict[str, Any]]:
     """Estimate a recipe with the flags given beside it winning over its own values; the JSON ``recipe`` block."""
     from paraplan.recipes.catalogue import catalogue, find_recipe
     from paraplan.recipes.knobs import estimate_run, recipe_run, run_dict
@@ -168,12 +169,14 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
             raise SpecError(f"--recompute-modules: unknown '{mod}' (allowed: {', '.join(RECOMPUTE_MODULES)})")
     run = recipe_run(r, num_gpus=num_gpus, seq_len=seq_len, gbs=gbs,
                      precision=precision.value if _given(ctx, "precision") else None, layout_overrides=overrides,
+                     attention_backend=attention_backend.value if _given(ctx, "attention_backend") else None,
                      pipeline_split=str(getattr(flags.pipeline_split, "value", flags.pipeline_split)))
     # Megatron-LM's argument checks (launch_violations) are not applied: Bridge builds the MCore configs itself;
     # MCore's layout rules are (estimate's check_layout)
     gpu_spec = resolve_gpu(gpu or run.job.gpu, gpu_set, profile)
-    given = [f"--{f.replace('_', '-')}" for f in ("gpu", "num_gpus", "seq_len", "gbs", "precision", *_FLAG_FIELDS,
-                                                  "pipeline_split") if _given(ctx, f)]
+    given = [f"--{f.replace('_', '-')}" for f in ("gpu", "num_gpus", "seq_len", "gbs", "precision",
+                                                  "attention_backend", *_FLAG_FIELDS, "pipeline_split")
+             if _given(ctx, f)]
     if given:
         from dataclasses import replace
 

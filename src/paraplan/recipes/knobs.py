@@ -299,7 +299,8 @@ class RecipeRun:
 
 def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = None, gbs: int | None = None,
                precision: str | None = None, layout_overrides: dict[str, Any] | None = None,
-               pipeline_split: str = "auto", model: ModelSpec | None = None) -> RecipeRun:
+               pipeline_split: str = "auto", model: ModelSpec | None = None,
+               attention_backend: str | None = None) -> RecipeRun:
     """``r`` as model, job and layout, with ``layout_overrides`` (ParallelLayout fields) and the job values given
     winning over the recipe's (``model``: the ModelSpec to use instead of the recipe's preset, e.g. a plan's). An
     override of PP, VP or the pipeline-split fields drops the recipe's ``pipeline_model_parallel_layout`` (as Bridge
@@ -309,7 +310,7 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
 
     job = recipe_job(r)
     job = replace(job, num_gpus=num_gpus or job.num_gpus, seq_len=seq_len or job.seq_len, gbs=gbs or job.gbs,
-                  precision=precision or job.precision)
+                  precision=precision or job.precision, attention_backend=attention_backend or job.attention_backend)
     fields_, extra = layout_fields(r)
     notes: list[str] = []
     over = dict(layout_overrides or {})
