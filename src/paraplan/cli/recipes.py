@@ -3,7 +3,6 @@ GPU; ``estimate --recipe NAME`` runs one."""
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +118,9 @@ def recipes_cmd(
             raise SpecError(f"{flag}: no recipe for '{value}' (recipes exist for: {', '.join(sorted(names))})")
     chosen = select(everyone, model, gpu, everything)
     if fmt == RecipeFormat.json:
-        print(json.dumps([r.as_dict() for r in chosen], indent=1))
+        from paraplan.serialize import dumps_json
+
+        print(dumps_json([r.as_dict() for r in chosen]))
         return
     if fmt == RecipeFormat.csv:
         print(_csv([_row(r) for r in chosen]), end="")
