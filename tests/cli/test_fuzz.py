@@ -63,7 +63,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "test_fuzz_command[ingest]": "a FIFO as a log blocks forever",
     "test_fuzz_command[calibrate]": "a FIFO as --gpu blocks forever (read_yaml)",
     "test_fuzz_command[budget]": "control characters in a value echoed raw into the error line (a CR splits it)",
-    "test_fuzz_command[report]": "an empty --model/-m '' reaches report_cmd's assert (traceback)",
     "test_stdout_is_full[estimate]": "traceback OSError: [Errno 28] No space left on device",
     "test_stdout_is_full[plan]": "traceback OSError: [Errno 28] No space left on device",
     "test_stdout_is_full[explain]": "traceback OSError: [Errno 28] No space left on device",
