@@ -760,7 +760,7 @@ def hostile(kind: str) -> st.SearchStrategy[str]:
 
 # ------------------------------------------------------------------------------ argv from click params
 COMMAND_NAMES = ("estimate", "plan", "explain", "launch", "check", "ingest", "tune", "calibrate", "report",
-                 "budget", "models", "gpus")
+                 "budget", "models", "gpus", "recipes")
 SEARCH_COMMANDS = {"plan", "explain", "report"}
 
 
@@ -857,7 +857,7 @@ def _base(cmd: str) -> dict[str, str]:
         "launch": {"out": "out_dir", **common}, "check": {"script": "script"}, "ingest": {"logs": "log"},
         "tune": {"log": "log", "gpu": "gpu"}, "calibrate": {"runs": "runs", "gpu": "gpu", "out": "out_file"},
         "budget": {"model": "model", "tokens": "tokens", "gpu": "gpu_list", "max_gpus": "count"},
-        "models": {}, "gpus": {},
+        "models": {}, "gpus": {}, "recipes": {},
     }[cmd]
 
 
@@ -924,7 +924,7 @@ def invocations(draw: st.DrawFn, cmd: str) -> Call:
 
 # --------------------------------------------------------------------------------------- the fuzz
 WEIGHTS = {"estimate": 3, "plan": 2, "explain": 1.5, "launch": 3, "check": 1.5, "ingest": 1.5, "tune": 1.5,
-           "calibrate": 1, "report": 0.5, "budget": 0.5, "models": 0.5, "gpus": 0.5}
+           "calibrate": 1, "report": 0.5, "budget": 0.5, "models": 0.5, "gpus": 0.5, "recipes": 0.5}
 
 
 def _examples(cmd: str) -> int:
@@ -964,6 +964,7 @@ VALID_ARGV: dict[str, list[str]] = {
     "report": ["report", "-o", "r.html", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024", "--gbs", "16"],
     "budget": ["budget", "-m", "gpt2", "-t", "1e9", "-s", "1024", "-g", "h100-80gb", "--max-gpus", "64"],
     "models": ["models"],
+    "recipes": ["recipes", "--model", "llama3-70b"],
     "gpus": ["gpus"],
 }
 
