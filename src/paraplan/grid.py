@@ -1,0 +1,153 @@
+"""The rank grid: Megatron-Core's parallel axes, their order, and each group's size, stride and span.
+
+Megatron-Core numbers ranks with TP fastest, then CP, EP, DP and PP outermost (the order string
+``tp-cp-ep-dp-pp``, ``megatron/core/parallel_state.py`` ``RankGenerator``). It builds two grids on
+the same ranks (``generate_masked_orthogonal_rank_groups``):
+
+    dense layers   tp-cp-dp-pp      sizes TP, CP, DP, PP            (EP = 1)
+    expert layers  tp-ep-dp-pp      sizes ETP, EP, EDP, PP          (CP folds into EDP)
+
+A group over axes that are adjacent in the order holds ``size`` = the product of their sizes,
+spaced ``stride`` = the product of the sizes of the axes before them; it spans ``size * stride``
+consecutive ranks (rank = sum_i rank_i * prod_{j < i} size_j). That span is what every placement
+question asks (which network tier a group crosses: ``paraplan.specs.topology``); it is computed
+here once, for one layout (ints) or a ``LayoutTable`` (numpy columns) alike -- the whole grid in
+one expression, as picotron's ``ProcessGroupManager`` builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final, Generic, Protocol, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+IntArray = NDArray[np.int64]
+N = TypeVar("N", int, IntArray)
+N_co = TypeVar("N_co", int, IntArray, covariant=True)
+
+
+class Axis(StrEnum):
+    """A parallel axis, named as in Megatron's order string."""
+
+    TP = "tp"
+    CP = "cp"
+    EP = "ep"
+    DP = "dp"
+    PP = "pp"
+
+
+RANK_ORDER: Final = "tp-cp-ep-dp-pp"
+"""Megatron-Core's default ``--rank-order`` / ``RankGenerator(order=...)``: TP varies fastest."""
+DENSE_ORDER: Final = tuple(Axis(a) for a in RANK_ORDER.split("-") if a != Axis.EP)
+"""The dense-layer grid (EP masked out: ``RankGenerator(ep=1)``)."""
+EXPERT_ORDER: Final = tuple(Axis(a) for a in RANK_ORDER.split("-") if a != Axis.CP)
+"""The expert-layer grid (``RankGenerator(tp=etp, cp=1, ep=ep, dp=edp)``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Group(Generic[N]):
+    """One kind of parallel group: ``size`` ranks spaced ``stride`` apart."""
+
+    size: N
+    stride: N
+
+    @property
+    def span(self) -> N:
+        """Consecutive ranks one group covers (first to last member, inclusive of the gaps)."""
+        return self.size * self.stride
+
+
+class _Sizes(Protocol[N_co]):  # the attributes a ParallelLayout and a LayoutTable share
+    @property
+    def tp(self) -> N_co: ...
+    @property
+    def cp(self) -> N_co: ...
+    @property
+    def ep(self) -> N_co: ...
+    @property
+    def dp(self) -> N_co: ...
+    @property
+    def pp(self) -> N_co: ...
+    @property
+    def etp(self) -> N_co: ...
+    @property
+    def edp(self) -> N_co: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Grid(Generic[N]):
+    """Both Megatron grids of one layout (ints) or of many (int64 columns)."""
+
+    tp: N
+    cp: N
+    dp: N
+    pp: N
+    ep: N
+    etp: N
+    edp: N
+
+    @classmethod
+    def of(cls, layout: _Sizes[N]) -> Grid[N]:
+        """The grid of a ``ParallelLayout`` or ``LayoutTable`` (``etp``/``edp`` as resolved there)."""
+        return cls(tp=layout.tp, cp=layout.cp, dp=layout.dp, pp=layout.pp, ep=layout.ep,
+                   etp=layout.etp, edp=layout.edp)
+
+    def _sizes(self, expert: bool) -> dict[Axis, N]:
+        if expert:
+            return {Axis.TP: self.etp, Axis.EP: self.ep, Axis.DP: self.edp, Axis.PP: self.pp}
+        return {Axis.TP: self.tp, Axis.CP: self.cp, Axis.DP: self.dp, Axis.PP: self.pp}
+
+    def group(self, *axes: Axis, expert: bool = False) -> Group[N]:
+        """The group over ``axes`` (adjacent in the dense order, or in the expert order when
+        ``expert``): size = product of their sizes, stride = product of the sizes before them."""
+        order = EXPERT_ORDER if expert else DENSE_ORDER
+        idx = sorted(order.index(a) for a in axes)
+        if not idx or idx != list(range(idx[0], idx[0] + len(idx))):
+            raise ValueError(f"axes {'-'.join(axes)} are not adjacent in {'-'.join(order)}")
+        sizes = self._sizes(expert)
+        size: N = sizes[order[idx[0]]]
+        for i in idx[1:]:
+            size = size * sizes[order[i]]
+        stride: N = sizes[order[0]] * 0 + 1
+        for i in range(idx[0]):
+            stride = stride * sizes[order[i]]
+        return Group(size=size, stride=stride)
+
+    # the groups the cost model and the placement report ask about
+    @property
+    def tp_group(self) -> Group[N]:
+        """Tensor parallel: contiguous ranks."""
+        return self.group(Axis.TP)
+
+    @property
+    def cp_group(self) -> Group[N]:
+        """Context parallel: CP ranks spaced TP apart (span TP x CP)."""
+        return self.group(Axis.CP)
+
+    @property
+    def dp_cp_group(self) -> Group[N]:
+        """The dense gradient reduce / distributed-optimizer group: DP x CP ranks spaced TP apart."""
+        return self.group(Axis.CP, Axis.DP)
+
+    @property
+    def pp_group(self) -> Group[N]:
+        """Pipeline: PP ranks spaced TP x CP x DP apart (span = the world)."""
+        return self.group(Axis.PP)
+
+    @property
+    def etp_group(self) -> Group[N]:
+        """Expert tensor parallel: contiguous ranks."""
+        return self.group(Axis.TP, expert=True)
+
+    @property
+    def ep_group(self) -> Group[N]:
+        """Expert parallel: EP ranks spaced ETP apart."""
+        return self.group(Axis.EP, expert=True)
+
+    @property
+    def edp_group(self) -> Group[N]:
+        """Expert data parallel: EDP ranks spaced ETP x EP apart."""
+        return self.group(Axis.DP, expert=True)
