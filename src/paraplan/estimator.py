@@ -100,15 +100,18 @@ def placement_dict(layout: ParallelLayout, cluster: ClusterSpec) -> dict[str, An
     """Which parallel groups stay inside one NVLink domain (rank order tp-cp-ep-dp-pp): a group
     spaced ``stride`` ranks apart spans stride x size ranks; outside the domain it runs on the
     network and is costed there."""
-    from paraplan.estimate.comm import span_in_domain
+    from paraplan.grid import RANK_ORDER, Grid
+    from paraplan.specs.topology import span_in_domain
 
-    spans = {"tp": layout.tp, "cp": layout.tp * layout.cp, "ep": layout.etp * layout.ep,
-             "dp_cp": layout.tp * layout.cp * layout.dp, "pp": layout.world_size}
+    grid = Grid.of(layout)
     # dp_cp: the gradient reduce-scatter / all-gather group, DP x CP ranks (the distributed
     # optimizer shards over it); config.dp is DP alone
-    sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "dp_cp": layout.dp * layout.cp, "pp": layout.pp}
+    groups = {"tp": grid.tp_group, "cp": grid.cp_group, "ep": grid.ep_group, "dp_cp": grid.dp_cp_group,
+              "pp": grid.pp_group}
+    spans = {axis: g.span for axis, g in groups.items()}
+    sizes = {axis: g.size for axis, g in groups.items()}
     return {
-        "rank_order": "tp-cp-ep-dp-pp",
+        "rank_order": RANK_ORDER,
         "nvlink_domain_size": cluster.nvlink_domain_size,
         "groups": {axis: {"size": sizes[axis], "span_ranks": spans[axis],
                           "in_nvlink_domain": bool(sizes[axis] == 1 or span_in_domain(

@@ -60,7 +60,7 @@ class Group(Generic[N]):
         return self.size * self.stride
 
 
-class _Sizes(Protocol[N_co]):  # the attributes a ParallelLayout and a LayoutTable share
+class _InnerSizes(Protocol[N_co]):  # what a LayerKeyTable has: the axes inside DP
     @property
     def tp(self) -> N_co: ...
     @property
@@ -68,34 +68,44 @@ class _Sizes(Protocol[N_co]):  # the attributes a ParallelLayout and a LayoutTab
     @property
     def ep(self) -> N_co: ...
     @property
+    def etp(self) -> N_co: ...
+
+
+class _Sizes(_InnerSizes[N_co], Protocol[N_co]):  # a ParallelLayout or a LayoutTable
+    @property
     def dp(self) -> N_co: ...
     @property
     def pp(self) -> N_co: ...
-    @property
-    def etp(self) -> N_co: ...
     @property
     def edp(self) -> N_co: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Grid(Generic[N]):
-    """Both Megatron grids of one layout (ints) or of many (int64 columns)."""
+    """Both Megatron grids of one layout (ints) or of many (int64 columns). ``dp``, ``pp`` and
+    ``edp`` are None in the grid of a per-layer table (``Grid.inner``): only the groups inside DP
+    can be asked of it."""
 
     tp: N
     cp: N
-    dp: N
-    pp: N
     ep: N
     etp: N
-    edp: N
+    dp: N | None = None
+    pp: N | None = None
+    edp: N | None = None
 
     @classmethod
     def of(cls, layout: _Sizes[N]) -> Grid[N]:
         """The grid of a ``ParallelLayout`` or ``LayoutTable`` (``etp``/``edp`` as resolved there)."""
-        return cls(tp=layout.tp, cp=layout.cp, dp=layout.dp, pp=layout.pp, ep=layout.ep,
-                   etp=layout.etp, edp=layout.edp)
+        return cls(tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.etp, dp=layout.dp, pp=layout.pp,
+                   edp=layout.edp)
 
-    def _sizes(self, expert: bool) -> dict[Axis, N]:
+    @classmethod
+    def inner(cls, layout: _InnerSizes[N]) -> Grid[N]:
+        """The TP, CP, EP and ETP axes of a layout or per-layer table (``LayerKeyTable``)."""
+        return cls(tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.etp)
+
+    def _sizes(self, expert: bool) -> dict[Axis, N | None]:
         if expert:
             return {Axis.TP: self.etp, Axis.EP: self.ep, Axis.DP: self.edp, Axis.PP: self.pp}
         return {Axis.TP: self.tp, Axis.CP: self.cp, Axis.DP: self.dp, Axis.PP: self.pp}
@@ -104,16 +114,26 @@ class Grid(Generic[N]):
         """The group over ``axes`` (adjacent in the dense order, or in the expert order when
         ``expert``): size = product of their sizes, stride = product of the sizes before them."""
         order = EXPERT_ORDER if expert else DENSE_ORDER
+        missing = [a for a in axes if a not in order]
+        if missing:
+            raise ValueError(f"axis {missing[0]} is not in the {'-'.join(order)} grid")
         idx = sorted(order.index(a) for a in axes)
         if not idx or idx != list(range(idx[0], idx[0] + len(idx))):
             raise ValueError(f"axes {'-'.join(axes)} are not adjacent in {'-'.join(order)}")
         sizes = self._sizes(expert)
-        size: N = sizes[order[idx[0]]]
+
+        def size_of(i: int) -> N:
+            v = sizes[order[i]]
+            if v is None:
+                raise ValueError(f"the {order[i]} size is not known to this grid (Grid.inner)")
+            return v
+
+        size: N = size_of(idx[0])
         for i in idx[1:]:
-            size = size * sizes[order[i]]
-        stride: N = sizes[order[0]] * 0 + 1
+            size = size * size_of(i)
+        stride: N = size_of(0) * 0 + 1
         for i in range(idx[0]):
-            stride = stride * sizes[order[i]]
+            stride = stride * size_of(i)
         return Group(size=size, stride=stride)
 
     # the groups the cost model and the placement report ask about

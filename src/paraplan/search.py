@@ -28,6 +28,7 @@ from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_count
 from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.grid import Grid
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec
@@ -390,8 +391,9 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
         return {}
     # the same placement rule the cost model uses (comm.span_in_domain): a group stays on NVLink
     # when its rank span tiles the domain
-    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(table.tp * table.cp, block),
-            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(table.ep * table.etp, block)}
+    grid = Grid.of(table)
+    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(grid.cp_group.span, block),
+            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(grid.ep_group.span, block)}
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,

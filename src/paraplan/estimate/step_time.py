@@ -32,6 +32,7 @@ from paraplan.estimate.flops import (
 )
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, param_terms, stage_params
 from paraplan.estimate.pipeline import bubble_frac
+from paraplan.grid import Grid
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec, grad_bytes_per_param
@@ -172,9 +173,11 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
     hbm = gpu.hbm_bytes_per_s * eff.hbm_frac
     elem = 0.5 * eff.elementwise_bytes_per_token_hidden * T * h / sh / hbm
     act_bytes = 2.0 * T * h
-    tp_bw = comm.ring_busbw(cluster, t, 1)
+    grid = Grid.inner(layout)
+    tp_g = grid.tp_group
+    tp_bw = comm.ring_busbw(cluster, tp_g.size, tp_g.stride)
     tp_link = 4.0 * comm.all_gather_s(act_bytes, t, tp_bw, eff.collective_latency_s)
-    cp_bw = comm.tier_busbw(cluster, t * layout.cp)
+    cp_bw = comm.tier_busbw(cluster, grid.cp_group.span)
     cp_link = 3.0 * (layout.cp - 1) * comm.p2p_s(kv_bytes, cp_bw, eff.collective_latency_s)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
                      overhead_s=0.5 * eff.layer_overhead_s, tp_link_s=tp_link, ep_link_s=0.0,
@@ -216,9 +219,11 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     hbm = gpu.hbm_bytes_per_s * eff.hbm_frac
     elem = (0.5 * eff.elementwise_bytes_per_token_hidden * T * h / sh
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp + 24.0 * te * h) / hbm
-    ep_link = 4.0 * comm.all_to_all_s(cluster, 2.0 * te * h, layout.ep, layout.etp, eff.collective_latency_s)
+    grid = Grid.inner(layout)
+    ep_g, etp_g = grid.ep_group, grid.etp_group
+    ep_link = 4.0 * comm.all_to_all_s(cluster, 2.0 * te * h, ep_g.size, ep_g.stride, eff.collective_latency_s)
     etp_link = np.where(layout.etp > 1, 4.0 * comm.all_gather_s(
-        2.0 * te * h, layout.etp, comm.ring_busbw(cluster, layout.etp, 1), eff.collective_latency_s), 0.0)
+        2.0 * te * h, layout.etp, comm.ring_busbw(cluster, etp_g.size, etp_g.stride), eff.collective_latency_s), 0.0)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
                     elementwise_s=elem, overhead_s=0.5 * eff.layer_overhead_s, host_sync_s=eff.moe_layer_overhead_s,
                     tp_link_s=etp_link,
@@ -421,13 +426,13 @@ class _DpGroups:
 
 def _dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: Any, max_positions: int,
                params: ParamTerms | None) -> _DpGroups:
-    n_dense, n_exp = layout.dp * layout.cp, layout.edp
-    # rank order tp-cp-ep-dp-pp: the DP x CP group strides over TP, expert-DP over ETP x EP
+    grid = Grid.of(layout)
+    dense, expert = grid.dp_cp_group, grid.edp_group
     return _DpGroups(
         params=params if params is not None else param_terms(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
                                                              etp=layout.etp, max_positions=max_positions),
-        n_dense=n_dense, n_exp=n_exp, bw_d=comm.ring_busbw(cluster, n_dense, layout.tp),
-        bw_e=comm.ring_busbw(cluster, n_exp, layout.etp * layout.ep))
+        n_dense=dense.size, n_exp=expert.size, bw_d=comm.ring_busbw(cluster, dense.size, dense.stride),
+        bw_e=comm.ring_busbw(cluster, expert.size, expert.stride))
 
 
 def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageLayers,
@@ -497,7 +502,7 @@ def step_time_from_stages(
     # PP: activations forward and gradients backward at every chunk boundary.
     t_ = np.where(layout.sp, layout.tp, 1)
     pp_bytes = 2.0 * training.seq_len * layout.mbs / layout.cp * model.hidden_size / t_
-    pp_bw = comm.tier_busbw(cluster, layout.tp * layout.cp * layout.dp * layout.pp)
+    pp_bw = comm.tier_busbw(cluster, Grid.of(layout).pp_group.span)
     p2p = comm.p2p_s(pp_bytes, pp_bw, eff.collective_latency_s)
     pp_link = np.where(layout.pp > 1, 2.0 * layout.vp * m * p2p, 0.0)
     pp_overlap = np.where(layout.vp > 1, eff.pp_overlap_frac, eff.pp_overlap_frac * 0.5)
