@@ -24,6 +24,7 @@ The last tier reaches every GPU of the job (no ``size_gpus``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -59,17 +60,16 @@ class TierSpec:
     """Downlink : uplink ratio of the switches that join this tier's domains (1 = non-blocking)."""
 
     def __post_init__(self) -> None:
-        where = f"gpu.topology.{self.name}"
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
-            raise SpecError(f"gpu.topology: tier name must be letters, digits, '-' or '_', got {self.name!r}")
+            raise SpecError(f"tier name must be letters, digits, '-' or '_', got {self.name!r}")
         if self.size_gpus is not None and self.size_gpus < 1:
-            raise SpecError(f"{where}.size_gpus must be >= 1, got {self.size_gpus}")
-        if self.bytes_per_s is not None and not self.bytes_per_s > 0:
-            raise SpecError(f"{where}.bytes_per_s must be > 0, got {self.bytes_per_s}")
+            raise SpecError(f"size_gpus must be >= 1, got {self.size_gpus}")
+        if self.bytes_per_s is not None and not 0 < self.bytes_per_s < math.inf:
+            raise SpecError(f"bytes_per_s must be a finite number > 0, got {self.bytes_per_s}")
         if self.bus_frac is not None and not 0 < self.bus_frac <= 1:
-            raise SpecError(f"{where}.bus_frac must be in (0, 1], got {self.bus_frac}")
-        if not self.oversubscription >= 1:
-            raise SpecError(f"{where}.oversubscription must be >= 1, got {self.oversubscription}")
+            raise SpecError(f"bus_frac must be in (0, 1], got {self.bus_frac}")
+        if not 1 <= self.oversubscription < math.inf:
+            raise SpecError(f"oversubscription must be a finite number >= 1, got {self.oversubscription}")
 
 
 def check_tiers(tiers: Sequence[TierSpec], nvlink_domain_size: int) -> None:
@@ -78,23 +78,23 @@ def check_tiers(tiers: Sequence[TierSpec], nvlink_domain_size: int) -> None:
     if not tiers:
         return
     if len(tiers) < 2:
-        raise SpecError("gpu.topology: needs at least 2 tiers (the NVLink domain and the network)")
+        raise SpecError("topology: needs at least 2 tiers (the NVLink domain and the network)")
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
-        raise SpecError(f"gpu.topology: tier names must be unique, got {', '.join(names)}")
+        raise SpecError(f"topology: tier names must be unique, got {', '.join(names)}")
     first = tiers[0].size_gpus
     if first is not None and first != nvlink_domain_size:
-        raise SpecError(f"gpu.topology.{tiers[0].name}.size_gpus: the first tier is the NVLink domain "
+        raise SpecError(f"topology.{tiers[0].name}.size_gpus: the first tier is the NVLink domain "
                         f"({nvlink_domain_size} GPUs), got {first}")
     if tiers[-1].size_gpus is not None:
-        raise SpecError(f"gpu.topology.{tiers[-1].name}.size_gpus: the last tier reaches the whole job; "
+        raise SpecError(f"topology.{tiers[-1].name}.size_gpus: the last tier reaches the whole job; "
                         "leave size_gpus out")
     inner = nvlink_domain_size
     for t in tiers[1:-1]:
         if t.size_gpus is None:
-            raise SpecError(f"gpu.topology.{t.name}.size_gpus is required on a middle tier")
+            raise SpecError(f"topology.{t.name}.size_gpus is required on a middle tier")
         if t.size_gpus <= inner or t.size_gpus % inner:
-            raise SpecError(f"gpu.topology.{t.name}.size_gpus must be a multiple of the tier inside "
+            raise SpecError(f"topology.{t.name}.size_gpus must be a multiple of the tier inside "
                             f"({inner} GPUs) and larger, got {t.size_gpus}")
         inner = t.size_gpus
 
