@@ -19,14 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Protocol
 
-import numpy as np
-from numpy.typing import NDArray
-
-IntArray = NDArray[np.int64]
-N = TypeVar("N", int, IntArray)
-N_co = TypeVar("N_co", int, IntArray, covariant=True)
+from paraplan.num import Int
 
 
 class Axis(StrEnum):
@@ -48,69 +43,69 @@ EXPERT_ORDER: Final = tuple(Axis(a) for a in RANK_ORDER.split("-") if a != Axis.
 
 
 @dataclass(frozen=True, slots=True)
-class Group(Generic[N]):
+class Group:
     """One kind of parallel group: ``size`` ranks spaced ``stride`` apart."""
 
-    size: N
-    stride: N
+    size: Int
+    stride: Int
 
     @property
-    def span(self) -> N:
+    def span(self) -> Int:
         """Consecutive ranks one group covers (first to last member, inclusive of the gaps)."""
         return self.size * self.stride
 
 
-class _InnerSizes(Protocol[N_co]):  # what a LayerKeyTable has: the axes inside DP
+class _InnerSizes(Protocol):  # what a LayerKeyTable has: the axes inside DP
     @property
-    def tp(self) -> N_co: ...
+    def tp(self) -> Int: ...
     @property
-    def cp(self) -> N_co: ...
+    def cp(self) -> Int: ...
     @property
-    def ep(self) -> N_co: ...
+    def ep(self) -> Int: ...
     @property
-    def etp(self) -> N_co: ...
+    def etp(self) -> Int: ...
 
 
-class _Sizes(_InnerSizes[N_co], Protocol[N_co]):  # a ParallelLayout or a LayoutTable
+class _Sizes(_InnerSizes, Protocol):  # a ParallelLayout or a LayoutTable
     @property
-    def dp(self) -> N_co: ...
+    def dp(self) -> Int: ...
     @property
-    def pp(self) -> N_co: ...
+    def pp(self) -> Int: ...
     @property
-    def edp(self) -> N_co: ...
+    def edp(self) -> Int: ...
 
 
 @dataclass(frozen=True, slots=True)
-class Grid(Generic[N]):
+class Grid:
     """Both Megatron grids of one layout (ints) or of many (int64 columns). ``dp``, ``pp`` and
     ``edp`` are None in the grid of a per-layer table (``Grid.inner``): only the groups inside DP
     can be asked of it."""
 
-    tp: N
-    cp: N
-    ep: N
-    etp: N
-    dp: N | None = None
-    pp: N | None = None
-    edp: N | None = None
+    tp: Int
+    cp: Int
+    ep: Int
+    etp: Int
+    dp: Int | None = None
+    pp: Int | None = None
+    edp: Int | None = None
 
     @classmethod
-    def of(cls, layout: _Sizes[N]) -> Grid[N]:
+    def of(cls, layout: _Sizes) -> Grid:
         """The grid of a ``ParallelLayout`` or ``LayoutTable`` (``etp``/``edp`` as resolved there)."""
         return cls(tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.etp, dp=layout.dp, pp=layout.pp,
                    edp=layout.edp)
 
     @classmethod
-    def inner(cls, layout: _InnerSizes[N]) -> Grid[N]:
+    def inner(cls, layout: _InnerSizes) -> Grid:
         """The TP, CP, EP and ETP axes of a layout or per-layer table (``LayerKeyTable``)."""
         return cls(tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.etp)
 
-    def _sizes(self, expert: bool) -> dict[Axis, N | None]:
+    def _sizes(self, expert: bool) -> dict[Axis, Int | None]:
         if expert:
             return {Axis.TP: self.etp, Axis.EP: self.ep, Axis.DP: self.edp, Axis.PP: self.pp}
         return {Axis.TP: self.tp, Axis.CP: self.cp, Axis.DP: self.dp, Axis.PP: self.pp}
 
-    def group(self, *axes: Axis, expert: bool = False) -> Group[N]:
+    def group(self, *axes: Axis, expert: bool = False) -> Group:
         """The group over ``axes`` (adjacent in the dense order, or in the expert order when
         ``expert``): size = product of their sizes, stride = product of the sizes before them."""
         order = EXPERT_ORDER if expert else DENSE_ORDER
@@ -122,52 +117,52 @@ class Grid(Generic[N]):
             raise ValueError(f"axes {'-'.join(axes)} are not adjacent in {'-'.join(order)}")
         sizes = self._sizes(expert)
 
-        def size_of(i: int) -> N:
+        def size_of(i: int) -> Int:
             v = sizes[order[i]]
             if v is None:
                 raise ValueError(f"the {order[i]} size is not known to this grid (Grid.inner)")
             return v
 
-        size: N = size_of(idx[0])
+        size: Int = size_of(idx[0])
         for i in idx[1:]:
             size = size * size_of(i)
-        stride: N = size_of(0) * 0 + 1
+        stride: Int = size_of(0) * 0 + 1
         for i in range(idx[0]):
             stride = stride * size_of(i)
         return Group(size=size, stride=stride)
 
     # the groups the cost model and the placement report ask about
     @property
-    def tp_group(self) -> Group[N]:
+    def tp_group(self) -> Group:
         """Tensor parallel: contiguous ranks."""
         return self.group(Axis.TP)
 
     @property
-    def cp_group(self) -> Group[N]:
+    def cp_group(self) -> Group:
         """Context parallel: CP ranks spaced TP apart (span TP x CP)."""
         return self.group(Axis.CP)
 
     @property
-    def dp_cp_group(self) -> Group[N]:
+    def dp_cp_group(self) -> Group:
         """The dense gradient reduce / distributed-optimizer group: DP x CP ranks spaced TP apart."""
         return self.group(Axis.CP, Axis.DP)
 
     @property
-    def pp_group(self) -> Group[N]:
+    def pp_group(self) -> Group:
         """Pipeline: PP ranks spaced TP x CP x DP apart (span = the world)."""
         return self.group(Axis.PP)
 
     @property
-    def etp_group(self) -> Group[N]:
+    def etp_group(self) -> Group:
         """Expert tensor parallel: contiguous ranks."""
         return self.group(Axis.TP, expert=True)
 
     @property
-    def ep_group(self) -> Group[N]:
+    def ep_group(self) -> Group:
         """Expert parallel: EP ranks spaced ETP apart."""
         return self.group(Axis.EP, expert=True)
 
     @property
-    def edp_group(self) -> Group[N]:
+    def edp_group(self) -> Group:
         """Expert data parallel: EDP ranks spaced ETP x EP apart."""
         return self.group(Axis.DP, expert=True)

@@ -4,12 +4,15 @@ either through the arithmetic."""
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 from numpy.typing import NDArray
 
-Num: TypeAlias = float | NDArray[np.float64] | NDArray[np.int64]
+FloatArray: TypeAlias = NDArray[np.floating[Any]]
+"""A float column. ``Any`` is numpy's bit-width parameter only (numpy types int64 x float64
+arithmetic as ``floating[Any]``); the values are float64."""
+Num: TypeAlias = float | FloatArray | NDArray[np.int64]
 """A real quantity (seconds, bytes, FLOPs, ...), scalar or per candidate; ints are accepted."""
 Int: TypeAlias = int | NDArray[np.int64]
 """A count or parallel size, scalar or per candidate."""

@@ -1,0 +1,35 @@
+"""Expert-parallel communication: the token all-to-alls of the MoE dispatcher and the ETP
+collectives of the expert MLP (Megatron-Core ``MoEAlltoAllTokenDispatcher``: dispatch before the
+experts, combine after, each mirrored in backward)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from paraplan.estimate import comm
+from paraplan.estimate.time import tp
+from paraplan.estimate.time.tp import ACTIVATION_BYTES_PER_ELEMENT
+from paraplan.grid import Group
+from paraplan.num import Num
+from paraplan.specs.cluster import ClusterSpec
+
+EP_ALL_TO_ALLS_PER_LAYER: Final = 4.0
+"""Dispatch and combine, forward and backward."""
+
+
+def all_to_all_link_s(cluster: ClusterSpec, group: Group, routed_tokens: Num, hidden: int) -> Num:
+    """EP link time of one MoE layer per micro-batch: ``EP_ALL_TO_ALLS_PER_LAYER`` all-to-alls of
+    the bf16 routed token copies (T k ETP/TP of them per rank) over the EP group
+    (``comm.all_to_all_s``: each peer on the tier it shares with the sender)."""
+    eff = cluster.gpu.efficiency
+    return EP_ALL_TO_ALLS_PER_LAYER * comm.all_to_all_s(
+        cluster, ACTIVATION_BYTES_PER_ELEMENT * routed_tokens * hidden, group.size, group.stride,
+        eff.collective_latency_s)
+
+
+def etp_link_s(cluster: ClusterSpec, group: Group, routed_tokens: Num, hidden: int) -> Num:
+    """ETP link time of the expert MLP per micro-batch: the TP block collectives over the routed
+    tokens and the ETP group (``tp.block_link_s``); 0 at ETP = 1."""
+    return np.where(group.size > 1, tp.block_link_s(cluster, group, routed_tokens, hidden), 0.0)
