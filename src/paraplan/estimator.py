@@ -195,7 +195,7 @@ def _stage_memories(model: ModelSpec, training: TrainingSpec, layout: ParallelLa
     def at(obj: Any, r: int) -> Any:
         return type(obj)(**{f.name: (v if np.ndim(v := getattr(obj, f.name)) == 0 else v[r]) for f in fields(obj)})
 
-    return tuple(StageMemory(memory=at(mem.memory, r), params=at(mem.params, r), in_flight=mem.in_flight[r],
+    return tuple(StageMemory(memory=at(mem.memory, r), params=at(mem.params, r), in_flight=np.asarray(mem.in_flight)[r],
                              other=at(mem.other, r)) for r in range(len(stages)))
 
 

@@ -64,14 +64,14 @@ def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:
     return np.where(inside, nvlink, np.minimum(nvlink, n_local * topo.busbw(span, start=1)))
 
 
-def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
+def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: Num) -> Num:
     """Ring all-reduce time; 0 for a group of one."""
     n = np.asarray(n)
     t = 2.0 * (n - 1) / np.maximum(n, 1) * size_bytes / busbw + 2.0 * np.log2(np.maximum(n, 1)) * alpha_s
     return np.where(n > 1, t, 0.0)
 
 
-def all_gather_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
+def all_gather_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: Num) -> Num:
     """Ring all-gather (or reduce-scatter) time of an S-byte full buffer; 0 for a group of one."""
     n = np.asarray(n)
     t = (n - 1) / np.maximum(n, 1) * size_bytes / busbw + np.log2(np.maximum(n, 1)) * alpha_s
@@ -82,7 +82,7 @@ reduce_scatter_s = all_gather_s
 
 
 def all_to_all_s(
-    cluster: ClusterSpec, size_bytes: Num, n: Num, stride: Num, alpha_s: float
+    cluster: ClusterSpec, size_bytes: Num, n: Num, stride: Num, alpha_s: Num
 ) -> Num:
     """All-to-all of S bytes per rank over a group of n ranks spaced ``stride`` apart.
 
@@ -106,6 +106,6 @@ def all_to_all_s(
     return np.where(n_arr > 1, t + np.log2(n1) * alpha_s, 0.0)
 
 
-def p2p_s(size_bytes: Num, bw: Num, alpha_s: float) -> Num:
+def p2p_s(size_bytes: Num, bw: Num, alpha_s: Num) -> Num:
     """Point-to-point send (or receive) time."""
     return size_bytes / bw + alpha_s

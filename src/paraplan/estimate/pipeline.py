@@ -14,14 +14,12 @@ In-flight micro-batches follow ``get_pp_rank_microbatches`` in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from paraplan.errors import LayoutError
 from paraplan.layout import ParallelLayout
-
-Num = Any
+from paraplan.num import Num
 
 
 @dataclass(frozen=True, slots=True)

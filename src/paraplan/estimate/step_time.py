@@ -22,12 +22,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
+from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
 from paraplan.estimate.pipeline import bubble_frac
 from paraplan.estimate.time import compute, cp, dp, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
-from paraplan.estimate.time.layouts import LayerLayout, StepLayout
 from paraplan.estimate.time.optimizer import optimizer_s
 from paraplan.grid import Grid
 from paraplan.layout import ParallelLayout
@@ -136,7 +136,7 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     parts = list(zip(terms.parts, counts, strict=True))
     compute = sum(n * k.compute_s for k, n in parts)
     recompute = sum(n * k.recompute_s for k, n in parts)
-    links = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
+    links: dict[str, Num] = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
              "cp": sum(n * k.cp_link_s for k, n in parts)}
     attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * k.attn_fwd_s for k, n in parts)
     # logits and loss on the last stage (and per MTP head), embedding on the first

@@ -123,7 +123,7 @@ def block_overhead_s(eff: EfficiencySpec) -> float:
     return HALF_LAYER_SHARE * eff.layer_overhead_s
 
 
-def logits_s(cluster: ClusterSpec, tokens: Num, vocab: int, tp: Num, hidden: int) -> Num:
+def logits_s(cluster: ClusterSpec, tokens: Num, vocab: Num, tp: Num, hidden: int) -> Num:
     """Output layer and loss of one head per micro-batch, forward + backward: the (T x h)(h x V/t)
     GEMM (``GEMM_FWD_BWD_FACTOR``, in BF16: ``OUTPUT_LAYER_FP8``) plus ``LOSS_BYTES_PER_LOGIT``
     per local logit (T V / t, padded vocabulary) at ``hbm_rate``."""

@@ -15,9 +15,9 @@ from typing import Final
 import numpy as np
 
 from paraplan.estimate import comm
+from paraplan.estimate.layouts import StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, param_terms, stage_params
 from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR
-from paraplan.estimate.time.layouts import StepLayout
 from paraplan.grid import Grid
 from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec

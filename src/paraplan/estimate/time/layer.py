@@ -9,9 +9,9 @@ from typing import Final
 import numpy as np
 
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned, attention_score_width
+from paraplan.estimate.layouts import LayerLayout
 from paraplan.estimate.time import compute, cp, ep, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
-from paraplan.estimate.time.layouts import LayerLayout
 from paraplan.grid import Grid
 from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec

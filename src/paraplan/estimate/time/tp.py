@@ -10,7 +10,7 @@ from typing import Final
 import numpy as np
 
 from paraplan.estimate import comm
-from paraplan.estimate.time.layouts import LayerLayout
+from paraplan.estimate.layouts import LayerLayout
 from paraplan.grid import Group
 from paraplan.num import Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec

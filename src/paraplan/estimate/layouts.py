@@ -1,4 +1,4 @@
-"""What the time terms read of a layout, as protocols: a ``ParallelLayout`` (Python scalars), a
+"""What the estimate formulas read of a layout, as protocols: a ``ParallelLayout`` (Python scalars), a
 ``LayoutTable`` (one numpy row per candidate) and, for the per-layer terms, a ``LayerKeyTable``
 (no PP, VP, DP or optimizer columns) all satisfy them."""
 
@@ -30,6 +30,8 @@ class LayerLayout(Protocol):
     def recompute_code(self) -> Int: ...
     @property
     def recompute_modules(self) -> tuple[str, ...]: ...
+    @property
+    def recompute_num_layers(self) -> int: ...
 
 
 class StepLayout(LayerLayout, Protocol):
