@@ -20,6 +20,8 @@ span. All functions are vectorised.
 
 from __future__ import annotations
 
+from typing import Final
+
 import numpy as np
 
 from paraplan.num import Num
@@ -28,6 +30,11 @@ from paraplan.specs.topology import span_in_domain
 
 __all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "p2p_s", "reduce_scatter_s", "ring_busbw",
            "span_in_domain", "tier_busbw", "tier_rates"]
+
+
+ALL_REDUCE_PASSES: Final = 2.0
+"""A ring all-reduce is a reduce-scatter then an all-gather (Thakur et al. 2005): twice the bytes
+and latency steps of either."""
 
 
 def tier_rates(cluster: ClusterSpec) -> tuple[float, ...]:
@@ -67,7 +74,8 @@ def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:
 def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: Num) -> Num:
     """Ring all-reduce time; 0 for a group of one."""
     n = np.asarray(n)
-    t = 2.0 * (n - 1) / np.maximum(n, 1) * size_bytes / busbw + 2.0 * np.log2(np.maximum(n, 1)) * alpha_s
+    t = (ALL_REDUCE_PASSES * (n - 1) / np.maximum(n, 1) * size_bytes / busbw
+         + ALL_REDUCE_PASSES * np.log2(np.maximum(n, 1)) * alpha_s)
     return np.where(n > 1, t, 0.0)
 
 

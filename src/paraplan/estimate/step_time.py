@@ -89,6 +89,7 @@ class StageTerms:
     def take(self, index: NDArray[np.int64]) -> StageTerms:
         """Rows ``index`` of every array field."""
         def pick(v: Num) -> Num:
+            """Rows ``index`` of an array field; a scalar stays."""
             return v if np.ndim(v) == 0 else np.asarray(v)[index]
 
         parts = tuple(LayerKindTerms(**{f.name: pick(getattr(k, f.name)) for f in fields(k)}) for k in self.parts)
@@ -197,11 +198,13 @@ def step_time_from_stages(
     slow = np.argmax(totals, axis=0)
 
     def pick(values: list[Num]) -> Num:
+        """Each layout's value on its slowest stage."""
         arr = np.stack([np.broadcast_to(np.asarray(v, dtype=float), totals.shape[1:]) for v in values])
         out: Num = np.take_along_axis(arr, np.expand_dims(slow, 0), 0)[0] if arr.ndim > 1 else arr[slow]
         return out
 
     def worst(values: list[Num]) -> Num:
+        """Each layout's largest value over the stages."""
         out: Num = np.max(np.stack([np.broadcast_to(np.asarray(v, dtype=float), totals.shape[1:]) for v in values]), 0)
         return out
 
@@ -211,7 +214,7 @@ def step_time_from_stages(
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training.precision) for st in stages]
-    grad, gather, local = (worst([d[i] for d in dps]) for i in range(3))
+    grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
     dp_exposed, dp_link = dp.exposed_and_link_s(layout, grad, gather, eff.dp_overlap_frac * t_stage, m)
     grid = Grid.of(layout)
     p2p = pp.p2p_time_s(cluster, grid.pp_group, pp.p2p_bytes(training.seq_len, layout.mbs, layout.cp,

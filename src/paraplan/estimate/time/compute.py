@@ -16,6 +16,13 @@ from paraplan.num import Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
 
+FLOPS_PER_MAC: Final = 2.0
+"""A multiply-add is two floating-point operations."""
+CAUSAL_SCORE_FLOPS_FACTOR: Final = 2.0
+"""Forward score FLOPs per query token and key token and unit of score width: ``FLOPS_PER_MAC`` x 2
+GEMMs (QK^T, AV) x 1/2 (causal mask: flash attention skips the upper triangle)."""
+UNFUSED_SCORE_FACTOR: Final = 2.0
+"""Unfused attention computes the full s x s scores: twice the causal half."""
 GEMM_FWD_BWD_FACTOR: Final = 3.0
 """Forward + backward GEMM time in forward GEMMs: backward computes dgrad and wgrad, each a GEMM of
 the forward's size (Narayanan et al. 2021, arXiv:2104.04473, section 5.1: 3x forward FLOPs)."""
@@ -66,7 +73,7 @@ def gemm_s(cluster: ClusterSpec, fp8: bool, m: Num, n: Num, k: Num, count: Num =
     """Forward time of ``count`` GEMMs (m x k)(k x n) on one GPU: 2 m n k FLOPs each at
     ``gemm_efficiency`` of the dense BF16 peak, ``fp8_gemm_speedup`` faster in FP8."""
     eff = cluster.gpu.efficiency
-    flops = 2.0 * m * n * k * count
+    flops = FLOPS_PER_MAC * m * n * k * count
     t = flops / (cluster.gpu.peak_bf16_flops_per_s * gemm_efficiency(eff, m, n, k))
     return t / eff.fp8_gemm_speedup if fp8 else t
 
@@ -74,6 +81,12 @@ def gemm_s(cluster: ClusterSpec, fp8: bool, m: Num, n: Num, k: Num, count: Num =
 def hbm_rate(cluster: ClusterSpec) -> float:
     """Achieved HBM bandwidth of element-wise kernels: datasheet x ``hbm_frac``."""
     return cluster.gpu.hbm_bytes_per_s * cluster.gpu.efficiency.hbm_frac
+
+
+def attention_score_flops(mbs: Num, seq_len: int, width: float, cp: Num, tp: Num) -> Num:
+    """Forward FLOPs of the two score GEMMs per rank, causal: ``CAUSAL_SCORE_FLOPS_FACTOR`` x b s^2 w
+    / (c t), w = ``flops.attention_score_width`` (Megatron's ``num_floating_point_operations``)."""
+    return CAUSAL_SCORE_FLOPS_FACTOR * mbs * seq_len ** 2 * width / (cp * tp)
 
 
 def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num) -> Num:
@@ -98,7 +111,7 @@ def unfused_attention_fwd_s(model: ModelSpec, cluster: ClusterSpec, seq_len: int
     s = seq_len
     hd, _ = attention_head_dims(model)
     peak = gpu.peak_bf16_flops_per_s if aligned else gpu.simt_flops_per_s
-    g = 2.0 * score_flops / (peak * gemm_efficiency(eff, s / cp, s, hd))
+    g = UNFUSED_SCORE_FACTOR * score_flops / (peak * gemm_efficiency(eff, s / cp, s, hd))
     scores = mbs * model.num_attention_heads / tp * s * s / cp
     per_score = SOFTMAX_BYTES_PER_SCORE + (DROPOUT_BYTES_PER_SCORE if model.attention_dropout > 0 else 0.0)
     e = scores * per_score / (gpu.hbm_bytes_per_s * eff.hbm_frac)

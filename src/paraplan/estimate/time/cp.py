@@ -18,7 +18,7 @@ from paraplan.specs.model import ModelSpec
 
 CP_RING_PASSES: Final = 3.0
 """Ring passes of the K,V block per layer per micro-batch: 1 forward, 2 backward (K,V and dK,dV)."""
-KV_TENSORS: Final = 2.0
+KV_TENSORS: Final = 2
 """K and V."""
 
 

@@ -13,6 +13,7 @@ from paraplan.estimate.layouts import LayerLayout
 from paraplan.estimate.time import compute, cp, ep, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
 from paraplan.grid import Grid
+from paraplan.layout import RECOMPUTE_CODES
 from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
@@ -23,6 +24,8 @@ FWD_BWD_HALVES: Final = 2.0
 ELEMENTWISE_FWD_BWD_RATIO: Final = 3.0
 """Element-wise traffic forward + backward over forward: backward reads the saved input and the
 output gradient and writes the input gradient, twice the forward's bytes."""
+SWIGLU_FC1_FACTOR: Final = 2
+"""SwiGLU's fc1 produces the gate and the up projection: 2 f output columns (GeLU: f)."""
 SELECTIVE_ELEMENTWISE_DIVISOR: Final = 6.0
 """Selective recompute of ``layernorm`` (or ``moe_act``) re-runs half of the forward element-wise
 traffic (1 / (``ELEMENTWISE_FWD_BWD_RATIO`` x 2) of the layer's): a modelling share, not measured."""
@@ -63,6 +66,11 @@ class LayerTime:
         return np.maximum(self.gpu_s, self.overhead_s) + self.host_sync_s
 
 
+def fc1_width_factor(model: ModelSpec) -> int:
+    """fc1 output columns per unit of FFN width: ``SWIGLU_FC1_FACTOR`` with SwiGLU, else 1."""
+    return SWIGLU_FC1_FACTOR if model.swiglu else 1
+
+
 def _ctx(layout: LayerLayout, training: TrainingSpec) -> tuple[Num, Int, Int]:
     """(tokens per rank s b / c, the sequence-parallel shard, TP)."""
     tokens = training.seq_len * layout.mbs / layout.cp
@@ -90,9 +98,10 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         g = g + gemm_s(cluster, fp8, T, h, a * model.v_head_dim / t)
     else:
         kv_width = model.head_dim * np.maximum(model.query_groups, t)
-        g = gemm_s(cluster, fp8, T, (model.query_width + 2 * kv_width) / t, h)
+        g = gemm_s(cluster, fp8, T, (model.query_width + cp.KV_TENSORS * kv_width) / t, h)
         g = g + gemm_s(cluster, fp8, T, h, model.query_width / t)
-    score_flops = 2.0 * layout.mbs * training.seq_len ** 2 * attention_score_width(model) / (layout.cp * t)
+    score_flops = compute.attention_score_flops(layout.mbs, training.seq_len, attention_score_width(model),
+                                                layout.cp, t)
     aligned = attention_heads_tensor_core_aligned(model)
     if training.attention_backend == "flash" and aligned:
         attn = compute.flash_attention_fwd_s(cluster, score_flops)
@@ -113,7 +122,7 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     fp8 = training.precision == "fp8"
     T, sh, t = _ctx(layout, training)
     h = model.hidden_size
-    gate = 2 if model.swiglu else 1
+    gate = fc1_width_factor(model)
     g = gemm_s(cluster, fp8, T, ffn * gate / t, h) + gemm_s(cluster, fp8, T, h, ffn / t)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t) / compute.hbm_rate(cluster)
@@ -130,7 +139,7 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     fp8 = training.precision == "fp8"
     T, sh, t = _ctx(layout, training)
     h, e, k, fe = model.hidden_size, model.num_experts, model.moe_router_topk, model.moe_ffn
-    gate = 2 if model.swiglu else 1
+    gate = fc1_width_factor(model)
     te = T * k * layout.etp / t
     local = e / layout.ep
     m_e = te / local
@@ -194,4 +203,5 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
     sel = sel + lt.elementwise_s / SELECTIVE_ELEMENTWISE_DIVISOR * (("layernorm" in modules)
                                                                     or (moe and "moe_act" in modules))
-    return np.where(layout.recompute_code == 2, full, np.where(layout.recompute_code == 1, sel, 0.0))
+    return np.where(layout.recompute_code == RECOMPUTE_CODES["full"], full,
+                    np.where(layout.recompute_code == RECOMPUTE_CODES["selective"], sel, 0.0))
