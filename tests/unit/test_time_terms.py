@@ -17,7 +17,7 @@ from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import load_gpu, load_model
 from paraplan.specs.training import TrainingSpec
 
-TERM_FILES = sorted(Path(time_pkg.__file__).parent.glob("*.py")) + [Path(step_time.__file__), Path(comm.__file__)]
+TERM_FILES = [*sorted(Path(time_pkg.__file__).parent.glob("*.py")), Path(step_time.__file__), Path(comm.__file__)]
 
 
 def _bare_literals(fn: ast.AST) -> list[tuple[int, object]]:
