@@ -140,3 +140,15 @@ def test_gpu_file_and_cli_topology(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main([*args, "--gpu-set", "topology.spine.oversubscription=0"]) == 1
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "oversubscription must be a finite number >= 1" in err
+
+
+def test_tier_latency_defaults_to_the_collective_latency() -> None:
+    tiers = [{"name": "nvlink"}, {"name": "leaf", "size_gpus": 256}, {"name": "spine", "latency_s": 3e-5}]
+    c = h100(2048, tiers)
+    alpha = c.gpu.efficiency.collective_latency_s
+    spans = np.array([8, 256, 2048])
+    assert comm.tier_latency_s(c, spans).tolist() == [alpha, alpha, 3e-5]
+    # a send across the spine pays the spine's latency
+    assert float(comm.p2p_s(0.0, 1.0, comm.tier_latency_s(c, np.array(2048)))) == 3e-5
+    with pytest.raises(SpecError, match="latency_s must be a finite number >= 0"):
+        override_gpu(c.gpu, {"topology.spine.latency_s": -1})

@@ -29,7 +29,7 @@ from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.topology import span_in_domain
 
 __all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "p2p_s", "reduce_scatter_s", "ring_busbw",
-           "span_in_domain", "tier_busbw", "tier_rates"]
+           "span_in_domain", "tier_busbw", "tier_latency_s", "tier_rates"]
 
 
 ALL_REDUCE_PASSES: Final = 2.0
@@ -47,6 +47,11 @@ def tier_busbw(cluster: ClusterSpec, span: Num) -> Num:
     """Per-GPU bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks: the
     innermost tier whose domain holds the span."""
     return cluster.topology.busbw(span)
+
+
+def tier_latency_s(cluster: ClusterSpec, span: Num) -> Num:
+    """Latency per collective step (alpha) of the tier a group spanning ``span`` ranks runs on."""
+    return cluster.topology.latency_s(span)
 
 
 def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:

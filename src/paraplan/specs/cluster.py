@@ -195,7 +195,8 @@ class ClusterSpec:
         gpu, eff = self.gpu, self.gpu.efficiency
         return resolve_topology(gpu.topology, nvlink_block_gpus=self.nvlink_block_gpus, num_gpus=self.num_gpus,
                                 nvlink_bytes_per_s=gpu.nvlink_bytes_per_s, network_bytes_per_s=gpu.network_bytes_per_s,
-                                nvlink_bus_frac=eff.nvlink_bus_frac, network_bus_frac=eff.network_bus_frac)
+                                nvlink_bus_frac=eff.nvlink_bus_frac, network_bus_frac=eff.network_bus_frac,
+                                collective_latency_s=eff.collective_latency_s)
 
 
 def make_cluster(gpu: GpuSpec, num_gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:

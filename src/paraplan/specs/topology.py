@@ -18,7 +18,8 @@ under a 4:1 spine::
 
 Fields left out inherit: the first tier's size is the NVLink domain and its rate the NVLink rate,
 the second tier's rate the network rate, later tiers the rate of the tier inside them; bus
-fractions are the efficiency's ``nvlink_bus_frac`` (first tier) and ``network_bus_frac``.
+fractions are the efficiency's ``nvlink_bus_frac`` (first tier) and ``network_bus_frac``, latencies
+its ``collective_latency_s``.
 The last tier reaches every GPU of the job (no ``size_gpus``).
 """
 
@@ -38,7 +39,7 @@ from paraplan.num import Num
 
 FloatArray = NDArray[np.float64]
 
-TIER_FIELDS: Final = ("name", "size_gpus", "bytes_per_s", "bus_frac", "oversubscription")
+TIER_FIELDS: Final = ("name", "size_gpus", "bytes_per_s", "bus_frac", "oversubscription", "latency_s")
 """Fields of a tier in a GPU file (``gbyte_per_s`` / ``gbit_per_s`` may replace bytes_per_s)."""
 
 
@@ -58,6 +59,9 @@ class TierSpec:
     """NCCL bus bandwidth / line rate on this tier."""
     oversubscription: float = 1.0
     """Downlink : uplink ratio of the switches that join this tier's domains (1 = non-blocking)."""
+    latency_s: float | None = None
+    """Latency per collective step on this tier (alpha); None: the efficiency's
+    ``collective_latency_s``."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -68,6 +72,8 @@ class TierSpec:
             raise SpecError(f"bytes_per_s must be a finite number > 0, got {self.bytes_per_s}")
         if self.bus_frac is not None and not 0 < self.bus_frac <= 1:
             raise SpecError(f"bus_frac must be in (0, 1], got {self.bus_frac}")
+        if self.latency_s is not None and not 0 <= self.latency_s < math.inf:
+            raise SpecError(f"latency_s must be a finite number >= 0, got {self.latency_s}")
         if not 1 <= self.oversubscription < math.inf:
             raise SpecError(f"oversubscription must be a finite number >= 1, got {self.oversubscription}")
 
@@ -117,6 +123,8 @@ class Tier:
     """Consecutive ranks known to share one domain of this tier (the last tier: the world)."""
     busbw_bytes_per_s: float
     """Line rate x bus fraction / oversubscription, per GPU per direction."""
+    latency_s: float
+    """Latency per collective step (alpha of the alpha-beta model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +143,13 @@ class Topology:
         out: FloatArray = np.asarray(np.full(np.shape(span), self.tiers[-1].busbw_bytes_per_s))
         for t in reversed(self.tiers[start:-1]):
             out = np.where(span_in_domain(span, t.block_gpus), t.busbw_bytes_per_s, out)
+        return out
+
+    def latency_s(self, span: Num) -> FloatArray:
+        """Collective latency of the innermost tier holding ``span`` ranks."""
+        out: FloatArray = np.asarray(np.full(np.shape(span), self.tiers[-1].latency_s))
+        for t in reversed(self.tiers[:-1]):
+            out = np.where(span_in_domain(span, t.block_gpus), t.latency_s, out)
         return out
 
     def peers_within(self, n: Num, stride: Num, tier: Tier) -> FloatArray:
@@ -176,7 +191,7 @@ def scale_up_block_gpus(nvlink_domain_size: int, gpus_per_node: int, num_gpus: i
 
 def resolve_topology(tiers: Sequence[TierSpec], *, nvlink_block_gpus: int, num_gpus: int,
                      nvlink_bytes_per_s: float, network_bytes_per_s: float,
-                     nvlink_bus_frac: float, network_bus_frac: float) -> Topology:
+                     nvlink_bus_frac: float, network_bus_frac: float, collective_latency_s: float) -> Topology:
     """The job's tiers: ``tiers`` with inherited fields filled in, or the two tiers (NVLink domain,
     network) of a GPU that lists none. A middle tier's block is its size, or the job when the job
     fits in one of its domains (the scheduler places it there, as in one NVL72 rack)."""
@@ -192,5 +207,7 @@ def resolve_topology(tiers: Sequence[TierSpec], *, nvlink_block_gpus: int, num_g
             block = num_gpus
         else:
             block = min(t.size_gpus, num_gpus)
-        out.append(Tier(name=t.name, block_gpus=block, busbw_bytes_per_s=rate * frac / t.oversubscription))
+        alpha = t.latency_s if t.latency_s is not None else collective_latency_s
+        out.append(Tier(name=t.name, block_gpus=block, busbw_bytes_per_s=rate * frac / t.oversubscription,
+                        latency_s=alpha))
     return Topology(tiers=tuple(out))

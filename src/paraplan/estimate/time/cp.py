@@ -37,7 +37,7 @@ def ring_link_s(cluster: ClusterSpec, group: Group, kv_bytes: Num) -> Num:
     """CP link time of one layer per micro-batch: ``CP_RING_PASSES`` x (c - 1) sends of the K,V
     block on the tier the CP group spans (0 without CP)."""
     bw = comm.tier_busbw(cluster, group.span)
-    link = CP_RING_PASSES * (group.size - 1) * comm.p2p_s(kv_bytes, bw, cluster.gpu.efficiency.collective_latency_s)
+    link = CP_RING_PASSES * (group.size - 1) * comm.p2p_s(kv_bytes, bw, comm.tier_latency_s(cluster, group.span))
     return np.where(group.size > 1, link, 0.0)
 
 

@@ -44,6 +44,10 @@ class DpGroups:
     n_exp: Int
     bw_d: Num
     bw_e: Num
+    alpha_d: Num
+    """Latency per step on the dense group's tier."""
+    alpha_e: Num
+    """Latency per step on the expert group's tier."""
 
 
 def dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, max_positions: int,
@@ -56,7 +60,8 @@ def dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, max_po
         params=params if params is not None else param_terms(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
                                                              etp=layout.etp, max_positions=max_positions),
         n_dense=dense.size, n_exp=expert.size, bw_d=comm.ring_busbw(cluster, dense.size, dense.stride),
-        bw_e=comm.ring_busbw(cluster, expert.size, expert.stride))
+        bw_e=comm.ring_busbw(cluster, expert.size, expert.stride),
+        alpha_d=comm.tier_latency_s(cluster, dense.span), alpha_e=comm.tier_latency_s(cluster, expert.span))
 
 
 def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: StageLayers,
@@ -66,20 +71,18 @@ def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: 
     Reduce: reduce-scatter (distributed optimizer) or all-reduce (DDP) of the stage's gradients
     (``grad_bytes_per_param``); gather: all-gather of its bf16 parameters (distributed optimizer
     only); one latency term per ``DDP_BUCKET_PARAMS`` bucket; dense and expert groups in turn."""
-    eff = cluster.gpu.efficiency
     gb = grad_bytes_per_param(precision)
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                      max_positions=max_positions, terms=groups.params)
     n_dense, n_exp, bw_d, bw_e = groups.n_dense, groups.n_exp, groups.bw_d, groups.bw_e
-    alpha = eff.collective_latency_s
     buckets_d = np.ceil(p.dense / DDP_BUCKET_PARAMS)
     buckets_e = np.ceil(p.expert / DDP_BUCKET_PARAMS)
-    rs = (comm.reduce_scatter_s(gb * p.dense, n_dense, bw_d, alpha * buckets_d)
-          + comm.reduce_scatter_s(gb * p.expert, n_exp, bw_e, alpha * buckets_e))
-    ag = (comm.all_gather_s(PARAM_GATHER_BYTES_PER_PARAM * p.dense, n_dense, bw_d, alpha * buckets_d)
-          + comm.all_gather_s(PARAM_GATHER_BYTES_PER_PARAM * p.expert, n_exp, bw_e, alpha * buckets_e))
-    ar = (comm.all_reduce_s(gb * p.dense, n_dense, bw_d, alpha * buckets_d)
-          + comm.all_reduce_s(gb * p.expert, n_exp, bw_e, alpha * buckets_e))
+    rs = (comm.reduce_scatter_s(gb * p.dense, n_dense, bw_d, groups.alpha_d * buckets_d)
+          + comm.reduce_scatter_s(gb * p.expert, n_exp, bw_e, groups.alpha_e * buckets_e))
+    ag = (comm.all_gather_s(PARAM_GATHER_BYTES_PER_PARAM * p.dense, n_dense, bw_d, groups.alpha_d * buckets_d)
+          + comm.all_gather_s(PARAM_GATHER_BYTES_PER_PARAM * p.expert, n_exp, bw_e, groups.alpha_e * buckets_e))
+    ar = (comm.all_reduce_s(gb * p.dense, n_dense, bw_d, groups.alpha_d * buckets_d)
+          + comm.all_reduce_s(gb * p.expert, n_exp, bw_e, groups.alpha_e * buckets_e))
     grad = np.where(layout.dist_opt, rs, ar)
     gather = np.where(layout.dist_opt, ag, 0.0)
     local = np.where(layout.dist_opt, p.dense / n_dense + p.expert / n_exp, p.total)

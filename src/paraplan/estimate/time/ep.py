@@ -23,10 +23,9 @@ def all_to_all_link_s(cluster: ClusterSpec, group: Group, routed_tokens: Num, hi
     """EP link time of one MoE layer per micro-batch: ``EP_ALL_TO_ALLS_PER_LAYER`` all-to-alls of
     the bf16 routed token copies (T k ETP/TP of them per rank) over the EP group
     (``comm.all_to_all_s``: each peer on the tier it shares with the sender)."""
-    eff = cluster.gpu.efficiency
     return EP_ALL_TO_ALLS_PER_LAYER * comm.all_to_all_s(
         cluster, ACTIVATION_BYTES_PER_ELEMENT * routed_tokens * hidden, group.size, group.stride,
-        eff.collective_latency_s)
+        comm.tier_latency_s(cluster, group.span))
 
 
 def etp_link_s(cluster: ClusterSpec, group: Group, routed_tokens: Num, hidden: int) -> Num:

@@ -29,7 +29,7 @@ def p2p_bytes(seq_len: int, mbs: Int, cp: Int, hidden: int, sp_shard: Num) -> Nu
 
 def p2p_time_s(cluster: ClusterSpec, group: Group, size_bytes: Num) -> Num:
     """One send on the tier the pipeline group spans (``comm.p2p_s``)."""
-    return comm.p2p_s(size_bytes, comm.tier_busbw(cluster, group.span), cluster.gpu.efficiency.collective_latency_s)
+    return comm.p2p_s(size_bytes, comm.tier_busbw(cluster, group.span), comm.tier_latency_s(cluster, group.span))
 
 
 def link_s(pp: Int, vp: Int, num_microbatches: Num, p2p_s: Num) -> Num:

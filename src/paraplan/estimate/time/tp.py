@@ -27,10 +27,9 @@ OUTPUT_TP_COLLECTIVES: Final = 2.0
 def collective_s(cluster: ClusterSpec, group: Group, tokens: Num, hidden: int, count: float) -> Num:
     """``count`` ring all-gathers (or reduce-scatters, the same cost) of the full bf16 activation
     tokens x h over ``group`` (``comm.all_gather_s`` at the group's ring bus bandwidth)."""
-    eff = cluster.gpu.efficiency
     busbw = comm.ring_busbw(cluster, group.size, group.stride)
     return count * comm.all_gather_s(ACTIVATION_BYTES_PER_ELEMENT * tokens * hidden, group.size, busbw,
-                                     eff.collective_latency_s)
+                                     comm.tier_latency_s(cluster, group.span))
 
 
 def block_link_s(cluster: ClusterSpec, group: Group, tokens: Num, hidden: int) -> Num:
