@@ -152,3 +152,20 @@ def test_tier_latency_defaults_to_the_collective_latency() -> None:
     assert float(comm.p2p_s(0.0, 1.0, comm.tier_latency_s(c, np.array(2048)))) == 3e-5
     with pytest.raises(SpecError, match="latency_s must be a finite number >= 0"):
         override_gpu(c.gpu, {"topology.spine.latency_s": -1})
+
+
+def test_profile_changes_a_tier(tmp_path: Path) -> None:
+    from paraplan.cli.options import resolve_gpu
+
+    prof = tmp_path / "p.yaml"
+    prof.write_text("gpu: h100-80gb\nefficiency: {gemm_max_frac: 0.7}\ntopology: {network: {oversubscription: 2}}\n")
+    gpu = resolve_gpu("h100-80gb", None, str(prof))
+    assert gpu.efficiency.gemm_max_frac == 0.7
+    assert comm.tier_rates(make_cluster(gpu, 64)) == pytest.approx((NVLINK_BUSBW, NIC_BUSBW / 2))
+    prof.write_text("gpu: h100-80gb\nefficiency: {}\ntopology: [{name: nvlink}, {name: leaf, size_gpus: 256}, "
+                    "{name: spine, oversubscription: 4}]\n")
+    assert comm.tier_rates(make_cluster(resolve_gpu("h100-80gb", None, str(prof)), 2048))[2] == pytest.approx(
+        NIC_BUSBW / 4)
+    prof.write_text("gpu: h100-80gb\nefficiency: {}\ntopology: {spine: {oversubscription: 4}}\n")
+    with pytest.raises(SpecError, match="no tier 'spine'"):
+        resolve_gpu("h100-80gb", None, str(prof))

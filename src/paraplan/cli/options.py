@@ -112,9 +112,9 @@ def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> Gpu
     """The GPU preset or file, with a calibrated profile's efficiencies, then --gpu-set overrides."""
     gpu_spec = load_gpu(gpu)
     if profile:
-        from paraplan.specs.profile import load_profile
+        from paraplan.specs.profile import profile_overrides
 
-        gpu_spec = override_gpu(gpu_spec, {"efficiency": load_profile(profile, gpu_spec.name)})
+        gpu_spec = override_gpu(gpu_spec, profile_overrides(profile, gpu_spec.name))
     return override_gpu(gpu_spec, parse_overrides(gpu_set))
 
 

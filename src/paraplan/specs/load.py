@@ -303,13 +303,13 @@ def _set_tier_field(current: dict[str, Any], key: str, value: Any) -> None:
     GPU without tiers gets its two (nvlink, network) first."""
     parts = key.split(".")
     if len(parts) != 3:
-        raise SpecError(f"--gpu-set {key}: expected topology.<tier>.<field> (fields: {', '.join(TIER_FIELDS)}, "
+        raise SpecError(f"gpu.{key}: expected topology.<tier>.<field> (fields: {', '.join(TIER_FIELDS)}, "
                         "gbyte_per_s, gbit_per_s)")
     _, name, fname = parts
     tiers = current["topology"] = current.get("topology") or [{"name": "nvlink"}, {"name": "network"}]
     match = [t for t in tiers if t.get("name") == name]
     if not match:
-        raise SpecError(f"--gpu-set {key}: no tier '{name}' (tiers: {', '.join(str(t.get('name')) for t in tiers)})")
+        raise SpecError(f"gpu.{key}: no tier '{name}' (tiers: {', '.join(str(t.get('name')) for t in tiers)})")
     if fname in _HUMAN_TIER_KEYS or fname == "bytes_per_s":
         match[0].pop("bytes_per_s", None)
     match[0][fname] = value
