@@ -168,11 +168,14 @@ def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec)
     if model.is_moe and layout.ep > 1 and layout.tp > 1 and not layout.sp:
         notes.append("When using expert parallelism and tensor parallelism for training, sequence "
                      "parallelism must be used (Megatron warning)")
-    if layout.tp * layout.cp > cluster.nvlink_domain_size:
-        notes.append(f"TP x CP = {layout.tp * layout.cp} spans more than one NVLink domain "
+    from paraplan.grid import Grid
+
+    grid = Grid.of(layout)
+    if grid.cp_group.span > cluster.nvlink_domain_size:
+        notes.append(f"TP x CP = {grid.cp_group.span} spans more than one NVLink domain "
                      f"({cluster.nvlink_domain_size} GPUs): CP traffic crosses the network")
-    if layout.ep * layout.etp > cluster.nvlink_domain_size:
-        notes.append(f"EP x ETP = {layout.ep * layout.etp} spans more than one NVLink domain: "
+    if grid.ep_group.span > cluster.nvlink_domain_size:
+        notes.append(f"EP x ETP = {grid.ep_group.span} spans more than one NVLink domain: "
                      "expert all-to-all crosses the network")
     return notes
 

@@ -18,6 +18,7 @@ from typing import Any
 from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.estimator import Estimate, config_dict, estimate
 from paraplan.explain import Finding
+from paraplan.grid import Grid
 from paraplan.ingest import RunLog
 from paraplan.layout import ParallelLayout
 from paraplan.search import Plan, SearchSpace, plan
@@ -99,7 +100,7 @@ class Comparison:
 
 def _stage_memory(est: Estimate, log: RunLog, notes: list[str]) -> tuple[StageMemory, ...]:
     lay = est.layout
-    per_stage, world = lay.tp * lay.cp * lay.dp, lay.world_size
+    per_stage, world = int(Grid.of(lay).pp_group.stride), lay.world_size  # ranks of one pipeline stage
     by_stage: dict[int, list[tuple[int, float, float | None]]] = {}
     for m in log.memory:
         rank = m.rank if m.rank is not None else (world - 1 if m.fmt == "tensorboard" else None)

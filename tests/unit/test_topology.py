@@ -169,3 +169,13 @@ def test_profile_changes_a_tier(tmp_path: Path) -> None:
     prof.write_text("gpu: h100-80gb\nefficiency: {}\ntopology: {spine: {oversubscription: 4}}\n")
     with pytest.raises(SpecError, match="no tier 'spine'"):
         resolve_gpu("h100-80gb", None, str(prof))
+
+
+def test_plan_json_keeps_the_tiers(tmp_path: Path) -> None:
+    from paraplan.serialize import inputs_dict, load_plan, save_plan
+
+    model, training = load_model("llama3-8b"), TrainingSpec(seq_len=4096, global_batch_size=256)
+    assert "topology" not in inputs_dict(model, h100(256), training)["gpu"]  # as before tiers existed
+    p = plan(model, h100(512, LEAF_SPINE), training, top_k=1)
+    save_plan(p, tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").cluster.topology == p.cluster.topology
