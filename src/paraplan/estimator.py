@@ -100,7 +100,7 @@ def placement_dict(layout: ParallelLayout, cluster: ClusterSpec) -> dict[str, An
     """Which parallel groups stay inside one NVLink domain (rank order tp-cp-ep-dp-pp): a group
     spaced ``stride`` ranks apart spans stride x size ranks; outside the domain it runs on the
     network and is costed there."""
-    from paraplan.grid import RANK_ORDER, Grid
+    from paraplan.specs.grid import RANK_ORDER, Grid
     from paraplan.specs.topology import span_in_domain
 
     grid = Grid.of(layout)
@@ -168,7 +168,7 @@ def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec)
     if model.is_moe and layout.ep > 1 and layout.tp > 1 and not layout.sp:
         notes.append("When using expert parallelism and tensor parallelism for training, sequence "
                      "parallelism must be used (Megatron warning)")
-    from paraplan.grid import Grid
+    from paraplan.specs.grid import Grid
 
     grid = Grid.of(layout)
     if grid.cp_group.span > cluster.nvlink_domain_size:

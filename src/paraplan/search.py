@@ -28,10 +28,10 @@ from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_count
 from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
-from paraplan.grid import Grid
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 

@@ -18,10 +18,10 @@ from typing import Any
 from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.estimator import Estimate, config_dict, estimate
 from paraplan.explain import Finding
-from paraplan.grid import Grid
 from paraplan.ingest import RunLog
 from paraplan.layout import ParallelLayout
 from paraplan.search import Plan, SearchSpace, plan
+from paraplan.specs.grid import Grid
 from paraplan.units import GIB, TFLOP
 
 # Thresholds of the rules (tuning-method.md 7 names no numbers; these are the usual rules of thumb).

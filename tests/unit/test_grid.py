@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 import pytest
 
-from paraplan.grid import DENSE_ORDER, EXPERT_ORDER, RANK_ORDER, Axis, Grid
 from paraplan.layout import LayoutTable, ParallelLayout
+from paraplan.specs.grid import DENSE_ORDER, EXPERT_ORDER, RANK_ORDER, Axis, Grid
 
 
 def megatron_groups(world: int, sizes: list[int], mask: list[bool]) -> list[list[int]]:

@@ -12,9 +12,9 @@ from paraplan.cli import main
 from paraplan.errors import SpecError
 from paraplan.estimate import comm
 from paraplan.estimator import estimate
-from paraplan.grid import Grid
 from paraplan.search import plan
 from paraplan.specs.cluster import ClusterSpec, make_cluster
+from paraplan.specs.grid import Grid
 from paraplan.specs.load import load_gpu, load_model, override_gpu
 from paraplan.specs.training import TrainingSpec
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paraplan.num import Bool, Num
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Bool, Num
 
 BF16_BYTES = 2.0
 FP8_BYTES = 1.0

@@ -12,7 +12,7 @@ algorithms when latency dominates, so a ring's (n-1)*alpha over-states large gro
 S is the full (unsharded) buffer size, busbw the per-GPU bus bandwidth of the tier the group
 runs on: NVLink when the group's ranks lie in one NVLink domain, else the network.
 
-Placement follows Megatron-Core's rank order (``paraplan.grid``): a group whose members are
+Placement follows Megatron-Core's rank order (``paraplan.specs.grid``): a group whose members are
 spaced ``stride`` ranks apart spans ``stride * size`` consecutive ranks, and runs on the
 innermost tier of the job's ``Topology`` (``paraplan.specs.topology``) whose domain holds that
 span. All functions are vectorised.
@@ -24,8 +24,8 @@ from typing import Final
 
 import numpy as np
 
-from paraplan.num import Num
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.num import Num
 from paraplan.specs.topology import span_in_domain
 
 __all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "p2p_s", "reduce_scatter_s", "ring_busbw",

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from paraplan.estimate.params import padded_vocab
-from paraplan.num import Num
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Num
 
 
 def _layer_counts(model: ModelSpec) -> tuple[int, int, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from paraplan.num import Bool, Int
+from paraplan.specs.num import Bool, Int
 
 
 class LayerLayout(Protocol):

@@ -25,8 +25,8 @@ from paraplan.estimate.flops import attention_heads_tensor_core_aligned
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, StageParams, padded_vocab, stage_params
 from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
-from paraplan.num import Num
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Num
 from paraplan.specs.training import (
     FP16_MAIN_GRAD_BYTES,
     GRAD_BYTES,

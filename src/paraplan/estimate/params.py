@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 from numpy.typing import NDArray
 
-from paraplan.num import Num
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Num
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import numpy as np
 
 from paraplan.errors import LayoutError
 from paraplan.layout import ParallelLayout
-from paraplan.num import Num
+from paraplan.specs.num import Num
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ Each term is a named function with its formula and source: compute (``time.compu
 in ``time.layer``), TP (``time.tp``), CP (``time.cp``), EP (``time.ep``), PP (``time.pp``), DP
 (``time.dp``), optimizer (``time.optimizer``); the bubble is the schedule's
 (``estimate.pipeline``); ``step_overhead_s`` is calibrated (``EfficiencySpec``). Collectives run
-on the tier their group spans (``paraplan.grid``, ``paraplan.specs.topology``). All formulas
+on the tier their group spans (``paraplan.specs.grid``, ``paraplan.specs.topology``). All formulas
 are vectorised (layout fields may be numpy arrays), see docs/model.md.
 """
 
@@ -29,11 +29,11 @@ from paraplan.estimate.time import compute, cp, dp, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import optimizer_s
-from paraplan.grid import Grid
 from paraplan.layout import ParallelLayout
-from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Int, Num
 from paraplan.specs.training import TrainingSpec
 from paraplan.units import TFLOP
 

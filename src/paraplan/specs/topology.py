@@ -4,7 +4,7 @@ Each tier is a domain of ``size_gpus`` consecutive ranks whose GPUs reach each o
 ``bytes_per_s`` per GPU per direction (line rate), times NCCL's bus fraction, divided by the
 tier's oversubscription (a spine with 4:1 oversubscribed uplinks gives each GPU a quarter of its
 NIC when every GPU crosses it at once). A parallel group runs on the innermost tier whose domain
-holds its rank span (``paraplan.grid``; ``span_in_domain``).
+holds its rank span (``paraplan.specs.grid``; ``span_in_domain``).
 
 A GPU preset (or file) with only ``nvlink_gbyte_per_s`` / ``network_gbit_per_s`` has two tiers:
 the NVLink domain and the network. ``topology:`` in a GPU file, or ``--gpu-set
@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
-from paraplan.num import Num
+from paraplan.specs.num import Num
 
 FloatArray = NDArray[np.float64]
 

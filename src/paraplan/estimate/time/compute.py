@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Final
 
 from paraplan.estimate.flops import attention_head_dims
-from paraplan.num import Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Num
 
 FLOPS_PER_MAC: Final = 2.0
 """A multiply-add is two floating-point operations."""

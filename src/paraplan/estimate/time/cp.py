@@ -11,10 +11,10 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.time.tp import ACTIVATION_BYTES_PER_ELEMENT
-from paraplan.grid import Group
-from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
+from paraplan.specs.grid import Group
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Int, Num
 
 CP_RING_PASSES: Final = 3.0
 """Ring passes of the K,V block per layer per micro-batch: 1 forward, 2 backward (K,V and dK,dV)."""

@@ -18,10 +18,10 @@ from paraplan.estimate import comm
 from paraplan.estimate.layouts import StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, param_terms, stage_params
 from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR
-from paraplan.grid import Grid
-from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Int, Num
 from paraplan.specs.training import grad_bytes_per_param
 
 DDP_BUCKET_PARAMS: Final = 40_000_000

@@ -11,9 +11,9 @@ import numpy as np
 from paraplan.estimate import comm
 from paraplan.estimate.time import tp
 from paraplan.estimate.time.tp import ACTIVATION_BYTES_PER_ELEMENT
-from paraplan.grid import Group
-from paraplan.num import Num
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.grid import Group
+from paraplan.specs.num import Num
 
 EP_ALL_TO_ALLS_PER_LAYER: Final = 4.0
 """Dispatch and combine, forward and backward."""

@@ -12,11 +12,11 @@ from paraplan.estimate.flops import attention_heads_tensor_core_aligned, attenti
 from paraplan.estimate.layouts import LayerLayout
 from paraplan.estimate.time import compute, cp, ep, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
-from paraplan.grid import Grid
 from paraplan.layout import RECOMPUTE_CODES
-from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
+from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Int, Num
 from paraplan.specs.training import TrainingSpec
 
 FWD_BWD_HALVES: Final = 2.0

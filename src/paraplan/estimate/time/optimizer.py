@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Final
 
 from paraplan.estimate.time.compute import hbm_rate
-from paraplan.num import Num
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.num import Num
 
 OPTIMIZER_BYTES_PER_PARAM: Final = 34.0
 """Adam step per local parameter: read grad 4 + master/m/v 12, write master/m/v 12 + bf16 param 2,

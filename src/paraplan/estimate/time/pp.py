@@ -10,9 +10,9 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.time.tp import ACTIVATION_BYTES_PER_ELEMENT
-from paraplan.grid import Group
-from paraplan.num import Int, Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
+from paraplan.specs.grid import Group
+from paraplan.specs.num import Int, Num
 
 SENDS_PER_CHUNK: Final = 2.0
 """Per micro-batch and model chunk: the activation forward and its gradient backward."""

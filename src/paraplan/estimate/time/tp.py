@@ -11,9 +11,9 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.layouts import LayerLayout
-from paraplan.grid import Group
-from paraplan.num import Num
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
+from paraplan.specs.grid import Group
+from paraplan.specs.num import Num
 
 ACTIVATION_BYTES_PER_ELEMENT: Final = 2.0
 """Activations, their gradients and the weights cross the wire in bf16 (2 bytes)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Protocol
 
-from paraplan.num import Int
+from paraplan.specs.num import Int
 
 
 class Axis(StrEnum):
