@@ -114,14 +114,14 @@ class GpuSpec:
     """Datasheets / measurements the numbers come from."""
     notes: str = ""
     """How numbers were converted (per direction, dense, GiB)."""
+    topology: tuple[TierSpec, ...] = ()
+    """Network tiers from the NVLink domain outwards (``paraplan.specs.topology``); empty: two
+    tiers, NVLink domain and network, from the rates above."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
     efficiency_calibrated: bool = True
     """False when ``efficiency`` is EfficiencySpec's defaults, fitted to no run on this GPU (MI300X):
     time figures are then indicative and estimates say so."""
-    topology: tuple[TierSpec, ...] = ()
-    """Network tiers from the NVLink domain outwards (``paraplan.specs.topology``); empty: two
-    tiers, NVLink domain and network, from the rates above."""
 
     @property
     def simt_flops_per_s(self) -> float:
