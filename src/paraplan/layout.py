@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.errors import SpecError
+from paraplan.schedules import schedule_named
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: Final[dict[str, int]] = {"none": 0, "selective": 1, "full": 2}
@@ -80,6 +81,8 @@ class ParallelLayout:
     pipeline_layout: tuple[int, ...] = ()
     """Decoder layers per virtual stage, in Megatron's virtual-stage order (chunk-major), as
     ``--pipeline-model-parallel-layout`` expresses it; () = derived from the options above."""
+    schedule: str = ""
+    """Pipeline schedule (``paraplan.schedules`` name); "" = Megatron's choice from VP."""
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "vp", "cp", "ep", "dp", "mbs", "recompute_num_layers"):
@@ -99,6 +102,8 @@ class ParallelLayout:
             raise SpecError(
                 f"recompute_modules: unknown {', '.join(unknown)}; allowed: {', '.join(RECOMPUTE_MODULES)}"
             )
+        if self.schedule:
+            schedule_named(self.schedule)  # SpecError naming the allowed schedules
 
     # Attributes shared with LayoutTable (what the formulas read) -------------------------
     @property
@@ -151,6 +156,8 @@ class ParallelLayout:
             parts.append("fsdp")
         elif not self.distributed_optimizer:
             parts.append("no-distopt")
+        if self.schedule:
+            parts.append(self.schedule)
         return " ".join(parts)
 
 
@@ -201,6 +208,8 @@ class LayoutTable:
     pipeline_layouts: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
     """Balanced per-virtual-stage layer counts for (pp, vp) pairs whose layers do not divide
     evenly (``--pipeline-model-parallel-layout``); rows with those pairs use them."""
+    schedule: str = ""
+    """Pipeline schedule of every row (``ParallelLayout.schedule``)."""
 
     @property
     def uneven(self) -> BoolArray:
@@ -250,6 +259,7 @@ class LayoutTable:
             overlap_param_gather=bool(self.overlap_param_gather[i]),
             tp_comm_overlap=bool(self.tp_comm_overlap[i]),
             pipeline_layout=self.pipeline_layouts.get((int(self.pp[i]), int(self.vp[i])), ()),
+            schedule=self.schedule,
         )
 
     def take(self, index: NDArray[np.int64] | BoolArray) -> LayoutTable:
@@ -280,6 +290,7 @@ class LayoutTable:
             tp_comm_overlap=col("tp_comm_overlap", np.bool_),  # type: ignore[arg-type]
             recompute_modules=first.recompute_modules,
             recompute_num_layers=first.recompute_num_layers,
+            schedule=first.schedule,
         )
 
 

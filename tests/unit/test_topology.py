@@ -92,13 +92,16 @@ def test_gpu_set_changes_one_tier() -> None:
     ({"topology": [{"name": "nvlink"}, {"name": "n"}], "topology.spine.oversubscription": 4},
      "no tier 'spine' (tiers: nvlink, n)"),
     ({"topology.x": 4}, "expected topology.<tier>.<field>"),
-    ({"topology": 5}, "gpu.topology: expected a list of tiers"),
+    ({"topology": 5}, "gpu.topology: expected a list of at most 8 tiers"),
+    ({"topology": [{"name": f"t{i}"} for i in range(9)]}, "gpu.topology: expected a list of at most 8 tiers"),
+    ({"topology": [{"name": "nvlink"}, {"name": "x" * 5000}]}, "tier name must be 1 to 32 letters"),
+    ({"topology": [{"name": "nvlink"}, {"name": "n"}], "topology." + "y" * 5000 + ".size_gpus": 4}, "no tier"),
 ])
 def test_bad_topology_is_one_line(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(SpecError) as err:
         override_gpu(load_gpu("h100-80gb"), overrides)
     assert message in str(err.value)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
 
 
 def test_spine_oversubscription_moves_the_plan_off_the_spine() -> None:

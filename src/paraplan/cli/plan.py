@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from enum import StrEnum
 
@@ -37,7 +36,9 @@ from paraplan.explain import CKPT_BLOCKING_FLAG
 from paraplan.explain import explain as explain_plan
 from paraplan.launch.site import SiteProfile, load_site
 from paraplan.layout import RECOMPUTE_MODULES
+from paraplan.schedules import SCHEDULE_NAMES
 from paraplan.search import Plan, SearchSpace, plan
+from paraplan.serialize import dumps_json
 from paraplan.units import GIB
 
 
@@ -47,6 +48,14 @@ class PlanFormat(StrEnum):
     table = "table"
     json = "json"
     csv = "csv"
+
+
+ScheduleChoice = StrEnum("ScheduleChoice", {n: n for n in SCHEDULE_NAMES})  # type: ignore[misc]
+"""``--schedule`` values (``paraplan.schedules``)."""
+
+ScheduleOpt = typer.Option(None, "--schedule", help="Pipeline schedule: 1f1b, interleaved or combined_1f1b "
+                           "(Megatron-LM), zb-h1 or dualpipe-v (what-ifs, not in Megatron-LM); default: Megatron's "
+                           "choice from --vp.")
 
 
 class ObjectiveChoice(StrEnum):
@@ -78,26 +87,36 @@ def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[
     return values
 
 
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+
 def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
              precision: str, gpu_set: list[str] | None, profile: str | None, top: int, objective: str,
              tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
              mbs: str | None, max_pp: int | None, recompute: str | None, dp_variant: str | None,
              allow_cross_node: bool, tp_comm_overlap: bool, workspace_gib: float | None = None,
              fragmentation: float | None = None, attention_backend: str = "flash",
-             recompute_modules: str | None = None) -> Plan:
-    """Resolve inputs and search."""
+             recompute_modules: str | None = None, schedule: str = "") -> Plan:
+    """Resolve inputs and search (``schedule``: a ``paraplan.schedules`` name, "" = Megatron's choice)."""
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile,
                             attention_backend=attention_backend)
     if top < 1:
         raise SpecError(f"--top must be a positive integer, got {top}")
+    if pp and max_pp is not None:
+        raise SpecError("--pp and --max-pp contradict: --pp lists the PP sizes to search, --max-pp caps the "
+                        "default list (give one)")
+    if recompute_modules and recompute and "selective" not in _strs("recompute", recompute, RECOMPUTE_CHOICES, ()):
+        raise SpecError(f"--recompute-modules and --recompute {recompute} contradict: modules apply to "
+                        "selective recompute only")
     space = SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
-        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
+        recompute=_strs("recompute", recompute, RECOMPUTE_CHOICES, RECOMPUTE_CHOICES),
         dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
         allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
         recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)),
+        schedule=schedule,
     )
     return plan(inputs.model, inputs.cluster, inputs.training, space=space, objective=objective,  # type: ignore[arg-type]
                 top_k=top, options=memory_options(workspace_gib, fragmentation))
@@ -169,7 +188,7 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None 
         d["checkpoints"] = [advise(c, site.storage(), site.failures()).as_dict() for c in p.candidates]
         if with_explain:
             d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures())]
-        print(json.dumps(d, indent=1))
+        print(dumps_json(d))
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
         w = csv.writer(buf)
@@ -220,6 +239,7 @@ def plan_cmd(
     fragmentation: float | None = FragmentationOpt, recompute_modules: str | None = RecModOpt,
     attention_backend: AttentionChoice = AttentionOpt,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
+    schedule: ScheduleChoice | None = ScheduleOpt,
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
                                     "failure rate) for the checkpoint columns."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
@@ -238,7 +258,7 @@ def plan_cmd(
     p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                  objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
                  tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
-                 recompute_modules=recompute_modules)
+                 recompute_modules=recompute_modules, schedule=schedule.value if schedule is not None else "")
     if save:
         from paraplan.serialize import save_plan
 
@@ -263,6 +283,7 @@ def explain_cmd(
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
                                     "failure rate) for the CHECKPOINT finding."),
+    schedule: ScheduleChoice | None = ScheduleOpt,
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
 
@@ -271,4 +292,5 @@ def explain_cmd(
     plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site)
+             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site,
+             schedule=schedule)

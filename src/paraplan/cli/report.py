@@ -180,7 +180,8 @@ def report_cmd(
                            recompute_modules)
             p = plan_from_file(plan_file, top, objective.value if objective else None, space)
         else:
-            assert model and gpu and num_gpus and seq_len and gbs
+            assert model is not None and gpu is not None and num_gpus is not None  # checked above (None only)
+            assert seq_len is not None and gbs is not None
             p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                          (objective or ObjectiveChoice.throughput).value, tp, pp, vp, cp, ep, mbs, max_pp, recompute,
                          dp_variant, allow_cross_node, tp_comm_overlap, recompute_modules=recompute_modules)

@@ -24,12 +24,12 @@ from numpy.typing import NDArray
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
-from paraplan.estimate.pipeline import bubble_frac
-from paraplan.estimate.time import compute, cp, dp, pp, tp
+from paraplan.estimate.time import compute, cp, dp, ep, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import optimizer_s
 from paraplan.layout import ParallelLayout
+from paraplan.schedules import schedule_of
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
@@ -183,7 +183,7 @@ class StepTime:
 
 def step_time_from_stages(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: StepLayout,
-    stages: Sequence[StageLayers], *, num_microbatches: Num, max_positions: int, terms: StageTerms | None = None,
+    stages: Sequence[StageLayers], *, num_microbatches: Int, max_positions: int, terms: StageTerms | None = None,
     params: ParamTerms | None = None,
 ) -> StepTime:
     """Step time of a layout given the stages to consider (all, or first/second/last). ``terms``
@@ -209,7 +209,8 @@ def step_time_from_stages(
         return out
 
     t_stage = pick([st.total_s for st in times])
-    bub_frac = bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
+    sched = schedule_of(layout)
+    bub_frac = sched.bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
@@ -222,15 +223,17 @@ def step_time_from_stages(
     exposed = {
         "tp": m * pick([st.exposed_s["tp"] for st in times]),
         "cp": m * pick([st.exposed_s["cp"] for st in times]),
-        "ep": m * pick([st.exposed_s["ep"] for st in times]),
-        "pp": pp.exposed_s(layout.pp, layout.vp, m, p2p, eff),
+        "ep": ep.exposed_s(sched, layout, m, pick([st.exposed_s["ep"] for st in times]),
+                           pick([st.compute_s for st in times])),
+        "pp": pp.exposed_s(layout.pp, sched.p2p_exposed_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m),
+                           p2p, eff.pp_overlap_frac * sched.p2p_overlap_scale(vp=layout.vp)),
         "dp": dp_exposed,
     }
     links = {
         "tp": m * pick([st.link_s["tp"] for st in times]),
         "cp": m * pick([st.link_s["cp"] for st in times]),
         "ep": m * pick([st.link_s["ep"] for st in times]),
-        "pp": pp.link_s(layout.pp, layout.vp, m, p2p),
+        "pp": pp.link_s(layout.pp, sched.p2p_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m), p2p),
         "dp": dp_link,
     }
     compute_s = m * pick([st.compute_s for st in times])

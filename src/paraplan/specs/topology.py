@@ -7,9 +7,9 @@ NIC when every GPU crosses it at once). A parallel group runs on the innermost t
 holds its rank span (``paraplan.specs.grid``; ``span_in_domain``).
 
 A GPU preset (or file) with only ``nvlink_gbyte_per_s`` / ``network_gbit_per_s`` has two tiers:
-the NVLink domain and the network. ``topology:`` in a GPU file, or ``--gpu-set
-topology.<tier>.<field>=value``, lists them explicitly, e.g. a rail-optimised leaf of 256 GPUs
-under a 4:1 spine::
+the NVLink domain and the network. ``topology:`` in a GPU file (or a calibration profile) lists
+them explicitly, and ``--gpu-set topology.<tier>.<field>=value`` changes one field of one tier;
+e.g. a rail-optimised leaf of 256 GPUs under a 4:1 spine::
 
     topology:
       - {name: nvlink}                       # size and rate: the GPU's NVLink domain
@@ -35,12 +35,15 @@ from numpy.typing import NDArray
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief, clip
 from paraplan.specs.num import Num
 
 FloatArray = NDArray[np.float64]
 
 TIER_FIELDS: Final = ("name", "size_gpus", "bytes_per_s", "bus_frac", "oversubscription", "latency_s")
 """Fields of a tier in a GPU file (``gbyte_per_s`` / ``gbit_per_s`` may replace bytes_per_s)."""
+MAX_TIER_NAME_CHARS: Final = 32
+"""Longest tier name (it appears in messages and in plan.json)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,8 +67,9 @@ class TierSpec:
     ``collective_latency_s``."""
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
-            raise SpecError(f"tier name must be letters, digits, '-' or '_', got {self.name!r}")
+        if not 0 < len(self.name) <= MAX_TIER_NAME_CHARS or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise SpecError(f"tier name must be 1 to {MAX_TIER_NAME_CHARS} letters, digits, '-' or '_', "
+                            f"got {brief(self.name)}")
         if self.size_gpus is not None and self.size_gpus < 1:
             raise SpecError(f"size_gpus must be >= 1, got {self.size_gpus}")
         if self.bytes_per_s is not None and not 0 < self.bytes_per_s < math.inf:
@@ -87,20 +91,20 @@ def check_tiers(tiers: Sequence[TierSpec], nvlink_domain_size: int) -> None:
         raise SpecError("topology: needs at least 2 tiers (the NVLink domain and the network)")
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
-        raise SpecError(f"topology: tier names must be unique, got {', '.join(names)}")
+        raise SpecError(f"topology: tier names must be unique, got {clip(', '.join(names))}")
     first = tiers[0].size_gpus
     if first is not None and first != nvlink_domain_size:
-        raise SpecError(f"topology.{tiers[0].name}.size_gpus: the first tier is the NVLink domain "
+        raise SpecError(f"topology.{clip(tiers[0].name)}.size_gpus: the first tier is the NVLink domain "
                         f"({nvlink_domain_size} GPUs), got {first}")
     if tiers[-1].size_gpus is not None:
-        raise SpecError(f"topology.{tiers[-1].name}.size_gpus: the last tier reaches the whole job; "
+        raise SpecError(f"topology.{clip(tiers[-1].name)}.size_gpus: the last tier reaches the whole job; "
                         "leave size_gpus out")
     inner = nvlink_domain_size
     for t in tiers[1:-1]:
         if t.size_gpus is None:
-            raise SpecError(f"topology.{t.name}.size_gpus is required on a middle tier")
+            raise SpecError(f"topology.{clip(t.name)}.size_gpus is required on a middle tier")
         if t.size_gpus <= inner or t.size_gpus % inner:
-            raise SpecError(f"topology.{t.name}.size_gpus must be a multiple of the tier inside "
+            raise SpecError(f"topology.{clip(t.name)}.size_gpus must be a multiple of the tier inside "
                             f"({inner} GPUs) and larger, got {t.size_gpus}")
         inner = t.size_gpus
 
