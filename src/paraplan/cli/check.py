@@ -102,4 +102,5 @@ def check(
         print(f"error: {n} Megatron rule{'s' * (n != 1)} broken (listed above)", file=sys.stderr)
         state.exit_code = 1
     elif result.estimate is not None and not result.estimate.fits:
+        print(f"error: the layout does not fit: {result.estimate.fit_text.split(': ', 1)[1]}", file=sys.stderr)
         state.exit_code = 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
@@ -227,5 +228,6 @@ def _emit(result: Estimate, fmt: OutputFormat, recipe: dict[str, Any] | None = N
         print(estimate_csv(result), end="")
     else:
         render_estimate(result)
-    if not result.fits:
-        state.exit_code = 4  # the layout does not fit (documented in paraplan.cli)
+    if not result.fits:  # exit 4 (documented in paraplan.cli), one line on stderr
+        print(f"error: the layout does not fit: {result.fit_text.split(': ', 1)[1]}", file=sys.stderr)
+        state.exit_code = 4

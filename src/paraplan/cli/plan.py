@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from paraplan.checkpoint import CheckpointAdvice, advise, format_decimal_bytes
-from paraplan.cli._app import app, state
+from paraplan.cli._app import app, plain, state
 from paraplan.cli.options import (
     AttentionChoice,
     AttentionOpt,
@@ -301,7 +301,8 @@ def plan_cmd(
     except NoFeasiblePlanError as err:
         if fmt != PlanFormat.json:
             raise
-        print(dumps_json(err.to_dict()))  # the rejection summary as JSON; exit 3 as for the table
+        print(dumps_json(err.to_dict()))  # the rejection summary as JSON; exit 3 and the line, as for the table
+        print(plain(str(err).splitlines()[0]), file=sys.stderr)
         state.exit_code = 3
         return
     if save:
