@@ -225,3 +225,13 @@ def test_check_exits_4_when_the_script_does_not_fit(capsys: pytest.CaptureFixtur
 def test_usage_errors_are_2_and_bad_values_1(argv: list[str], code: int, capsys: pytest.CaptureFixture[str]) -> None:
     got, out, err = _run(argv, capsys)
     assert got == code and out == "" and len(err.strip().splitlines()) == 1
+
+
+def test_budget_keeps_the_margin_and_names_it_when_nothing_fits() -> None:
+    from paraplan.budget import budget
+
+    model, gpus = load_model("llama3-8b"), [load_gpu("h100-80gb")]
+    bare = budget(model, gpus, tokens=1e12, seq_len=8192, gbs=64, num_gpus=8, headroom=NO_HEADROOM).rows[0]
+    wide = budget(model, gpus, tokens=1e12, seq_len=8192, gbs=64, num_gpus=8, headroom=parse_headroom("60GiB")).rows[0]
+    assert bare.feasible and not wide.feasible
+    assert wide.reason_code == "OOM" and wide.reason is not None and "fit only inside it" in wide.reason

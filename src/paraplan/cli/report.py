@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from paraplan.cli._app import app
-from paraplan.cli.options import GPU_HELP, MODEL_HELP, ForceOpt, GpuSetOpt, PrecisionChoice, ProfileOpt
+from paraplan.cli.options import GPU_HELP, MODEL_HELP, ForceOpt, GpuSetOpt, HeadroomOpt, PrecisionChoice, ProfileOpt
 from paraplan.cli.plan import (
     CpOpt,
     CrossOpt,
@@ -34,6 +34,7 @@ from paraplan.cli.plan import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
+from paraplan.headroom import Headroom, parse_headroom
 from paraplan.search import Plan, SearchSpace
 
 PROGRESS_DELAY_S = 0.4
@@ -92,7 +93,8 @@ def _space(tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: s
         recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)))
 
 
-def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace) -> Plan:
+def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace,
+                   headroom: Headroom | None = None) -> Plan:
     """Re-run the search from plan.json's resolved inputs and its search space (unless search flags are
     given here; plan.json keeps only the top layouts) and put plan.json's own layouts, re-estimated,
     first."""
@@ -106,10 +108,11 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
         space = saved
     obj = objective or str(loaded.document.get("plan", {}).get("objective", "throughput"))
     p = plan(loaded.model, loaded.cluster, loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
-             top_k=top)
+             top_k=top, headroom=headroom)
     if not loaded.layouts:
         return p
-    ests = tuple(estimate(loaded.model, loaded.cluster, loaded.training, lay) for lay in loaded.layouts[:top])
+    ests = tuple(estimate(loaded.model, loaded.cluster, loaded.training, lay, headroom=p.headroom)
+                 for lay in loaded.layouts[:top])
     return replace(p, candidates=ests)
 
 
@@ -141,6 +144,7 @@ def report_cmd(
     dp_variant: str | None = DpOpt, allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     recompute_modules: str | None = RecModOpt, gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP, force: bool = ForceOpt,
+    headroom: str | None = HeadroomOpt,
 ) -> None:
     """Write an HTML report: candidate landscape, memory per stage, step time, pipeline schedule.
 
@@ -178,13 +182,14 @@ def report_cmd(
         if plan_file is not None:
             space = _space(tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap,
                            recompute_modules)
-            p = plan_from_file(plan_file, top, objective.value if objective else None, space)
+            p = plan_from_file(plan_file, top, objective.value if objective else None, space, parse_headroom(headroom))
         else:
             assert model is not None and gpu is not None and num_gpus is not None  # checked above (None only)
             assert seq_len is not None and gbs is not None
             p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
                          (objective or ObjectiveChoice.throughput).value, tp, pp, vp, cp, ep, mbs, max_pp, recompute,
-                         dp_variant, allow_cross_node, tp_comm_overlap, recompute_modules=recompute_modules)
+                         dp_variant, allow_cross_node, tp_comm_overlap, recompute_modules=recompute_modules,
+                         headroom=headroom)
         step("explaining")
         findings = explain(p)
         step("simulating pipeline schedules" + (" and diagnosing the run" if runlog is not None else ""))
