@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from paraplan.errors import LayoutError
 from paraplan.estimate.memory import MemoryOptions, StageMemory, layer_activations, stage_memory
 from paraplan.estimate.params import ModelParamCounts, StageLayers, model_param_counts
+from paraplan.estimate.positions import max_positions_for
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimate.step_time import StepTime, Throughput, step_time, throughput
 from paraplan.layout import ParallelLayout
@@ -132,28 +132,6 @@ def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches
         "pipeline_layout": list(layout.pipeline_layout),
         "precision": training.precision,
     }
-
-
-def max_positions_for(model: ModelSpec, training: TrainingSpec) -> tuple[int, list[str]]:
-    """Position-table size and notes; Megatron requires max_position_embeddings >= seq_length."""
-    notes: list[str] = []
-    mpe = model.max_position_embeddings
-    if mpe is None:
-        return training.seq_len, notes
-    if mpe < training.seq_len:
-        if model.position_embedding_type == "learned_absolute":
-            raise LayoutError(
-                f"max_position_embeddings ({mpe}) must be greater than or equal to seq_length "
-                f"({training.seq_len}).",
-                reason="MAX_POSITIONS_LT_SEQ",
-            )
-        notes.append(
-            f"max_position_embeddings {mpe} < seq_length {training.seq_len}: Megatron requires >=; "
-            f"with {model.position_embedding_type} positions it only matters for the flag, launch files "
-            f"use {training.seq_len}"
-        )
-        return training.seq_len, notes
-    return mpe, notes
 
 
 def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec) -> list[str]:

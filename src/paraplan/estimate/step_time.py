@@ -530,7 +530,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
               num_microbatches: int) -> StepTime:
     """Scalar path: all pipeline stages of one layout."""
     from paraplan.estimate.stages import all_stage_layers
-    from paraplan.estimator import max_positions_for
+    from paraplan.estimate.positions import max_positions_for
 
     max_positions, _ = max_positions_for(model, training)
     stages = all_stage_layers(model, layout)
