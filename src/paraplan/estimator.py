@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from paraplan.estimate.memory import MemoryOptions, StageMemory, layer_activations, stage_memory
 from paraplan.estimate.params import ModelParamCounts, StageLayers, model_param_counts
-from paraplan.estimate.positions import max_positions_for
+from paraplan.estimate.positions import max_positions_for as max_positions_for  # re-exported
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimate.step_time import StepTime, Throughput, step_time, throughput
 from paraplan.layout import ParallelLayout

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import jinja2
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.fileio import check_output_file
 from paraplan.launch.megatron import (

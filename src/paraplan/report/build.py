@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimate.step_time import stage_time
