@@ -195,7 +195,7 @@ def estimate(
     return Estimate(
         model=model, cluster=cluster, training=training, layout=layout, num_microbatches=m,
         stages=stages, params=model_param_counts(model, max_positions=max_positions),
-        usable_bytes=cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes,
+        usable_bytes=cluster.gpu.usable_bytes,
         time=t, throughput=throughput(model, cluster, training, layout, t, mfu_peak=mfu_peak),
         notes=tuple(notes),
     )

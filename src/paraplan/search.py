@@ -33,6 +33,7 @@ from paraplan.rules import RULES, RuleContext
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
+from paraplan.units import GIB
 
 Objective = Literal["throughput", "memory-headroom"]
 DP_VARIANTS = ("distopt", "fsdp", "ddp")
@@ -329,7 +330,7 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                          fits=np.concatenate([p.fits for p in parts]))
     groups = _Groups.of(model, training, table)
     peak = peak_bytes_table(model, training, table, options, groups=groups)
-    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    usable = cluster.gpu.usable_bytes
     fits = peak <= usable
     if time_all:
         step = step_s_table(model, cluster, training, table, groups=groups)
@@ -438,16 +439,16 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
             i = int(np.argmin(ev.peak_bytes))
             smallest = (valid.row(i), float(ev.peak_bytes[i]))
             examples["OOM"] = (f"smallest footprint {smallest[0].short()} needs "
-                               f"{smallest[1] / 2**30:.1f} GiB > "
-                               f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
+                               f"{smallest[1] / GIB:.1f} GiB > "
+                               f"{cluster.gpu.usable_bytes / GIB:.1f} GiB usable")
         raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples, space, smallest),
                                   rejections=rejections)
     if (~ev.fits).any():
         rejections["OOM"] = int((~ev.fits).sum())
         oom_idx = np.nonzero(~ev.fits)[0]
         j = int(oom_idx[np.argmin(ev.peak_bytes[oom_idx])])
-        examples["OOM"] = (f"{valid.row(j).short()} needs {ev.peak_bytes[j] / 2**30:.1f} GiB > "
-                           f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
+        examples["OOM"] = (f"{valid.row(j).short()} needs {ev.peak_bytes[j] / GIB:.1f} GiB > "
+                           f"{cluster.gpu.usable_bytes / GIB:.1f} GiB usable")
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
@@ -518,7 +519,7 @@ def _fit_advice(cluster: ClusterSpec, space: SearchSpace,
     if smallest is None:
         return "what would make it fit: relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
     layout, need = smallest
-    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    usable = cluster.gpu.usable_bytes
     ratio = need / usable
     per_node = cluster.gpus_per_node
     more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
@@ -529,7 +530,7 @@ def _fit_advice(cluster: ClusterSpec, space: SearchSpace,
         tips.append("allow more pipeline stages (--max-pp/--pp)")
     if layout.mbs > 1:
         tips.append("micro-batch 1 (--mbs 1)")
-    tips.append(f"a GPU with more than {need / 2**30:.0f} GiB usable")
+    tips.append(f"a GPU with more than {need / GIB:.0f} GiB usable")
     return "what would make it fit: " + "; or ".join(tips)
 
 
