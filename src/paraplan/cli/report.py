@@ -22,15 +22,15 @@ from paraplan.cli.plan import (
     MaxPpOpt,
     MbsOpt,
     ObjectiveChoice,
+    PlanRequest,
     PpOpt,
     RecModOpt,
     RecOpt,
     TpOpt,
     TpOvOpt,
     VpOpt,
-    _ints,
-    _strs,
     run_plan,
+    search_space,
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
@@ -76,20 +76,6 @@ def progress(total: int, delay_s: float = PROGRESS_DELAY_S) -> Iterator[Callable
         with lock:
             state["done"] = True
         bar.stop()
-
-
-def _space(tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None, mbs: str | None,
-           max_pp: int | None, recompute: str | None, dp_variant: str | None, allow_cross_node: bool,
-           tp_comm_overlap: bool, recompute_modules: str | None = None) -> SearchSpace:
-    from paraplan.layout import RECOMPUTE_MODULES
-
-    return SearchSpace(
-        tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
-        mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
-        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
-        dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
-        allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
-        recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)))
 
 
 def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace) -> Plan:
@@ -176,14 +162,18 @@ def report_cmd(
             runlog = read_logs(list(log))
         step("searching layouts")
         if plan_file is not None:
-            space = _space(tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap,
-                           recompute_modules)
+            space = search_space(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, mbs=mbs, max_pp=max_pp, recompute=recompute,
+                                 dp_variant=dp_variant, allow_cross_node=allow_cross_node,
+                                 tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules)
             p = plan_from_file(plan_file, top, objective.value if objective else None, space)
         else:
             assert model and gpu and num_gpus and seq_len and gbs
-            p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
-                         (objective or ObjectiveChoice.throughput).value, tp, pp, vp, cp, ep, mbs, max_pp, recompute,
-                         dp_variant, allow_cross_node, tp_comm_overlap, recompute_modules=recompute_modules)
+            p = run_plan(PlanRequest(
+                model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, seq_len=seq_len, gbs=gbs,
+                precision=precision.value, gpu_set=gpu_set, profile=profile, top=top,
+                objective=(objective or ObjectiveChoice.throughput).value, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, mbs=mbs,
+                max_pp=max_pp, recompute=recompute, dp_variant=dp_variant, allow_cross_node=allow_cross_node,
+                tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules))
         step("explaining")
         findings = explain(p)
         step("simulating pipeline schedules" + (" and diagnosing the run" if runlog is not None else ""))
