@@ -8,9 +8,9 @@ call these two functions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, Literal
 
 from paraplan.errors import SpecError
 from paraplan.estimate.memory import MemoryOptions
@@ -106,16 +106,22 @@ def resolve_space(space: SpaceRef | None) -> SearchSpace:
 
 
 def estimate(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, layout: LayoutRef,
-             training: TrainingRef, gpus_per_node: int | None = None,
-             memory_options: MemoryOptions | None = None) -> Estimate:
+             training: TrainingRef, gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None,
+             mfu_peak: Literal["bf16", "fp8", "fp16"] = "bf16", notes: Sequence[str] = ()) -> Estimate:
     """Memory per pipeline stage, step time and throughput of one layout.
 
-    Raises ``LayoutError`` (a ``SpecError``) naming the first Megatron rule the layout breaks, ``SpecError``
-    for a bad input.
+    ``mfu_peak``: the dense peak MFU and HFU divide by; ``notes``: the caller's own notes, kept after the
+    estimate's in ``Estimate.notes``. Raises ``LayoutError`` (a ``SpecError``) naming the first Megatron rule
+    the layout breaks, ``SpecError`` for a bad input.
     """
+    if mfu_peak not in ("bf16", "fp8", "fp16"):
+        raise SpecError(f"mfu_peak must be bf16, fp8 or fp16, got {mfu_peak!r}")
+    if isinstance(notes, str):
+        raise SpecError("notes: expected a sequence of strings, got one string")
     cluster = resolve_cluster(gpu, num_gpus, gpus_per_node)
     return _estimate_layout(resolve_model(model), cluster, resolve_training(training),
-                            resolve_layout(layout, cluster.num_gpus), memory_options=memory_options)
+                            resolve_layout(layout, cluster.num_gpus), memory_options=memory_options,
+                            mfu_peak=mfu_peak, extra_notes=[str(n) for n in notes])
 
 
 def plan(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, training: TrainingRef,

@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from paraplan.api import estimate as run_estimate
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
@@ -35,7 +36,6 @@ from paraplan.cli.options import (
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimator import Estimate
-from paraplan.estimator import estimate as run_estimate
 
 
 @app.command("estimate")
@@ -91,8 +91,9 @@ def estimate(
     broken = launch_violations(inputs.model, layout, inputs.training, inputs.cluster.gpu.arch)
     if broken:  # the flag-level rules launch and Megatron apply (layout rules run in estimate)
         raise LayoutError(broken[0][1], reason=broken[0][0])
-    result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
-                          extra_notes=notes, memory_options=memory_options(workspace_gib, fragmentation))
+    result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training,
+                          mfu_peak=mfu_peak.value, notes=notes,
+                          memory_options=memory_options(workspace_gib, fragmentation))
     _emit(result, fmt)
 
 
@@ -120,7 +121,7 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     unknown = list(result.parsed.unknown_flags)
     notes = list(result.parsed.flags.notes) + (
         [f"not Megatron-LM flags (main @ {MEGATRON_COMMIT}), ignored: {', '.join(unknown)}"] if unknown else [])
-    return run_estimate(result.model, result.cluster, result.training, result.layout, extra_notes=notes)
+    return run_estimate(result.model, result.cluster, layout=result.layout, training=result.training, notes=notes)
 
 
 def _emit(result: Estimate, fmt: OutputFormat) -> None:
