@@ -18,8 +18,6 @@ import numpy as np
 
 from paraplan._version import __version__
 from paraplan.errors import SpecError
-from paraplan.estimate.stages import all_stage_layers
-from paraplan.estimate.step_time import stage_time
 from paraplan.estimator import Estimate, estimate
 from paraplan.explain import Finding, explain
 from paraplan.ingest import RunLog
@@ -235,10 +233,9 @@ def landscape(plan: Plan, max_points: int = MAX_POINTS) -> Landscape:
 
 
 def stage_times(est: Estimate) -> tuple[list[float], list[float]]:
-    """Forward and backward seconds of one micro-batch on every pipeline stage."""
+    """Forward and backward seconds of one micro-batch on every pipeline stage (the estimate's own stage times)."""
     fwd, bwd = [], []
-    for st in all_stage_layers(est.model, est.layout):
-        t = stage_time(est.model, est.cluster, est.training, est.layout, st)
+    for t in est.stage_times:
         work = float(t.compute_s) + sum(float(t.exposed_s[k]) for k in ("tp", "cp", "ep"))
         fwd.append(FORWARD_SHARE * work)
         bwd.append((1.0 - FORWARD_SHARE) * work + float(t.recompute_s))
