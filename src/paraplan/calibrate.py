@@ -19,7 +19,6 @@ runs.csv columns (header names; one run per row, ``#`` lines ignored):
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
@@ -32,7 +31,7 @@ from numpy.typing import NDArray
 
 from paraplan.errors import LayoutError, PlannerError, SpecError
 from paraplan.estimate.step_time import step_time
-from paraplan.fileio import check_regular_file, write_text_atomic
+from paraplan.fileio import brief, path_exists, read_input_text, read_json, write_text_atomic
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
@@ -261,11 +260,11 @@ def _int(where: str, row: dict[str, str | None], key: str, default: int | None =
     if not raw and default is not None:
         return default
     try:
-        value = int(raw)
+        value = int(raw) if len(raw) < 20 else 0
     except ValueError:
         value = 0
     if value < 1:
-        raise SpecError(f"{where}: column '{key}' must be a positive integer, got '{raw}'")
+        raise SpecError(f"{where}: column '{key}' must be a positive integer, got {brief(raw)}")
     return value
 
 
@@ -274,7 +273,7 @@ def _flag(where: str, row: dict[str, str | None], key: str) -> bool:
     if raw in _TRUE or raw in _FALSE:
         return raw in _TRUE
     if raw:
-        raise SpecError(f"{where}: column '{key}' must be true or false, got '{raw}'")
+        raise SpecError(f"{where}: column '{key}' must be true or false, got {brief(raw)}")
     return _DEFAULT_FLAGS[key]
 
 
@@ -287,7 +286,7 @@ def _row_run(where: str, row: dict[str, str | None], base: Path, gpu: GpuSpec | 
     if gpu is not None and spec.name != gpu.name:
         raise SpecError(f"{where}: gpu '{spec.name}' differs from --gpu {gpu.name} (a profile is fitted per GPU)")
     ref = _cell(row, "model")
-    model = load_model(str(base / ref) if (base / ref).exists() else ref)
+    model = load_model(str(base / ref) if path_exists(base / ref) else ref)
     n = _int(where, row, "num_gpus")
     per_node = _int(where, row, "gpus_per_node", 0) if _cell(row, "gpus_per_node") else None
     cluster = make_cluster(gpu or spec, n, per_node)
@@ -305,7 +304,7 @@ def _row_run(where: str, row: dict[str, str | None], base: Path, gpu: GpuSpec | 
     step_raw, tok_raw = _cell(row, "step_time_s"), _cell(row, "tokens_per_s_per_gpu")
     try:
         step = float(step_raw) if step_raw else training.tokens_per_step / (float(tok_raw) * n) if tok_raw else None
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, OverflowError):
         raise SpecError(f"{where}: step_time_s / tokens_per_s_per_gpu must be positive numbers") from None
     if step is None:  # the header has one of the two columns, this row left it empty
         raise SpecError(f"{where}: needs column 'step_time_s' or 'tokens_per_s_per_gpu'")
@@ -315,17 +314,16 @@ def _row_run(where: str, row: dict[str, str | None], base: Path, gpu: GpuSpec | 
 def read_runs_csv(path: str | Path, gpu: GpuSpec | None = None) -> list[Run]:
     """Runs from a CSV file (columns in the module docstring); SpecError naming the line and column."""
     p = Path(path)
-    if p.exists():
-        check_regular_file(p, "runs")  # a FIFO would block the read
-    try:
-        lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
-    except FileNotFoundError:
-        raise SpecError(f"runs: file '{path}' not found") from None
-    except UnicodeDecodeError as err:
-        raise SpecError(f"runs: '{path}' is not UTF-8 text (byte {err.start}): save the CSV as UTF-8") from None
-    except OSError as err:
-        raise SpecError(f"runs: cannot read '{path}': {err.strerror}") from None
+    text = read_input_text(p, "runs")  # strict UTF-8; a byte-order mark (Excel's "CSV UTF-8") is dropped
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     reader = csv.DictReader(lines)
+    try:
+        return _read_rows(p, reader, gpu)
+    except csv.Error as err:
+        raise SpecError(f"{p.name} line {reader.line_num}: not a valid CSV row ({err})") from None
+
+
+def _read_rows(p: Path, reader: csv.DictReader[str], gpu: GpuSpec | None) -> list[Run]:
     header = [h.strip() for h in reader.fieldnames or []]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing or not ({"step_time_s", "tokens_per_s_per_gpu"} & set(header)):
@@ -367,44 +365,47 @@ def layout_from_dict(data: dict[str, Any]) -> ParallelLayout:
     """ParallelLayout from a ``layout`` / ``config`` mapping, ignoring keys it does not know."""
     known = {f.name for f in fields(ParallelLayout)}
     kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in known}
-    return ParallelLayout(**kw)
+    return validate_fields(ParallelLayout, kw, "layout.")  # type: ignore[no-any-return]
 
 
 def read_manifest(path: str | Path) -> RunInputs:
     """Read a launch directory's manifest.json (read defensively: SpecError naming the missing field)."""
+    from paraplan.serialize import field_at
+
     p = Path(path)
-    if p.is_dir():
+    if path_exists(p) and p.is_dir():
         p = p / "manifest.json"
-    if p.exists():
-        check_regular_file(p, "manifest")  # a FIFO would block the read
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"manifest: file '{p}' not found") from None
-    except json.JSONDecodeError as err:
-        raise SpecError(f"manifest: '{p}' is not valid JSON: {err}") from None
+    doc = read_json(p, "manifest")
     version = doc.get("schema_version") if isinstance(doc, dict) else None
     if version != 1:
-        raise SpecError(f"manifest: '{p}' has schema_version {version}; expected 1")
+        raise SpecError(f"manifest: '{p}' has schema_version {brief(version)}; expected 1")
     try:
+        model_raw = field_at(doc, "inputs.model", dict)
+        model = model_from_megatron_args(model_raw, name=str(model_raw.get("name", "model")))
         inputs = doc["inputs"]
-        model = model_from_megatron_args(inputs["model"], name=inputs["model"].get("name", "model"))
-        cl = inputs.get("cluster") or {}
+        cl = field_at(doc, "inputs.cluster", dict) if inputs.get("cluster") else {}
         if isinstance(inputs.get("gpu"), dict):
             raw = dict(inputs["gpu"])
-            raw["efficiency"] = validate_fields(EfficiencySpec, raw.get("efficiency") or {}, "gpu.efficiency.")
+            raw["efficiency"] = validate_fields(EfficiencySpec, field_at(doc, "inputs.gpu.efficiency", dict)
+                                                if raw.get("efficiency") else {}, "gpu.efficiency.")
             gpu = validate_fields(GpuSpec, raw, "gpu.")
         else:
-            gpu = load_gpu(str(cl.get("gpu") or inputs["gpu"]))
-        cluster = make_cluster(gpu, int(inputs.get("num_gpus") or cl["num_gpus"]),
-                               inputs.get("gpus_per_node") or cl.get("gpus_per_node"))
-        training = validate_fields(TrainingSpec, inputs["training"], "training.")
-        lay = doc.get("layout") or inputs.get("layout") or (doc.get("prediction") or {})["config"]
+            gpu = load_gpu(field_at({"gpu": cl.get("gpu") or inputs.get("gpu")}, "gpu", str))
+        num_gpus = field_at(doc, "inputs.num_gpus", int) if inputs.get("num_gpus") else field_at(cl, "num_gpus", int)
+        per_node = inputs.get("gpus_per_node") or cl.get("gpus_per_node")
+        cluster = make_cluster(gpu, num_gpus, None if per_node is None else field_at({"gpus_per_node": per_node},
+                                                                                      "gpus_per_node", int))
+        training = validate_fields(TrainingSpec, field_at(doc, "inputs.training", dict), "training.")
+        lay = doc.get("layout") or inputs.get("layout") or field_at(doc, "prediction.config", dict)
+        if not isinstance(lay, dict):
+            raise SpecError(f"layout: expected an object, got {brief(lay)}")
         layout = layout_from_dict(lay)
-    except (KeyError, TypeError) as err:
-        raise SpecError(f"manifest: '{p}' is missing field {err}") from None
+    except SpecError as err:
+        raise SpecError(f"manifest: {p.name}: {err}") from None
+    prediction, cid = doc.get("prediction"), doc.get("candidate_id")
     return RunInputs(model=model, cluster=cluster, training=training, layout=layout,
-                     prediction=doc.get("prediction"), candidate_id=doc.get("candidate_id"))
+                     prediction=prediction if isinstance(prediction, dict) else None,
+                     candidate_id=cid if isinstance(cid, str) else None)
 
 
 def read_pair(manifest: str | Path, logs: Sequence[str | Path], *, skip_warmup: int = 1,

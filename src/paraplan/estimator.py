@@ -121,7 +121,8 @@ def placement_dict(layout: ParallelLayout, cluster: ClusterSpec) -> dict[str, An
 
 
 def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches: int) -> dict[str, Any]:
-    """The ``config`` block of the JSON output."""
+    """The ``config`` block of the JSON output (``schedule`` and ``schedule_note`` only when a schedule
+    was chosen: without them Megatron picks 1F1B or interleaved from VP)."""
     return {
         "tp": layout.tp, "pp": layout.pp, "vp": layout.vp, "cp": layout.cp, "ep": layout.ep,
         "etp": layout.etp, "dp": layout.dp, "edp": layout.edp, "mbs": layout.mbs,
@@ -134,7 +135,20 @@ def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches
         "first_stage_layers": layout.first_stage_layers, "last_stage_layers": layout.last_stage_layers,
         "pipeline_layout": list(layout.pipeline_layout),
         "precision": training.precision,
+        **_schedule_keys(layout),
     }
+
+
+def _schedule_keys(layout: ParallelLayout) -> dict[str, str]:
+    """``schedule`` (and ``schedule_note`` "not in Megatron-LM" for a what-if) of a chosen schedule."""
+    if not layout.schedule:
+        return {}
+    from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
+
+    keys = {"schedule": layout.schedule}
+    if not schedule_named(layout.schedule).megatron:
+        keys["schedule_note"] = f"{schedule_named(layout.schedule).title}: {NOT_IN_MEGATRON} (what-if)"
+    return keys
 
 
 def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec) -> list[str]:

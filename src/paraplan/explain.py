@@ -18,6 +18,7 @@ from paraplan.checkpoint import StorageSpec, advise, format_decimal_bytes
 from paraplan.estimate.step_time import launch_bound_layer
 from paraplan.estimator import Estimate
 from paraplan.goodput import FailureSpec
+from paraplan.schedules import schedule_label
 from paraplan.search import Plan
 from paraplan.units import GB, GIB
 
@@ -147,9 +148,16 @@ def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
                        f"{m} micro-batches of {lay.mbs}", {"dp": lay.dp, "num_microbatches": m}))
     if p > 1:
         bub = float(best.time.bubble_frac)
-        vp_text = (f"interleaved with VP {lay.vp}" if lay.vp > 1 else "not interleaved")
-        out.append(Finding("BUBBLE", f"pipeline bubble (p-1)/(v*m) = ({p}-1)/({lay.vp}x{m}) = {100 * bub:.1f}% "
-                           f"({vp_text}); m/p = {m / p:.1f}", {"bubble_frac": bub, "m_over_p": m / p, "vp": lay.vp}))
+        if lay.schedule:
+            label = schedule_label(lay.schedule, lay.vp)
+            out.append(Finding("BUBBLE", f"pipeline bubble {100 * bub:.1f}% under {label} (VP {lay.vp}); "
+                               f"m/p = {m / p:.1f}",
+                               {"bubble_frac": bub, "m_over_p": m / p, "vp": lay.vp, "schedule": lay.schedule}))
+        else:
+            vp_text = (f"interleaved with VP {lay.vp}" if lay.vp > 1 else "not interleaved")
+            out.append(Finding("BUBBLE", f"pipeline bubble (p-1)/(v*m) = ({p}-1)/({lay.vp}x{m}) = {100 * bub:.1f}% "
+                               f"({vp_text}); m/p = {m / p:.1f}", {"bubble_frac": bub, "m_over_p": m / p,
+                                                                   "vp": lay.vp}))
     if lay.tp > 1:
         out.append(Finding("SEQUENCE_PARALLEL", "sequence parallel " + ("on" if lay.sp else "OFF") +
                            f" with TP {lay.tp}: norm/dropout activations sharded over TP", {"sp": lay.sp}))
@@ -272,6 +280,47 @@ def recompute_module_findings(plan: Plan) -> list[Finding]:
                                                          "gain_frac": gain})]
 
 
+WHAT_IF_SCHEDULES = (("zb-h1", 1), ("dualpipe-v", 2))
+"""The what-if schedules ``explain`` tries on the best layout, with the VP each runs with."""
+
+
+def schedule_findings(plan: Plan, best: Estimate) -> list[Finding]:
+    """What the what-if schedules (ZB-H1, DualPipe-V; ``paraplan.schedules``, not in Megatron-LM) would
+    gain on the best layout when it pipelines: its step time, bubble and peak memory under each, same
+    TP/PP/CP/DP/micro-batches (VP as the schedule needs), or why the schedule cannot run it."""
+    from dataclasses import replace
+
+    from paraplan.errors import LayoutError
+    from paraplan.estimator import estimate
+    from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
+
+    lay = best.layout
+    if lay.pp == 1 or not schedule_named(lay.schedule).megatron:
+        return []
+    step = float(best.time.step_s)
+    parts: list[str] = []
+    numbers: dict[str, dict[str, Any]] = {}
+    for name, vp in WHAT_IF_SCHEDULES:
+        title = schedule_named(name).title
+        alt_layout = replace(lay, schedule=name, vp=vp, first_stage_layers=0, last_stage_layers=0, pipeline_layout=())
+        try:
+            alt = estimate(plan.model, plan.cluster, plan.training, alt_layout)
+        except LayoutError as err:
+            parts.append(f"{title} cannot run it ({err.reason})")
+            numbers[name] = {"reason": err.reason}
+            continue
+        alt_step = float(alt.time.step_s)
+        gain = step / alt_step - 1.0
+        fits = "fits" if alt.fits else "does NOT fit"
+        parts.append(f"{title} (VP {vp}) {step:.2f} -> {alt_step:.2f} s/step ({100 * gain:+.1f}% tokens/s/GPU), bubble "
+                     f"{100 * float(best.time.bubble_frac):.1f}% -> {100 * float(alt.time.bubble_frac):.1f}%, peak "
+                     f"{alt.peak_bytes / GIB:.1f} GiB ({fits})")
+        numbers[name] = {"step_s": alt_step, "gain_frac": gain, "bubble_frac": float(alt.time.bubble_frac),
+                         "peak_bytes": alt.peak_bytes, "fits": alt.fits}
+    return [Finding("SCHEDULE_WHAT_IF", f"what-if schedules, {NOT_IN_MEGATRON}, on {lay.short()}: " + "; ".join(parts)
+                    + " (`plan --schedule zb-h1|dualpipe-v` searches with one)", numbers)]
+
+
 CKPT_BLOCKING_FLAG = 0.05
 """Share of training blocked in checkpoint saves above which CHECKPOINT flags the storage as the limit."""
 
@@ -309,6 +358,7 @@ def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpe
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
-            + overlap_findings(plan) + recompute_module_findings(plan) + checkpoint_findings(best, storage, failures)
+            + schedule_findings(plan, best) + overlap_findings(plan) + recompute_module_findings(plan)
+            + checkpoint_findings(best, storage, failures)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
                        {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

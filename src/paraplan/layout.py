@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.errors import SpecError
+from paraplan.schedules import schedule_named
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: Final[dict[str, int]] = {"none": 0, "selective": 1, "full": 2}
@@ -80,6 +81,8 @@ class ParallelLayout:
     pipeline_layout: tuple[int, ...] = ()
     """Decoder layers per virtual stage, in Megatron's virtual-stage order (chunk-major), as
     ``--pipeline-model-parallel-layout`` expresses it; () = derived from the options above."""
+    schedule: str = ""
+    """Pipeline schedule (``paraplan.schedules`` name); "" = Megatron's choice from VP."""
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "vp", "cp", "ep", "dp", "mbs", "recompute_num_layers"):
@@ -99,6 +102,8 @@ class ParallelLayout:
             raise SpecError(
                 f"recompute_modules: unknown {', '.join(unknown)}; allowed: {', '.join(RECOMPUTE_MODULES)}"
             )
+        if self.schedule:
+            schedule_named(self.schedule)  # SpecError naming the allowed schedules
 
     # Attributes shared with LayoutTable (what the formulas read) -------------------------
     @property
@@ -151,6 +156,8 @@ class ParallelLayout:
             parts.append("fsdp")
         elif not self.distributed_optimizer:
             parts.append("no-distopt")
+        if self.schedule:
+            parts.append(self.schedule)
         return " ".join(parts)
 
 
@@ -169,7 +176,7 @@ def layout_for_world(num_gpus: int, **kwargs: object) -> ParallelLayout:
 
 
 TABLE_OPTIONS: Final = ("recompute_modules", "recompute_num_layers", "first_stage_layers", "last_stage_layers",
-                        "account_for_embedding", "account_for_loss", "pipeline_layout")
+                        "account_for_embedding", "account_for_loss", "pipeline_layout", "schedule")
 """``ParallelLayout`` fields a ``LayoutTable`` holds once for all its rows (the search does not vary them)."""
 TABLE_COLUMNS: Final = tuple(f.name for f in fields(ParallelLayout) if f.name not in TABLE_OPTIONS)
 """``ParallelLayout`` fields a ``LayoutTable`` holds as a numpy column, one value per row: every other field.
@@ -212,6 +219,8 @@ class LayoutTable:
     account_for_embedding: bool = False
     account_for_loss: bool = False
     pipeline_layout: tuple[int, ...] = ()
+    schedule: str = ""
+    """Pipeline schedule of every row (``ParallelLayout.schedule``)."""
     pipeline_layouts: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
     """Balanced per-virtual-stage layer counts for (pp, vp) pairs whose layers do not divide
     evenly (``--pipeline-model-parallel-layout``); rows with those pairs use them."""

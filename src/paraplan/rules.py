@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from paraplan.errors import LayoutError
+from paraplan.schedules import Schedule, schedule_named, schedule_of
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
@@ -61,7 +62,7 @@ def _even_split(c: RuleContext) -> Any:
     return np.logical_not(c.layout.uneven)
 
 
-RULES: tuple[Rule, ...] = (
+_LAYOUT_RULES: tuple[Rule, ...] = (
     Rule("WORLD_SIZE_MISMATCH",
          lambda c: _world(c) != c.cluster.num_gpus,
          lambda c: (f"world size ({c.cluster.num_gpus}) is not divisible by total_model_size "
@@ -128,31 +129,28 @@ RULES: tuple[Rule, ...] = (
          lambda c: (f"Number of layers should be divisible by the pipeline-model-parallel size "
                     f"(num_layers={_layers_total(c)}, PP={c.layout.pp})"),
          "A: validate_args"),
-    Rule("VP_WITHOUT_PP",
-         lambda c: (c.layout.vp > 1) & (c.layout.pp == 1),
-         lambda c: "pipeline-model-parallel size should be greater than 1 with interleaved schedule",
-         "PS / A: interleaved schedule"),
-    Rule("LAYERS_NOT_DIVISIBLE_BY_VP",
-         lambda c: _even_split(c) & (c.layout.vp > 1)
-         & ((_layers_total(c) // c.layout.pp) % c.layout.vp != 0),
-         lambda c: ("number of layers per pipeline stage must be divisible number of layers per "
-                    f"virtual pipeline stage (layers per stage {_layers_total(c) // c.layout.pp}, "
-                    f"VP={c.layout.vp})"),
-         "A: validate_args"),
-    Rule("MICROBATCHES_VS_PP_INTERLEAVED",
-         lambda c: (c.layout.vp > 1) & ((c.num_microbatches < c.layout.pp)
-                                        | (c.num_microbatches % c.layout.pp != 0)),
-         lambda c: ("The number of contiguous micro-batches in a virtual pipeline stageshould range in "
-                    f"[PP={c.layout.pp} , M={c.num_microbatches}] and M % PP must be 0 with the "
-                    "interleaved schedule"),
-         "SCH: get_pp_rank_microbatches / forward_backward_pipelining_with_interleaving"),
+)
+"""The layout rules checked before the pipeline schedule's."""
+
+_PLACEMENT_RULES: tuple[Rule, ...] = (
     Rule("TP_EXCEEDS_NVLINK_DOMAIN",
          lambda c: c.layout.tp > c.cluster.nvlink_domain_size,
          lambda c: (f"tensor_model_parallel_size ({c.layout.tp}) is larger than the NVLink domain "
                     f"({c.cluster.nvlink_domain_size} GPUs): TP must stay inside one node/NVLink domain"),
          "tuning method: TP inside the node (ecosystem.md 2, tuning-method.md 2)"),
 )
-"""All rules, in the order Megatron checks them (roughly)."""
+"""The rules checked after the schedule's."""
+
+
+def rules_for(schedule: Schedule) -> tuple[Rule, ...]:
+    """The rules of a layout run with ``schedule``: the layout rules, the schedule's own (VP and
+    micro-batch rules, ``paraplan.schedules``), then the placement rules."""
+    own = tuple(Rule(r.code, r.violated, r.message, r.source) for r in schedule.rules)
+    return (*_LAYOUT_RULES, *own, *_PLACEMENT_RULES)
+
+
+RULES: tuple[Rule, ...] = rules_for(schedule_named(""))
+"""All rules of Megatron's own schedule choice, in the order Megatron checks them (roughly)."""
 
 RULE_CODES: tuple[str, ...] = tuple(r.code for r in RULES)
 
@@ -160,11 +158,11 @@ RULE_CODES: tuple[str, ...] = tuple(r.code for r in RULES)
 def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, layout: Any) -> None:
     """Raise LayoutError with Megatron's message for the first rule a single layout breaks."""
     ctx = RuleContext(model=model, training=training, cluster=cluster, layout=layout)
-    for rule in RULES:
+    for rule in rules_for(schedule_of(layout)):
         if bool(np.any(rule.violated(ctx))):
             raise LayoutError(rule.message(ctx), reason=rule.code)
 
 
 def violations(ctx: RuleContext) -> dict[str, Any]:
     """Mask of violating rows per rule code (for a LayoutTable)."""
-    return {rule.code: np.asarray(rule.violated(ctx), dtype=bool) for rule in RULES}
+    return {rule.code: np.asarray(rule.violated(ctx), dtype=bool) for rule in rules_for(schedule_of(ctx.layout))}

@@ -29,7 +29,8 @@ from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representa
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
-from paraplan.rules import RULES, RuleContext
+from paraplan.rules import RuleContext, rules_for
+from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
@@ -60,6 +61,8 @@ class SearchSpace:
     tp_comm_overlap: bool = False
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Modules the selective-recompute layouts recompute (Megatron's --recompute-modules)."""
+    schedule: str = ""
+    """Pipeline schedule of every layout (``paraplan.schedules``; "" = Megatron's choice from VP)."""
 
 
 MAX_WORLD = 2**40
@@ -99,6 +102,10 @@ def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     overflow the int64 columns. (TP, PP, CP above the world size are only dropped: they never make a
     row, see ``_axis_values``; callers such as ``tune`` step past the world.)"""
     world = cluster.num_gpus
+    schedule_named(space.schedule)  # SpecError naming the schedules
+    if space.schedule == "combined_1f1b" and not model.is_moe:
+        raise SpecError(f"--schedule combined_1f1b: overlap_moe_expert_parallel_comm is only supported with expert "
+                        f"model parallelism, and {model.name} has no experts")
     if model.num_layers > MAX_LAYERS:
         raise SpecError(f"num_layers: at most {MAX_LAYERS:,} for the search, got {model.num_layers:,}")
     if world > MAX_WORLD:
@@ -137,7 +144,8 @@ def _axis_values(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
           else [t for t in pow2 if t <= cluster.nvlink_domain_size])
     max_pp = min(space.max_pp or model.num_layers, model.num_layers, world)
     pp = _unique(p for p in space.pp if p <= world) if space.pp else [p for p in _divisors(world) if p <= max_pp]
-    vp = _unique(space.vp) if space.vp else [1, 2, 3, 4, 6, 8]
+    sched = schedule_named(space.schedule)
+    vp = _unique(space.vp) if space.vp else [v for v in (1, 2, 3, 4, 6, 8) if sched.allows_vp(v)]
     cp = (_unique(c for c in space.cp if c <= world) if space.cp
           else [c for c in pow2 if (c <= 32 and training.seq_len % (2 * c) == 0) or c == 1])
     if model.is_moe:
@@ -188,6 +196,7 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
         tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
         pipeline_layouts=uneven_layouts(model, pp, vp), recompute_modules=space.recompute_modules,
+        schedule=space.schedule,
     )
 
 
@@ -276,7 +285,7 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     m = training.global_batch_size // (sub.mbs * sub.dp)
     # per-layer terms once per distinct (TP, CP, EP, ETP, mbs, recompute, SP) and gathered
     per_layer = layer_activations(model, training, g.keys).take(g.key_of_row[rows])
-    stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=g.counts.take(rows))
+    stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=g.counts.take(rows), schedule=sub.schedule)
     totals = np.asarray(stage_memory(model, training, sub, stages, rank=rank, num_microbatches=m,
                                      max_positions=max_positions, options=options, per_layer=per_layer,
                                      param_terms=g.params.take(g.params_of_row[rows])).memory.total_bytes,
@@ -307,7 +316,8 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         idx = np.flatnonzero(group_of_row == k) if len(patterns) > 1 else np.arange(len(table))
         sub = table.take(idx) if len(patterns) > 1 else table
         sub_counts = g.counts.take(idx)
-        stages = [stage_layers_table(model, sub.pp, sub.vp, ranks[idx, j], counts=sub_counts)
+        stages = [stage_layers_table(model, sub.pp, sub.vp, ranks[idx, j], counts=sub_counts,
+                                      schedule=sub.schedule)
                   for j in range(ranks.shape[1]) if not (pattern >> j) & 1]
         t = step_time_from_stages(model, cluster, training, sub, stages, num_microbatches=m[idx],
                                   max_positions=max_positions, terms=terms.take(g.key_of_row[idx]),
@@ -416,7 +426,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     rejections: dict[str, int] = {}
     examples: dict[str, str] = {}
     masks: list[tuple[str, NDArray[np.bool_], Callable[[RuleContext], str] | None]] = [
-        (r.code, np.broadcast_to(np.asarray(r.violated(ctx), dtype=bool), (n_total,)), r.message) for r in RULES]
+        (r.code, np.broadcast_to(np.asarray(r.violated(ctx), dtype=bool), (n_total,)), r.message)
+        for r in rules_for(schedule_named(space.schedule))]
     masks += [(code, np.broadcast_to(np.asarray(mask, dtype=bool), (n_total,)), None)
               for code, mask in _placement_masks(cluster, table, space).items()]
     for code, mask, msg in masks:
@@ -456,8 +467,13 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
     picked, ties = _ranked_top(feasible, objective, cluster, top_k)
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
-    notes = ((f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
-              "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
+    notes: tuple[str, ...] = (
+        (f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
+         "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
+    sched = schedule_named(space.schedule)
+    if not sched.megatron:
+        notes += (f"schedule {sched.name}: {sched.title} is a what-if, {NOT_IN_MEGATRON}; the numbers say what it "
+                  "would gain (launch refuses it)",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
                 num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space)

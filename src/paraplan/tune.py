@@ -20,6 +20,7 @@ from paraplan.estimator import Estimate, config_dict, estimate
 from paraplan.explain import Finding
 from paraplan.ingest import RunLog
 from paraplan.layout import ParallelLayout
+from paraplan.schedules import schedule_label
 from paraplan.search import Plan, SearchSpace, plan
 from paraplan.units import GIB, TFLOP
 
@@ -311,7 +312,9 @@ def _bubble(cmp: Comparison) -> list[Finding]:
     best = max(ok, key=lambda n: n["gain"]) if ok else None
     text = (f"MFU {100 * mfu:.1f}% with a visible bubble: {100 * frac:.0f}% of the step "
             + ("measured (forward-backward minus compute)" if b.measured is not None else "predicted")
-            + f"; (p-1)/(v*m) = ({p}-1)/({lay.vp}x{m}) = {100 * float(est.time.bubble_frac):.1f}%, m/p = {m / p:.1f}. "
+            + (f"; (p-1)/(v*m) = ({p}-1)/({lay.vp}x{m})" if not lay.schedule else
+               f"; {schedule_label(lay.schedule, lay.vp)}") + f" = {100 * float(est.time.bubble_frac):.1f}%, "
+            f"m/p = {m / p:.1f}. "
             "Interleave (--num-layers-per-virtual-pipeline-stage) or raise the number of micro-batches: "
             + "; ".join(t for t, _ in tried) + (f". Best: {best['label']}" if best else ""))
     return [Finding("BUBBLE", text, {"bubble_frac": frac, "mfu": mfu, "pp": p, "vp": lay.vp,

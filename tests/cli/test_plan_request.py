@@ -13,7 +13,10 @@ from paraplan.cli.plan import PLAN_OPTIONS, PlanRequest, explain_cmd, plan_cmd
 
 
 def test_plan_options_are_the_request_fields() -> None:
-    assert [name for name, _, _ in PLAN_OPTIONS] == [f.name for f in fields(PlanRequest)]
+    # --schedule is the one field each command places itself (its --help position differs)
+    assert [name for name, _, _ in PLAN_OPTIONS] + ["schedule"] == [f.name for f in fields(PlanRequest)]
+    for cmd in (plan_cmd, explain_cmd):
+        assert "schedule" in inspect.signature(cmd).parameters
 
 
 def test_plan_and_explain_share_every_option() -> None:

@@ -131,4 +131,4 @@ def test_check_table_output_and_world_size_from_flag(capsys: pytest.CaptureFixtu
 
 def test_check_missing_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["check", "/nonexistent/run.sh"], capsys)
-    assert code == 1 and err.startswith("error: cannot read '/nonexistent/run.sh'")
+    assert code == 1 and err.startswith("error: script: cannot read '/nonexistent/run.sh': file not found")

@@ -106,7 +106,7 @@ def test_tune_from_a_rendered_launch_manifest(tmp_path: Path, capsys: pytest.Cap
     (["--log", "x.log", "--plan", "p.json", "--model", "llama3-8b"], "exactly one of"),
     (["--log", "x.log", "--model", "llama3-8b", "--gpu", "h100-80gb"], "also give --num-gpus, --seq-len, --gbs"),
     (["--log", "/nonexistent.log", *FLAGS], "no such file"),
-    (["--log", "x.log", "--manifest", "/nonexistent/manifest.json"], "manifest: file"),
+    (["--log", "x.log", "--manifest", "/nonexistent/manifest.json"], "manifest: cannot read"),
 ])
 def test_tune_bad_inputs_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> None:
     assert main(["tune", *argv]) == 1

@@ -24,9 +24,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("readers", ("paraplan.ingest",),
      "Megatron/Primus logs and TensorBoard events read into records; they know nothing of specs, so that "
      "specs can read a model from a log's argument dump."),
-    ("specs", ("paraplan.specs", "paraplan.layout"),
-     "The inputs: model, GPU/cluster, training and profile specs, their loaders, the Megatron flag reader "
-     "and the parallel layout."),
+    ("specs", ("paraplan.specs", "paraplan.layout", "paraplan.schedules"),
+     "The inputs: model, GPU/cluster, training and profile specs, their loaders, the Megatron flag reader, "
+     "the parallel layout and the pipeline schedules it names (each schedule's bubble, in-flight micro-batches "
+     "and timeline read only the model spec)."),
     ("estimate", ("paraplan.estimate", "paraplan.estimator", "paraplan.rules", "paraplan.checkpoint",
                   "paraplan.goodput"),
      "Formulas for one layout: Megatron's rules, memory, step time, checkpoint cost and goodput."),

@@ -17,6 +17,7 @@ from paraplan.layout import (
     ParallelLayout,
     column_attribute,
 )
+from paraplan.schedules import SCHEDULE_NAMES
 
 
 def test_table_fields_are_the_layout_fields() -> None:
@@ -45,6 +46,7 @@ layouts = st.builds(
     fsdp=st.booleans(), overlap_grad_reduce=st.booleans(), overlap_param_gather=st.booleans(),
     tp_comm_overlap=st.booleans(), first_stage_layers=st.integers(0, 3), last_stage_layers=st.integers(0, 3),
     account_for_embedding=st.booleans(), account_for_loss=st.booleans(),
+    schedule=st.sampled_from(["", *SCHEDULE_NAMES]),
 )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.launch.site import load_site
 from paraplan.search import SearchSpace
+from paraplan.serialize import dumps_json
 from paraplan.specs.cluster import GpuSpec
 from paraplan.specs.load import gpu_preset_names, load_gpu, load_model
 from paraplan.units import format_count
@@ -303,7 +303,7 @@ def budget_cmd(
 
         write_text_atomic(html, budget_html(res), option="--html", force=force)
     if fmt == BudgetFormat.json:
-        print(json.dumps(res.to_dict(), indent=1))
+        print(dumps_json(res.to_dict()))
     elif fmt == BudgetFormat.csv:
         sys.stdout.write(to_csv(res))
     else:

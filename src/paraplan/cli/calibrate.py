@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.table import Table
 
@@ -25,6 +23,7 @@ from paraplan.cli._app import app
 from paraplan.cli.options import ForceOpt, FormatOpt, OutputFormat
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
+from paraplan.serialize import dumps_json
 from paraplan.specs.cluster import GpuSpec
 from paraplan.specs.load import load_gpu
 
@@ -133,7 +132,7 @@ def calibrate(
         doc["out"] = out
         if loo is not None:
             doc["leave_one_out"] = {"before": loo[0].as_dict(), "after": loo[1].as_dict()}
-        print(json.dumps(doc, indent=1))
+        print(dumps_json(doc))
     else:
         _render(res, out)
         if loo is not None:

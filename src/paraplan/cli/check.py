@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.markup import escape
 
@@ -20,6 +18,7 @@ from paraplan.cli.options import (
 from paraplan.cli.render import console, render_estimate, safe
 from paraplan.launch.check import CheckResult, check_parsed, suggest_alternative
 from paraplan.launch.parse import parse_file
+from paraplan.serialize import dumps_json
 
 DEFAULT_GPU = "h100-80gb"
 
@@ -85,7 +84,7 @@ def check(
     parsed = parse_file(script)
     result = check_parsed(parsed, resolve_gpu(gpu, gpu_set, profile), num_gpus=num_gpus, gpus_per_node=gpus_per_node)
     if fmt == OutputFormat.json:
-        print(json.dumps({"script": script, **result.to_dict()}, indent=1))
+        print(dumps_json({"script": script, **result.to_dict()}))
     else:
         render_check(result, script)
     if result.violations:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from paraplan.api import estimate as run_estimate
@@ -36,6 +34,7 @@ from paraplan.cli.options import (
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimator import Estimate
+from paraplan.serialize import dumps_json
 
 
 @app.command("estimate")
@@ -100,17 +99,13 @@ def estimate(
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,
                         gpu_set: list[str] | None, profile: str | None) -> Estimate:
     """Estimate the layout a Megatron command line describes; its first broken rule is the error."""
-    from pathlib import Path
-
+    from paraplan.fileio import read_input_text
     from paraplan.launch.check import check_parsed
     from paraplan.launch.megatron import MEGATRON_COMMIT
     from paraplan.launch.parse import parse_script
 
     if text.startswith("@"):
-        try:
-            text = Path(text[1:]).read_text(encoding="utf-8")
-        except OSError as err:
-            raise SpecError(f"--megatron-args: cannot read '{text[1:]}': {err.strerror}") from None
+        text = read_input_text(text[1:], "--megatron-args")
     gpu_spec = resolve_gpu(gpu, gpu_set, profile)
     result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node)
     # the environment a launcher sets is `paraplan check`'s business; the estimate needs the layout only
@@ -126,7 +121,7 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
 
 def _emit(result: Estimate, fmt: OutputFormat) -> None:
     if fmt == OutputFormat.json:
-        print(json.dumps(result.to_dict(), indent=1))
+        print(dumps_json(result.to_dict()))
     elif fmt == OutputFormat.csv:
         print(estimate_csv(result), end="")
     else:

@@ -66,7 +66,7 @@ def models(fmt: ListFormat = _FORMAT) -> None:
 
     rows = preset_rows("models")
     if fmt == ListFormat.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows, indent=1, allow_nan=False))
         return
     if fmt == ListFormat.csv:
         print(rows_csv(rows), end="")
@@ -93,7 +93,7 @@ def gpus(fmt: ListFormat = _FORMAT) -> None:
 
     rows = preset_rows("gpus")
     if fmt == ListFormat.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows, indent=1, allow_nan=False))
         return
     if fmt == ListFormat.csv:
         print(rows_csv(rows), end="")

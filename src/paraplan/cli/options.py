@@ -67,14 +67,27 @@ def positive(name: str, value: int | None) -> int | None:
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     """``--gpu-set key=value`` pairs (values parsed as YAML scalars; efficiency.x for nested)."""
-    import yaml
+    from dataclasses import fields
+
+    from paraplan.fileio import brief, clip, load_yaml_text
+    from paraplan.specs.cluster import EfficiencySpec
+    from paraplan.specs.load import gpu_override_keys
 
     out: dict[str, Any] = {}
+    keys, eff_keys = gpu_override_keys(), [f"efficiency.{f.name}" for f in fields(EfficiencySpec)]
     for item in items or []:
         if "=" not in item:
-            raise SpecError(f"--gpu-set expects key=value, got '{item}'")
+            raise SpecError(f"--gpu-set expects key=value, got {brief(item)}")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw)
+        if key.startswith("efficiency.") and key not in eff_keys:
+            raise SpecError(f"--gpu-set {clip(key)}: unknown efficiency field (allowed: "
+                            f"{', '.join(k.split('.', 1)[1] for k in eff_keys)})")
+        if key not in keys and key not in eff_keys:
+            raise SpecError(f"--gpu-set {clip(key)}: unknown key (allowed: {', '.join(keys)}, "
+                            "or efficiency.<field> for a model efficiency)")
+        value = load_yaml_text(raw, f"--gpu-set {key}")
+        if isinstance(value, dict | list):
+            raise SpecError(f"--gpu-set {key}: expected a single value, got {brief(value)}")
         if key.startswith("efficiency."):
             out.setdefault("efficiency", {})[key.split(".", 1)[1]] = value
         else:
@@ -126,6 +139,15 @@ def build_layout(
     last_stage_layers: int | None, account_for_embedding: bool, account_for_loss: bool,
 ) -> ParallelLayout:
     """A ParallelLayout from CLI flags (DP = num_gpus / (TP x PP x CP))."""
+    if fsdp and not distributed_optimizer:
+        raise SpecError("--fsdp and --no-distributed-optimizer contradict: Megatron-FSDP shards the optimizer "
+                        "states itself (drop one of the two)")
+    if recompute != "selective" and recompute_modules:
+        raise SpecError(f"--recompute-modules and --recompute {recompute} contradict: modules apply to "
+                        "--recompute selective only")
+    if recompute == "none" and recompute_num_layers is not None:
+        raise SpecError("--recompute-num-layers and --recompute none contradict: layers per checkpoint apply to "
+                        "--recompute full only")
     for name, value in (("tp", tp), ("pp", pp), ("vp", vp), ("cp", cp), ("ep", ep), ("etp", etp),
                         ("mbs", mbs), ("recompute-num-layers", recompute_num_layers)):
         positive(name, value)
@@ -339,11 +361,15 @@ FragmentationOpt = typer.Option(None, "--fragmentation", help="Fragmentation all
                                 "activation-like memory (default 0.05).")
 
 
+MAX_WORKSPACE_GIB = 1024
+"""Largest --workspace-gib accepted (more than any GPU's memory; 1e309 reads as inf)."""
+
+
 def memory_options(workspace_gib: float | None, fragmentation: float | None) -> MemoryOptions:
     """MemoryOptions from the CLI allowances (None keeps the documented default)."""
     base = MemoryOptions()
-    if workspace_gib is not None and not workspace_gib >= 0:
-        raise SpecError(f"--workspace-gib must be >= 0, got {workspace_gib}")
+    if workspace_gib is not None and not 0 <= workspace_gib <= MAX_WORKSPACE_GIB:
+        raise SpecError(f"--workspace-gib must be in [0, {MAX_WORKSPACE_GIB}] GiB, got {workspace_gib}")
     if fragmentation is not None and not 0 <= fragmentation < 1:
         raise SpecError(f"--fragmentation must be in [0, 1), got {fragmentation}")
     return MemoryOptions(

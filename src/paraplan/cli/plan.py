@@ -6,11 +6,10 @@ import csv
 import functools
 import inspect
 import io
-import json
 import sys
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -43,7 +42,9 @@ from paraplan.explain import CKPT_BLOCKING_FLAG
 from paraplan.explain import explain as explain_plan
 from paraplan.launch.site import SiteProfile, load_site
 from paraplan.layout import RECOMPUTE_MODULES
+from paraplan.schedules import SCHEDULE_NAMES
 from paraplan.search import Plan, SearchSpace
+from paraplan.serialize import dumps_json
 from paraplan.units import GIB
 
 
@@ -53,6 +54,14 @@ class PlanFormat(StrEnum):
     table = "table"
     json = "json"
     csv = "csv"
+
+
+ScheduleChoice = StrEnum("ScheduleChoice", {n: n for n in SCHEDULE_NAMES})  # type: ignore[misc]
+"""``--schedule`` values (``paraplan.schedules``)."""
+
+ScheduleOpt = typer.Option(None, "--schedule", help="Pipeline schedule: 1f1b, interleaved or combined_1f1b "
+                           "(Megatron-LM), zb-h1 or dualpipe-v (what-ifs, not in Megatron-LM); default: Megatron's "
+                           "choice from --vp.")
 
 
 class ObjectiveChoice(StrEnum):
@@ -82,6 +91,9 @@ def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[
     if bad:
         raise SpecError(f"--{name}: unknown '{bad[0]}' (allowed: {', '.join(allowed)})")
     return values
+
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,27 +127,32 @@ class PlanRequest:
     fragmentation: float | None = None
     recompute_modules: str | None = None
     attention_backend: str = "flash"
+    schedule: str = ""
+    """A ``paraplan.schedules`` name ("" = Megatron's choice from VP). Not in PLAN_OPTIONS: plan and explain
+    each place ``--schedule`` among their own options (their --help order)."""
 
     def space(self) -> SearchSpace:
         """The search space the flags allow."""
         return search_space(tp=self.tp, pp=self.pp, vp=self.vp, cp=self.cp, ep=self.ep, mbs=self.mbs,
                             max_pp=self.max_pp, recompute=self.recompute, dp_variant=self.dp_variant,
                             allow_cross_node=self.allow_cross_node, tp_comm_overlap=self.tp_comm_overlap,
-                            recompute_modules=self.recompute_modules)
+                            recompute_modules=self.recompute_modules, schedule=self.schedule)
 
 
 def search_space(*, tp: str | None = None, pp: str | None = None, vp: str | None = None, cp: str | None = None,
                  ep: str | None = None, mbs: str | None = None, max_pp: int | None = None,
                  recompute: str | None = None, dp_variant: str | None = None, allow_cross_node: bool = True,
-                 tp_comm_overlap: bool = False, recompute_modules: str | None = None) -> SearchSpace:
+                 tp_comm_overlap: bool = False, recompute_modules: str | None = None,
+                 schedule: str = "") -> SearchSpace:
     """The SearchSpace of the search flags (comma-separated lists; None keeps the default)."""
     return SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
-        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
+        recompute=_strs("recompute", recompute, RECOMPUTE_CHOICES, RECOMPUTE_CHOICES),
         dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
         allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
         recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)),
+        schedule=schedule,
     )
 
 
@@ -148,6 +165,13 @@ def run_plan(req: PlanRequest) -> Plan:
                             profile=req.profile, attention_backend=req.attention_backend)
     if req.top < 1:
         raise SpecError(f"--top must be a positive integer, got {req.top}")
+    if req.pp and req.max_pp is not None:
+        raise SpecError("--pp and --max-pp contradict: --pp lists the PP sizes to search, --max-pp caps the "
+                        "default list (give one)")
+    if (req.recompute_modules and req.recompute
+            and "selective" not in _strs("recompute", req.recompute, RECOMPUTE_CHOICES, ())):
+        raise SpecError(f"--recompute-modules and --recompute {req.recompute} contradict: modules apply to "
+                        "selective recompute only")
     return plan(inputs.model, inputs.cluster, training=inputs.training, space=req.space(),
                 objective=req.objective, top_k=req.top,  # type: ignore[arg-type]
                 memory_options=memory_options(req.workspace_gib, req.fragmentation))
@@ -219,7 +243,7 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None 
         d["checkpoints"] = [advise(c, site.storage(), site.failures()).as_dict() for c in p.candidates]
         if with_explain:
             d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures())]
-        print(json.dumps(d, indent=1))
+        print(dumps_json(d))
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
         w = csv.writer(buf)
@@ -270,8 +294,8 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("attention_backend", AttentionChoice, AttentionOpt),
 )
 """(parameter, type, typer option) of every flag plan and explain share, in --help order: each is a field of
-PlanRequest, in the same order (tests/cli/test_plan_request.py; a new search flag is one entry here and one
-field there)."""
+PlanRequest, in the same order, then ``schedule``, which each command places among its own flags
+(tests/cli/test_plan_request.py; a new search flag is one entry here and one field there)."""
 
 
 def with_plan_options(func: Callable[..., None]) -> Callable[..., None]:
@@ -299,6 +323,7 @@ def with_plan_options(func: Callable[..., None]) -> Callable[..., None]:
 def plan_cmd(
     req: PlanRequest,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
+    schedule: ScheduleChoice | None = ScheduleOpt,
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
                                     "failure rate) for the checkpoint columns."),
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
@@ -309,7 +334,8 @@ def plan_cmd(
 
     Example: paraplan plan --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512
     """
-    plan_and_emit(req, explain=explain, site=site, save=save, force=force, fmt=fmt)
+    plan_and_emit(replace(req, schedule=schedule.value if schedule is not None else ""), explain=explain, site=site,
+                  save=save, force=force, fmt=fmt)
 
 
 def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: str | None, force: bool,
@@ -337,9 +363,11 @@ def explain_cmd(
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
                                     "failure rate) for the CHECKPOINT finding."),
+    schedule: ScheduleChoice | None = ScheduleOpt,
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
 
     Example: paraplan explain --model llama3-8b --gpu h100-80gb --num-gpus 16 --seq-len 8192 --gbs 256
     """
-    plan_and_emit(req, explain=True, site=site, save=save, force=force, fmt=fmt)
+    plan_and_emit(replace(req, schedule=schedule.value if schedule is not None else ""), explain=True, site=site,
+                  save=save, force=force, fmt=fmt)

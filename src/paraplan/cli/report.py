@@ -167,7 +167,8 @@ def report_cmd(
                                  tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules)
             p = plan_from_file(plan_file, top, objective.value if objective else None, space)
         else:
-            assert model and gpu and num_gpus and seq_len and gbs
+            assert model is not None and gpu is not None and num_gpus is not None  # checked above (None only)
+            assert seq_len is not None and gbs is not None
             p = run_plan(PlanRequest(
                 model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, seq_len=seq_len, gbs=gbs,
                 precision=precision.value, gpu_set=gpu_set, profile=profile, top=top,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from paraplan.cli.render import console, safe
 from paraplan.errors import IngestError, SpecError
 from paraplan.estimator import estimate
 from paraplan.ingest import RunLog, read_logs
-from paraplan.serialize import load_plan
+from paraplan.serialize import dumps_json, load_plan
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import gpu_preset_names, model_preset_names, override_gpu
 from paraplan.tune import Comparison, Metric, compare, diagnose
@@ -180,7 +179,7 @@ def tune(
                    if v is None]
         if missing:
             raise SpecError(f"tune: with --model, also give {', '.join(missing)}")
-        assert model and gpu and num_gpus and seq_len and gbs
+        assert gpu is not None and num_gpus is not None and seq_len is not None and gbs is not None  # checked above
         specs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, seq_len=seq_len,
                                gbs=gbs, precision=precision.value, gpu_set=gpu_set, profile=profile)
         layout, _ = flags.layout(num_gpus, specs.model)
@@ -204,6 +203,6 @@ def tune(
     if fmt == OutputFormat.json:
         doc = {"sources": list(run_log.sources), "candidate_id": inp.candidate_id, "comparison": cmp.to_dict(),
                "findings": findings}
-        print(json.dumps(doc, indent=1))
+        print(dumps_json(doc))
     else:
         _render(cmp, findings, run_log)

@@ -8,8 +8,8 @@ parameters; Megatron's own estimator divides by DP only (docs/model.md). Megatro
 (optim_grads_params) shards all 18 B and all-gathers two layers' weights at a time.
 
 Activations: ``paraplan.estimate.activations``, multiplied by the micro-batches each rank holds in
-flight (``paraplan.estimate.pipeline.in_flight_units``). Other: logits on the last stage, FP8
-weight copies, FSDP gather buffers, and a configurable workspace and fragmentation allowance.
+flight (the layout's schedule, ``paraplan.schedules``: ``Schedule.in_flight_units``). Other: logits on
+the last stage, FP8 weight copies, FSDP gather buffers, and a configurable workspace and fragmentation allowance.
 Vectorised over candidates like the rest of ``estimate``.
 """
 
@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned
 from paraplan.estimate.params import ParamTerms, StageLayers, StageParams, padded_vocab, stage_params
-from paraplan.estimate.pipeline import first_chunk_in_flight, in_flight_units
+from paraplan.schedules import schedule_of
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import (
     FP16_MAIN_GRAD_BYTES,
@@ -201,7 +201,7 @@ def stage_activation_bytes(
 ) -> tuple[Num, Num]:
     """(activation bytes, in-flight chunk count) for one pipeline rank at its peak.
 
-    layers:     units * (n_dense*a_dense + n_moe*a_moe) / vp   (units from in_flight_units)
+    layers:     units * (n_dense*a_dense + n_moe*a_moe) / vp   (units: Schedule.in_flight_units)
     embedding:  first-chunk micro-batches in flight * embedding_bytes (rank 0)
     transient:  full-recompute working group + backward working set (one layer, one micro-batch)
     ``per_layer``: the layout's ``layer_activations`` when already computed.
@@ -210,9 +210,10 @@ def stage_activation_bytes(
     per_mb = stage.num_dense_layers * la.dense
     if model.is_moe:
         per_mb = per_mb + stage.num_moe_layers * la.moe
-    units = in_flight_units(rank=rank, pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
+    sched = schedule_of(layout)
+    units = sched.in_flight_units(rank=rank, pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
     layers = units * per_mb / layout.vp
-    emb_mbs = first_chunk_in_flight(pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
+    emb_mbs = sched.first_chunk_in_flight(pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
     emb = np.where(stage.has_embedding, emb_mbs * la.embedding, 0.0)
     working = options.backward_working_frac * la.one_layer
     mtp_layers = np.where(stage.num_mtp_layers > 0, stage.num_mtp_layers * la.mtp, 0.0)

@@ -7,8 +7,8 @@ num-layers`` give the first/last rank their own counts (split evenly over its VP
 ``--account-for-embedding/loss-in-pipeline-split`` count the embedding / loss as one layer of
 the first / last virtual stage.
 
-In-flight micro-batches follow ``get_pp_rank_microbatches`` in
-``megatron/core/pipeline_parallel/schedules.py`` (megatron-formulas.md section 4).
+In-flight micro-batches and the bubble belong to the pipeline schedule (``paraplan.schedules``);
+the functions here keep their Megatron-default forms for callers that have no layout.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 
 from paraplan.errors import LayoutError
 from paraplan.layout import ParallelLayout
+from paraplan.schedules import schedule_named
 
 Num = Any
 
@@ -143,33 +144,22 @@ def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssig
 
 
 def in_flight_units(*, rank: Num, pp: Num, vp: Num, num_microbatches: Num) -> Num:
-    """Forward passes whose activations a pipeline rank holds at its peak, in model-chunk units.
-
-    1F1B (vp = 1): min(p - r, m)       (warm-up p - r - 1, plus the one in progress)
-    interleaved:   min(2(p - r - 1) + (v - 1)p + 1, m*v)   chunk-micro-batches, each holding
-                   1/v of the rank's layers (microbatch group size = p, Megatron's default).
-    Reference: get_pp_rank_microbatches, megatron/core/pipeline_parallel/schedules.py.
-    """
-    one_f_one_b = np.minimum(pp - rank, num_microbatches)
-    interleaved = np.minimum(2 * (pp - rank - 1) + (vp - 1) * pp + 1, num_microbatches * vp)
-    return np.where(vp > 1, interleaved, one_f_one_b)
+    """Forward passes a rank holds at its peak, in model-chunk units, under Megatron's choice of
+    schedule from VP (``paraplan.schedules.MegatronChoice``: 1F1B min(p - r, m), interleaved
+    min(2(p - r - 1) + (v - 1)p + 1, m*v)); other schedules: ``Schedule.in_flight_units``."""
+    return schedule_named("").in_flight_units(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches)
 
 
 def first_chunk_in_flight(*, pp: Num, vp: Num, num_microbatches: Num) -> Num:
-    """Micro-batches whose first-chunk (embedding) activations rank 0 holds at its peak.
-
-    1F1B: min(p, m). Interleaved: the warm-up covers all v chunks of micro-batches 0..p-1 and then
-    chunk 0 of the next p - 1, so chunk 0 holds min(2p - 1, m) micro-batches.
-    """
-    return np.where(vp > 1, np.minimum(2 * pp - 1, num_microbatches), np.minimum(pp, num_microbatches))
+    """Micro-batches whose embedding activations rank 0 holds at its peak (Megatron's choice from VP:
+    1F1B min(p, m), interleaved min(2p - 1, m)); other schedules: ``Schedule.first_chunk_in_flight``."""
+    return schedule_named("").first_chunk_in_flight(pp=pp, vp=vp, num_microbatches=num_microbatches)
 
 
 def bubble_frac(*, pp: Num, vp: Num, num_microbatches: Num) -> Num:
-    """Pipeline bubble relative to the ideal compute time: (p - 1) / (v * m).
-
-    Narayanan et al. 2021 (arXiv:2104.04473) section 2.2: 1F1B (p-1)/m, interleaved (p-1)/(v*m).
-    """
-    return (pp - 1) / (vp * num_microbatches)
+    """Pipeline bubble relative to the ideal compute time under Megatron's choice from VP: (p - 1) / (v * m)
+    (Narayanan et al. 2021, arXiv:2104.04473, section 2.2); other schedules: ``Schedule.bubble_frac``."""
+    return schedule_named("").bubble_frac(pp=pp, vp=vp, num_microbatches=num_microbatches)
 
 
 def balanced_uneven_split(num_layers: int, pp: int, vp: int = 1) -> tuple[int, int] | None:

@@ -12,11 +12,15 @@ from numpy.typing import NDArray
 from paraplan.estimate.params import StageLayers
 from paraplan.estimate.pipeline import chunk_layer_counts, stage_assignment
 from paraplan.layout import ParallelLayout, distinct_rows
+from paraplan.schedules import schedule_named, schedule_of
 from paraplan.specs.model import ModelSpec
 
 
-def stage_layers_for_rank(model: ModelSpec, layers: Iterable[int], *, rank: int, pp: int) -> StageLayers:
-    """Counts of dense and MoE layers among ``layers``; embedding on rank 0, output and MTP on the last."""
+def stage_layers_for_rank(model: ModelSpec, layers: Iterable[int], *, rank: int, pp: int,
+                          output_rank: int | None = None) -> StageLayers:
+    """Counts of dense and MoE layers among ``layers``; embedding on rank 0, output and MTP on the last
+    (``output_rank``: the schedule's rank for them, e.g. rank 0 in DualPipe-V's V shape)."""
+    out = pp - 1 if output_rank is None else output_rank
     pattern = model.moe_layer_pattern()
     idx = list(layers)
     n_moe = sum(1 for i in idx if pattern[i])
@@ -24,15 +28,16 @@ def stage_layers_for_rank(model: ModelSpec, layers: Iterable[int], *, rank: int,
         num_dense_layers=len(idx) - n_moe,
         num_moe_layers=n_moe,
         has_embedding=rank == 0,
-        has_output=rank == pp - 1,
-        num_mtp_layers=model.mtp_num_layers if rank == pp - 1 else 0,
+        has_output=rank == out,
+        num_mtp_layers=model.mtp_num_layers if rank == out else 0,
     )
 
 
 def all_stage_layers(model: ModelSpec, layout: ParallelLayout) -> list[StageLayers]:
     """StageLayers of every pipeline rank (raises LayoutError for impossible splits)."""
+    out = int(schedule_of(layout).output_rank(layout.pp))
     return [
-        stage_layers_for_rank(model, a.layers, rank=a.rank, pp=layout.pp)
+        stage_layers_for_rank(model, a.layers, rank=a.rank, pp=layout.pp, output_rank=out)
         for a in stage_assignment(model.num_layers, layout)
     ]
 
@@ -127,6 +132,7 @@ def representative_ranks(
 def stage_layers_table(
     model: ModelSpec, pp: NDArray[np.int64], vp: NDArray[np.int64], rank: NDArray[np.int64],
     layouts: dict[tuple[int, int], tuple[int, ...]] | None = None, *, counts: PipelineCounts | None = None,
+    schedule: str = "",
 ) -> StageLayers:
     """StageLayers arrays for (pp, vp, rank) rows (the search space): even splits, or the
     balanced ``layouts`` given for (pp, vp) pairs that do not divide.
@@ -135,12 +141,13 @@ def stage_layers_table(
     with the number of candidates. ``counts``: ``pipeline_counts`` of these rows when already computed.
     """
     c = counts if counts is not None else pipeline_counts(model, pp, vp, layouts)
+    out = schedule_named(schedule).output_rank(pp)
     ok = c.known[c.pair_of_row]
     r = np.where(ok, rank, 0)
     return StageLayers(
         num_dense_layers=np.where(ok, c.dense[c.pair_of_row, r], 0),
         num_moe_layers=np.where(ok, c.moe[c.pair_of_row, r], 0),
         has_embedding=rank == 0,
-        has_output=rank == pp - 1,
-        num_mtp_layers=np.where(rank == pp - 1, model.mtp_num_layers, 0),
+        has_output=rank == out,
+        num_mtp_layers=np.where(rank == out, model.mtp_num_layers, 0),
     )

@@ -31,7 +31,7 @@ from paraplan.estimate.flops import (
     recompute_flops_per_step,
 )
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, param_terms, stage_params
-from paraplan.estimate.pipeline import bubble_frac
+from paraplan.schedules import Schedule, schedule_of
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec, grad_bytes_per_param
@@ -453,6 +453,17 @@ def _dp_times(model: ModelSpec, cluster: ClusterSpec, layout: Any, stage: StageL
     return grad, gather, local
 
 
+def _ep_exposed(sched: Schedule, layout: Any, m: Num, ep_s: Num, compute_s: Num) -> Num:
+    """Exposed expert-parallel all-to-all of a step: m * ep_s per micro-batch, unless the schedule
+    overlaps it with another micro-batch's compute (combined 1F1B, DualPipe-V): then a share
+    ``f = Schedule.ep_exposed_frac`` of the passes (the unpaired ones) keeps it and the paired ones
+    expose only what the other micro-batch's compute does not cover: m (f e + (1 - f) max(e - c, 0))."""
+    frac = sched.ep_exposed_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
+    if isinstance(frac, float) and frac == 1.0:
+        return m * ep_s
+    return m * (frac * ep_s + (1.0 - frac) * np.maximum(ep_s - compute_s, 0.0))
+
+
 def step_time_from_stages(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Any,
     stages: Sequence[StageLayers], *, num_microbatches: Num, max_positions: int, terms: StageTerms | None = None,
@@ -474,7 +485,8 @@ def step_time_from_stages(
         return np.take_along_axis(arr, np.expand_dims(slow, 0), 0)[0] if arr.ndim > 1 else arr[slow]
 
     t_stage = pick([st.total_s for st in times])
-    bub_frac = bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
+    sched = schedule_of(layout)
+    bub_frac = sched.bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
     groups = _dp_groups(model, cluster, layout, max_positions, params)
@@ -499,14 +511,17 @@ def step_time_from_stages(
     pp_bytes = 2.0 * training.seq_len * layout.mbs / layout.cp * model.hidden_size / t_
     pp_bw = comm.tier_busbw(cluster, layout.tp * layout.cp * layout.dp * layout.pp)
     p2p = comm.p2p_s(pp_bytes, pp_bw, eff.collective_latency_s)
-    pp_link = np.where(layout.pp > 1, 2.0 * layout.vp * m * p2p, 0.0)
-    pp_overlap = np.where(layout.vp > 1, eff.pp_overlap_frac, eff.pp_overlap_frac * 0.5)
-    pp_exposed = np.where(layout.pp > 1, (layout.vp * m + layout.pp - 1) * 2.0 * p2p * (1.0 - pp_overlap), 0.0)
+    sends = sched.p2p_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m)
+    pp_link = np.where(layout.pp > 1, 1.0 * sends * p2p, 0.0)
+    pp_overlap = eff.pp_overlap_frac * sched.p2p_overlap_scale(vp=layout.vp)
+    on_path = sched.p2p_exposed_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m)
+    pp_exposed = np.where(layout.pp > 1, on_path * p2p * (1.0 - pp_overlap), 0.0)
     optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (gpu.hbm_bytes_per_s * eff.hbm_frac)
     exposed = {
         "tp": m * pick([st.exposed_s["tp"] for st in times]),
         "cp": m * pick([st.exposed_s["cp"] for st in times]),
-        "ep": m * pick([st.exposed_s["ep"] for st in times]),
+        "ep": _ep_exposed(sched, layout, m, pick([st.exposed_s["ep"] for st in times]),
+                          pick([st.compute_s for st in times])),
         "pp": pp_exposed,
         "dp": dp_exposed,
     }

@@ -1,7 +1,7 @@
 """Check a parsed launch script: every Megatron rule it breaks, and the estimate when it breaks none.
 
-Rules come from ``paraplan.rules.RULES`` (all of them are evaluated, not only the first), the
-flag-level rules of ``paraplan.launch.megatron.launch_violations``, what the argument reader found
+Rules come from ``paraplan.rules.rules_for`` for the layout's schedule (all of them are evaluated, not
+only the first), the flag-level rules of ``paraplan.launch.megatron.launch_violations``, what the argument reader found
 (``MegatronFlags.problems``), the pipeline split (``estimate.pipeline``) and the environment
 Megatron asserts (CUDA_DEVICE_MAX_CONNECTIONS, ecosystem.md 1.4). Messages are Megatron's.
 """
@@ -21,11 +21,13 @@ from paraplan.launch.megatron import (
     MAX_CONNECTIONS_MESSAGE,
     fsdp_rejects_max_connections,
     launch_violations,
+    layout_dict,
     needs_max_connections_1,
 )
 from paraplan.launch.parse import ParsedScript
 from paraplan.layout import ParallelLayout
-from paraplan.rules import RULES, RuleContext
+from paraplan.rules import RuleContext, rules_for
+from paraplan.schedules import schedule_of
 from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
@@ -53,7 +55,7 @@ class CheckResult:
         return {
             "world_size": self.cluster.num_gpus, "gpu": self.cluster.gpu.name,
             "gpus_per_node": self.cluster.gpus_per_node, "layout": self.layout.short(),
-            "layout_fields": asdict(self.layout), "training": asdict(self.training),
+            "layout_fields": layout_dict(self.layout), "training": asdict(self.training),
             "model": self.model.name,
             "violations": [{"code": c, "message": m} for c, m in self.violations],
             "unknown_flags": list(p.unknown_flags), "defaults_applied": list(p.defaults_applied),
@@ -111,9 +113,10 @@ def _env_violations(parsed: ParsedScript, layout: ParallelLayout, gpu: GpuSpec) 
 
 def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                     layout: ParallelLayout) -> list[tuple[str, str]]:
-    """Every broken rule of ``paraplan.rules.RULES`` plus the pipeline, position and flag rules."""
+    """Every broken rule of ``paraplan.rules.rules_for`` (the layout's schedule) plus the pipeline, position
+    and flag rules."""
     ctx = RuleContext(model=model, training=training, cluster=cluster, layout=layout)
-    found = [(r.code, r.message(ctx)) for r in RULES if bool(np.any(r.violated(ctx)))]
+    found = [(r.code, r.message(ctx)) for r in rules_for(schedule_of(layout)) if bool(np.any(r.violated(ctx)))]
     codes = {c for c, _ in found}
     for check in (lambda: stage_assignment(model.num_layers, layout),
                   lambda: max_positions_for(model, training),

@@ -1,6 +1,10 @@
 """Parameter expansion for ``paraplan.launch.shell``: ``$NAME``, ``${NAME}``, ``${NAME:-default}``,
 ``${NAME:=default}``, ``${NAME:+alt}``, ``${NAME[@]}``, with bash word splitting of unquoted
 expansions. Unknown variables and other forms (``$(...)``, ``$((...))``) stay as literal text.
+
+Expansion is bounded (a variable that doubles itself 40 times would need 2^40 characters): one word
+expands to at most MAX_WORD_CHARS, a whole script to MAX_SCRIPT_CHARS in at most MAX_SCRIPT_FIELDS
+fields with MAX_SUBSTITUTIONS substitutions; past a limit, SpecError in one line naming it.
 """
 
 from __future__ import annotations
@@ -9,9 +13,21 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
+from paraplan.errors import SpecError
+
 Seg = tuple[str, str]
 """(text, quote): quote is '' (unquoted), "'" or '"'."""
 Word = tuple[Seg, ...]
+
+MAX_WORD_CHARS: Final = 2**20
+"""Longest expansion of one word (1 MiB; a Megatron command line is a few KB)."""
+MAX_SCRIPT_CHARS: Final = 16 * 2**20
+"""Most characters all expansions of one script may produce (16 MiB)."""
+MAX_SCRIPT_FIELDS: Final = 200_000
+"""Most fields (words after splitting) all expansions of one script may produce (an array that doubles
+itself makes millions of one-character fields)."""
+MAX_SUBSTITUTIONS: Final = 200_000
+"""Most variable substitutions in one script (a long launch script has a few hundred)."""
 
 _EXPANSION: Final = re.compile(
     r"\$(?:\{(?P<brace>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
@@ -24,6 +40,12 @@ class Env:
 
     scalars: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, list[str]] = field(default_factory=dict)
+    expanded_chars: int = 0
+    """Characters produced by expansions so far (bounded by MAX_SCRIPT_CHARS)."""
+    expanded_fields: int = 0
+    """Fields produced by expansions so far (bounded by MAX_SCRIPT_FIELDS)."""
+    substitutions: int = 0
+    """Variable substitutions so far (bounded by MAX_SUBSTITUTIONS)."""
 
     def lookup(self, name: str) -> list[str] | None:
         if name in self.arrays:
@@ -62,15 +84,29 @@ def _expand_braced(body: str, env: Env) -> tuple[list[str] | None, bool]:
 class _Fields:
     """Fields under construction: bash word splitting of unquoted expansions."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Env) -> None:
         self.fields: list[str] = []
         self.open = False
         self.quoted_text = False
+        self.env = env
+        self.chars = 0
 
     def add(self, text: str) -> None:
+        self.chars += len(text)
+        self.env.expanded_chars += len(text)
+        if self.chars > MAX_WORD_CHARS:
+            raise SpecError(f"script: a word expands to more than {MAX_WORD_CHARS // 2**20} MiB (the limit; "
+                            "a variable that grows itself?)")
+        if self.env.expanded_chars > MAX_SCRIPT_CHARS:
+            raise SpecError(f"script: variable expansion produces more than {MAX_SCRIPT_CHARS // 2**20} MiB "
+                            "(the limit)")
         if self.open:
             self.fields[-1] += text
         else:
+            self.env.expanded_fields += 1
+            if self.env.expanded_fields > MAX_SCRIPT_FIELDS:
+                raise SpecError(f"script: variable expansion produces more than {MAX_SCRIPT_FIELDS:,} words "
+                                "(the limit)")
             self.fields.append(text)
         self.open = True
 
@@ -103,6 +139,9 @@ class _Fields:
                 self.add(text[pos:m.start()])
                 self.quoted_text |= quoted
             pos = m.end()
+            env.substitutions += 1
+            if env.substitutions > MAX_SUBSTITUTIONS:
+                raise SpecError(f"script: more than {MAX_SUBSTITUTIONS:,} variable substitutions (the limit)")
             if m.group("plain"):
                 found = env.lookup(m.group("plain"))
                 values, is_array = (None if found is None else [" ".join(found)]), False
@@ -120,7 +159,7 @@ class _Fields:
 
 def expand_word(word: Word, env: Env) -> list[str]:
     """Fields of one word after parameter expansion and word splitting."""
-    out = _Fields()
+    out = _Fields(env)
     for text, quote in word:
         if quote == "'":
             out.add(text)

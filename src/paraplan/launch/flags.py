@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any, Final
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.load import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
@@ -168,7 +169,7 @@ class _Reader:
         try:
             return int(raw)
         except ValueError:
-            raise SpecError(f"{flag} {raw!r} is not an integer (an unresolved shell variable? "
+            raise SpecError(f"{flag} {brief(raw)} is not an integer (an unresolved shell variable? "
                             "set it in the script)") from None
 
     def default(self, flag: str, value: str, why: str = "Megatron's default") -> None:
@@ -190,7 +191,7 @@ def _model_fields(r: _Reader) -> dict[str, Any]:
             try:
                 out[key] = kind(raw)
             except ValueError:
-                raise SpecError(f"{flag} {raw!r} is not a number") from None
+                raise SpecError(f"{flag} {brief(raw)} is not a number") from None
     _recipe_fields(r, out)
     _attention_fields(r, out)
     _model_defaults(r, out)
@@ -218,7 +219,7 @@ def _recipe_fields(r: _Reader, out: dict[str, Any]) -> None:
             try:
                 out[key] = float(raw)
             except ValueError:
-                raise SpecError(f"{flag} {raw!r} is not a number") from None
+                raise SpecError(f"{flag} {brief(raw)} is not a number") from None
 
 
 def _attention_fields(r: _Reader, out: dict[str, Any]) -> None:
@@ -388,6 +389,11 @@ def _layout_fields(r: _Reader, num_layers: int, moe: bool) -> dict[str, Any]:
         if not lay[key] and key != "tp_comm_overlap" and (key != "sequence_parallel"
                                                           or lay["tp"] > 1):
             r.default(flag, "off")
+    if r.has("--overlap-moe-expert-parallel-comm"):  # Megatron's combined 1F1B (paraplan.schedules)
+        lay["schedule"] = "combined_1f1b"
+    elif r.has("--delay-wgrad-compute"):  # TC: __post_init__
+        r.problems.append(("DELAY_WGRAD_NEEDS_EP_OVERLAP", "overlap_moe_expert_parallel_comm must be enabled "
+                           "when enabling delay_wgrad_compute"))
     lay["fsdp"] = r.has("--use-megatron-fsdp") or r.has("--use-torch-fsdp2")
     if r.has("--use-torch-fsdp2"):
         r.notes.append("--use-torch-fsdp2 is modelled as Megatron-FSDP (optim_grads_params)")

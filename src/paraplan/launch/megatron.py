@@ -15,12 +15,13 @@ exactly that.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Final
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Final
 
 from paraplan.errors import LayoutError
 from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
+from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import TrainingSpec
 
@@ -37,7 +38,7 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--tp-comm-overlap",
+    "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
     # recompute
     "--recompute-granularity", "--recompute-modules", "--recompute-method", "--recompute-num-layers",
     # model
@@ -183,6 +184,10 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
                       arch: str = "hopper") -> list[tuple[str, str]]:
     """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
     out: list[tuple[str, str]] = []
+    sched = schedule_named(layout.schedule)
+    if not sched.megatron:
+        out.append(("SCHEDULE_NOT_IN_MEGATRON", f"--schedule {layout.schedule}: {sched.title} is a what-if, "
+                    f"{NOT_IN_MEGATRON}; launch writes 1f1b, interleaved or combined_1f1b"))
     if model.is_moe and model.add_bias_linear and layout.etp != 1:
         out.append(("MOE_BIAS_NEEDS_ETP1", "Bias in Moe is only supported when ETP==1"))
     fp8_delayed = training is not None and training.precision == "fp8" and arch not in BLACKWELL_ARCHS
@@ -205,6 +210,14 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
                     f"recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: "
                     f"{per_rank}"))
     return out
+
+
+def layout_dict(layout: ParallelLayout) -> dict[str, Any]:
+    """A layout as plain data; ``schedule`` only when one was chosen (ids of earlier layouts stay the same)."""
+    d = asdict(layout)
+    if not d.get("schedule"):
+        d.pop("schedule", None)
+    return d
 
 
 def as_launched(
@@ -281,6 +294,7 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--overlap-param-gather"))
     if lay.tp_comm_overlap:
         args.append(_a("--tp-comm-overlap"))
+    args += [_a(flag) for flag in schedule_named(lay.schedule).launch_flags]
     return ArgGroup("parallelism", tuple(args))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from paraplan.errors import SpecError
+from paraplan.fileio import path_exists, read_input_text
 from paraplan.launch.flags import MegatronFlags, read_flags
 from paraplan.launch.shell import Command, Env, read_commands
 from paraplan.layout import ParallelLayout, layout_for_world
@@ -187,10 +188,10 @@ def _includer(base_dir: Path | None) -> Callable[[str], str | None]:
         if base_dir is not None:
             candidates.append(base_dir / word.rsplit("/", 1)[-1])
         for path in candidates:
-            if path.is_file():
+            if path_exists(path) and path.is_file():
                 try:
-                    return path.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError):
+                    return read_input_text(path, "source")
+                except SpecError:
                     return None
         return None
     return include
@@ -226,10 +227,7 @@ def parse_script(text: str, *, name: str = "custom", source: str = "",
 def parse_file(path: str | Path) -> ParsedScript:
     """Parse a script or arguments file (SpecError when it cannot be read)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SpecError(f"cannot read '{path}': {err.strerror}") from None
+    text = read_input_text(p, "script")
     return parse_script(text, name=p.stem, source=str(p), base_dir=p.parent)
 
 

@@ -43,6 +43,7 @@ from paraplan.launch.megatron import (
     argv,
     as_launched,
     fsdp_rejects_max_connections,
+    layout_dict,
     megatron_args,
     needs_max_connections_1,
 )
@@ -89,7 +90,7 @@ def resolved_inputs(spec: LaunchSpec) -> dict[str, Any]:
         "model": asdict(spec.model), "training": asdict(spec.training),
         "cluster": {"gpu": c.gpu.name, "arch": c.gpu.arch, "num_gpus": c.num_gpus,
                     "gpus_per_node": c.gpus_per_node, "nvlink_domain_size": c.nvlink_domain_size},
-        "layout": asdict(spec.layout),
+        "layout": layout_dict(spec.layout),
     }
 
 
@@ -223,8 +224,8 @@ def manifest(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...],
     return {
         "schema_version": SCHEMA_VERSION, "tool": "paraplan", "tool_version": __version__,
         "candidate_id": cid, "megatron_commit": MEGATRON_COMMIT, "targets": targets,
-        "files": files, "layout": asdict(spec.layout), "inputs": resolved_inputs(spec),
-        "launched": {"model": asdict(model), "layout": asdict(layout)},
+        "files": files, "layout": layout_dict(spec.layout), "inputs": resolved_inputs(spec),
+        "launched": {"model": asdict(model), "layout": layout_dict(layout)},
         "megatron_args": argv(groups), "env": {n: v for n, v, _ in environment(spec)},
         "site": spec.site.as_dict(), "prediction": spec.prediction,
         **({} if spec.checkpoint is None else {"checkpoint": asdict(spec.checkpoint)}),
@@ -246,7 +247,7 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     names = list(dict.fromkeys(n for t in chosen for n in TARGET_FILES[t]))
     files = {n: env.get_template(f"{n}.j2").render(**ctx) for n in names}
     doc = manifest(spec, cid, groups, [*names, "manifest.json"], chosen)
-    files["manifest.json"] = json.dumps(doc, indent=2, default=_json_default) + "\n"
+    files["manifest.json"] = json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"
     return files
 
 

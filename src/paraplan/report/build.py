@@ -101,6 +101,8 @@ class ScheduleView:
     bubble_frac: float
     estimated_bubble_frac: float
     in_top: bool
+    schedule: str = ""
+    """``paraplan.schedules`` name ("" = Megatron's choice from VP)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,11 +259,13 @@ def schedule_view(est: Estimate, label: str, *, in_top: bool, max_blocks: int = 
     unit = max(f + b for f, b in zip(fwd, bwd, strict=True)) or 1.0
     m = est.num_microbatches
     drawn = drawn_microbatches(lay.pp, lay.vp, m, max_blocks)
+    if lay.schedule == "dualpipe-v":  # DualPipeV.step needs 2 PP micro-batches
+        drawn = min(max(drawn, 2 * lay.pp), m)
     sched = simulate(pp=lay.pp, vp=lay.vp, num_microbatches=drawn, forward=[f / unit for f in fwd],
-                     backward=[b / unit for b in bwd])
+                     backward=[b / unit for b in bwd], schedule=lay.schedule)
     return ScheduleView(layout_label=label, pp=lay.pp, vp=lay.vp, num_microbatches=m, drawn_microbatches=drawn,
                         unit_s=unit, blocks=sched.blocks, makespan=sched.makespan, bubble_frac=sched.bubble_frac,
-                        estimated_bubble_frac=float(est.time.bubble_frac), in_top=in_top)
+                        estimated_bubble_frac=float(est.time.bubble_frac), in_top=in_top, schedule=lay.schedule)
 
 
 def schedules(plan: Plan, top: Sequence[Estimate], max_blocks: int = MAX_BLOCKS) -> tuple[ScheduleView, ...]:

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from paraplan.report.build import MEMORY_TERMS, TIME_TERMS, ReportContext, ScheduleView
+from paraplan.schedules import schedule_label, schedule_named
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC",
            "#EECA3B")
@@ -17,6 +18,7 @@ TIME_COLOURS = dict(zip(TIME_TERMS, ("#4C78A8", "#9ECAE9", "#F58518", "#FFBF79",
                                      "#BAB0AC", "#54A24B", "#79706E"), strict=True))
 FORWARD_RANGE = ("#9CC3E6", "#1F4E79")
 BACKWARD_RANGE = ("#FDC086", "#A0440C")
+WGRAD_RANGE = ("#B8E0B0", "#2E6B30")
 MAX_LABELLED_BLOCKS = 400
 LEGEND = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 1.0, "xanchor": "right"}
 FONT = "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"
@@ -177,9 +179,12 @@ def schedule_figure(view: ScheduleView) -> Any:
     fig = go.Figure()
     label = len(view.blocks) <= MAX_LABELLED_BLOCKS
     thin = len(view.blocks) > 4 * MAX_LABELLED_BLOCKS
-    for kind, (light, dark), word in (("F", FORWARD_RANGE, "forward"), ("B", BACKWARD_RANGE, "backward")):
+    passes = [(("F",), FORWARD_RANGE, "forward"), (("B", "I"), BACKWARD_RANGE, "backward")]
+    if any(b.kind == "W" for b in view.blocks):  # zero-bubble schedules split the weight gradient off
+        passes.append((("W",), WGRAD_RANGE, "weight gradient"))
+    for kinds, (light, dark), word in passes:
         shades = _shades(light, dark, view.vp)
-        blocks = [b for b in view.blocks if b.kind == kind]
+        blocks = [b for b in view.blocks if b.kind in kinds]
         fig.add_trace(go.Bar(
             x=[round(b.end - b.start, 5) for b in blocks], base=[round(b.start, 5) for b in blocks],
             y=[b.stage for b in blocks], orientation="h", name=word, width=0.8,
@@ -191,7 +196,7 @@ def schedule_figure(view: ScheduleView) -> Any:
                           "start %{base:.2f}, length %{x:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=list(range(view.pp)),
                      ticktext=[f"stage {r}" for r in range(view.pp)], title_text="pipeline rank")
-    kind = "1F1B" if view.vp == 1 else f"interleaved 1F1B (VP {view.vp})"
+    kind = schedule_label(view.schedule, view.vp)
     title = (f"{kind}, PP {view.pp}, {view.num_microbatches} micro-batches: bubble "
              f"{100 * view.estimated_bubble_frac:.1f}% of compute")
     window = _window(view)
@@ -209,8 +214,11 @@ def schedule_figure(view: ScheduleView) -> Any:
 
 def schedule_caption(view: ScheduleView) -> str:
     """What the schedule figure shows, in words and numbers."""
-    text = ("Megatron's order of forward (blue) and backward (orange) passes on each pipeline rank; white gaps are "
-            "the bubble." + (" Darker shades are later model chunks." if view.vp > 1 else "")
+    whose = ("Megatron's order" if schedule_named(view.schedule).megatron else
+             f"The order of {schedule_label(view.schedule, view.vp)}")
+    text = (f"{whose} of forward (blue) and backward (orange) passes on each pipeline rank"
+            + ("; weight-gradient passes (green) are split off" if any(b.kind == "W" for b in view.blocks) else "")
+            + "; white gaps are the bubble." + (" Darker shades are later model chunks." if view.vp > 1 else "")
             + (" Numbers are micro-batches." if len(view.blocks) <= MAX_LABELLED_BLOCKS else " Zoom in to see blocks.")
             + (" The step is long, so the view starts on the warm-up; the buttons show the whole step or the "
                "cool-down." if view.makespan > 2.5 * _window(view) else ""))

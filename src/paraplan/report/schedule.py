@@ -1,6 +1,7 @@
 """Pipeline schedule timeline: which micro-batch each pipeline stage runs when, so the bubble shows.
 
-The order of operations on every rank follows Megatron-Core
+The order of operations on every rank comes from the layout's schedule (``paraplan.schedules``:
+``Schedule.rank_order`` and ``Schedule.virtual_stage``); for Megatron's two it follows Megatron-Core
 (``megatron/core/pipeline_parallel/schedules.py``):
 
     1F1B (``forward_backward_pipelining_without_interleaving``), rank r of p, m micro-batches:
@@ -26,14 +27,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-Kind = Literal["F", "B"]
+from paraplan.schedules import Schedule as PipelineSchedule
+from paraplan.schedules import schedule_named
+from paraplan.schedules.base import WGRAD_SHARE_OF_BACKWARD, OpKind
+from paraplan.schedules.interleaved import interleaved_order, interleaved_warmup
+from paraplan.schedules.interleaved import schedule_table as schedule_table
+
+Kind = OpKind
 
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """One chunk-forward or chunk-backward of one micro-batch on one pipeline rank."""
+    """One chunk-forward, chunk-backward (B whole, I input gradient) or weight-gradient (W) pass of
+    one micro-batch on one pipeline rank."""
 
     stage: int
     kind: Kind
@@ -53,6 +60,8 @@ class Schedule:
     blocks: tuple[Block, ...]
     makespan: float
     busy: tuple[float, ...]
+    schedule: str = ""
+    """``paraplan.schedules`` name of the simulated schedule ("" = Megatron's choice from VP)."""
 
     @property
     def bubble_frac(self) -> float:
@@ -69,65 +78,68 @@ def warmup_count(*, rank: int, pp: int, vp: int, num_microbatches: int, group: i
     """Forwards (chunk-forwards when interleaved) a rank runs before its first backward (Megatron)."""
     if vp == 1:
         return min(pp - rank - 1, num_microbatches)
-    g = pp if group is None else group
-    return min(2 * (pp - rank - 1) + (vp - 1) * g, num_microbatches * vp)
-
-
-def schedule_table(num_microbatches: int, vp: int, group: int) -> list[tuple[int, int]]:
-    """Megatron's ``get_schedule_table``: (micro-batch, chunk) of the k-th chunk-forward."""
-    table: list[tuple[int, int]] = []
-    for lo in range(0, num_microbatches, group):
-        hi = num_microbatches if lo + group >= num_microbatches else lo + group
-        table.extend((mb, chunk) for chunk in range(vp) for mb in range(lo, hi))
-    return table
+    return interleaved_warmup(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches, group=group)
 
 
 def rank_order(*, rank: int, pp: int, vp: int, num_microbatches: int,
                group: int | None = None) -> list[tuple[Kind, int, int]]:
-    """The (kind, micro-batch, chunk) operations of one rank in execution order."""
-    m = num_microbatches
-    g = pp if group is None else group
-    if vp == 1:
-        fwd = [(mb, 0) for mb in range(m)]
-        bwd = fwd
-    else:
-        fwd = schedule_table(m, vp, g)
-        bwd = [(mb, vp - 1 - chunk) for mb, chunk in fwd]
-    total = len(fwd)
-    warm = warmup_count(rank=rank, pp=pp, vp=vp, num_microbatches=m, group=g)
-    ops: list[tuple[Kind, int, int]] = [("F", *fwd[k]) for k in range(warm)]
-    for k in range(total - warm):
-        ops.append(("F", *fwd[warm + k]))
-        ops.append(("B", *bwd[k]))
-    ops += [("B", *bwd[k]) for k in range(total - warm, total)]
-    return ops
+    """The (kind, micro-batch, chunk) operations of one rank in execution order (Megatron's choice
+    from VP; ``group``: the interleaved micro-batch group size, p by default)."""
+    if vp > 1 and group is not None:
+        return interleaved_order(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches, group=group)
+    return schedule_named("").rank_order(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches)
 
 
-def _dependencies(kind: Kind, mb: int, chunk: int, rank: int, pp: int, vp: int) -> list[tuple[Kind, int, int, int]]:
+def _owners(sched: PipelineSchedule, pp: int, vp: int) -> dict[int, tuple[int, int]]:
+    """(rank, chunk) of every virtual stage."""
+    return {sched.virtual_stage(rank=r, chunk=c, pp=pp): (r, c) for r in range(pp) for c in range(vp)}
+
+
+def _dependencies(kind: Kind, mb: int, chunk: int, rank: int, pp: int, vp: int,
+                  sched: PipelineSchedule, owner: dict[int, tuple[int, int]]) -> list[tuple[Kind, int, int, int]]:
     """Operations (kind, micro-batch, chunk, rank) whose output this operation needs."""
-    vstage = chunk * pp + rank
+    vstage = sched.virtual_stage(rank=rank, chunk=chunk, pp=pp)
     last = vp * pp - 1
+    if kind == "W":
+        return [("I", mb, chunk, rank)]
     if kind == "F":
         if vstage == 0:
             return []
-        prev = vstage - 1
-        return [("F", mb, prev // pp, prev % pp)]
+        r, c = owner[vstage - 1]
+        return [("F", mb, c, r)]
     deps: list[tuple[Kind, int, int, int]] = [("F", mb, chunk, rank)]
     if vstage < last:
-        nxt = vstage + 1
-        deps.append(("B", mb, nxt // pp, nxt % pp))
+        r, c = owner[vstage + 1]
+        deps.append(("I", mb, c, r))  # its input gradient: an I pass, or a whole B (``_input_grad_dep``)
     return deps
 
 
+def _input_grad_dep(deps: list[tuple[Kind, int, int, int]], done: dict[tuple[Kind, int, int, int], float]) -> None:
+    """A whole backward (B) downstream satisfies an input-gradient dependency (I) too."""
+    for i, d in enumerate(deps):
+        if d[0] == "I" and d not in done and ("B", *d[1:]) in done:
+            deps[i] = ("B", d[1], d[2], d[3])
+
+
 def simulate(*, pp: int, vp: int, num_microbatches: int, forward: Sequence[float], backward: Sequence[float],
-             p2p: float = 0.0, group: int | None = None) -> Schedule:
+             p2p: float = 0.0, group: int | None = None, schedule: str = "") -> Schedule:
     """Simulate one step. ``forward[r]``/``backward[r]``: time of one micro-batch through all of rank
-    r's layers (a chunk takes 1/vp of it); ``p2p``: transfer time between stages."""
+    r's layers (a chunk takes 1/vp of it; an I pass ``1 - WGRAD_SHARE_OF_BACKWARD`` of the backward,
+    a W pass the rest); ``p2p``: transfer time between stages; ``schedule``: a ``paraplan.schedules``
+    name ("" = Megatron's choice from VP)."""
     if pp < 1 or vp < 1 or num_microbatches < 1:
         raise ValueError(f"pp, vp and num_microbatches must be >= 1 (got {pp}, {vp}, {num_microbatches})")
     if len(forward) != pp or len(backward) != pp:
         raise ValueError(f"need one forward and one backward time per stage ({pp})")
-    orders = [rank_order(rank=r, pp=pp, vp=vp, num_microbatches=num_microbatches, group=group) for r in range(pp)]
+    sched = schedule_named(schedule)
+    if group is not None and not schedule:
+        orders = [rank_order(rank=r, pp=pp, vp=vp, num_microbatches=num_microbatches, group=group) for r in range(pp)]
+    else:
+        orders = [sched.rank_order(rank=r, pp=pp, vp=vp, num_microbatches=num_microbatches) for r in range(pp)]
+    pairs = [sched.paired_ops(rank=r, pp=pp, vp=vp, num_microbatches=num_microbatches) if group is None or schedule
+             else frozenset[int]() for r in range(pp)]
+    owner = _owners(sched, pp, vp)
+    share = {"F": 1.0, "B": 1.0, "I": 1.0 - WGRAD_SHARE_OF_BACKWARD, "W": WGRAD_SHARE_OF_BACKWARD}
     done: dict[tuple[Kind, int, int, int], float] = {}
     pos = [0] * pp
     free = [0.0] * pp
@@ -138,12 +150,17 @@ def simulate(*, pp: int, vp: int, num_microbatches: int, forward: Sequence[float
         for r in range(pp):
             while pos[r] < len(orders[r]):
                 kind, mb, chunk = orders[r][pos[r]]
-                deps = _dependencies(kind, mb, chunk, r, pp, vp)
+                deps = _dependencies(kind, mb, chunk, r, pp, vp, sched, owner)
+                if pos[r] in pairs[r]:  # an overlapped pair starts when the inputs of both have arrived
+                    deps += _dependencies(*orders[r][pos[r] + 1], r, pp, vp, sched, owner)
+                    deps = [d for d in deps if d != (kind, mb, chunk, r)]
+                _input_grad_dep(deps, done)
                 if any(d not in done for d in deps):
                     break
                 ready = max((done[d] + (p2p if d[3] != r else 0.0) for d in deps), default=0.0)
                 start = max(free[r], ready)
-                end = start + (forward[r] if kind == "F" else backward[r]) / vp
+                work = forward[r] if kind == "F" else backward[r]
+                end = start + work * share[kind] / vp
                 done[(kind, mb, chunk, r)] = end
                 blocks.append(Block(stage=r, kind=kind, microbatch=mb, chunk=chunk, start=start, end=end))
                 free[r] = end
@@ -155,7 +172,7 @@ def simulate(*, pp: int, vp: int, num_microbatches: int, forward: Sequence[float
     blocks.sort(key=lambda b: (b.stage, b.start))
     busy = tuple(num_microbatches * (forward[r] + backward[r]) for r in range(pp))
     return Schedule(pp=pp, vp=vp, num_microbatches=num_microbatches, blocks=tuple(blocks),
-                    makespan=max(b.end for b in blocks), busy=busy)
+                    makespan=max(b.end for b in blocks), busy=busy, schedule=schedule)
 
 
 def ideal_length(*, pp: int, vp: int, num_microbatches: int, t: float = 1.0) -> float:

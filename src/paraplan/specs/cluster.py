@@ -9,11 +9,13 @@ against measured runs (``benchmarks/calibration.py``) and can be overridden by a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field, fields, replace
 
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 from paraplan.units import GIB
 
 
@@ -25,7 +27,7 @@ class EfficiencySpec:
     (see docs/model.md, "Calibration").
     """
 
-    __pydantic_config__ = ConfigDict(extra="forbid")
+    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gemm_max_frac: float = 0.80
     """Large-GEMM fraction of the dense peak (cuBLASLt m=n=k=8192: A100 81%, H200 FP8 66%)."""
@@ -70,12 +72,36 @@ class EfficiencySpec:
     host-device synchronisations (token counts per expert before each all-to-all) and its
     small kernels, which do not shrink with the micro-batch."""
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            lo, lo_open, hi = EFFICIENCY_RANGES.get(f.name, (0.0, False, math.inf))
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or value < lo or (lo_open and value == lo) or value > hi:
+                span = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}, finite"
+                raise SpecError(f"gpu.efficiency.{f.name} must be in {span}, got {brief(value)}")
+
+
+EFFICIENCY_RANGES: dict[str, tuple[float, bool, float]] = {
+    **{name: (0.0, True, 1.0) for name in ("gemm_max_frac", "attention_frac", "hbm_frac", "nvlink_bus_frac",
+                                           "network_bus_frac")},
+    **{name: (0.0, False, 1.0) for name in ("tp_overlap_frac", "tp_comm_overlap_frac", "dp_overlap_frac",
+                                            "cp_overlap_frac", "pp_overlap_frac", "ep_overlap_frac")},
+    "fp8_gemm_speedup": (0.0, True, 10.0), "moe_overhead_frac": (0.0, False, 100.0),
+}
+"""(lower bound, lower bound excluded, upper bound) of EfficiencySpec fields: fractions of a peak in (0, 1],
+shares hidden in [0, 1]; the rest (dimensions, bytes, seconds) are finite and >= 0."""
+
+
+MAX_GPUS_PER_DOMAIN = 2**16
+"""Largest gpus_per_node / nvlink_domain_size accepted (NVL576 is the largest announced domain)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec:
     """One GPU model, with its node and network (per-GPU) figures."""
 
-    __pydantic_config__ = ConfigDict(extra="forbid")
+    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     """Preset name (e.g. ``h100-80gb``)."""
@@ -127,12 +153,19 @@ class GpuSpec:
         return self.peak_bf16_flops_per_s / 16.0
 
     def __post_init__(self) -> None:
-        for fname in ("hbm_bytes", "hbm_bytes_per_s", "peak_bf16_flops_per_s",
-                      "nvlink_bytes_per_s", "network_bytes_per_s"):
-            if getattr(self, fname) <= 0:
-                raise SpecError(f"gpu.{fname} must be > 0, got {getattr(self, fname)}")
-        if self.gpus_per_node < 1 or self.nvlink_domain_size < 1:
-            raise SpecError("gpu.gpus_per_node and gpu.nvlink_domain_size must be >= 1")
+        for fname in ("hbm_bytes", "hbm_bytes_per_s", "peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
+                      "peak_fp32_simt_flops_per_s", "nvlink_bytes_per_s", "network_bytes_per_s", "reserved_bytes"):
+            value = getattr(self, fname)
+            if value is None:
+                continue
+            if not (math.isfinite(value) and (value >= 0 if fname == "reserved_bytes" else value > 0)):
+                raise SpecError(f"gpu.{fname} must be a finite number {'>=' if fname == 'reserved_bytes' else '>'} 0, "
+                                f"got {value}")
+        for fname in ("gpus_per_node", "nvlink_domain_size"):
+            value = getattr(self, fname)
+            if not 1 <= value <= MAX_GPUS_PER_DOMAIN:
+                raise SpecError(f"gpu.{fname} must be in [1, {MAX_GPUS_PER_DOMAIN}], got {value}")
+
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for a precision ('bf16' or 'fp8')."""
@@ -158,8 +191,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise SpecError(f"num_gpus must be a positive integer, got {self.num_gpus}")
-        if self.gpus_per_node < 1:
-            raise SpecError(f"gpus_per_node must be a positive integer, got {self.gpus_per_node}")
+        if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_DOMAIN:
+            raise SpecError(f"gpus_per_node must be in [1, {MAX_GPUS_PER_DOMAIN}], got {self.gpus_per_node}")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise SpecError(
                 f"num_gpus ({self.num_gpus}) must be a multiple of gpus_per_node "

@@ -48,6 +48,7 @@ from __future__ import annotations
 from typing import Any
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 from paraplan.specs.load import model_from_megatron_args
 from paraplan.specs.model import ModelSpec
 
@@ -101,7 +102,7 @@ def _opt(data: dict[str, Any], field: str, *, minimum: int = 1) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise _fail(f"field '{key}' must be {kind}, got {value!r}")
+        raise _fail(f"field '{key}' must be {kind}, got {brief(value)}")
     return value
 
 
@@ -124,7 +125,7 @@ def _bool(data: dict[str, Any], field: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _fail(f"field '{field}' must be true or false, got {value!r}")
+        raise _fail(f"field '{field}' must be true or false, got {brief(value)}")
     return value
 
 
@@ -133,7 +134,7 @@ def _float(data: dict[str, Any], field: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
-        raise _fail(f"field '{field}' must be a number in [0, 1), got {value!r}")
+        raise _fail(f"field '{field}' must be a number in [0, 1), got {brief(value)}")
     return float(value)
 
 
@@ -250,7 +251,7 @@ def _architecture(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     allowed = _GATED_ACTS if gated else _PLAIN_ACTS
     if act not in allowed:
         raise _fail(
-            f"field '{act_key}' {act!r} is not supported for model_type '{model_type}' "
+            f"field '{act_key}' {brief(act)} is not supported for model_type '{model_type}' "
             f"(supported: {', '.join(sorted(allowed))})"
         )
     tied = _bool(data, "tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
@@ -310,7 +311,7 @@ def _layer_pattern(data: dict[str, Any], model_type: str, num_layers: int) -> in
             isinstance(x, bool) or not isinstance(x, int) for x in dense_only
         ):
             raise _fail(
-                f"field 'mlp_only_layers' must be a list of layer indices, got {dense_only!r}"
+                f"field 'mlp_only_layers' must be a list of layer indices, got {brief(dense_only)}"
             )
         pattern = [int(i not in dense_only and (i + 1) % step == 0) for i in range(num_layers)]
     else:
@@ -377,7 +378,7 @@ def model_from_hf_config(data: dict[str, Any], *, name: str = "hf-model") -> Mod
         raise _fail("missing field 'model_type'")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise _fail(
-            f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"unsupported model_type {brief(model_type)} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     args = _dimensions(data, model_type)
     args.update(_architecture(data, model_type))

@@ -14,7 +14,7 @@ Model references (``--model``):
 from __future__ import annotations
 
 import functools
-import json
+import math
 import re
 from dataclasses import fields, replace
 from importlib import resources
@@ -25,9 +25,19 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from paraplan.errors import SpecError
-from paraplan.fileio import check_regular_file, read_yaml, yaml_error_text
+from paraplan.fileio import (
+    MAX_YAML_BYTES,
+    brief,
+    check_regular_file,
+    clip,
+    load_json_text,
+    load_yaml_text,
+    path_exists,
+    read_input_text,
+    read_yaml,
+)
 from paraplan.specs.cluster import EfficiencySpec, GpuSpec
-from paraplan.specs.model import ModelSpec
+from paraplan.specs.model import MAX_NUM_LAYERS, ModelSpec
 from paraplan.units import GBIT, GIB, TB, TFLOP
 
 _PRESETS = "paraplan.specs.presets"
@@ -60,7 +70,7 @@ def validate_fields(cls: type, data: dict[str, Any], prefix: str) -> Any:
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise SpecError(
-            f"{prefix}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})"
+            f"{prefix}{clip(unknown[0])}: unknown field (allowed: {', '.join(sorted(allowed))})"
         )
     try:
         return _adapter(cls).validate_python(data, strict=False)
@@ -77,7 +87,8 @@ def model_preset_names() -> list[str]:
 def _read_yaml_resource(kind: str, name: str) -> dict[str, Any]:
     text = _preset_dir(kind).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
     data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: 10x faster
-    assert isinstance(data, dict)
+    if not isinstance(data, dict):
+        raise SpecError(f"{kind}: preset '{name}' must hold a mapping of fields")
     return data
 
 
@@ -86,10 +97,12 @@ def _read_yaml_resource(kind: str, name: str) -> dict[str, Any]:
 def parse_moe_layer_freq(value: Any, num_layers: int | None = None) -> int | tuple[int, ...]:
     """Megatron's ``--moe-layer-freq``: an int, a list, or a string like "[0]*3+[1]*58"."""
     if isinstance(value, bool):
-        raise SpecError(f"moe_layer_freq: expected an int or a 0/1 list, got {value!r}")
+        raise SpecError(f"moe_layer_freq: expected an int or a 0/1 list, got {brief(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, list | tuple):
+        if not all(x in (0, 1) and not isinstance(x, float) for x in value):
+            raise SpecError(f"moe_layer_freq: a list must hold only 0 and 1, got {brief(value)}")
         return tuple(int(x) for x in value)
     if isinstance(value, str):
         text = value.strip()
@@ -101,10 +114,13 @@ def parse_moe_layer_freq(value: Any, num_layers: int | None = None) -> int | tup
             out: list[int] = []
             for items, times in parts:
                 seq = [int(x) for x in items.split(",")]
+                if len(times) > 6 or len(out) + len(seq) * int(times or 1) > MAX_NUM_LAYERS:  # times: digits
+                    raise SpecError(f"moe_layer_freq: {brief(text)} has more than {MAX_NUM_LAYERS:,} values "
+                                    "(num_layers is at most that)")
                 out.extend(seq * (int(times) if times else 1))
             return tuple(out)
     raise SpecError(
-        f"moe_layer_freq: cannot read {value!r} (an int, a 0/1 list, or '[0]*k+[1]*n')"
+        f"moe_layer_freq: cannot read {brief(value)} (an int, a 0/1 list, or '[0]*k+[1]*n')"
         + (f" for {num_layers} layers" if num_layers else "")
     )
 
@@ -144,7 +160,9 @@ def model_from_megatron_args(data: dict[str, Any], *, name: str = "custom", sour
     if gqa is False:
         out.pop("num_query_groups", None)
     if raw.get("padded_vocab_size"):
-        out["vocab_size"] = int(raw["padded_vocab_size"])
+        if isinstance(raw["padded_vocab_size"], bool) or not isinstance(raw["padded_vocab_size"], int):
+            raise SpecError(f"model.padded_vocab_size: expected an integer, got {brief(raw['padded_vocab_size'])}")
+        out["vocab_size"] = raw["padded_vocab_size"]
         out.setdefault("make_vocab_size_divisible_by", 1)
     if out.get("num_experts") in (0, None):
         out.pop("num_experts", None)
@@ -191,27 +209,15 @@ def load_model(ref: str) -> ModelSpec:
     """A preset name, a Hugging Face config.json, a Megatron-args JSON/YAML file, or a Megatron log
     with its argument dump (.log/.txt/.out, gzipped or not)."""
     path = Path(ref)
-    if not path.exists():
-        if ref in model_preset_names() or not any(c in ref for c in "/\\.") :
-            return load_model_preset(ref)
+    if not path_exists(path) and (ref in model_preset_names() or not any(c in ref for c in "/\\.")):
+        return load_model_preset(ref)
+    if not path_exists(path) and len(ref) < 256:
         raise SpecError(f"model: file '{ref}' not found (and not a preset: {', '.join(model_preset_names())})")
     check_regular_file(path, "model")  # a FIFO would block, /dev/zero fill memory
     if path.suffix in (".log", ".txt", ".gz", ".out"):
-        return _model_from_log(path)  # streamed, not read whole
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SpecError(f"model: cannot read '{ref}': {err.strerror}") from None
-    except UnicodeDecodeError:
-        text = ""  # a gzipped log, read below
-    if path.suffix in (".log", ".txt", ".gz", ".out") or not text:
         return _model_from_log(path)
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as err:
-        raise SpecError(f"model: '{ref}' is not valid JSON: {err}") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"model: '{ref}' is not valid YAML: {yaml_error_text(err)}") from None
+    text = read_input_text(path, "model", max_bytes=MAX_YAML_BYTES)
+    data = load_json_text(text, "model", ref) if path.suffix == ".json" else load_yaml_text(text, "model", ref)
     if not isinstance(data, dict):
         raise SpecError(f"model: '{ref}' must hold a mapping of fields")
     if "model_type" in data:
@@ -239,6 +245,12 @@ _HUMAN_GPU_KEYS = {
 }
 
 
+def gpu_override_keys() -> list[str]:
+    """Keys a GPU file or ``--gpu-set`` may set (human units; efficiency is a section)."""
+    machine = {target for target, _ in _HUMAN_GPU_KEYS.values()} | {"efficiency"}
+    return [*_HUMAN_GPU_KEYS, *(f.name for f in fields(GpuSpec) if f.name not in machine)]
+
+
 def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
     """GpuSpec from a preset/cluster-file mapping with human units in the key names."""
     out: dict[str, Any] = {}
@@ -248,12 +260,17 @@ def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
         if key in _HUMAN_GPU_KEYS:
             target, scale = _HUMAN_GPU_KEYS[key]
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float | str)):
-                raise SpecError(f"gpu.{key}: expected a number, got {value!r}")
+                raise SpecError(f"gpu.{key}: expected a number, got {brief(value)}")
             try:
                 out[target] = None if value is None else float(value) * scale
-            except ValueError:
-                raise SpecError(f"gpu.{key}: expected a number, got {value!r}") from None
+            except (ValueError, OverflowError):
+                raise SpecError(f"gpu.{key}: expected a number, got {brief(value)}") from None
+            if out[target] is not None and not (math.isfinite(out[target]) and out[target] > 0):
+                raise SpecError(f"gpu.{key}: expected a finite number > 0, got {brief(value)}")
         elif key == "efficiency":
+            if value is not None and not isinstance(value, dict):
+                raise SpecError(f"gpu.efficiency: expected a mapping of fields "
+                                f"(allowed: {', '.join(f.name for f in fields(EfficiencySpec))}), got {brief(value)}")
             out[key] = validate_fields(EfficiencySpec, dict(value or {}), "gpu.efficiency.")
         else:
             out[key] = value
@@ -263,21 +280,36 @@ def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
     return validate_fields(GpuSpec, out, "gpu.")  # type: ignore[no-any-return]
 
 
-def load_gpu(ref: str) -> GpuSpec:
-    """A GPU preset name, or a YAML/JSON file describing a custom GPU (same keys as presets)."""
+MAX_GPU_BASE_CHAIN = 16
+"""Most GPU files chained through ``base:`` (a file's base names a preset or another file)."""
+
+
+def load_gpu(ref: str, *, _chain: tuple[str, ...] = ()) -> GpuSpec:
+    """A GPU preset name, or a YAML/JSON file describing a custom GPU (same keys as presets); a file's
+    ``base:`` names the preset or file it starts from (a cycle is an error naming it)."""
     names = gpu_preset_names()
     if ref in names:
         return gpu_from_dict(_read_yaml_resource("gpus", ref), name=ref)
     path = Path(ref)
-    if path.exists():
+    if path_exists(path) or len(ref) >= 256:
+        key = str(path.resolve()) if path_exists(path) else ref
+        if key in _chain:
+            cycle = [Path(c).name for c in (*_chain[_chain.index(key):], key)]
+            raise SpecError(f"gpu: base: cycle {' -> '.join(cycle)}")
+        if len(_chain) >= MAX_GPU_BASE_CHAIN:
+            raise SpecError(f"gpu: base: more than {MAX_GPU_BASE_CHAIN} files chained through base:")
         data = read_yaml(path, "gpu")
         if not isinstance(data, dict):
-            raise SpecError(f"gpu: '{ref}' must hold a mapping of fields")
+            raise SpecError(f"gpu: '{clip(ref)}' must hold a mapping of fields")
         base = data.pop("base", None)
         if base is not None:
-            return override_gpu(load_gpu(str(base)), data)
+            if not isinstance(base, str):
+                raise SpecError(f"gpu.base: expected a GPU preset name or file, got {brief(base)}")
+            if not Path(base).is_absolute() and not path_exists(base) and base not in names:
+                base = str(path.parent / base)  # a file next to this one
+            return override_gpu(load_gpu(base, _chain=(*_chain, key)), data)
         return gpu_from_dict(data, name=path.stem)
-    raise SpecError(f"unknown gpu '{ref}' (known: {', '.join(names)}; or a YAML file)")
+    raise SpecError(f"unknown gpu {brief(ref)} (known: {', '.join(names)}; or a YAML file)")
 
 
 def override_gpu(gpu: GpuSpec, overrides: dict[str, Any]) -> GpuSpec:
@@ -297,6 +329,9 @@ def override_gpu(gpu: GpuSpec, overrides: dict[str, Any]) -> GpuSpec:
             current[f.name] = value
     for key, value in overrides.items():
         if key == "efficiency":
+            if value is not None and not isinstance(value, dict):
+                raise SpecError(f"gpu.efficiency: expected a mapping of fields "
+                                f"(allowed: {', '.join(f.name for f in fields(EfficiencySpec))}), got {brief(value)}")
             current["efficiency"].update(value or {})
             current["efficiency_calibrated"] = True  # a profile or the user's own numbers
         else:

@@ -15,12 +15,14 @@ This module only describes the model. Parameter counting per rank lives in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 
 Normalization = Literal["LayerNorm", "RMSNorm"]
 PositionEmbedding = Literal["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
@@ -54,12 +56,38 @@ RECIPE_FLAGS: tuple[tuple[str, str, bool], ...] = (
 """(ModelSpec field, Megatron flag, MoE only) of the recipe fields: ``paraplan launch`` emits the
 ones that differ from Megatron's default (a bool as a bare switch) and ``check`` reads them back."""
 
+MAX_NUM_LAYERS: Final = 100_000
+"""Largest num_layers (and MTP layers, moe_layer_freq pattern length) accepted: far above any real
+model (DeepSeek-V3: 61, Llama 3.1 405B: 126), small enough that per-layer tuples stay cheap."""
+MAX_WIDTH: Final = 2**20
+"""Largest hidden_size / head or low-rank dimension accepted (1,048,576; GPT-3 175B: 12,288)."""
+MAX_FFN: Final = 2**24
+"""Largest MLP width and vocabulary accepted (16,777,216; Llama 3.1 405B ffn: 53,248)."""
+MAX_COUNT: Final = 2**16
+"""Largest head, query-group, expert and router-group count accepted (65,536; DeepSeek-V3: 256 experts)."""
+
+INT_BOUNDS: Final[dict[str, int]] = {
+    "num_layers": MAX_NUM_LAYERS, "mtp_num_layers": MAX_NUM_LAYERS, "hidden_size": MAX_WIDTH,
+    "num_attention_heads": MAX_COUNT, "vocab_size": MAX_FFN, "ffn_hidden_size": MAX_FFN,
+    "num_query_groups": MAX_COUNT, "kv_channels": MAX_WIDTH, "max_position_embeddings": 2**31,
+    "make_vocab_size_divisible_by": MAX_WIDTH, "num_experts": MAX_COUNT, "moe_router_topk": MAX_COUNT,
+    "moe_ffn_hidden_size": MAX_FFN, "moe_shared_expert_intermediate_size": MAX_FFN, "q_lora_rank": MAX_WIDTH,
+    "kv_lora_rank": MAX_WIDTH, "qk_head_dim": MAX_WIDTH, "qk_pos_emb_head_dim": MAX_WIDTH, "v_head_dim": MAX_WIDTH,
+    "rotary_base": 10**12, "moe_router_num_groups": MAX_COUNT, "moe_router_group_topk": MAX_COUNT,
+}
+"""Upper bound of every integer ModelSpec field (the lower bound is in ``__post_init__``); the error
+names the bound, so that arithmetic on a model stays in bounded time and memory."""
+MAX_WEIGHTS: Final = 2**50
+"""Largest (layers x hidden x widest layer matrix) and (hidden x vocabulary) accepted: 1.1e15, 500 x
+DeepSeek-V3 (61 x 7,168 x 256 experts x 2,048 = 2.3e12). Each field may be large, not all at once:
+parameter and FLOP counts then stay far inside 64-bit integers, as the vectorised estimate needs."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder transformer. Field names are Megatron-LM argument names (dest form)."""
 
-    __pydantic_config__ = ConfigDict(extra="forbid")
+    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     num_layers: int
     """Main decoder layers (``--num-layers``)."""
@@ -169,6 +197,7 @@ class ModelSpec:
     """Where the dimensions come from (model card, config.json, paper)."""
 
     def __post_init__(self) -> None:
+        self._check_bounds()
         for fname in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
             _require_positive(fname, getattr(self, fname))
         for fname in ("ffn_hidden_size", "num_query_groups", "kv_channels",
@@ -200,6 +229,37 @@ class ModelSpec:
                 raise SpecError(f"{fname} must be in [0, 1), got {value}")
         self._check_recipe()
 
+    def _check_bounds(self) -> None:
+        """Integers within INT_BOUNDS, floats finite (NaN and inf would pass every comparison below)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecError(f"{f.name} must be a finite number, got {value}")
+            limit = INT_BOUNDS.get(f.name)
+            if limit is not None and value is not None and not isinstance(value, bool) and isinstance(value, int) \
+                    and value > limit:
+                got = value if value < 10**30 else f"a {len(str(value))}-digit number"
+                raise SpecError(f"{f.name} must be at most {limit:,}, got {got} (the limit on model sizes)")
+        freq = self.moe_layer_freq
+        if isinstance(freq, int) and not isinstance(freq, bool) and freq > MAX_NUM_LAYERS:
+            raise SpecError(f"moe_layer_freq must be at most {MAX_NUM_LAYERS:,}, got {freq}")
+        self._check_weights()
+
+    def _check_weights(self) -> None:
+        ints = [getattr(self, n) for n in ("num_layers", "mtp_num_layers", "hidden_size", "vocab_size",
+                                           "num_attention_heads", "ffn_hidden_size", "kv_channels", "num_experts",
+                                           "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")]
+        if not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in ints):
+            return  # the per-field checks name the field
+        layers, h = self.num_layers + self.mtp_num_layers, self.hidden_size
+        widest = max(self.ffn, self.moe_ffn * (self.num_experts or 0), self.shared_ffn,
+                     (self.kv_channels or 0) * self.num_attention_heads, h)
+        for what, size in ((f"layers x hidden_size x widest matrix ({layers} x {h} x {widest})", layers * h * widest),
+                           (f"hidden_size x vocab_size ({h} x {self.vocab_size})", h * self.vocab_size)):
+            if size > MAX_WEIGHTS:
+                raise SpecError(f"model too large: {what} = {size:.3g} is over {MAX_WEIGHTS:.3g} (the limit on "
+                                "model sizes)")
+
     def _check_recipe(self) -> None:
         if not self.norm_epsilon > 0:
             raise SpecError(f"norm_epsilon must be > 0, got {self.norm_epsilon}")
@@ -210,7 +270,7 @@ class ModelSpec:
         for fname, allowed in RECIPE_CHOICES.items():
             value = getattr(self, fname)
             if value is not None and value not in allowed:
-                raise SpecError(f"{fname} must be one of {', '.join(allowed)}, got {value!r}")
+                raise SpecError(f"{fname} must be one of {', '.join(allowed)}, got {brief(value)}")
         groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
         if (groups is None) != (group_topk is None):
             raise SpecError("moe_router_num_groups and moe_router_group_topk must be set together")
@@ -318,7 +378,7 @@ class ModelSpec:
 
 def _require_positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(f"{name} must be a positive integer, got {value!r}")
+        raise SpecError(f"{name} must be a positive integer, got {brief(value)}")
 
 
 MODEL_FIELDS: tuple[str, ...] = tuple(

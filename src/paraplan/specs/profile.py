@@ -15,7 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from paraplan.errors import SpecError
-from paraplan.fileio import read_yaml
+from paraplan.fileio import brief, read_yaml
 from paraplan.specs.cluster import EfficiencySpec
 
 
@@ -25,12 +25,12 @@ def load_profile(path: str, gpu_name: str) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("efficiency"), dict):
         raise SpecError(f"profile: '{path}' needs an 'efficiency' mapping")
     if data.get("gpu") not in (None, gpu_name):
-        raise SpecError(f"profile: '{path}' was fitted for gpu '{data.get('gpu')}', not '{gpu_name}'")
+        raise SpecError(f"profile: '{path}' was fitted for gpu {brief(data.get('gpu'))}, not '{gpu_name}'")
     allowed = {f.name for f in fields(EfficiencySpec)}
     eff = data["efficiency"]
     for key, value in eff.items():
         if key not in allowed:
             raise SpecError(f"profile: efficiency.{key}: unknown field (allowed: {', '.join(sorted(allowed))})")
         if not isinstance(value, int | float) or isinstance(value, bool):
-            raise SpecError(f"profile: efficiency.{key} must be a number, got {value!r}")
+            raise SpecError(f"profile: efficiency.{key} must be a number, got {brief(value)}")
     return dict(eff)

@@ -13,6 +13,7 @@ from typing import Final, Literal
 from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
+from paraplan.fileio import brief
 
 Precision = Literal["bf16", "fp8", "fp16"]
 PRECISIONS: Final = ("bf16", "fp8", "fp16")
@@ -28,6 +29,11 @@ FP16_GRAD_BYTES: Final = 2.0
 state, so Megatron's table gives 20 B/param, or 4 + 16/d with the distributed optimizer
 (``docs/user-guide/features/dist_optimizer.md``)."""
 FP16_MAIN_GRAD_BYTES: Final = 4.0
+MAX_TOKENS_PER_STEP: Final = 2**40
+"""Largest seq_len x global_batch_size accepted (1.1e12 tokens; Llama 3 405B trained with 16M a step)."""
+MAX_TOKENS: Final = 2**24
+"""Largest seq_len and global_batch_size accepted (16,777,216; 1M-token contexts and 16K-sequence batches are
+the largest published)."""
 
 
 def grad_bytes_per_param(precision: str) -> float:
@@ -45,7 +51,7 @@ def grad_bytes_per_param(precision: str) -> float:
 class TrainingSpec:
     """What one training step processes."""
 
-    __pydantic_config__ = ConfigDict(extra="forbid")
+    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seq_len: int
     """Tokens per sequence (``--seq-length``)."""
@@ -63,11 +69,16 @@ class TrainingSpec:
         for fname in ("seq_len", "global_batch_size"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise SpecError(f"{fname} must be a positive integer, got {value!r}")
+                raise SpecError(f"{fname} must be a positive integer, got {brief(value)}")
+            if value > MAX_TOKENS:
+                raise SpecError(f"{fname} must be at most {MAX_TOKENS:,} (the limit), got {value}")
+        if self.seq_len * self.global_batch_size > MAX_TOKENS_PER_STEP:
+            raise SpecError(f"seq_len x global_batch_size = {self.seq_len * self.global_batch_size:.3g} tokens per "
+                            f"step is over {MAX_TOKENS_PER_STEP:.3g} (the limit)")
         if self.attention_backend not in ("flash", "unfused"):
-            raise SpecError(f"attention_backend must be flash or unfused, got {self.attention_backend!r}")
+            raise SpecError(f"attention_backend must be flash or unfused, got {brief(self.attention_backend)}")
         if self.precision not in PRECISIONS:
-            raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+            raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {brief(self.precision)}")
 
     @property
     def tokens_per_step(self) -> int:
