@@ -218,6 +218,7 @@ if not hasattr(signal, "SIGALRM"):  # pragma: no cover - POSIX only
     pytest.skip("the fuzz harness needs SIGALRM (POSIX)", allow_module_level=True)
 
 from paraplan.cli import app, main  # noqa: E402  (after the POSIX check)
+from paraplan.cli._app import COMMANDS, load_command_modules  # noqa: E402
 
 HOSTILE = Path(__file__).resolve().parents[1] / "fixtures" / "hostile"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -959,6 +960,7 @@ def _kind_of(cmd: str, name: str, annotation: Any) -> str:
 def command_params(cmd: str) -> list[Param]:
     import typer
 
+    load_command_modules()  # commands load lazily; the fuzz reads every command's parameters
     click_cmd = typer.main.get_command(app).commands[cmd]  # type: ignore[attr-defined]
     out = []
     for p in click_cmd.params:
@@ -979,6 +981,8 @@ PARAMS: dict[str, list[Param]] = {c: command_params(c) for c in COMMAND_NAMES}
 def test_every_subcommand_is_fuzzed() -> None:
     import typer
 
+    load_command_modules()
+    assert set(COMMANDS) == set(COMMAND_NAMES)
     assert set(typer.main.get_command(app).commands) == set(COMMAND_NAMES)  # type: ignore[attr-defined]
 
 

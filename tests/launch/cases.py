@@ -59,4 +59,19 @@ def deepseek_uneven_spec() -> LaunchSpec:
     return LaunchSpec(model=model, cluster=cluster, training=training, layout=layout)
 
 
-CASES = {"llama70b": llama70b_spec, "moe_single_node": moe_single_node_spec}
+def deepseek_gb200_spec() -> LaunchSpec:
+    """deepseek-v3 (MLA, MoE, MTP) on 256 GB200 (64 NVL72 nodes), FP8 (MXFP8), PP4 uneven 16/15, EP64, with a
+    Kubernetes site: ComputeDomain, Bridge performance recipe."""
+    model = load_model("deepseek-v3")
+    cluster = make_cluster(load_gpu("gb200"), 256)
+    layout = layout_for_world(256, pp=4, ep=64, etp=1, first_stage_layers=16, last_stage_layers=15,
+                              recompute_modules=("mla_up_proj", "mlp"))
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, precision="fp8")
+    k8s = site_from_dict({**SITE, "checkpoint_dir": "/lustre/checkpoints", "kubernetes": {
+        "queue": "team-a", "rdma_resources": {"nvidia.com/hostdev": 4},
+        "volumes": [{"name": "lustre", "mount_path": "/lustre", "pvc": "lustre-pvc"}],
+        "topology_key": "nvidia.com/gpu.clique"}})
+    return LaunchSpec(model=model, cluster=cluster, training=training, layout=layout, site=k8s)
+
+
+CASES = {"llama70b": llama70b_spec, "moe_single_node": moe_single_node_spec, "deepseek_gb200": deepseek_gb200_spec}

@@ -31,8 +31,10 @@ def test_launch_writes_every_target_with_the_prediction(tmp_path: Path, capsys: 
     code, stdout, _ = run([*BASE, "--target", "all", "--out", str(out), "--site", str(site)], capsys)
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["megatron_args.sh", "env.sh", "torchrun.sh", "job.sbatch", "pytorchjob.yaml", "manifest.json"])
+        ["megatron_args.sh", "env.sh", "torchrun.sh", "job.sbatch", "pytorchjob.yaml", "trainjob.yaml",
+         "bridge_recipe.py", "bridge_overrides.txt", "manifest.json"])
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert sorted(manifest["files"]) == sorted(p.name for p in out.iterdir())
     assert manifest["schema_version"] == 1 and len(manifest["candidate_id"]) == 12
     assert manifest["candidate_id"] in stdout
     assert manifest["layout"]["tp"] == 4 and manifest["inputs"]["cluster"]["num_gpus"] == 64

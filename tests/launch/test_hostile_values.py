@@ -89,10 +89,34 @@ def run_everything(out: Path, tmp_path: Path) -> list[str]:
 
 
 def check_yaml_and_json(out: Path) -> tuple[dict[str, object], dict[str, object]]:
-    """pytorchjob.yaml is exactly one document; manifest.json parses. Both returned."""
+    """pytorchjob.yaml, trainjob.yaml (and its companions) are exactly one document each; manifest.json parses;
+    bridge_recipe.py (when written) compiles and its tables are literals. pytorchjob and the manifest returned."""
     docs = list(yaml.safe_load_all((out / "pytorchjob.yaml").read_text(encoding="utf-8")))
     assert len(docs) == 1 and docs[0]["kind"] == "PyTorchJob"
+    for name, kind in (("trainjob.yaml", "TrainJob"), ("clustertrainingruntime.yaml", "ClusterTrainingRuntime"),
+                       ("computedomain.yaml", "ComputeDomain")):
+        if (out / name).exists() or name == "trainjob.yaml":
+            more = list(yaml.safe_load_all((out / name).read_text(encoding="utf-8")))
+            assert len(more) == 1 and more[0]["kind"] == kind, name
+    if (out / "bridge_recipe.py").exists():
+        check_python(out / "bridge_recipe.py")
     return docs[0], json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+def check_python(path: Path) -> dict[str, object]:
+    """bridge_recipe.py compiles, every line is printable, its upper-case tables are literals (returned)."""
+    import ast
+
+    text = path.read_text(encoding="utf-8")
+    assert all(line.isprintable() for line in text.split("\n"))
+    tree = ast.parse(text)
+    compile(tree, str(path), "exec")
+    tables = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper() \
+                and node.targets[0].id != "CHECKPOINT_DIR":
+            tables[node.targets[0].id] = ast.literal_eval(node.value)
+    return tables
 
 
 def comment_lines(text: str) -> list[str]:
@@ -124,6 +148,25 @@ def test_hostile_gpu_name_is_inert(case: str, tmp_path: Path) -> None:
     run_everything(tmp_path / "launch", tmp_path)
     _, manifest = check_yaml_and_json(tmp_path / "launch")
     assert manifest["inputs"]["cluster"]["gpu"] == HOSTILE[case]  # type: ignore[index]
+    assert (tmp_path / "launch/bridge_recipe.py").exists()  # the base recipe: the GPU name only in comments
+    for name in ("bridge_recipe.py", "trainjob.yaml"):
+        text = (tmp_path / "launch" / name).read_text(encoding="utf-8")
+        assert any(one_line(HOSTILE[case]) in line for line in comment_lines(text)), name
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_model_name_in_the_bridge_recipe_is_a_comment(case: str, tmp_path: Path) -> None:
+    from paraplan.launch.bridge import choose_recipe, overrides, recipe_file
+
+    spec = llama70b_spec()
+    recipe = choose_recipe(spec)
+    hostile = replace(spec, model=replace(spec.model, name=HOSTILE[case]))
+    text = recipe_file(hostile, "c0ffee", recipe, overrides(hostile, recipe))
+    (tmp_path / "bridge_recipe.py").write_text(text, encoding="utf-8")
+    check_python(tmp_path / "bridge_recipe.py")
+    assert any(one_line(HOSTILE[case]) in line for line in comment_lines(text))
+    code = [line for line in text.split("\n") if not line.lstrip().startswith("#")]
+    assert not any(CANARY in line for line in code)
 
 
 @pytest.mark.parametrize("case", sorted(PRINTABLE))
@@ -140,10 +183,15 @@ def test_hostile_site_values_are_quoted(case: str, tmp_path: Path) -> None:
     assert stub_words[i:i + 3] == ["module", "load", value]
     assert f"--container-image={value}" in stub_words
     doc, manifest = check_yaml_and_json(tmp_path / "launch")
+    job = yaml.safe_load((tmp_path / "launch/trainjob.yaml").read_text(encoding="utf-8"))
+    assert job["metadata"]["namespace"] == value and job["spec"]["trainer"]["image"] == value
+    assert {"name": "DATA_PATH", "value": value.replace("$", "$$")} in job["spec"]["trainer"]["env"]
+    assert check_python(tmp_path / "launch/bridge_recipe.py")["ENV"] == {"DATA_PATH": value, "NCCL_IB_SL": "1",
+                                                                          "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     assert doc["metadata"]["namespace"] == value  # type: ignore[index]
     container = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]  # type: ignore[index]
     assert container["image"] == value
-    assert {"name": "DATA_PATH", "value": value} in container["env"]
+    assert {"name": "DATA_PATH", "value": value.replace("$", "$$")} in container["env"]  # $(..) not expanded
     assert manifest["env"]["DATA_PATH"] == value  # type: ignore[index]
 
 

@@ -10,6 +10,7 @@ from paraplan.errors import LayoutError
 from paraplan.launch.flags import known_flags
 from paraplan.launch.megatron import (
     EMITTED_FLAGS,
+    FSDP_REQUIRED_FLAGS,
     MEGATRON_COMMIT,
     argv,
     flag_pairs,
@@ -138,7 +139,31 @@ def test_fsdp_flags_and_checkpoint_format() -> None:
     assert "--use-megatron-fsdp" in pairs
     assert pairs["--data-parallel-sharding-strategy"] == "optim_grads_params"
     assert pairs["--ckpt-format"] == "fsdp_dtensor"
-    assert "--use-distributed-optimizer" not in pairs
+    # NVIDIA's Megatron-FSDP guide and scripts: the distributed optimizer (v1 needs it) and no fused
+    # gradient accumulation, although the layout says distributed_optimizer=False
+    assert moe_single_node_spec().layout.distributed_optimizer is False
+    assert "--use-distributed-optimizer" in pairs and "--no-gradient-accumulation-fusion" in pairs
+    for flag, value, _ in FSDP_REQUIRED_FLAGS:
+        assert flag in pairs and (value is None or pairs[flag] == value)
+
+
+def test_mla_with_mtp_uses_rope_with_mla_rope_type() -> None:
+    spec = deepseek_uneven_spec()
+    pairs = dict(flag_pairs(megatron_args(spec.model, spec.layout, spec.training)))
+    assert spec.model.position_embedding_type == "yarn" and spec.model.mtp_num_layers
+    assert pairs["--position-embedding-type"] == "rope" and pairs["--rope-type"] == "yarn"
+    assert pairs["--rotary-scaling-factor"] == "40.0"
+    assert "--no-rope-fusion" not in pairs
+    rope = replace(spec.model, position_embedding_type="rope")
+    pairs = dict(flag_pairs(megatron_args(rope, spec.layout, spec.training)))
+    assert pairs["--rope-type"] == "rope" and "--no-rope-fusion" in pairs  # fused RoPE for MLA is YaRN only
+
+
+def test_mtp_with_yarn_without_mla_is_refused() -> None:
+    spec = deepseek_uneven_spec()
+    model = replace(spec.model, multi_latent_attention=False, q_lora_rank=None)
+    with pytest.raises(LayoutError, match=r"Multi-Token Prediction \(MTP\) is not supported with yarn"):
+        megatron_args(model, spec.layout, spec.training)
 
 
 def test_model_flags_for_gqa_llama() -> None:

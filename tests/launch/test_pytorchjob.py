@@ -41,7 +41,7 @@ def test_multi_node_job_has_master_and_workers() -> None:
         assert c["command"] == ["torchrun", "/opt/megatron-lm/pretrain_gpt.py"]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
         volumes = replicas[role]["template"]["spec"]["volumes"]
-        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in volumes
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in volumes
         assert replicas[role]["template"]["spec"]["imagePullSecrets"] == [{"name": "ngc"}]
 
 
@@ -68,3 +68,23 @@ def test_site_env_fills_placeholders() -> None:
     c = container(job(llama70b_spec())["spec"]["pytorchReplicaSpecs"]["Worker"])
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["DATA_PATH"] == "/lustre/data/pile_text_document" and env["NCCL_IB_SL"] == "1"
+
+
+def test_site_kubernetes_settings_reach_the_legacy_job_too() -> None:
+    from paraplan.launch.site import site_from_dict
+
+    from .test_trainjob import K8S_SITE
+
+    doc = job(llama70b_spec(site_from_dict(K8S_SITE)))
+    assert doc["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert doc["spec"]["runPolicy"] == {"suspend": True}
+    for role in ("Master", "Worker"):
+        pod = doc["spec"]["pytorchReplicaSpecs"][role]["template"]
+        c = container(doc["spec"]["pytorchReplicaSpecs"][role])
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "rdma/ib": 8}
+        assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert {"name": "lustre", "mountPath": "/lustre"} in c["volumeMounts"]
+        assert {"name": "CHECKPOINT_DIR", "value": "/lustre/checkpoints"} in c["env"]
+        assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"]
+    assert "&" not in render_files(llama70b_spec(), ["k8s"])["pytorchjob.yaml"].split("spec:", 1)[1]  # no anchors

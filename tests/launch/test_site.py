@@ -103,4 +103,8 @@ def test_site_max_connections_1_with_fsdp_is_an_error() -> None:
     with pytest.raises(SpecError, match="conflicts with Megatron-FSDP"):
         render_files(bad, ["k8s"])
     good = replace(moe_single_node_spec(), site=site_from_dict({"env": {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}}))
-    assert '"32"' in render_files(good, ["k8s"])["pytorchjob.yaml"]
+    import yaml
+
+    doc = yaml.safe_load(render_files(good, ["k8s"])["pytorchjob.yaml"])
+    env = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "32"} in env  # a string, as Kubernetes requires

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from enum import StrEnum
 
@@ -41,7 +42,11 @@ class Target(StrEnum):
     megatron = "megatron"
     torchrun = "torchrun"
     slurm = "slurm"
+    sbatch = "sbatch"
     k8s = "k8s"
+    pytorchjob = "pytorchjob"
+    trainjob = "trainjob"
+    bridge = "bridge"
     all = "all"
 
 
@@ -74,21 +79,36 @@ def launch(
     precision: PrecisionChoice = PrecisionOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
-    target: Target = typer.Option(Target.all, "--target", "-t", help="Files to generate."),
-    out: str = typer.Option(..., "--out", "-o", help="Directory to write into (created)."),
+    target: Target = typer.Option(Target.all, "--target", "-t", help="Files to generate: megatron, torchrun, "
+                                  "slurm (= sbatch), k8s (= pytorchjob, Kubeflow v1, legacy), trainjob (Kubeflow "
+                                  "Trainer v2), bridge (Megatron-Bridge recipe + overrides), all."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Directory to write into (created)."),
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (partition, account, "
-                                    "container_image, container_mounts, modules, env, ...)."),
+                                    "container_image, container_mounts, modules, env, kubernetes, ...)."),
+    print_site_template: bool = typer.Option(False, "--print-site-template", help="Print a commented "
+                                             "site.yaml with every key and exit."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing files in --out."),
     flags: LayoutFlags = NO_FLAGS,
 ) -> None:
     """Write launch files for one layout: megatron_args.sh, env.sh, torchrun.sh, job.sbatch,
     pytorchjob.yaml and manifest.json (layout, prediction, candidate id).
 
+    Also trainjob.yaml (Kubeflow Trainer v2; clustertrainingruntime.yaml and computedomain.yaml where
+    needed) and, for models Megatron-Bridge has a recipe for, bridge_recipe.py + bridge_overrides.txt;
+    --print-site-template prints a commented site.yaml.
+
     The layout comes from --plan (and --rank) or from the same flags as ``paraplan estimate``;
     it is validated and estimated first, and nothing is written when it breaks a rule.
     Example: paraplan launch --model llama3-70b --gpu h100-80gb --num-gpus 64 --tp 4 --pp 4
     --cp 2 --seq-len 8192 --gbs 512 --target slurm --out runs/llama70b --site site.yaml
     """
+    if print_site_template:
+        from paraplan.launch.site import SITE_TEMPLATE
+
+        typer.echo(SITE_TEMPLATE, nl=False)
+        return
+    if out is None:
+        raise SpecError("launch needs --out DIR (the directory to write the launch files into)")
     site_profile = load_site(site)
     if plan is not None:
         spec, result = _from_plan(plan, rank)
@@ -119,5 +139,7 @@ def launch(
     con.print(f"checkpoint: --save-interval {ckpt.save_interval_iters} ({advice.reason()})", soft_wrap=True)
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
+    for target_name, reason in json.loads(files["manifest.json"]).get("skipped_targets", {}).items():
+        con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")

@@ -18,6 +18,7 @@ from paraplan.estimate.pipeline import stage_assignment
 from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.launch.megatron import (
     FSDP_MAX_CONNECTIONS_MESSAGE,
+    FSDP_REQUIRED_FLAGS,
     MAX_CONNECTIONS_MESSAGE,
     fsdp_rejects_max_connections,
     launch_violations,
@@ -111,6 +112,22 @@ def _env_violations(parsed: ParsedScript, layout: ParallelLayout, gpu: GpuSpec) 
     return []
 
 
+def fsdp_flag_violations(parsed: ParsedScript) -> list[tuple[str, str]]:
+    """A Megatron-FSDP launch (``--use-megatron-fsdp``) missing a flag of ``FSDP_REQUIRED_FLAGS`` (or with
+    another value), one entry per flag, naming the flag and where the requirement comes from."""
+    values = parsed.flags.values
+    if "--use-megatron-fsdp" not in values:
+        return []
+    found: list[tuple[str, str]] = []
+    for flag, value, source in FSDP_REQUIRED_FLAGS:
+        given = values.get(flag)
+        if given is None or (value is not None and (given[0] if given else None) != value):
+            want = flag if value is None else f"{flag} {value}"
+            got = "missing" if given is None else f"got {' '.join(given) or 'no value'}"
+            found.append(("FSDP_REQUIRED_FLAG", f"Megatron-FSDP needs {want} ({got}; {source})"))
+    return found
+
+
 def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                     layout: ParallelLayout) -> list[tuple[str, str]]:
     """Every broken rule of ``paraplan.rules.rules_for`` (the layout's schedule) plus the pipeline, position
@@ -148,6 +165,7 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     found = rule_violations(model, training, cluster, layout)
     found += [p for p in parsed.flags.problems if p[0] not in {c for c, _ in found}]
     found += _env_violations(parsed, layout, gpu)
+    found += [p for p in fsdp_flag_violations(parsed) if p[1] not in {m for _, m in found}]
     est = None
     if not found:
         est = estimate(model, cluster, training, layout, extra_notes=list(parsed.flags.notes))

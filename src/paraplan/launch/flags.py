@@ -231,6 +231,8 @@ def _attention_fields(r: _Reader, out: dict[str, Any]) -> None:
         out.setdefault("position_embedding_type", "rope")
     if r.has("--no-position-embedding"):
         out["position_embedding_type"] = "none"
+    if r.has("--multi-latent-attention") and out.get("position_embedding_type") == "rope":
+        out["position_embedding_type"] = r.text("--rope-type") or "yarn"  # MLA's rope_type (default yarn)
     gqa = r.has("--group-query-attention")
     out["group_query_attention"] = gqa
     if gqa and "num_query_groups" not in out:

@@ -37,14 +37,15 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
-    "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+    "--data-parallel-sharding-strategy", "--no-gradient-accumulation-fusion", "--overlap-grad-reduce",
+    "--overlap-param-gather", "--tp-comm-overlap", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
     # recompute
     "--recompute-granularity", "--recompute-modules", "--recompute-method", "--recompute-num-layers",
     # model
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
     "--group-query-attention", "--num-query-groups", "--kv-channels", "--swiglu",
-    "--position-embedding-type", "--normalization", "--untie-embeddings-and-output-weights",
+    "--position-embedding-type", "--rope-type", "--no-rope-fusion", "--normalization",
+    "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--hidden-dropout",
     "--attention-dropout", "--vocab-size", "--make-vocab-size-divisible-by",
     "--attention-backend",
@@ -68,6 +69,20 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--log-interval", "--log-throughput", "--eval-interval", "--eval-iters",
 )
 """Every flag ``megatron_args`` can emit (checked against ``MEGATRON_COMMIT``)."""
+
+FSDP_REQUIRED_FLAGS: Final[tuple[tuple[str, str | None, str], ...]] = (
+    ("--use-megatron-fsdp", None, "Megatron-FSDP guide (docs/user-guide/features/megatron_fsdp.md)"),
+    ("--data-parallel-sharding-strategy", None, "Megatron-FSDP guide: the sharding strategy"),
+    ("--use-distributed-optimizer", None, "Megatron-FSDP guide: 'Megatron-FSDP uses Megatron-Core's "
+     "DistributedOptimizer'; validate_args: 'Megatron-FSDP v1 is only compatible with --use-distributed-optimizer'"),
+    ("--no-gradient-accumulation-fusion", None, "NVIDIA's Megatron-FSDP scripts (examples/megatron_fsdp); "
+     "validate_args warns 'Verify that fused gradient accumulation is supported by TransformerEngine for "
+     "Megatron-FSDP'"),
+    ("--ckpt-format", "fsdp_dtensor", "validate_args: 'Megatron-FSDP requires the `fsdp_dtensor` "
+     "checkpointing format.'"),
+)
+"""(flag, required value or None, source) every Megatron-FSDP launch carries; ``check`` reports a missing one
+(code FSDP_REQUIRED_FLAG). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is the environment side (env.sh)."""
 
 CKPT_FORMATS: Final = ("torch_dist", "fsdp_dtensor")
 """``--ckpt-format`` values paraplan writes (Megatron's distributed checkpoint formats)."""
@@ -195,6 +210,11 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
             {"moe_act", "layernorm"} & set(layout.recompute_modules):
         out.append(("FP8_DELAYED_RECOMPUTE", "Delayed scaling does not support moe_act and layernorm "
                     "recompute for fp8."))
+    if model.mtp_num_layers and model.position_embedding_type not in ("rope", "none") \
+            and not (model.multi_latent_attention and model.position_embedding_type == "yarn"):
+        out.append(("MTP_POSITION_EMBEDDING", "Multi-Token Prediction (MTP) is not supported with "
+                    f"{model.position_embedding_type} position embedding type.The supported position embedding "
+                    "types are rope and none."))
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))
@@ -240,7 +260,8 @@ def as_launched(
         m = replace(m, moe_router_pre_softmax=True)
     if not m.use_rope_scaling:
         m = replace(m, rope_scaling_factor=defaults["rope_scaling_factor"])
-    lay = replace(layout, sequence_parallel=layout.sp, etp=layout.etp if model.is_moe else layout.tp)
+    lay = replace(layout, sequence_parallel=layout.sp, etp=layout.etp if model.is_moe else layout.tp,
+                  distributed_optimizer=layout.distributed_optimizer or layout.fsdp)
     if lay.pipeline_layout:
         lay = replace(lay, first_stage_layers=0, last_stage_layers=0, account_for_embedding=False,
                       account_for_loss=False)
@@ -285,9 +306,10 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--sequence-parallel"))
     if lay.distributed_optimizer:
         args.append(_a("--use-distributed-optimizer"))
-    if lay.fsdp:
+    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor is in the checkpoint group)
         args += [_a("--use-megatron-fsdp"),
-                 _a("--data-parallel-sharding-strategy", "optim_grads_params")]
+                 _a("--data-parallel-sharding-strategy", "optim_grads_params"),
+                 _a("--no-gradient-accumulation-fusion")]
     if lay.overlap_grad_reduce:
         args.append(_a("--overlap-grad-reduce"))
     if lay.overlap_param_gather:
@@ -322,8 +344,8 @@ def _model(m: ModelSpec, training: TrainingSpec) -> ArgGroup:
         args.append(_a("--kv-channels", m.kv_channels))
     if m.swiglu:
         args.append(_a("--swiglu"))
-    args += [_a("--position-embedding-type", m.position_embedding_type),
-             _a("--normalization", m.normalization)]
+    args += _positions(m)
+    args.append(_a("--normalization", m.normalization))
     for flag, on in (("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights),
                      ("--disable-bias-linear", not m.add_bias_linear),
                      ("--add-qkv-bias", m.add_qkv_bias), ("--qk-layernorm", m.qk_layernorm)):
@@ -336,6 +358,23 @@ def _model(m: ModelSpec, training: TrainingSpec) -> ArgGroup:
     if training.attention_backend == "unfused":
         args.append(_a("--attention-backend", "unfused"))
     return ArgGroup("model", tuple(args))
+
+
+def _positions(m: ModelSpec) -> list[Arg]:
+    """``--position-embedding-type``; for MLA, RoPE with MLA's own ``--rope-type`` (yarn or rope).
+
+    Megatron's DeepSeek-V3 scripts write ``--position-embedding-type rope`` and let MLA apply YaRN
+    (``--rope-type``, MLA's default yarn, with ``--rotary-scaling-factor``/``--mscale``): validate_args
+    rejects MTP with ``--position-embedding-type yarn``. ``--rope-type`` is always written for MLA, since
+    MLA without it would apply YaRN to a model that asked for plain RoPE; MLA with plain RoPE turns the fused RoPE
+    kernel off (TransformerConfig: 'apply_rope_fusion for MLA only works with YARN RoPE.').
+    """
+    if m.multi_latent_attention and m.position_embedding_type == "yarn":
+        return [_a("--position-embedding-type", "rope"), _a("--rope-type", "yarn")]
+    if m.multi_latent_attention and m.position_embedding_type == "rope":  # TC: 'apply_rope_fusion for MLA only
+        return [_a("--position-embedding-type", "rope"), _a("--rope-type", "rope"),  # works with YARN RoPE.'
+                _a("--no-rope-fusion")]
+    return [_a("--position-embedding-type", m.position_embedding_type)]
 
 
 def _recipe(m: ModelSpec) -> ArgGroup:

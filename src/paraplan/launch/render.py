@@ -1,13 +1,16 @@
-"""Render launch files from templates and write them atomically.
+"""Render launch files and write them atomically.
 
-Targets: ``megatron`` (megatron_args.sh + env.sh), ``torchrun`` (+ torchrun.sh), ``slurm``
-(+ job.sbatch), ``k8s`` (+ pytorchjob.yaml), ``all``; every target also writes manifest.json
-(layout, resolved inputs, prediction, candidate id) so a run can be joined to its prediction.
-Templates are jinja2 with StrictUndefined; every interpolated value is an integer, a validated
+Targets: ``megatron`` (megatron_args.sh + env.sh), ``torchrun`` (+ torchrun.sh), ``slurm`` = ``sbatch``
+(+ job.sbatch), ``k8s`` = ``pytorchjob`` (+ pytorchjob.yaml, legacy Kubeflow v1), ``trainjob`` (+ trainjob.yaml,
+Kubeflow Trainer v2, with clustertrainingruntime.yaml / computedomain.yaml where needed), ``bridge``
+(bridge_recipe.py + bridge_overrides.txt), ``all``; every target also writes manifest.json (layout, resolved
+inputs, prediction, candidate id) so a run can be joined to its prediction.
+The shell files are jinja2 templates with StrictUndefined; every interpolated value is an integer, a validated
 name (filter ``name``) or quoted for the file's language by the filters of ``paraplan.launch.quoting``:
 ``sh`` (shlex.quote), ``shword`` (array elements), ``sh_comment`` (the rest of a ``#`` line, kept
-one line) and ``yaml`` (a double-quoted YAML scalar). Site-specific values come from the site profile
-(``paraplan.launch.site``, validated again here). Conventions: ecosystem.md section 2.
+one line). The YAML files are built as data and written by ``yaml.safe_dump`` (``paraplan.launch.kubernetes``),
+the Bridge files from ``repr`` of validated values (``paraplan.launch.bridge``). Site-specific values come from
+the site profile (``paraplan.launch.site``, validated again here). Conventions: ecosystem.md section 2.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import jinja2
 from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.fileio import check_output_file
+from paraplan.launch.bridge import bridge_files
+from paraplan.launch.kubernetes import pytorchjob_file, trainjob_files
 from paraplan.launch.megatron import (
     FSDP_MAX_CONNECTIONS_MESSAGE,
     MAX_CONNECTIONS_MESSAGE,
@@ -55,13 +60,22 @@ from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 
 SCHEMA_VERSION: Final = 1
-TARGETS: Final = ("megatron", "torchrun", "slurm", "k8s")
+TARGETS: Final = ("megatron", "torchrun", "slurm", "k8s", "trainjob", "bridge")
+TARGET_ALIASES: Final = {"sbatch": "slurm", "pytorchjob": "k8s"}
+"""Other names of a target (``--target pytorchjob`` is the legacy Kubeflow v1 PyTorchJob, ``k8s``)."""
 TARGET_FILES: Final[dict[str, tuple[str, ...]]] = {
     "megatron": ("megatron_args.sh", "env.sh"),
     "torchrun": ("megatron_args.sh", "env.sh", "torchrun.sh"),
     "slurm": ("megatron_args.sh", "env.sh", "job.sbatch"),
     "k8s": ("megatron_args.sh", "env.sh", "pytorchjob.yaml"),
+    "trainjob": ("megatron_args.sh", "env.sh", "trainjob.yaml"),
+    "bridge": ("bridge_recipe.py", "bridge_overrides.txt"),
 }
+"""Files of each target; ``trainjob`` adds clustertrainingruntime.yaml / computedomain.yaml where needed."""
+OPTIONAL_FILES: Final = ("clustertrainingruntime.yaml", "computedomain.yaml")
+BUILT_FILES: Final = frozenset({"pytorchjob.yaml", "trainjob.yaml", *OPTIONAL_FILES, "bridge_recipe.py",
+                                "bridge_overrides.txt"})
+"""Files built as data in Python (YAML by yaml.safe_dump, Python by repr of validated values), not templates."""
 EXECUTABLE: Final = ("torchrun.sh", "job.sbatch")
 MAX_CONNECTIONS: Final = "CUDA_DEVICE_MAX_CONNECTIONS"
 RDZV_PORT: Final = 29400
@@ -120,6 +134,8 @@ def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
                         f"asserts {FSDP_MAX_CONNECTIONS_MESSAGE!r}; remove it from the site profile")
     names = {name for name, _, _ in required}
     site = [(k, v, "from the site profile") for k, v in spec.site.env if k not in names]
+    if spec.site.checkpoint_dir is not None and "CHECKPOINT_DIR" not in dict(spec.site.env):
+        site.append(("CHECKPOINT_DIR", spec.site.checkpoint_dir, "from the site profile (checkpoint_dir)"))
     return site + required
 
 
@@ -151,33 +167,6 @@ def template_env() -> jinja2.Environment:
     return env
 
 
-def _k8s(groups: tuple[ArgGroup, ...], spec: LaunchSpec, env: list[tuple[str, str, str]]
-         ) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """Container args (placeholders as Kubernetes ``$(VAR)`` references) and the pod env."""
-    words: list[str] = []
-    site_env = dict(spec.site.env)
-    pod_env = [("MEGATRON_PATH", spec.site.megatron_path, ""), *env]
-    seen = {name for name, _, _ in pod_env}
-    for group in groups:
-        for arg in group.args:
-            words.append(arg.flag)
-            for v in arg.values:
-                if not isinstance(v, Placeholder):
-                    words.append(v)
-                    continue
-                words.append(f"$({v.env})")
-                if v.env in seen:
-                    continue
-                seen.add(v.env)
-                if v.env in site_env:
-                    pod_env.append((v.env, site_env[v.env], "from the site profile"))
-                elif v.default is not None:
-                    pod_env.append((v.env, v.default, "PLACEHOLDER default"))
-                else:
-                    pod_env.append((v.env, f"SET_{v.env}", f"PLACEHOLDER: {v.hint}"))
-    return words, pod_env
-
-
 def slurm_segment(cluster: ClusterSpec) -> int | None:
     """``#SBATCH --segment`` (nodes), as NVIDIA's GB200 scripts set it for jobs over 18 nodes
     (ecosystem.md 2.2); None when not needed or when the node count does not tile into segments."""
@@ -196,7 +185,6 @@ def _segment_missing(cluster: ClusterSpec) -> str:
 
 def _context(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...]) -> dict[str, Any]:
     env = environment(spec)
-    k8s_args, k8s_env = _k8s(groups, spec, env)
     c = spec.cluster
     return {
         "version": __version__, "candidate_id": cid, "commit": MEGATRON_COMMIT,
@@ -204,9 +192,9 @@ def _context(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...]) -> dict[s
         "num_nodes": c.num_nodes, "gpus_per_node": min(c.gpus_per_node, c.num_gpus),
         "layout_short": spec.layout.short(), "groups": groups, "env": env,
         "unset_max_connections": spec.layout.fsdp, "site": spec.site,
-        "job_name": f"paraplan-{cid}", "rdzv_port": RDZV_PORT, "k8s_args": k8s_args,
+        "job_name": f"paraplan-{cid}", "rdzv_port": RDZV_PORT,
         "segment": slurm_segment(c), "segment_missing": _segment_missing(c),
-        "k8s_env": k8s_env, "image_placeholder": IMAGE_PLACEHOLDER,
+        "image_placeholder": IMAGE_PLACEHOLDER,
     }
 
 
@@ -234,10 +222,10 @@ def manifest(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...],
 
 def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict[str, str]:
     """All files for ``targets`` (names from TARGETS or "all"), rendered in memory."""
-    chosen = list(TARGETS) if "all" in targets else list(dict.fromkeys(targets))
+    chosen = list(TARGETS) if "all" in targets else list(dict.fromkeys(TARGET_ALIASES.get(t, t) for t in targets))
     for t in chosen:
         if t not in TARGETS:
-            raise SpecError(f"target '{t}' is unknown (allowed: {', '.join(TARGETS)}, all)")
+            raise SpecError(f"target '{t}' is unknown (allowed: {', '.join([*TARGETS, *TARGET_ALIASES])}, all)")
     spec = replace(spec, site=validated_site(spec.site))  # a SiteProfile built in code passes the same checks
     groups = megatron_args(spec.model, spec.layout, spec.training, arch=spec.cluster.gpu.arch,
                            checkpoint=spec.checkpoint)
@@ -245,13 +233,36 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     ctx = _context(spec, cid, groups)
     env = template_env()
     names = list(dict.fromkeys(n for t in chosen for n in TARGET_FILES[t]))
-    files = {n: env.get_template(f"{n}.j2").render(**ctx) for n in names}
+    files = {n: env.get_template(f"{n}.j2").render(**ctx) for n in names if n not in BUILT_FILES}
+    k8s = {"job_name": ctx["job_name"], "candidate_id": cid, "cluster": spec.cluster, "site": spec.site,
+           "groups": groups, "env": ctx["env"], "gpus_per_node": ctx["gpus_per_node"]}
+    about = (f"{spec.model.name} on {spec.cluster.num_nodes} node(s) x {ctx['gpus_per_node']} GPUs "
+             f"({spec.cluster.gpu.name}); {spec.layout.short()}")
+    if "k8s" in chosen:
+        files["pytorchjob.yaml"] = pytorchjob_file(
+            **k8s, header=[f"Kubeflow PyTorchJob, generated by paraplan {__version__} (candidate {cid}).", about])
+    if "trainjob" in chosen:
+        files.update(trainjob_files(
+            **k8s, header=[f"Kubeflow Trainer v2, generated by paraplan {__version__} (candidate {cid}).", about]))
+    skipped: dict[str, str] = {}
+    if "bridge" in chosen:
+        try:
+            files.update(bridge_files(spec, cid))
+        except SpecError as err:
+            if "all" not in targets:
+                raise
+            skipped["bridge"] = str(err)  # --target all: every target the model has
+            chosen.remove("bridge")
+    names = [n for n in names if n in files] + [n for n in files if n not in names]
     doc = manifest(spec, cid, groups, [*names, "manifest.json"], chosen)
+    if skipped:
+        doc["skipped_targets"] = skipped
     files["manifest.json"] = json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"
     return files
 
 
-LAUNCH_FILE_NAMES: Final = frozenset(n for names in TARGET_FILES.values() for n in names) | {"manifest.json"}
+LAUNCH_FILE_NAMES: Final = frozenset(n for names in TARGET_FILES.values() for n in names) | {
+    "manifest.json", *OPTIONAL_FILES}
 
 
 def _previous_launch_files(target: Path) -> set[str]:

@@ -1,6 +1,7 @@
 """The site profile: every cluster-specific value the launch templates use.
 
-A YAML file (``paraplan launch --site site.yaml``) with these keys, all optional:
+A YAML file (``paraplan launch --site site.yaml``; ``paraplan launch --print-site-template`` prints a commented
+example, ``SITE_TEMPLATE``) with these keys, all optional:
 
     partition, account, time          Slurm #SBATCH values (time as a quoted "HH:MM:SS")
     container_image, container_mounts pyxis/enroot ``srun --container-image/--container-mounts``,
@@ -10,7 +11,12 @@ A YAML file (``paraplan launch --site site.yaml``) with these keys, all optional
     megatron_path                     Megatron-LM checkout holding pretrain_gpt.py
                                       (default /opt/megatron-lm, as in NVIDIA's NeMo containers)
     namespace, image_pull_secret      Kubernetes
-    extra_sbatch                      more ``#SBATCH`` options, e.g. "--qos=high"
+    kubernetes                        the Kubernetes section (``paraplan.launch.k8s_site``): Trainer v2
+                                      runtime, Kueue queue, RDMA resources, scheduling, volumes, ComputeDomain
+    qos                               Slurm ``#SBATCH --qos``
+    checkpoint_dir                    absolute checkpoint directory (shared storage): the CHECKPOINT_DIR
+                                      default of every target, mounted in Kubernetes when a volume holds it
+    extra_sbatch                      more ``#SBATCH`` options, e.g. "--reservation=llm"
     storage_gbps, storage_gbps_per_node
                                       checkpoint storage bandwidth (GB/s) for the job and per node
     host_memory_gb_per_node           host RAM per node (GB): ``--async-save`` staging must fit
@@ -28,7 +34,7 @@ import math
 import re
 import shlex
 import unicodedata
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,6 +42,7 @@ from paraplan.checkpoint import StorageSpec
 from paraplan.errors import SpecError
 from paraplan.fileio import read_yaml
 from paraplan.goodput import FailureSpec
+from paraplan.launch.k8s_site import KubernetesSite, kubernetes_site
 from paraplan.units import GB
 
 DEFAULT_MEGATRON_PATH: Final = "/opt/megatron-lm"
@@ -66,6 +73,9 @@ class SiteProfile:
     async_save_overlap: float | None = None
     failure_rate_per_gpu_hour: float | None = None
     requeue_s: float | None = None
+    qos: str | None = None
+    checkpoint_dir: str | None = None
+    kubernetes: KubernetesSite = field(default_factory=KubernetesSite)
 
     def storage(self) -> StorageSpec:
         """Checkpoint storage and host memory (defaults in ``paraplan.checkpoint`` where not set)."""
@@ -88,9 +98,12 @@ class SiteProfile:
         out["env"] = dict(self.env)
         for key in ("container_mounts", "modules", "extra_sbatch"):
             out[key] = list(out[key])
-        for key in NUMBER_KEYS:  # storage and failure inputs: only those the site sets
+        for key in (*NUMBER_KEYS, "qos", "checkpoint_dir"):  # only those the site sets
             if out[key] is None:
                 del out[key]
+        out["kubernetes"] = self.kubernetes.model_dump(mode="json", exclude_defaults=True)
+        if not out["kubernetes"]:
+            del out["kubernetes"]
         return out
 
 
@@ -139,6 +152,13 @@ def _list(key: str, value: Any) -> tuple[str, ...]:
     return tuple(_text(key, v) for v in value)
 
 
+def _path(key: str, value: Any) -> str:
+    text = _text(key, value, _PATH)
+    if key == "checkpoint_dir" and not text.startswith("/"):
+        raise SpecError(f"site.checkpoint_dir: expected an absolute path (shared storage), got {text!r}")
+    return text.rstrip("/") or "/"
+
+
 def site_from_dict(data: dict[str, Any]) -> SiteProfile:
     """Validate a site mapping (unknown keys: one line naming the key)."""
     for key in data:
@@ -151,7 +171,7 @@ def site_from_dict(data: dict[str, Any]) -> SiteProfile:
         if key == "time" and isinstance(value, int) and not isinstance(value, bool):
             raise SpecError('site.time: quote the time limit, e.g. time: "04:00:00" (YAML reads '
                             "04:00:00 unquoted as a number of seconds)")
-        if key in ("partition", "account", "time"):
+        if key in ("partition", "account", "time", "qos"):
             kw[key] = _text(key, value, _SLURM_VALUE)
         elif key in ("container_mounts", "modules"):
             kw[key] = _list(key, value)
@@ -161,8 +181,10 @@ def site_from_dict(data: dict[str, Any]) -> SiteProfile:
             kw[key] = _env(value)
         elif key in NUMBER_KEYS:
             kw[key] = _number(key, value)
-        elif key == "megatron_path":
-            kw[key] = _text(key, value, _PATH).rstrip("/") or "/"
+        elif key in ("megatron_path", "checkpoint_dir"):
+            kw[key] = _path(key, value)
+        elif key == "kubernetes":
+            kw[key] = kubernetes_site(value)
         else:
             kw[key] = _text(key, value)
     return SiteProfile(**kw)
@@ -240,3 +262,66 @@ def load_site(path: str | Path | None) -> SiteProfile:
     if not isinstance(data, dict):
         raise SpecError(f"site: '{path}' must hold a mapping of keys ({', '.join(SITE_KEYS)})")
     return site_from_dict(data)
+
+
+SITE_TEMPLATE: Final = '''\
+# paraplan site profile (paraplan launch --site site.yaml). Every key is optional; unknown keys are errors.
+# Values shown are examples: delete what your site does not need (nothing site-specific is invented).
+
+# --- Slurm (job.sbatch) ---
+partition: batch                  # #SBATCH --partition
+account: llm-team                 # #SBATCH --account
+qos: normal                       # #SBATCH --qos
+time: "04:00:00"                  # #SBATCH --time (quoted: YAML reads 04:00:00 as seconds)
+extra_sbatch:                     # more #SBATCH options (not the job size: paraplan derives it)
+  - --reservation=llm
+modules: []                       # module load lines, e.g. [cuda/12.8]
+
+# --- container (Pyxis/enroot on Slurm; the image on Kubernetes) ---
+container_image: nvcr.io/nvidia/nemo:25.07
+container_mounts:                 # srun --container-mounts (SRC:DST[:FLAGS])
+  - /lustre:/lustre
+megatron_path: /opt/megatron-lm   # Megatron-LM checkout holding pretrain_gpt.py inside the container
+
+# --- environment (env.sh, the pod env, the Bridge recipe's env_vars): NCCL/UCX settings of the fabric ---
+env:
+  NCCL_IB_HCA: mlx5
+  NCCL_SOCKET_IFNAME: eth0
+  UCX_NET_DEVICES: mlx5_0:1
+  DATA_PATH: /lustre/data/pile_text_document
+  TOKENIZER_MODEL: meta-llama/Meta-Llama-3-8B
+
+# --- checkpoints (shared storage; on Kubernetes it must be on a writable volume below) ---
+checkpoint_dir: /lustre/checkpoints
+storage_gbps: 100                 # aggregate checkpoint write bandwidth, GB/s
+storage_gbps_per_node: 10         # per-node write bandwidth, GB/s
+host_memory_gb_per_node: 1800     # host RAM per node, GB (async save staging must fit)
+async_save_overlap: 0.9           # share of an async save hidden behind training (0..1)
+failure_rate_per_gpu_hour: 0.00002
+requeue_s: 600                    # seconds from a failure to the job running again
+
+# --- Kubernetes (trainjob.yaml, pytorchjob.yaml) ---
+namespace: training
+image_pull_secret: ngc
+kubernetes:
+  runtime: torch-distributed      # Trainer v2 ClusterTrainingRuntime to reference
+  create_runtime: false           # true: also write clustertrainingruntime.yaml
+  queue: team-a                   # Kueue LocalQueue (label kueue.x-k8s.io/queue-name); job created suspended
+  priority_class: null            # Kueue WorkloadPriorityClass
+  suspend: null                   # default: true with a queue, else false
+  rdma_resources:                 # RDMA devices per node (adds IPC_LOCK), e.g. nvidia.com/hostdev: 8
+    rdma/ib: 8
+  node_selector:
+    nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+  node_affinity: {}               # label key: [allowed values] (required)
+  topology_key: null              # node label of the network block/rack: Kueue topology-aware placement
+  topology_required: false        # true: podset-required-topology (else preferred)
+  volumes:                        # one of pvc, host_path, nfs_server + nfs_path each
+    - {name: lustre, mount_path: /lustre, pvc: lustre-pvc}
+  shm_size: 64Gi                  # the memory-backed /dev/shm
+  compute_domain: null            # GB200/GB300 ComputeDomain name (default <job>-compute-domain)
+  service_account: null
+'''
+"""The documented site.yaml (``paraplan launch --print-site-template``); a test loads it back."""

@@ -14,8 +14,10 @@ MEGATRON_ARGS=(
   --expert-model-parallel-size 4
   --expert-tensor-parallel-size 1
   --sequence-parallel
+  --use-distributed-optimizer
   --use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads_params
+  --no-gradient-accumulation-fusion
   --overlap-grad-reduce
   --overlap-param-gather
   # --- activation recomputation ---

@@ -1,0 +1,286 @@
+"""Megatron-Bridge launch files: a Python recipe file and the equivalent Hydra-style override list.
+
+``bridge_recipe.py``     starts from the matching Bridge performance recipe (``megatron.bridge.perf_recipes``,
+                         listed in ../shared/reference/bridge_perf_recipes.csv) when one exists for the model,
+                         GPU and precision, else from the model's base recipe (``megatron.bridge.recipes``), and
+                         sets paraplan's layout on the ``ConfigContainer``; run it with torchrun
+``bridge_overrides.txt`` the same settings as ``KEY=VALUE`` ConfigContainer overrides for Bridge's
+                         ``scripts/training/run_recipe.py --recipe <function>`` (and scripts/performance)
+
+Every value written into the Python file is ``repr()`` of a validated int, float, bool, str or None (or a
+list of validated str); field paths and recipe names are checked identifiers. Nothing is concatenated into
+code. Field names follow Bridge's config dataclasses (a test checks them against Bridge's source).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Final
+
+from paraplan import __version__
+from paraplan.errors import SpecError
+from paraplan.estimate.pipeline import pipeline_layout_string
+from paraplan.launch.megatron import BLACKWELL_ARCHS, as_launched
+from paraplan.launch.quoting import one_line
+
+if TYPE_CHECKING:
+    from paraplan.launch.render import LaunchSpec
+
+BRIDGE_COMMIT: Final = "067f987"
+"""Megatron-Bridge commit of the recipe table and field names."""
+BASE_RECIPES: Final[dict[str, tuple[str, str]]] = {
+    "llama2-7b": ("megatron.bridge.recipes.llama", "llama2_7b_pretrain_config"),
+    "llama3-8b": ("megatron.bridge.recipes.llama", "llama3_8b_pretrain_config"),
+    "llama3-70b": ("megatron.bridge.recipes.llama", "llama3_70b_pretrain_config"),
+    "llama3.1-405b": ("megatron.bridge.recipes.llama", "llama31_405b_pretrain_config"),
+    "qwen2.5-7b": ("megatron.bridge.recipes.qwen", "qwen25_7b_pretrain_config"),
+    "qwen2.5-72b": ("megatron.bridge.recipes.qwen", "qwen25_72b_pretrain_config"),
+    "qwen3-30b-a3b": ("megatron.bridge.recipes.qwen", "qwen3_30b_a3b_pretrain_config"),
+    "qwen3-235b-a22b": ("megatron.bridge.recipes.qwen", "qwen3_235b_a22b_pretrain_config"),
+    "deepseek-v3": ("megatron.bridge.recipes.deepseek", "deepseek_v3_pretrain_config"),
+    "gpt3-175b": ("megatron.bridge.recipes.gpt", "gpt3_175b_pretrain_config"),
+}
+"""paraplan model -> (module, function) of Bridge's base pretrain recipe (``megatron.bridge.recipes``)."""
+PERF_STEMS: Final = {"llama3-8b": "llama3_8b", "llama3-70b": "llama3_70b", "llama3.1-405b": "llama31_405b",
+                     "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
+                     "deepseek-v3": "deepseek_v3"}
+"""paraplan model -> the ``model`` column of the performance recipe table."""
+GPU_NAMES: Final = {"h100-80gb": "h100", "b200": "b200", "b300": "b300", "gb200": "gb200", "gb300": "gb300"}
+_IDENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODULE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_FIELD: Final = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?")
+_SOURCE: Final = re.compile(r"src/(megatron/bridge/perf_recipes/[a-z0-9_/]+)\.py:([a-z0-9_]+)")
+_WORD: Final = re.compile(r"[A-Za-z0-9_.:/+-]+")
+_LAYOUT: Final = re.compile(r"[EtmL|]+")
+
+Scalar = int | float | bool | str | None
+Value = Scalar | list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """The Bridge recipe function a launch starts from."""
+
+    module: str
+    function: str
+    kind: str
+    """"perf" (the performance recipe table) or "base" (the model's base recipe)."""
+
+    def __post_init__(self) -> None:
+        if not _MODULE.fullmatch(self.module) or not _IDENT.fullmatch(self.function):
+            raise SpecError(f"bridge recipe: {self.module}.{self.function} is not a Python name")
+
+
+def bridge_precision(precision: str, arch: str) -> tuple[str, str]:
+    """(the table's precision column, Bridge's mixed-precision preset) for paraplan's precision on ``arch``:
+    FP8 is MXFP8 on Blackwell and delayed scaling before it, as in the Megatron-LM launch."""
+    if precision == "fp8":
+        return ("fp8_mx", "bf16_with_mxfp8_mixed") if arch in BLACKWELL_ARCHS else \
+            ("fp8_ds", "bf16_with_fp8_delayed_scaling_mixed")
+    return ("fp16", "fp16_mixed") if precision == "fp16" else ("bf16", "bf16_mixed")
+
+
+def perf_table() -> list[dict[str, str]]:
+    """The performance recipe table shipped with paraplan (bridge_perf_recipes.tsv: the columns of
+    ../shared/reference/bridge_perf_recipes.csv the choice reads; a test checks the copy)."""
+    text = resources.files("paraplan.launch").joinpath("bridge_perf_recipes.tsv").read_text(encoding="utf-8")
+    return list(csv.DictReader(text.splitlines(), delimiter="\t"))
+
+
+def choose_recipe(spec: LaunchSpec) -> Recipe:
+    """The performance recipe for (model, GPU, precision, pretrain, no variant), the one with the same GPU count
+    or else the nearest; otherwise the model's base recipe; SpecError when Bridge has neither."""
+    model, gpu = spec.model.name, GPU_NAMES.get(spec.cluster.gpu.name)
+    column, _ = bridge_precision(spec.training.precision, spec.cluster.gpu.arch)
+    stem = PERF_STEMS.get(model)
+    rows = [r for r in perf_table() if stem is not None and r["model"] == stem and r["gpu"] == gpu
+            and r["precision"] == column and r["task"] == "pretrain" and not r["config_variant"]]
+    if rows:
+        best = min(rows, key=lambda r: (abs(int(r["num_gpus"]) - spec.cluster.num_gpus), int(r["num_gpus"])))
+        m = _SOURCE.fullmatch(best["source"])
+        if m is None:
+            raise SpecError(f"bridge recipe table: cannot read source {best['source']!r}")
+        return Recipe(m.group(1).replace("/", "."), m.group(2), "perf")
+    if model in BASE_RECIPES:
+        return Recipe(*BASE_RECIPES[model], "base")
+    raise SpecError(f"--target bridge: Megatron-Bridge has no recipe for model '{model}' (recipes exist for: "
+                    f"{', '.join(sorted(BASE_RECIPES))})")
+
+
+def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
+    """(ConfigContainer field path, value) for paraplan's layout, batch, precision and checkpoints; a performance
+    recipe keeps its own mixed-precision config (it was chosen for the same precision)."""
+    m, lay = as_launched(spec.model, spec.layout, spec.training)
+    _, preset = bridge_precision(spec.training.precision, spec.cluster.gpu.arch)
+    out: list[tuple[str, Value]] = [
+        ("model.tensor_model_parallel_size", lay.tp), ("model.pipeline_model_parallel_size", lay.pp),
+        ("model.virtual_pipeline_model_parallel_size", lay.vp if lay.vp > 1 else None),
+        ("model.context_parallel_size", lay.cp), ("model.sequence_parallel", lay.sp),
+    ]
+    if m.is_moe:
+        out += [("model.expert_model_parallel_size", lay.ep), ("model.expert_tensor_parallel_size", lay.etp)]
+    layout = pipeline_layout_string(lay.pipeline_layout, lay.pp, mtp_layers=m.mtp_num_layers) \
+        if lay.pipeline_layout else None
+    out += [("model.pipeline_model_parallel_layout", layout),
+            ("model.num_layers_in_first_pipeline_stage", lay.first_stage_layers or None),
+            ("model.num_layers_in_last_pipeline_stage", lay.last_stage_layers or None),
+            ("model.account_for_embedding_in_pipeline_split", lay.account_for_embedding),
+            ("model.account_for_loss_in_pipeline_split", lay.account_for_loss)]
+    if lay.recompute == "selective":
+        out += [("model.recompute_granularity", "selective"), ("model.recompute_modules", list(lay.recompute_modules)),
+                ("model.recompute_method", None), ("model.recompute_num_layers", None)]
+    elif lay.recompute == "full":
+        out += [("model.recompute_granularity", "full"), ("model.recompute_method", "uniform"),
+                ("model.recompute_num_layers", lay.recompute_num_layers), ("model.recompute_modules", None)]
+    else:
+        out += [("model.recompute_granularity", None)]
+    out += [("model.tp_comm_overlap", lay.tp_comm_overlap), ("model.seq_length", spec.training.seq_len),
+            ("dataset.seq_length", spec.training.seq_len),
+            ("train.global_batch_size", spec.training.global_batch_size), ("train.micro_batch_size", lay.mbs),
+            ("ddp.use_distributed_optimizer", lay.distributed_optimizer), ("ddp.use_megatron_fsdp", lay.fsdp),
+            ("ddp.data_parallel_sharding_strategy", "optim_grads_params" if lay.fsdp else "no_shard"),
+            ("ddp.overlap_grad_reduce", lay.overlap_grad_reduce),
+            ("ddp.overlap_param_gather", lay.overlap_param_gather)]
+    if recipe.kind == "base":
+        out.append(("mixed_precision", preset))
+    if lay.fsdp:  # the Megatron-FSDP guide's flags (FSDP_REQUIRED_FLAGS), as Bridge fields
+        out += [("model.gradient_accumulation_fusion", False)]
+    if spec.checkpoint is not None:
+        out += [("checkpoint.save_interval", spec.checkpoint.save_interval_iters),
+                ("checkpoint.ckpt_format", spec.checkpoint.ckpt_format),
+                ("checkpoint.async_save", spec.checkpoint.async_save)]
+    elif lay.fsdp:
+        out.append(("checkpoint.ckpt_format", "fsdp_dtensor"))
+    return [(_field(k), _checked(k, v)) for k, v in out]
+
+
+def _field(path: str) -> str:
+    if not _FIELD.fullmatch(path):
+        raise SpecError(f"bridge override: {path!r} is not a ConfigContainer field path")
+    return path
+
+
+def _checked(path: str, value: object) -> Value:
+    """``value`` when it is an int, float, bool, None, a plain word, or a list of plain words."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str) and (_WORD.fullmatch(value) or _LAYOUT.fullmatch(value)):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) and _WORD.fullmatch(v) for v in value):
+        return [str(v) for v in value]
+    raise SpecError(f"bridge override {path}: {value!r} is not a plain value")
+
+
+def hydra_value(value: Value) -> str:
+    """A value as Bridge's ``KEY=VALUE`` overrides read it (OmegaConf dotlist: null, true/false, JSON strings)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(value) + "]"
+    return json.dumps(value)
+
+
+def _env(spec: LaunchSpec) -> dict[str, str]:
+    from paraplan.launch.render import environment
+
+    return {name: value for name, value, _ in environment(spec)}
+
+
+def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[str, Value]]) -> str:
+    """bridge_recipe.py: imports the recipe function, applies ``OVERRIDES``, runs Bridge's pretrain."""
+    env = _env(spec)
+    ckpt_default = spec.site.checkpoint_dir or "checkpoints"
+    lines = [
+        f"# Megatron-Bridge recipe, generated by paraplan {one_line(__version__)} (candidate {one_line(cid)}).",
+        f"# {one_line(spec.model.name)} on {spec.cluster.num_nodes} node(s) x {spec.cluster.gpus_per_node} GPUs "
+        f"({one_line(spec.cluster.gpu.name)}); {one_line(spec.layout.short())}",
+        f"# Starts from Bridge's {'performance' if recipe.kind == 'perf' else 'base'} recipe (Megatron-Bridge "
+        f"{BRIDGE_COMMIT}):",
+        f"#   {recipe.module}",
+        f"#   .{recipe.function}",
+        "# Run on every node: torchrun --nnodes=N --nproc-per-node=G ... bridge_recipe.py",
+        "# Reads DATA_PATH (else the recipe's data), TOKENIZER_MODEL / TOKENIZER_TYPE and CHECKPOINT_DIR from the",
+        "# environment. The same settings for scripts/training/run_recipe.py: bridge_overrides.txt.",
+        '"""paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""',
+        "",
+        "import os",
+        "",
+        f"from {recipe.module} import (",
+        f"    {recipe.function} as base_recipe,",
+        ")",
+        "from megatron.bridge.training.comm_overlap import CommOverlapConfig",
+        "from megatron.bridge.training.gpt_step import forward_step",
+        "from megatron.bridge.training.pretrain import pretrain",
+        "",
+        "OVERRIDES = {",
+        *[f"    {k!r}: {v!r}," for k, v in items],
+        "}",
+        "ENV = {",
+        *[f"    {k!r}: {v!r}," for k, v in env.items()],
+        "}",
+        f"UNSET_ENV = {(['CUDA_DEVICE_MAX_CONNECTIONS'] if spec.layout.fsdp else [])!r}",
+        f"TP_COMM_OVERLAP = {spec.layout.tp_comm_overlap!r}",
+        f"CHECKPOINT_DIR = os.environ.get('CHECKPOINT_DIR', {ckpt_default!r})",
+        "",
+        "",
+        "def recipe():",
+        '    """The base recipe with paraplan\'s layout applied (AttributeError for a field the recipe lacks)."""',
+        "    cfg = base_recipe()",
+        "    for path, value in OVERRIDES.items():",
+        "        target, _, name = path.rpartition('.')",
+        "        obj = getattr(cfg, target) if target else cfg",
+        "        if not hasattr(obj, name):",
+        "            raise AttributeError(f'{path}: not a field of the recipe')",
+        "        setattr(obj, name, value)",
+        "    if TP_COMM_OVERLAP and cfg.comm_overlap is None:",
+        "        cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)",
+        "    elif cfg.comm_overlap is not None:",
+        "        cfg.comm_overlap.tp_comm_overlap = TP_COMM_OVERLAP",
+        "    cfg.env_vars.update(ENV)",
+        "    for name in UNSET_ENV:",
+        "        cfg.env_vars.pop(name, None)",
+        "        os.environ.pop(name, None)",
+        "    if os.environ.get('DATA_PATH'):",
+        "        cfg.dataset.blend = ([os.environ['DATA_PATH']], None)",
+        "    if os.environ.get('TOKENIZER_MODEL'):",
+        "        cfg.tokenizer.tokenizer_type = os.environ.get('TOKENIZER_TYPE', 'HuggingFaceTokenizer')",
+        "        cfg.tokenizer.tokenizer_model = os.environ['TOKENIZER_MODEL']",
+        "    cfg.checkpoint.save = CHECKPOINT_DIR",
+        "    cfg.checkpoint.load = CHECKPOINT_DIR",
+        "    return cfg",
+        "",
+        "",
+        "if __name__ == '__main__':",
+        "    pretrain(recipe(), forward_step)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+RUNTIME_FIELDS: Final = ("dataset.blend", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model", "checkpoint.save",
+                         "checkpoint.load", "comm_overlap.tp_comm_overlap", "env_vars")
+"""ConfigContainer fields bridge_recipe.py sets besides ``OVERRIDES`` (checked against Bridge's source too)."""
+
+
+def overrides_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[str, Value]]) -> str:
+    """bridge_overrides.txt: ``#`` comments, then one ``KEY=VALUE`` override per line."""
+    head = [f"# Megatron-Bridge ConfigContainer overrides, generated by paraplan {one_line(__version__)} "
+            f"(candidate {one_line(cid)}); one KEY=VALUE per line.",
+            f"# Use: python scripts/training/run_recipe.py --recipe {recipe.function} --mode pretrain "
+            "$(grep -v '^#' bridge_overrides.txt)"]
+    return "\n".join([*head, *[f"{k}={hydra_value(v)}" for k, v in items]]) + "\n"
+
+
+def bridge_files(spec: LaunchSpec, cid: str) -> dict[str, str]:
+    """bridge_recipe.py and bridge_overrides.txt for ``spec``."""
+    recipe = choose_recipe(spec)
+    items = overrides(spec, recipe)
+    return {"bridge_recipe.py": recipe_file(spec, cid, recipe, items),
+            "bridge_overrides.txt": overrides_file(spec, cid, recipe, items)}

@@ -1,0 +1,275 @@
+"""Kubernetes launch files built as data and written by ``yaml.safe_dump`` (one document per file).
+
+``trainjob.yaml``               Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1), referencing a
+                                ``ClusterTrainingRuntime`` (default ``torch-distributed``, run by JobSet); the
+                                site's pod settings go in ``spec.runtimePatches``
+``clustertrainingruntime.yaml`` the runtime itself, when the site asks for it (``kubernetes.create_runtime``) or
+                                the job needs a ComputeDomain claim on its pods
+``computedomain.yaml``          GB200/GB300: the NVIDIA DRA driver's ``ComputeDomain`` (IMEX channel across the
+                                NVL72 nodes of the job), claimed by every training pod
+
+Pod settings from the site file (``paraplan.launch.k8s_site``): GPUs and RDMA devices per node, IPC_LOCK when
+RDMA devices are requested, volumes and mounts (data, checkpoints), a memory-backed /dev/shm, node selector,
+tolerations, node affinity, Kueue queue label and ``suspend``, Kueue topology-aware placement.
+
+Values are data, never spliced into YAML text: names are validated (DNS labels), literal strings in ``args``
+and ``env`` have ``$`` doubled, so Kubernetes expands only the ``$(VAR)`` references paraplan writes.
+The Trainer's torch plugin gives torchrun its node count, rank and rendezvous (PET_* variables).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Final
+
+import yaml
+
+from paraplan.errors import SpecError
+from paraplan.launch.megatron import ArgGroup, Placeholder
+from paraplan.launch.quoting import one_line
+from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile
+from paraplan.specs.cluster import ClusterSpec
+
+TRAINER_API: Final = "trainer.kubeflow.org/v1alpha1"
+TRAINER_GROUP: Final = "trainer.kubeflow.org"
+COMPUTE_DOMAIN_API: Final = "resource.nvidia.com/v1beta1"
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
+KUEUE_PREFERRED_TOPOLOGY: Final = "kueue.x-k8s.io/podset-preferred-topology"
+KUEUE_REQUIRED_TOPOLOGY: Final = "kueue.x-k8s.io/podset-required-topology"
+TRAINER_NODE: Final = "node"
+"""Replicated job and container name of Kubeflow's torch runtimes (``torch-distributed``)."""
+CLAIM_NAME: Final = "compute-domain-channel"
+MAX_LIST_ITEMS: Final = 128
+"""TrainJob ``spec.trainer.args``/``command``/``env`` hold at most 128 items (the CRD's maxItems)."""
+
+
+def k8s_literal(text: str) -> str:
+    """``text`` as Kubernetes passes it on: ``$`` doubled, so no ``$(VAR)`` in it is expanded."""
+    return text.replace("$", "$$")
+
+
+def needs_compute_domain(cluster: ClusterSpec) -> bool:
+    """Whether the job spans several nodes of one multi-node NVLink domain (GB200/GB300 NVL72): the pods then
+    need an IMEX channel from a ComputeDomain to use NVLink across nodes (EP/TP groups over MNNVL)."""
+    return cluster.nvlink_domain_size > cluster.gpus_per_node and cluster.num_nodes > 1
+
+
+def container_args(groups: tuple[ArgGroup, ...], site_env: dict[str, str]) -> tuple[list[str], list[dict[str, str]]]:
+    """Megatron arguments for a container (``--flag=value`` where the flag takes one value, so that the list
+    stays within the CRD's 128 items) and the env entries the ``$(VAR)`` references need."""
+    words: list[str] = []
+    refs: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for group in groups:
+        for arg in group.args:
+            values = []
+            for v in arg.values:
+                if not isinstance(v, Placeholder):
+                    values.append(k8s_literal(v))
+                    continue
+                values.append(f"$({v.env})")
+                if v.env not in seen and v.env not in site_env:
+                    seen.add(v.env)
+                    refs.append({"name": v.env, "value": v.default if v.default is not None else f"SET_{v.env}"})
+            words += [f"{arg.flag}={values[0]}"] if len(values) == 1 else [arg.flag, *values]
+    return words, refs
+
+
+def _pod_env(env: list[tuple[str, str, str]], refs: list[dict[str, str]], site: SiteProfile) -> list[dict[str, str]]:
+    out = [{"name": "MEGATRON_PATH", "value": k8s_literal(site.megatron_path)}]
+    out += [{"name": name, "value": k8s_literal(value)} for name, value, _ in env]
+    names = {e["name"] for e in out}
+    out += [r for r in refs if r["name"] not in names]
+    return out
+
+
+def _check_checkpoint_dir(site: SiteProfile) -> None:
+    """With volumes declared, checkpoint_dir must be on a writable one (SpecError); without any, trainjob.yaml
+    says so in a PLACEHOLDER comment (a Slurm-only site file still writes every target)."""
+    ckpt = site.checkpoint_dir
+    if ckpt is None or not site.kubernetes.volumes:
+        return
+    mounts = [v.mount_path.rstrip("/") for v in site.kubernetes.volumes if not v.read_only]
+    if not any(ckpt == m or ckpt.startswith(m + "/") for m in mounts):
+        raise SpecError(f"site.checkpoint_dir: {ckpt!r} is on no writable site.kubernetes.volumes mount_path "
+                        f"({', '.join(mounts) or 'none given'}); checkpoints would be lost with the pod")
+
+
+def _affinity(site: SiteProfile) -> dict[str, Any] | None:
+    terms = [{"key": k, "operator": "In", "values": list(v)} for k, v in site.kubernetes.node_affinity.items()]
+    if not terms:
+        return None
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
+
+
+def pod_patch(site: SiteProfile, *, container: str) -> dict[str, Any]:
+    """Pod settings of the site: mounts, volumes (with /dev/shm), IPC_LOCK, scheduling, pull secret."""
+    k = site.kubernetes
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts += [{"name": v.name, "mountPath": v.mount_path, **({"readOnly": True} if v.read_only else {})}
+               for v in k.volumes]
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}}]
+    volumes += [{"name": v.name, **v.source()} for v in k.volumes]
+    c: dict[str, Any] = {"name": container, "volumeMounts": mounts}
+    if k.rdma_resources:  # RDMA (GPUDirect, verbs) needs locked memory
+        c["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    spec: dict[str, Any] = {"containers": [c], "volumes": volumes}
+    if k.node_selector:
+        spec["nodeSelector"] = dict(k.node_selector)
+    if k.tolerations:
+        spec["tolerations"] = [t.model_dump(exclude_none=True) for t in k.tolerations]
+    affinity = _affinity(site)
+    if affinity is not None:
+        spec["affinity"] = affinity
+    if site.image_pull_secret:
+        spec["imagePullSecrets"] = [{"name": site.image_pull_secret}]
+    if k.service_account:
+        spec["serviceAccountName"] = k.service_account
+    return spec
+
+
+def topology_annotations(site: SiteProfile) -> dict[str, str]:
+    """Kueue topology-aware scheduling of the training pods (when the site names its topology label)."""
+    key = site.kubernetes.topology_key
+    if key is None:
+        return {}
+    return {KUEUE_REQUIRED_TOPOLOGY if site.kubernetes.topology_required else KUEUE_PREFERRED_TOPOLOGY: key}
+
+
+def compute_domain_name(job_name: str, site: SiteProfile) -> str:
+    return site.kubernetes.compute_domain or f"{job_name}-compute-domain"
+
+
+def dump(doc: dict[str, Any], header: list[str]) -> str:
+    """One YAML document: ``#`` header lines (one line each, printable), then ``yaml.safe_dump`` of ``doc``."""
+    lines = [f"# {one_line(h)}" for h in header]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=10_000, allow_unicode=False)
+
+
+def _runtime(name: str, site: SiteProfile, image: str, gpus: int, claim_template: str | None) -> dict[str, Any]:
+    pod: dict[str, Any] = {"containers": [{"name": TRAINER_NODE, "image": image,
+                                           "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}
+    if claim_template is not None:
+        pod["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimTemplateName": claim_template}]
+    return {
+        "apiVersion": TRAINER_API, "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [{
+            "name": TRAINER_NODE,
+            "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                         "spec": {"template": {"spec": pod}}}}]}}},
+    }
+
+
+def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], cluster: ClusterSpec, site: SiteProfile,
+                   groups: tuple[ArgGroup, ...], env: list[tuple[str, str, str]], gpus_per_node: int,
+                   ) -> dict[str, str]:
+    """trainjob.yaml, and clustertrainingruntime.yaml / computedomain.yaml where needed."""
+    _check_checkpoint_dir(site)
+    k = site.kubernetes
+    site_env = dict(site.env)
+    args, refs = container_args(groups, site_env)
+    pod_env = _pod_env(env, refs, site)
+    for what, items in (("args", args), ("env", pod_env)):
+        if len(items) > MAX_LIST_ITEMS:
+            raise SpecError(f"trainjob: {len(items)} {what} entries, more than the TrainJob CRD allows "
+                            f"({MAX_LIST_ITEMS}); move site.env entries into the image or a ConfigMap")
+    image = site.container_image or IMAGE_PLACEHOLDER
+    domain = needs_compute_domain(cluster)
+    make_runtime = k.create_runtime or domain
+    runtime = f"{job_name}-runtime" if domain and not k.create_runtime else k.runtime
+    resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus_per_node, **k.rdma_resources}}
+    if domain:
+        resources["claims"] = [{"name": CLAIM_NAME}]
+    labels = {"paraplan/candidate-id": candidate_id}
+    if k.queue:
+        labels[KUEUE_QUEUE_LABEL] = k.queue
+    if k.priority_class:
+        labels[KUEUE_PRIORITY_LABEL] = k.priority_class
+    metadata: dict[str, Any] = {"name": job_name, **({"namespace": site.namespace} if site.namespace else {}),
+                                "labels": labels}
+    pod_meta: dict[str, Any] = {"annotations": topology_annotations(site)} if k.topology_key else {}
+    suspend = k.suspend if k.suspend is not None else k.queue is not None
+    job = {
+        "apiVersion": TRAINER_API, "kind": "TrainJob", "metadata": metadata,
+        "spec": {
+            "suspend": suspend,
+            "runtimeRef": {"name": runtime, "kind": "ClusterTrainingRuntime", "apiGroup": TRAINER_GROUP},
+            "trainer": {"image": image, "command": ["torchrun", "$(MEGATRON_PATH)/pretrain_gpt.py"], "args": args,
+                        "env": pod_env, "numNodes": cluster.num_nodes, "numProcPerNode": gpus_per_node,
+                        "resourcesPerNode": resources},
+            "runtimePatches": [{"manager": "paraplan", "trainingRuntimeSpec": {"template": {"spec": {
+                "replicatedJobs": [{"name": TRAINER_NODE, "template": {"spec": {"template": {
+                    **({"metadata": pod_meta} if pod_meta else {}),
+                    "spec": pod_patch(site, container=TRAINER_NODE)}}}}]}}}}],
+        },
+    }
+    ckpt_note = [] if site.checkpoint_dir and k.volumes else [
+        f"PLACEHOLDER: CHECKPOINT_DIR is {site.checkpoint_dir or 'checkpoints'!r} inside the container and no volume "
+        "holds it (lost with the pod):", "set checkpoint_dir in site.yaml to a path on a kubernetes.volumes mount"]
+    files = {"trainjob.yaml": dump(job, [*header, *ckpt_note, f"Runtime: ClusterTrainingRuntime {runtime}"
+                                         + (" (clustertrainingruntime.yaml)" if make_runtime else
+                                            " (installed with Kubeflow Trainer)"),
+                                         "Apply: kubectl apply -f trainjob.yaml"
+                                         + ("; Kueue admits it (suspend: true until then)" if k.queue else "")])}
+    if make_runtime:
+        claim = compute_domain_name(job_name, site) if domain else None
+        files["clustertrainingruntime.yaml"] = dump(
+            _runtime(runtime, site, image, gpus_per_node, None if claim is None else f"{claim}-channel"),
+            [*header, "Kubeflow Trainer v2 ClusterTrainingRuntime (torch, JobSet) for trainjob.yaml"])
+    if domain:
+        name = compute_domain_name(job_name, site)
+        cd = {"apiVersion": COMPUTE_DOMAIN_API, "kind": "ComputeDomain",
+              "metadata": {"name": name, **({"namespace": site.namespace} if site.namespace else {})},
+              "spec": {"numNodes": cluster.num_nodes,
+                       "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}}}
+        files["computedomain.yaml"] = dump(cd, [*header, "NVIDIA DRA driver ComputeDomain: one IMEX channel for the "
+                                                f"{cluster.num_nodes} NVL72 nodes (multi-node NVLink); apply first"])
+    return files
+
+
+def pytorchjob_file(*, job_name: str, candidate_id: str, header: list[str], cluster: ClusterSpec, site: SiteProfile,
+                    groups: tuple[ArgGroup, ...], env: list[tuple[str, str, str]], gpus_per_node: int) -> str:
+    """pytorchjob.yaml: the legacy Kubeflow Training Operator v1 ``PyTorchJob`` (Master + Workers), with the same
+    pod settings from the site as the TrainJob (the operator sets PET_* and MASTER_ADDR/PORT for torchrun)."""
+    _check_checkpoint_dir(site)
+    k = site.kubernetes
+    words: list[str] = []
+    for group in groups:
+        for arg in group.args:
+            words += [arg.flag, *(f"$({v.env})" if isinstance(v, Placeholder) else k8s_literal(v) for v in arg.values)]
+    _, refs = container_args(groups, dict(site.env))
+    spec = pod_patch(site, container="pytorch")
+    container = spec["containers"][0]
+    container.update({
+        "image": site.container_image or IMAGE_PLACEHOLDER,
+        "command": ["torchrun", f"{k8s_literal(site.megatron_path)}/pretrain_gpt.py"], "args": words,
+        "env": _pod_env(env, refs, site),
+        "resources": {"limits": {"nvidia.com/gpu": gpus_per_node, **k.rdma_resources}}})
+    spec["containers"] = [{key: container[key] for key in ("name", "image", "command", "args", "env", "resources",
+                                                           "volumeMounts", "securityContext") if key in container}]
+    labels = {"paraplan/candidate-id": candidate_id, **({KUEUE_QUEUE_LABEL: k.queue} if k.queue else {}),
+              **({KUEUE_PRIORITY_LABEL: k.priority_class} if k.priority_class else {})}
+    template: dict[str, Any] = {"spec": spec}
+    if k.topology_key:
+        template = {"metadata": {"annotations": topology_annotations(site)}, "spec": spec}
+
+    def replica(n: int) -> dict[str, Any]:  # a fresh copy each: no YAML anchors
+        return {"replicas": n, "restartPolicy": "OnFailure", "template": copy.deepcopy(template)}
+
+    replicas = {"Master": replica(1), **({"Worker": replica(cluster.num_nodes - 1)} if cluster.num_nodes > 1 else {})}
+    suspend = k.suspend if k.suspend is not None else k.queue is not None
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": job_name, **({"namespace": site.namespace} if site.namespace else {}),
+                        "labels": labels},
+           "spec": {**({"runPolicy": {"suspend": True}} if suspend else {}), "nprocPerNode": str(gpus_per_node),
+                    "pytorchReplicaSpecs": replicas}}
+    notes = ["The operator sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK and MASTER_ADDR/PORT for torchrun.",
+             "$(VAR) in args is expanded by Kubernetes from the container env (a literal $ is written $$).",
+             "Legacy Kubeflow Training Operator v1; trainjob.yaml is the Trainer v2 equivalent."]
+    if not site.container_image:
+        notes.append("PLACEHOLDER: set container_image in the site profile (an image with Megatron-LM at "
+                     "megatron_path, e.g. NVIDIA's NeMo container)")
+    return dump(job, [*header, *notes])

@@ -1,0 +1,192 @@
+"""--target bridge: bridge_recipe.py (a Megatron-Bridge recipe with paraplan's layout) and bridge_overrides.txt.
+
+Always: the recipe choice (performance recipe table, else the base recipe), the values, that the Python file
+holds only literals in its tables and compiles, and the override list. Optional (MEGATRON_BRIDGE = a
+Megatron-Bridge source checkout, MEGATRON_LM = Megatron-LM's, or Bridge's 3rdparty/Megatron-LM): every override
+key is a field of Bridge's config dataclasses (read with ``ast`` from the sources, nothing imported or copied),
+and every recipe function paraplan can name exists there.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paraplan.errors import SpecError
+from paraplan.launch.bridge import BASE_RECIPES, RUNTIME_FIELDS, Recipe, choose_recipe, overrides, perf_table
+from paraplan.launch.render import render_files
+
+from .cases import llama70b_spec
+from .matrix import NAMES, plan_spec
+
+SHARED_CSV = Path(__file__).parents[2].parent / "shared/reference/bridge_perf_recipes.csv"
+
+
+def literal_tables(source: str) -> dict[str, Any]:
+    """The module-level constant assignments of bridge_recipe.py, each of which must be a literal."""
+    tree = ast.parse(source)
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper():
+            if node.targets[0].id == "CHECKPOINT_DIR":
+                continue
+            out[node.targets[0].id] = ast.literal_eval(node.value)
+    return out
+
+
+def test_perf_recipe_is_chosen_for_model_gpu_and_precision() -> None:
+    recipe = choose_recipe(plan_spec("deepseek-v3-gb200-fp8"))
+    assert recipe == Recipe("megatron.bridge.perf_recipes.deepseek.gb200.deepseek_v3",
+                            "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config", "perf")
+    recipe = choose_recipe(plan_spec("llama3-70b-tp4-pp4-vp5-cp2"))  # h100 bf16: the 64-GPU recipe
+    assert recipe.kind == "perf" and recipe.function == "llama3_70b_pretrain_64gpu_h100_bf16_config"
+
+
+def test_base_recipe_when_no_perf_recipe_and_error_when_none() -> None:
+    recipe = choose_recipe(plan_spec("llama2-7b-a100-tp2"))
+    assert recipe == Recipe("megatron.bridge.recipes.llama", "llama2_7b_pretrain_config", "base")
+    with pytest.raises(SpecError, match="--target bridge: Megatron-Bridge has no recipe for model 'gpt2'"):
+        render_files(plan_spec("gpt2-dp8"), ["bridge"])
+    files = render_files(plan_spec("gpt2-dp8"), ["all"])  # all: the targets the model has
+    assert "bridge_recipe.py" not in files and "skipped_targets" in files["manifest.json"]
+
+
+def test_overrides_carry_the_layout() -> None:
+    spec = plan_spec("deepseek-v3-custom-layout")
+    items = dict(overrides(spec, choose_recipe(spec)))
+    assert items["model.pipeline_model_parallel_size"] == 8 and items["model.virtual_pipeline_model_parallel_size"] == 2
+    assert items["model.expert_model_parallel_size"] == 64 and items["model.expert_tensor_parallel_size"] == 1
+    layout = items["model.pipeline_model_parallel_layout"]
+    assert isinstance(layout, str) and layout.startswith("Etttt|") and layout.endswith("|tmL")
+    assert items["train.global_batch_size"] == 1024 and items["dataset.seq_length"] == 4096
+    fsdp = plan_spec("llama3-8b-fsdp")
+    items = dict(overrides(fsdp, choose_recipe(fsdp)))
+    assert items["ddp.use_megatron_fsdp"] is True and items["ddp.use_distributed_optimizer"] is True
+    assert items["ddp.data_parallel_sharding_strategy"] == "optim_grads_params"
+    assert items["model.gradient_accumulation_fusion"] is False and items["checkpoint.ckpt_format"] == "fsdp_dtensor"
+    base = plan_spec("llama2-7b-a100-tp2")
+    assert dict(overrides(base, choose_recipe(base)))["mixed_precision"] == "bf16_mixed"
+
+
+def test_recipe_file_is_literals_and_compiles() -> None:
+    spec = plan_spec("llama3-70b-tp8-overlap")
+    files = render_files(spec, ["bridge"])
+    source = files["bridge_recipe.py"]
+    compile(source, "bridge_recipe.py", "exec")
+    tables = literal_tables(source)
+    assert tables["OVERRIDES"] == dict(overrides(spec, choose_recipe(spec)))
+    assert tables["TP_COMM_OVERLAP"] is True and tables["ENV"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    imports = [n for n in ast.parse(source).body if isinstance(n, ast.ImportFrom)]
+    assert imports[0].module == "megatron.bridge.perf_recipes.llama.h100.llama3"
+    lines = files["bridge_overrides.txt"].splitlines()
+    body = [line for line in lines if not line.startswith("#")]
+    assert "model.tensor_model_parallel_size=8" in body and "model.tp_comm_overlap=true" in body
+    assert "model.virtual_pipeline_model_parallel_size=null" in body
+    assert len(body) == len(tables["OVERRIDES"])
+
+
+def test_shipped_recipe_table_is_the_reference_table() -> None:
+    if not SHARED_CSV.is_file():
+        pytest.skip("../shared is absent")
+    with SHARED_CSV.open(encoding="utf-8") as f:
+        ref = [{k: r[k] for k in ("source", "model", "gpu", "num_gpus", "task", "precision", "config_variant")}
+               for r in csv.DictReader(f)]
+    assert perf_table() == ref
+
+
+# ---- optional: against Megatron-Bridge's (and Megatron-LM's) source ----
+
+SECTIONS = {"model": ["GPTModelProvider", "MLAModelProvider"], "ddp": ["DistributedDataParallelConfig"],
+            "train": ["TrainingConfig"], "dataset": ["GPTDatasetConfig"], "checkpoint": ["CheckpointConfig"],
+            "tokenizer": ["TokenizerConfig"], "comm_overlap": ["CommOverlapConfig"], "": ["ConfigContainer"]}
+
+
+def _sources() -> tuple[Path, Path]:
+    bridge = os.environ.get("MEGATRON_BRIDGE")
+    if not bridge or not (Path(bridge) / "src/megatron/bridge/training/config.py").is_file():
+        pytest.skip("MEGATRON_BRIDGE is not set to a Megatron-Bridge checkout")
+    mlm = os.environ.get("MEGATRON_LM") or str(Path(bridge) / "3rdparty/Megatron-LM")
+    if not (Path(mlm) / "megatron/core/transformer/transformer_config.py").is_file():
+        pytest.skip("MEGATRON_LM (Megatron-LM source, for TransformerConfig) is not set")
+    return Path(bridge), Path(mlm)
+
+
+def _python_files(bridge: Path, mlm: Path) -> Iterator[Path]:
+    for d in ("src/megatron/bridge/training", "src/megatron/bridge/models"):
+        yield from (bridge / d).rglob("*.py")
+    for d in ("megatron/core/transformer", "megatron/core/distributed", "megatron/core/datasets",
+              "megatron/training/config"):
+        yield from (mlm / d).rglob("*.py")
+    yield mlm / "megatron/core/model_parallel_config.py"
+
+
+def _classes(bridge: Path, mlm: Path) -> dict[str, tuple[set[str], list[str]]]:
+    """class name -> (annotated fields, base names with import aliases resolved)."""
+    out: dict[str, tuple[set[str], list[str]]] = {}
+    for path in _python_files(bridge, mlm):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        alias = {a.asname: a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names if a.asname}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                          and isinstance(s.target, ast.Name)}
+                bases = [alias.get(b.id, b.id) if isinstance(b, ast.Name) else
+                         b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases]
+                old = out.get(node.name, (set(), []))
+                out[node.name] = (old[0] | fields, old[1] + bases)
+    return out
+
+
+def _fields(name: str, classes: dict[str, tuple[set[str], list[str]]], seen: set[str] | None = None) -> set[str]:
+    seen = seen or set()
+    if name in seen or name not in classes:
+        return set()
+    seen.add(name)
+    own, bases = classes[name]
+    return own.union(*(_fields(b, classes, seen) for b in bases))
+
+
+def test_every_override_key_is_a_bridge_config_field() -> None:
+    bridge, mlm = _sources()
+    classes = _classes(bridge, mlm)
+    fields = {section: set().union(*(_fields(c, classes) for c in names)) for section, names in SECTIONS.items()}
+    assert {"tensor_model_parallel_size", "multi_latent_attention"} <= fields["model"]  # the reader works
+    assert "not_a_field" not in fields["model"]
+    specs = [plan_spec(name) for name in NAMES]
+    keys = {k for spec in specs if spec.model.name in BASE_RECIPES for k, _ in overrides(spec, choose_recipe(spec))}
+    keys |= set(RUNTIME_FIELDS)
+    keys |= {k for k, _ in overrides(llama70b_spec(), choose_recipe(llama70b_spec()))}
+    missing = []
+    for key in sorted(keys):
+        section, _, name = key.rpartition(".")
+        if name not in fields[section]:
+            missing.append(key)
+    assert not missing, f"not fields of Bridge's config dataclasses: {missing}"
+
+
+def test_every_recipe_function_exists_in_bridge() -> None:
+    bridge, _ = _sources()
+    for module, function in BASE_RECIPES.values():
+        package = bridge / "src" / module.replace(".", "/")
+        text = "\n".join(p.read_text(encoding="utf-8") for p in package.rglob("*.py"))
+        assert f"def {function}(" in text or f" as {function}" in text, f"{module}.{function}"
+    for row in perf_table():
+        path, _, function = row["source"].partition(":")
+        assert f"def {function}(" in (bridge / path).read_text(encoding="utf-8"), row["source"]
+
+
+def test_cli_all_notes_a_target_the_model_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    args = ["launch", "--model", "gpt2", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "1024", "--gbs", "64"]
+    assert main([*args, "--out", str(tmp_path / "all")]) == 0
+    assert "note: bridge not written: --target bridge: Megatron-Bridge has no recipe" in capsys.readouterr().out
+    assert (tmp_path / "all/trainjob.yaml").exists() and not (tmp_path / "all/bridge_recipe.py").exists()
+    assert main([*args, "--target", "bridge", "--out", str(tmp_path / "bridge")]) == 1
+    assert not (tmp_path / "bridge").exists()  # nothing written
