@@ -20,9 +20,10 @@ from paraplan.layout import ParallelLayout, layout_for_world
 from paraplan.search import Objective, Plan, SearchSpace
 from paraplan.search import plan as _search
 from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
-from paraplan.specs.load import load_gpu, load_model, validate_fields
+from paraplan.specs.load import load_gpu, load_model
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
+from paraplan.specs.validate import validate_fields
 
 ModelRef = str | ModelSpec
 """A model preset name, a config.json / Megatron-args file / Megatron log path, or a ``ModelSpec``."""

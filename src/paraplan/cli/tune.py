@@ -119,8 +119,8 @@ def _from_log_arguments(run_log: RunLog, gpu: str | None, gpus_per_node: int | N
 
     from paraplan.cli.options import resolve_gpu
     from paraplan.launch.check import check_parsed
-    from paraplan.launch.flags import argv_from_dump
     from paraplan.launch.parse import parse_script
+    from paraplan.specs.megatron_flags import argv_from_dump
 
     config = run_log.run_config
     if config is None or not config.arguments:

@@ -1,7 +1,7 @@
 """The one mapping from (ModelSpec, ParallelLayout, TrainingSpec) to ``pretrain_gpt.py`` arguments.
 
 Flag names and their meaning follow Megatron-LM main at ``MEGATRON_COMMIT`` (the generated flag
-dump ../shared/reference/megatron_lm_flags_main_d98e8a6.tsv, copied to ``megatron_flags.txt``;
+dump ../shared/reference/megatron_lm_flags_main_d98e8a6.tsv, copied to ``specs/megatron_flags.txt``;
 ecosystem.md section 1). Every flag this module can emit is listed in ``EMITTED_FLAGS``; a test
 checks that each one exists in Megatron's parser. Values that only the user can know (data path,
 tokenizer, learning rate, checkpoint directory) are ``Placeholder`` objects that read an
