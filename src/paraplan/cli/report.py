@@ -82,8 +82,7 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
     """Re-run the search from plan.json's resolved inputs and its search space (unless search flags are
     given here; plan.json keeps only the top layouts) and put plan.json's own layouts, re-estimated,
     first."""
-    from paraplan.estimator import estimate
-    from paraplan.search import plan
+    from paraplan.api import estimate, plan
     from paraplan.serialize import load_plan, search_space_from
 
     loaded = load_plan(path)
@@ -91,11 +90,12 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
     if saved is not None and space == SearchSpace():  # no search flags here: the plan's own search
         space = saved
     obj = objective or str(loaded.document.get("plan", {}).get("objective", "throughput"))
-    p = plan(loaded.model, loaded.cluster, loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
+    p = plan(loaded.model, loaded.cluster, training=loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
              top_k=top)
     if not loaded.layouts:
         return p
-    ests = tuple(estimate(loaded.model, loaded.cluster, loaded.training, lay) for lay in loaded.layouts[:top])
+    ests = tuple(estimate(loaded.model, loaded.cluster, layout=lay, training=loaded.training)
+                 for lay in loaded.layouts[:top])
     return replace(p, candidates=ests)
 
 
