@@ -158,3 +158,19 @@ def test_cycle_check_would_fail_on_a_cycle() -> None:
     sorter = graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}})
     with pytest.raises(graphlib.CycleError):
         sorter.prepare()
+
+
+COMPUTE_ENTRY_POINTS = {("paraplan.estimator", "estimate"), ("paraplan.search", "plan")}
+"""The library functions the public API wraps: the CLI reaches them through ``paraplan.api``."""
+
+
+def test_the_cli_computes_only_through_the_api() -> None:
+    found = []
+    for module, path in all_modules().items():
+        if layer_of(module) != len(LAYERS) - 1:
+            continue
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found += [f"{module}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
+                          if (node.module, a.name) in COMPUTE_ENTRY_POINTS]
+    assert not found, "use paraplan.api: " + "; ".join(found)
