@@ -31,7 +31,7 @@ from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RuleContext, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
-from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 from paraplan.units import GIB
@@ -65,7 +65,7 @@ class SearchSpace:
     """Pipeline schedule of every layout (``paraplan.schedules``; "" = Megatron's choice from VP)."""
 
 
-MAX_WORLD = 2**40
+MAX_WORLD = MAX_NUM_GPUS
 """Largest world size the search takes: its divisors come from trial division up to sqrt(world)."""
 MAX_LAYERS = 1_000_000
 """Most decoder layers the search takes (its pipeline splits are linear in the layer count)."""

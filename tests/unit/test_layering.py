@@ -34,10 +34,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("search", ("paraplan.search",),
      "Every valid layout evaluated (vectorised) and ranked."),
     ("applications", ("paraplan.explain", "paraplan.launch", "paraplan.report", "paraplan.tune",
-                      "paraplan.budget", "paraplan.calibrate", "paraplan.serialize",
+                      "paraplan.budget", "paraplan.calibrate", "paraplan.serialize", "paraplan.recipes",
                       "paraplan.specs.presets.index"),
      "What is done with estimates and plans: explanations, launch files, reports, tuning against a log, "
-     "budgets, calibration, plan files, and the preset index (its rows carry parameter counts)."),
+     "budgets, calibration, plan files, the comparison with NVIDIA's published recipes, and the preset index "
+     "(its rows carry parameter counts)."),
     ("api", ("paraplan", "paraplan.api"),
      "The public API: paraplan.estimate, paraplan.plan and the exported types."),
     ("cli", ("paraplan.cli", "paraplan.__main__"),

@@ -94,6 +94,8 @@ shares hidden in [0, 1]; the rest (dimensions, bytes, seconds) are finite and >=
 
 
 MAX_GPUS_PER_DOMAIN = 2**16
+MAX_NUM_GPUS = 2**40
+"""Largest world paraplan takes (about 10^12 GPUs): world-size arithmetic stays far inside int64."""
 """Largest gpus_per_node / nvlink_domain_size accepted (NVL576 is the largest announced domain)."""
 
 
@@ -191,6 +193,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise SpecError(f"num_gpus must be a positive integer, got {self.num_gpus}")
+        if self.num_gpus > MAX_NUM_GPUS:
+            raise SpecError(f"num_gpus must be at most {MAX_NUM_GPUS:,} (2^40, the limit), got {self.num_gpus:,}")
         if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_DOMAIN:
             raise SpecError(f"gpus_per_node must be in [1, {MAX_GPUS_PER_DOMAIN}], got {self.gpus_per_node}")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
