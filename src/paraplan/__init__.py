@@ -12,10 +12,8 @@ estimates -> ranked plans. The CLI (``paraplan``) is a thin layer over these fun
 The names in ``__all__`` load on first use (PEP 562), so ``import paraplan`` (and ``paraplan --version``)
 imports neither numpy nor pydantic. docs/api.md documents them.
 
-``paraplan.estimate`` is the function; the formula subpackage of the same name is imported by its full
-module path (``from paraplan.estimate.params import model_param_counts``), which the import system resolves
-through ``sys.modules``. (``import paraplan.estimate.params as p`` would look the subpackage up as an
-attribute of the package and find the function.)
+``paraplan.estimate`` calls ``paraplan.api.estimate`` and also answers for the formula subpackage of the same
+name (``paraplan.estimate.params``, ``import paraplan.estimate.time as t``): see ``_Estimate``.
 """
 
 from __future__ import annotations
@@ -112,21 +110,52 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
+class _Estimate:
+    """``paraplan.estimate``: calling it is ``paraplan.api.estimate`` (``__wrapped__``: its signature and help);
+    its other attributes are those of the formula subpackage ``paraplan.estimate``, so every import form of the
+    subpackage keeps working (``import paraplan.estimate.time as t`` looks ``estimate`` up on this package)."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _load("estimate")(*args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return _load("estimate")
+
+    @property
+    def __doc__(self) -> str | None:  # type: ignore[override]
+        return str(_load("estimate").__doc__)
+
+    def __getattr__(self, name: str) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module("paraplan.estimate"), name)
+
+    def __repr__(self) -> str:
+        return "<paraplan.estimate: the API function paraplan.api.estimate and the formula subpackage>"
+
+
+_ESTIMATE = _Estimate()
+
+
 class _Package(types.ModuleType):
-    """The package's module type: ``estimate`` stays the API function although a subpackage has its name.
+    """The package's module type: ``estimate`` stays the API entry although a subpackage has its name.
 
     Importing ``paraplan.estimate.<module>`` makes the import system set the attribute ``estimate`` of this
     package to the subpackage; the setter keeps the subpackage in ``sys.modules`` only (where every
-    ``from paraplan.estimate.X import Y`` finds it) and the getter returns the function."""
+    ``from paraplan.estimate.X import Y`` finds it) and the getter returns ``_Estimate``, which calls the function
+    and answers for the subpackage."""
 
     @property
     def estimate(self) -> Any:
-        return _load("estimate")
+        return _ESTIMATE
 
     @estimate.setter
     def estimate(self, value: Any) -> None:
         if not isinstance(value, types.ModuleType) or value.__name__ != "paraplan.estimate":
-            raise AttributeError("paraplan.estimate is the API function and cannot be replaced")
+            raise AttributeError("paraplan.estimate is the API entry and cannot be replaced")
 
 
 sys.modules[__name__].__class__ = _Package

@@ -32,6 +32,7 @@ from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinc
 from paraplan.rules import RuleContext, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
+from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 from paraplan.units import GIB
@@ -401,8 +402,9 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
         return {}
     # the same placement rule the cost model uses (comm.span_in_domain): a group stays on NVLink
     # when its rank span tiles the domain
-    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(table.tp * table.cp, block),
-            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(table.ep * table.etp, block)}
+    grid = Grid.of(table)
+    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(grid.cp_group.span, block),
+            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(grid.ep_group.span, block)}
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,

@@ -25,10 +25,11 @@ def test_all_lists_every_export_and_each_resolves() -> None:
     assert len(set(paraplan.__all__)) == len(paraplan.__all__)
     for name, module in exports.items():
         obj = getattr(paraplan, name)
-        assert getattr(sys.modules[module], name) is obj, name
+        real = getattr(obj, "__wrapped__", obj) if name == "estimate" else obj  # see the next test
+        assert getattr(sys.modules[module], name) is real, name
     assert dir(paraplan) == sorted(paraplan.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
-        _ = paraplan.nonexistent  # type: ignore[attr-defined]
+        _ = paraplan.nonexistent
 
 
 def test_star_import_gives_the_api() -> None:
@@ -48,13 +49,18 @@ def test_import_paraplan_stays_light() -> None:
     assert out == ["True", "True"]
 
 
-def test_estimate_stays_the_function_after_its_subpackage_is_imported() -> None:
+def test_estimate_is_the_api_function_and_the_formula_subpackage() -> None:
+    """Every import form of the subpackage works before and after the API is used, and the call is the API's."""
     code = ("import paraplan.estimate.params, paraplan.estimate.step_time, paraplan; "
-            "from paraplan import estimate; from paraplan.estimate.params import model_param_counts; "
-            "import paraplan.api; print(paraplan.estimate is paraplan.api.estimate is estimate, "
-            "callable(model_param_counts))")
+            "import paraplan.estimate.time as time_pkg; from paraplan import estimate; "
+            "from paraplan.estimate.params import model_param_counts; import paraplan.api, inspect; "
+            "print(estimate is paraplan.estimate, estimate.__wrapped__ is paraplan.api.estimate, "
+            "paraplan.estimate.params.__name__, time_pkg.__name__, "
+            "inspect.signature(estimate) == inspect.signature(paraplan.api.estimate), callable(model_param_counts))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["True", "True"]
+    assert out == ["True", "True", "paraplan.estimate.params", "paraplan.estimate.time", "True", "True"]
+    with pytest.raises(AttributeError, match="cannot be replaced"):
+        paraplan.estimate = 1  # type: ignore[assignment]
 
 
 def test_estimate_is_the_library_estimate() -> None:

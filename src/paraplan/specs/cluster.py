@@ -16,6 +16,14 @@ from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
 from paraplan.fileio import brief
+from paraplan.specs.topology import (
+    TierSpec,
+    Topology,
+    check_tiers,
+    resolve_topology,
+    scale_up_block_gpus,
+    scale_up_segment_nodes,
+)
 from paraplan.units import GIB
 
 
@@ -135,6 +143,9 @@ class GpuSpec:
     """Datasheets / measurements the numbers come from."""
     notes: str = ""
     """How numbers were converted (per direction, dense, GiB)."""
+    topology: tuple[TierSpec, ...] = ()
+    """Network tiers from the NVLink domain outwards (``paraplan.specs.topology``); empty: two
+    tiers, NVLink domain and network, from the rates above."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
     efficiency_calibrated: bool = True
@@ -167,7 +178,7 @@ class GpuSpec:
             value = getattr(self, fname)
             if not 1 <= value <= MAX_GPUS_PER_DOMAIN:
                 raise SpecError(f"gpu.{fname} must be in [1, {MAX_GPUS_PER_DOMAIN}], got {value}")
-
+        check_tiers(self.topology, self.nvlink_domain_size)
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for a precision ('bf16' or 'fp8')."""
@@ -210,30 +221,25 @@ class ClusterSpec:
 
     @property
     def segment_nodes(self) -> int | None:
-        """Nodes per power-of-two segment of a multi-node NVLink domain (GB200/GB300 NVL72: 64 GPUs =
-        16 trays of 4) when the job spans several such domains; None for one-node domains (HGX) or
-        a job inside one domain. ``paraplan launch`` asks Slurm for these segments (``--segment``)."""
-        domain_nodes = self.nvlink_domain_size // self.gpus_per_node
-        if domain_nodes <= 1 or self.num_nodes <= domain_nodes:
-            return None
-        return max((1 << (self.nvlink_domain_size.bit_length() - 1)) // self.gpus_per_node, 1)
+        """Nodes per power-of-two segment of a multi-node NVLink domain when the job spans several
+        (``topology.scale_up_segment_nodes``); ``paraplan launch`` asks Slurm for these segments
+        (``--segment``)."""
+        return scale_up_segment_nodes(self.nvlink_domain_size, self.gpus_per_node, self.num_nodes)
 
     @property
     def nvlink_block_gpus(self) -> int:
-        """Consecutive ranks guaranteed to share one NVLink domain; a parallel group stays on NVLink
-        when its rank span divides this block (``comm.span_in_domain``).
+        """Consecutive ranks guaranteed to share one NVLink domain (``topology.scale_up_block_gpus``);
+        a parallel group stays on NVLink when its rank span divides this block."""
+        return scale_up_block_gpus(self.nvlink_domain_size, self.gpus_per_node, self.num_gpus)
 
-        HGX: the node's domain. A job inside one NVL72 rack: the whole job. A multi-rack job whose
-        nodes tile into power-of-two segments: the segment (64 GPUs), which Slurm keeps rack-local
-        with ``--segment``. Otherwise the racks are taken in order, 72 ranks each."""
-        if self.nvlink_domain_size <= self.gpus_per_node:
-            return self.nvlink_domain_size
-        if self.num_gpus <= self.nvlink_domain_size:
-            return self.num_gpus
-        seg = self.segment_nodes
-        if seg is not None and self.num_nodes % seg == 0:
-            return seg * self.gpus_per_node
-        return self.nvlink_domain_size
+    @property
+    def topology(self) -> Topology:
+        """This job's network tiers, NVLink domain first (``topology.resolve_topology``)."""
+        gpu, eff = self.gpu, self.gpu.efficiency
+        return resolve_topology(gpu.topology, nvlink_block_gpus=self.nvlink_block_gpus, num_gpus=self.num_gpus,
+                                nvlink_bytes_per_s=gpu.nvlink_bytes_per_s, network_bytes_per_s=gpu.network_bytes_per_s,
+                                nvlink_bus_frac=eff.nvlink_bus_frac, network_bus_frac=eff.network_bus_frac,
+                                collective_latency_s=eff.collective_latency_s)
 
 
 def make_cluster(gpu: GpuSpec, num_gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
