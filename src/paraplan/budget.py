@@ -236,7 +236,7 @@ def sweep_counts(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
 def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec) -> tuple[str, str]:
     rej = err.rejections
     if rej.get("OOM") or rej.get("OOM_MARGIN"):
-        usable = (gpu.hbm_bytes - gpu.reserved_bytes) / GIB
+        usable = gpu.usable_bytes / GIB
         inside = rej.get("OOM_MARGIN", 0)
         margin = f" less the memory margin ({inside} fit only inside it)" if inside else ""
         return "OOM", (f"out of memory: none of the {rej.get('OOM', 0) + inside} valid layouts fits in {usable:.1f} "

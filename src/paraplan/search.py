@@ -28,7 +28,7 @@ from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_count
 from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
-from paraplan.headroom import DEFAULT_HEADROOM, Headroom
+from paraplan.headroom import DEFAULT_HEADROOM, NO_HEADROOM, Headroom
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RuleContext, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
@@ -36,6 +36,7 @@ from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
 from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
+from paraplan.units import GIB
 
 Objective = Literal["throughput", "memory-headroom"]
 DP_VARIANTS = ("distopt", "fsdp", "ddp")
@@ -346,7 +347,7 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                          fits=np.concatenate([p.fits for p in parts]))
     groups = _Groups.of(model, training, table)
     peak = peak_bytes_table(model, training, table, options, groups=groups)
-    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    usable = cluster.gpu.usable_bytes
     fits = peak + margin_bytes <= usable
     if time_all:
         step = step_s_table(model, cluster, training, table, groups=groups)
@@ -389,7 +390,7 @@ class Plan:
     @property
     def usable_bytes(self) -> float:
         """Usable memory per GPU (HBM less the reserved part)."""
-        return float(self.cluster.gpu.hbm_bytes - self.cluster.gpu.reserved_bytes)
+        return float(self.cluster.gpu.usable_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: candidates best first, rejections per reason."""
@@ -463,7 +464,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                                           f"({cluster.nvlink_domain_size} GPUs)")
             alive &= ~mask
     valid = table.take(np.nonzero(alive)[0])
-    usable = float(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes)
+    usable = float(cluster.gpu.usable_bytes)
     margin = headroom.margin_bytes(usable)
     ev = (evaluate_table(model, cluster, training, valid, options, time_all=False, margin_bytes=margin)
           if len(valid) else None)
@@ -476,9 +477,11 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
             smallest = (valid.row(i), float(ev.peak_bytes[i]))
             key = "OOM" if smallest[1] > usable else "OOM_MARGIN"
             examples[key] = f"smallest footprint {examples[key]}"
-        raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples, space, smallest,
-                                                  headroom),
-                                  rejections=rejections, examples=examples, num_evaluated=n_total)
+        hint = "OOM" if smallest is None or smallest[1] > usable else "OOM_MARGIN"
+        summary = _no_fit_message(model, cluster, training, rejections, examples, hint=hint)
+        advice = fit_advice(cluster, space, smallest, headroom)
+        raise NoFeasiblePlanError(f"{summary}; {advice_text(advice)}", rejections=rejections, summary=summary,
+                                  advice=advice, examples=examples, num_evaluated=n_total)
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
@@ -498,7 +501,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     if not sched.megatron:
         notes += (f"schedule {sched.name}: {sched.title} is a what-if, {NOT_IN_MEGATRON}; the numbers say what it "
                   "would gain (launch refuses it)",)
-    notes += (f"fit means peak + margin <= {usable / 2**30:.1f} GiB usable; {headroom.describe(usable)}",)
+    notes += (f"fit means peak + margin <= {usable / GIB:.1f} GiB usable; {headroom.describe(usable)}",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
                 num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space, headroom=headroom)
@@ -515,10 +518,10 @@ def _count_oom(valid: LayoutTable, ev: Evaluated, usable: float, headroom: Headr
         rejections[code] = int(mask.sum())
         idx = np.nonzero(mask)[0]
         j = int(idx[np.argmin(ev.peak_bytes[idx])])
-        need = float(ev.peak_bytes[j]) / 2**30
-        examples[code] = (f"{valid.row(j).short()} needs {need:.1f} GiB > {usable / 2**30:.1f} GiB usable"
+        need = float(ev.peak_bytes[j]) / GIB
+        examples[code] = (f"{valid.row(j).short()} needs {need:.1f} GiB > {usable / GIB:.1f} GiB usable"
                           if code == "OOM" else
-                          f"{valid.row(j).short()} needs {need:.1f} GiB, within {usable / 2**30:.1f} GiB usable "
+                          f"{valid.row(j).short()} needs {need:.1f} GiB, within {usable / GIB:.1f} GiB usable "
                           f"but inside the {headroom.describe(usable)}")
 
 
@@ -578,41 +581,77 @@ def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int)
     return distinct_top(ev, rank_order(ev, objective, cluster), top_k)
 
 
-def _fit_advice(cluster: ClusterSpec, space: SearchSpace,
-                smallest: tuple[Any, float] | None, headroom: Headroom) -> str:
+FitKnob = Literal["search_space", "headroom", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory"]
+
+
+@dataclass(frozen=True, slots=True)
+class FitTip:
+    """One change that would make the smallest-footprint layout fit, as data: which knob and to what.
+
+    ``search_space``: relax the searched axes or the batch (no layout was valid); ``headroom``: a margin smaller
+    than ``value`` bytes (the smallest layout fits only inside it); ``num_gpus``: ``value`` GPUs or more
+    (``ratio``: the smallest layout's peak over the usable memory, less the margin with ``less_margin``);
+    ``recompute``: allow full recompute; ``pipeline``: allow more pipeline stages; ``mbs``: micro-batch
+    ``value`` (1); ``gpu_memory``: a GPU with more than ``value`` bytes usable."""
+
+    knob: FitKnob
+    value: float | None = None
+    ratio: float | None = None
+    less_margin: bool = False
+
+    def describe(self) -> str:
+        """The tip in the library's terms (``SearchSpace`` fields and ``plan`` arguments)."""
+        if self.knob == "search_space":
+            return "relax the search space (SearchSpace tp/pp/cp/mbs/max_pp) or change global_batch_size"
+        if self.knob == "num_gpus":
+            return (f"about {self.value:.0f}+ GPUs (num_gpus; it needs {self.ratio:.1f}x the usable memory"
+                    f"{' less the margin' if self.less_margin else ''})")
+        if self.knob == "headroom":
+            return (f"a smaller memory margin (headroom; the smallest layout fits only inside the "
+                    f"{(self.value or 0.0) / GIB:.1f} GiB margin, NO_HEADROOM accepts it at the memory model's risk)")
+        if self.knob == "recompute":
+            return "allow full recompute (SearchSpace.recompute with full)"
+        if self.knob == "pipeline":
+            return "allow more pipeline stages (SearchSpace.max_pp/pp)"
+        if self.knob == "mbs":
+            return f"micro-batch {self.value:.0f} (SearchSpace.mbs)"
+        return f"a GPU with more than {(self.value or 0.0) / GIB:.0f} GiB usable"
+
+
+def fit_advice(cluster: ClusterSpec, space: SearchSpace, smallest: tuple[Any, float] | None,
+               headroom: Headroom = NO_HEADROOM) -> tuple[FitTip, ...]:
     """What would make the smallest-footprint layout fit, from its numbers."""
     if smallest is None:
-        return "what would make it fit: relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
+        return (FitTip("search_space"),)
     layout, need = smallest
-    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    usable = cluster.gpu.usable_bytes
     margin = headroom.margin_bytes(usable)
-    if need <= usable:
-        return (f"what would make it fit: a smaller margin (--headroom; {layout.short()} leaves "
-                f"{(usable - need) / 2**30:.1f} GiB free, less than the {margin / 2**30:.1f} GiB margin; "
-                "--headroom 0 accepts it at the memory model's own risk), or more GPUs")
-    usable -= margin
-    ratio = need / usable
+    if need <= usable:  # it fits only inside the margin
+        return FitTip("headroom", margin), FitTip("num_gpus", cluster.num_gpus * 2, need / (usable - margin), True)
+    ratio = need / (usable - margin)
     per_node = cluster.gpus_per_node
     more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
-    tips = [f"about {more}+ GPUs (--num-gpus; it needs {ratio:.1f}x the usable memory"
-            f"{' less the margin' if margin else ''})"]
+    tips = [FitTip("num_gpus", more, ratio, margin > 0)]
     if layout.recompute != "full" and "full" not in space.recompute:
-        tips.append("allow full recompute (--recompute none,selective,full)")
+        tips.append(FitTip("recompute"))
     if space.max_pp is not None or space.pp is not None:
-        tips.append("allow more pipeline stages (--max-pp/--pp)")
+        tips.append(FitTip("pipeline"))
     if layout.mbs > 1:
-        tips.append("micro-batch 1 (--mbs 1)")
-    tips.append(f"a GPU with more than {(need + margin) / 2**30:.0f} GiB usable")
-    return "what would make it fit: " + "; or ".join(tips)
+        tips.append(FitTip("mbs", 1))
+    tips.append(FitTip("gpu_memory", need + margin))
+    return tuple(tips)
+
+
+def advice_text(tips: tuple[FitTip, ...], describe: Callable[[FitTip], str] = FitTip.describe) -> str:
+    """``what would make it fit: A; or B ...`` with each tip worded by ``describe``."""
+    return "what would make it fit: " + "; or ".join(describe(t) for t in tips)
 
 
 def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                    rejections: dict[str, int], examples: dict[str, str], space: SearchSpace,
-                    smallest: tuple[Any, float] | None, headroom: Headroom) -> str:
+                    rejections: dict[str, int], examples: dict[str, str], hint: str = "OOM") -> str:
+    """What was searched and rejected, and the example of rejection ``hint`` (the advice is added by the caller)."""
     parts = ", ".join(f"{k} {v}" for k, v in sorted(rejections.items(), key=lambda kv: -kv[1]))
-    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
-    hint = examples.get("OOM" if smallest is None or smallest[1] > usable else "OOM_MARGIN", "")
-    advice = _fit_advice(cluster, space, smallest, headroom)
+    hint = examples.get(hint, "")
     return (f"no layout of {model.name} fits on {cluster.num_gpus} x {cluster.gpu.name} at seq "
             f"{training.seq_len}, GBS {training.global_batch_size}: rejected {parts}"
-            + (f"; {hint}" if hint else "") + f"; {advice}")
+            + (f"; {hint}" if hint else ""))
