@@ -7,8 +7,8 @@ dist_optimizer.md``; Rajbhandari et al. 2020, arXiv:1910.02054 section 3): bf16 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict
 
@@ -32,13 +32,12 @@ KNOB_FLAGS: Final = {
     "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
     "main_grads_dtype": "--main-grads-dtype", "main_params_dtype": "--main-params-dtype",
     "exp_avg_dtype": "--exp-avg-dtype", "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
-    "store_param_remainders": "--no-store-param-remainders",
     "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
 }
-"""TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv;
-``store_param_remainders`` is on unless ``--no-store-param-remainders``). Megatron-Bridge's
-``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``."""
+"""TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
+Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
+has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by default)."""
 
 PARAM_BYTES: Final = 2.0
 """bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
@@ -145,8 +144,8 @@ class TrainingSpec:
     exp_avg_sq_dtype: MomentDtype = "fp32"
     """``--exp-avg-sq-dtype`` (Adam v, precision-aware optimizer only)."""
     store_param_remainders: bool = True
-    """fp32 master weights of bf16 parameters kept as their low 16 bits (OptimizerConfig default;
-    ``--no-store-param-remainders`` turns it off)."""
+    """fp32 master weights of bf16 parameters kept as their low 16 bits (``OptimizerConfig.store_param_remainders``,
+    default True; no Megatron-LM flag)."""
     fp8_recipe: Fp8Recipe = "delayed"
     """``--fp8-recipe`` (FP8 only): the scaling state kept with each FP8 weight copy."""
     fp8_param_gather: bool = False
@@ -193,3 +192,16 @@ class TrainingSpec:
     def tokens_per_step(self) -> int:
         """Tokens per global batch."""
         return self.seq_len * self.global_batch_size
+
+
+def training_dict(training: TrainingSpec) -> dict[str, Any]:
+    """A training spec as plain data, the memory knobs only where they differ from Megatron's defaults (so that
+    ids made from it, e.g. ``launch.render.candidate_id``, stay the same for specs without knobs)."""
+    out = asdict(training)
+    for f in fields(TrainingSpec):
+        if f.name in _KNOB_FIELDS and out[f.name] == f.default:
+            del out[f.name]
+    return out
+
+
+_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders"}
