@@ -235,6 +235,10 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
     if training is not None and training.fp8_param_gather and not layout.dist_opt and not layout.fsdp:
         out.append(("FP8_PARAM_GATHER_NEEDS_DIST_OPT", "--fp8-param-gather only supported with distributed "
                     "optimizer, torch fsdp2, megatron fsdp, or inference mode"))
+    if training is not None and training.optimizer_cpu_offload and training.fp8_param_gather \
+            and training.fp8_recipe != "delayed":
+        out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
+                    "offload must be used in conjunction with `--fp8-recipe delayed`."))
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))
