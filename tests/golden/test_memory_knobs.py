@@ -207,3 +207,57 @@ def test_launch_refuses_what_megatron_asserts() -> None:
                  use_precision_aware_optimizer=True, optimizer_cpu_offload=True)
     assert "OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE" in {c for c, _ in launch_violations(LLAMA, LAYOUT, offload)}
     assert not launch_violations(LLAMA, LAYOUT, _t(precision="fp8", fp8_param_gather=True))
+
+
+CLI = ["estimate", "--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "64", "--tp", "4", "--pp", "8",
+       "--vp", "5", "--seq-len", "8192", "--gbs", "256", "--mbs", "1", "--precision", "fp8", "--recompute", "none",
+       "--format", "json"]
+
+
+def test_cli_knobs_lower_stage0(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+
+    assert main(CLI) == 0
+    base = json.loads(capsys.readouterr().out)["memory"]["per_stage"][0]
+    assert main([*CLI, "--knob", "grad-reduce-in-bf16", "--knob", "fp8-recipe=tensorwise",
+                 "--knob", "fp8-param-gather"]) == 0
+    knob = json.loads(capsys.readouterr().out)["memory"]["per_stage"][0]
+    assert knob["grads_bytes"] == pytest.approx(base["grads_bytes"] / 2)
+    assert knob["weights_bytes"] == pytest.approx(base["weights_bytes"] / 2)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--knob", "exp-avg-dtype=int4"], "--exp-avg-dtype must be one of fp32, fp16, bf16, fp8, got 'int4'"),
+    (["--knob", "foo"], "--knob foo: not a memory knob; one of"),
+    (["--knob", "optimizer-cpu-offload"], "must be used in conjunction with `--use-precision-aware-optimizer`"),
+    (["--knob", "optimizer-offload-fraction=x"], "--optimizer-offload-fraction 'x' is not a number"),
+])
+def test_cli_bad_knob_one_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    assert main([*CLI, *extra]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_cli_fp8_knob_needs_fp8(capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    bf16 = [w if w != "fp8" else "bf16" for w in CLI]
+    assert main([*bf16, "--knob", "fp8-param-gather"]) == 1
+    assert capsys.readouterr().err.strip() == "error: --knob fp8-param-gather needs --precision fp8"
+
+
+def test_launch_writes_the_knobs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from paraplan.cli import main
+
+    args = ["launch", *CLI[1:-2], "--target", "megatron", "--out", str(tmp_path / "run"),
+            "--knob", "grad-reduce-in-bf16", "--knob", "use-precision-aware-optimizer",
+            "--knob", "exp-avg-dtype=bf16", "--knob", "exp-avg-sq-dtype=bf16"]
+    assert main(args) == 0, capsys.readouterr().err
+    text = (tmp_path / "run" / "megatron_args.sh").read_text()
+    for words in ("--grad-reduce-in-bf16", "--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
+                  "--exp-avg-sq-dtype bf16"):
+        assert words in text

@@ -14,6 +14,7 @@ from paraplan.cli.options import (
     NO_FLAGS,
     GpuSetOpt,
     GpusPerNodeOpt,
+    KnobOpt,
     LayoutFlags,
     OptGbsOpt,
     OptGpuOpt,
@@ -77,6 +78,7 @@ def launch(
     seq_len: int | None = OptSeqLenOpt,
     gbs: int | None = OptGbsOpt,
     precision: PrecisionChoice = PrecisionOpt,
+    knob: list[str] | None = KnobOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
     target: Target = typer.Option(Target.all, "--target", "-t", help="Files to generate: megatron, torchrun, "
@@ -111,6 +113,8 @@ def launch(
         raise SpecError("launch needs --out DIR (the directory to write the launch files into)")
     site_profile = load_site(site)
     if plan is not None:
+        if knob:
+            raise SpecError("--plan carries the training spec and its knobs; drop --knob (or drop --plan)")
         spec, result = _from_plan(plan, rank)
     else:
         missing = [f"--{n}" for n, v in (("model", model), ("gpu", gpu), ("num-gpus", num_gpus),
@@ -121,7 +125,7 @@ def launch(
         assert seq_len is not None and gbs is not None
         inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
-                                profile=profile)
+                                profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
         result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, extra_notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,

@@ -501,6 +501,26 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
     return out
 
 
+def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
+    """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
+    Megatron rejects (its assert's words) and FP8 knobs without FP8."""
+    values, unknown, _ = split_flags(words)
+    allowed = set(KNOB_FLAGS.values())
+    for flag in [*unknown, *values]:
+        if flag not in allowed:
+            raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
+                            f"{', '.join(sorted(f[2:] for f in allowed))}")
+    if precision != "fp8":
+        for key in ("fp8_recipe", "fp8_param_gather"):
+            if KNOB_FLAGS[key] in values:
+                raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp8")
+    r = _Reader({**values, "--use-distributed-optimizer": ()})  # the layout's rule is launch_violations'
+    out = _memory_knobs(r, precision)
+    if r.problems:
+        raise SpecError(r.problems[0][1])
+    return out
+
+
 def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
     """Megatron's asserts on the memory knobs (arguments.py validate_args)."""
     if out.get("fp8_param_gather") and not r.has("--use-distributed-optimizer") \
