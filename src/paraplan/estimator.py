@@ -100,15 +100,18 @@ def placement_dict(layout: ParallelLayout, cluster: ClusterSpec) -> dict[str, An
     """Which parallel groups stay inside one NVLink domain (rank order tp-cp-ep-dp-pp): a group
     spaced ``stride`` ranks apart spans stride x size ranks; outside the domain it runs on the
     network and is costed there."""
-    from paraplan.estimate.comm import span_in_domain
+    from paraplan.specs.grid import RANK_ORDER, Grid
+    from paraplan.specs.topology import span_in_domain
 
-    spans = {"tp": layout.tp, "cp": layout.tp * layout.cp, "ep": layout.etp * layout.ep,
-             "dp_cp": layout.tp * layout.cp * layout.dp, "pp": layout.world_size}
+    grid = Grid.of(layout)
     # dp_cp: the gradient reduce-scatter / all-gather group, DP x CP ranks (the distributed
     # optimizer shards over it); config.dp is DP alone
-    sizes = {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "dp_cp": layout.dp * layout.cp, "pp": layout.pp}
+    groups = {"tp": grid.tp_group, "cp": grid.cp_group, "ep": grid.ep_group, "dp_cp": grid.dp_cp_group,
+              "pp": grid.pp_group}
+    spans = {axis: g.span for axis, g in groups.items()}
+    sizes = {axis: g.size for axis, g in groups.items()}
     return {
-        "rank_order": "tp-cp-ep-dp-pp",
+        "rank_order": RANK_ORDER,
         "nvlink_domain_size": cluster.nvlink_domain_size,
         "groups": {axis: {"size": sizes[axis], "span_ranks": spans[axis],
                           "in_nvlink_domain": bool(sizes[axis] == 1 or span_in_domain(
@@ -179,11 +182,14 @@ def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec)
     if model.is_moe and layout.ep > 1 and layout.tp > 1 and not layout.sp:
         notes.append("When using expert parallelism and tensor parallelism for training, sequence "
                      "parallelism must be used (Megatron warning)")
-    if layout.tp * layout.cp > cluster.nvlink_domain_size:
-        notes.append(f"TP x CP = {layout.tp * layout.cp} spans more than one NVLink domain "
+    from paraplan.specs.grid import Grid
+
+    grid = Grid.of(layout)
+    if grid.cp_group.span > cluster.nvlink_domain_size:
+        notes.append(f"TP x CP = {grid.cp_group.span} spans more than one NVLink domain "
                      f"({cluster.nvlink_domain_size} GPUs): CP traffic crosses the network")
-    if layout.ep * layout.etp > cluster.nvlink_domain_size:
-        notes.append(f"EP x ETP = {layout.ep * layout.etp} spans more than one NVLink domain: "
+    if grid.ep_group.span > cluster.nvlink_domain_size:
+        notes.append(f"EP x ETP = {grid.ep_group.span} spans more than one NVLink domain: "
                      "expert all-to-all crosses the network")
     return notes
 
@@ -206,7 +212,7 @@ def _stage_memories(model: ModelSpec, training: TrainingSpec, layout: ParallelLa
     def at(obj: Any, r: int) -> Any:
         return type(obj)(**{f.name: (v if np.ndim(v := getattr(obj, f.name)) == 0 else v[r]) for f in fields(obj)})
 
-    return tuple(StageMemory(memory=at(mem.memory, r), params=at(mem.params, r), in_flight=mem.in_flight[r],
+    return tuple(StageMemory(memory=at(mem.memory, r), params=at(mem.params, r), in_flight=np.asarray(mem.in_flight)[r],
                              other=at(mem.other, r)) for r in range(len(stages)))
 
 

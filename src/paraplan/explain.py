@@ -352,13 +352,25 @@ def checkpoint_findings(best: Estimate, storage: StorageSpec | None = None,
     return out
 
 
-def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpec | None = None) -> list[Finding]:
-    """All findings for the best layout of a plan (``storage``/``failures``: the site's, for CHECKPOINT)."""
+def recipe_findings(plan: Plan, recipe: Any = None) -> list[Finding]:
+    """RECIPE: NVIDIA's closest recipe for the model and GPU next to the pick (``paraplan.recipes.compare``;
+    ``recipe``: a RecipeComparison already made, else one with the default memory allowances); none without one."""
+    from paraplan.recipes.compare import compare_with_plan, recipe_finding
+
+    cmp = recipe if recipe is not None else compare_with_plan(plan)
+    return [] if cmp is None else [Finding(*recipe_finding(cmp, plan))]
+
+
+def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpec | None = None, *,
+            recipe: Any = None) -> list[Finding]:
+    """All findings for the best layout of a plan (``storage``/``failures``: the site's, for CHECKPOINT;
+    ``recipe``: the RecipeComparison for RECIPE, made here when not given)."""
     best = plan.candidates[0]
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
             + schedule_findings(plan, best) + overlap_findings(plan) + recompute_module_findings(plan)
+            + recipe_findings(plan, recipe)
             + checkpoint_findings(best, storage, failures)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",
                        {"evaluated": plan.num_evaluated, "feasible": plan.num_feasible, **plan.rejections})])

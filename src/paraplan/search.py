@@ -31,7 +31,8 @@ from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RuleContext, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
-from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
+from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 
@@ -64,7 +65,7 @@ class SearchSpace:
     """Pipeline schedule of every layout (``paraplan.schedules``; "" = Megatron's choice from VP)."""
 
 
-MAX_WORLD = 2**40
+MAX_WORLD = MAX_NUM_GPUS
 """Largest world size the search takes: its divisors come from trial division up to sqrt(world)."""
 MAX_LAYERS = 1_000_000
 """Most decoder layers the search takes (its pipeline splits are linear in the layer count)."""
@@ -400,8 +401,9 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
         return {}
     # the same placement rule the cost model uses (comm.span_in_domain): a group stays on NVLink
     # when its rank span tiles the domain
-    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(table.tp * table.cp, block),
-            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(table.ep * table.etp, block)}
+    grid = Grid.of(table)
+    return {"CP_CROSSES_NVLINK": (table.cp > 1) & ~span_in_domain(grid.cp_group.span, block),
+            "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(grid.ep_group.span, block)}
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,

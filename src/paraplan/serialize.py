@@ -38,7 +38,10 @@ def inputs_dict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) 
     m = asdict(model)
     if isinstance(m.get("moe_layer_freq"), tuple):
         m["moe_layer_freq"] = list(m["moe_layer_freq"])
-    return {"model": m, "gpu": asdict(cluster.gpu), "num_gpus": cluster.num_gpus,
+    gpu = asdict(cluster.gpu)
+    if not gpu["topology"]:  # two tiers from the rates: plan.json as before tiers existed
+        del gpu["topology"]
+    return {"model": m, "gpu": gpu, "num_gpus": cluster.num_gpus,
             "gpus_per_node": cluster.gpus_per_node, "training": asdict(training)}
 
 

@@ -22,6 +22,7 @@ from paraplan.ingest import RunLog
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import schedule_label
 from paraplan.search import Plan, SearchSpace, plan
+from paraplan.specs.grid import Grid
 from paraplan.units import GIB, TFLOP
 
 # Thresholds of the rules (tuning-method.md 7 names no numbers; these are the usual rules of thumb).
@@ -100,7 +101,7 @@ class Comparison:
 
 def _stage_memory(est: Estimate, log: RunLog, notes: list[str]) -> tuple[StageMemory, ...]:
     lay = est.layout
-    per_stage, world = lay.tp * lay.cp * lay.dp, lay.world_size
+    per_stage, world = int(Grid.of(lay).pp_group.stride), lay.world_size  # ranks of one pipeline stage
     by_stage: dict[int, list[tuple[int, float, float | None]]] = {}
     for m in log.memory:
         rank = m.rank if m.rank is not None else (world - 1 if m.fmt == "tensorboard" else None)

@@ -57,6 +57,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "flags, defaults applied, memory and throughput. Exit code 1 when a rule is broken."),
     "tune": ("paraplan.cli.tune", "Compare a measured Megatron run with its prediction, diagnose it, and propose "
              "the next layout."),
+    "recipes": ("paraplan.cli.recipes", "List NVIDIA's Megatron-Bridge performance recipes (and yours): layout, "
+                "batch and knobs of each."),
     "calibrate": ("paraplan.cli.calibrate", "Fit GEMM, collective and overlap efficiencies to measured runs; "
                   "write a profile for --profile."),
 }

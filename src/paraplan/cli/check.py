@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 from rich.markup import escape
 
@@ -88,4 +90,6 @@ def check(
     else:
         render_check(result, script)
     if result.violations:
+        n = len(result.violations)
+        print(f"error: {n} Megatron rule{'s' * (n != 1)} broken (listed above)", file=sys.stderr)
         state.exit_code = 1

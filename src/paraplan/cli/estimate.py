@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from paraplan.cli._app import app
@@ -11,12 +13,12 @@ from paraplan.cli.options import (
     AttentionOpt,
     FormatOpt,
     FragmentationOpt,
-    GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
     KnobOpt,
     LayoutFlags,
     OptGbsOpt,
+    OptGpuOpt,
     OptModelOpt,
     OptNumGpusOpt,
     OptSeqLenOpt,
@@ -27,22 +29,27 @@ from paraplan.cli.options import (
     WorkspaceOpt,
     given_layout_flags,
     memory_options,
+    positive,
     resolve_gpu,
     resolve_inputs,
     with_layout_flags,
 )
+from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
+from paraplan.estimate.memory import MemoryOptions
 from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as run_estimate
+from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.serialize import dumps_json
 
 
 @app.command("estimate")
 @with_layout_flags
 def estimate(
+    ctx: typer.Context,
     model: str | None = OptModelOpt,
-    gpu: str = GpuOpt,
+    gpu: str | None = OptGpuOpt,
     num_gpus: int | None = OptNumGpusOpt,
     gpus_per_node: int | None = GpusPerNodeOpt,
     seq_len: int | None = OptSeqLenOpt,
@@ -60,13 +67,34 @@ def estimate(
     workspace_gib: float | None = WorkspaceOpt,
     fragmentation: float | None = FragmentationOpt,
     fmt: OutputFormat = FormatOpt,
+    recipe: str | None = typer.Option(
+        None, "--recipe", help="Run a recipe (`paraplan recipes`: its source, function name or alias) with all its "
+        "knobs; --gpu, --num-gpus, --seq-len, --gbs, --precision and layout flags given beside it override it."),
+    recipes_file: str | None = RecipesFileOpt,
     flags: LayoutFlags = NO_FLAGS,
 ) -> None:
     """Memory per pipeline stage, step time and throughput of one Megatron layout.
 
     Example: paraplan estimate --model llama3-70b --gpu h100-80gb --num-gpus 64 --tp 4 --pp 4
     --cp 2 --seq-len 8192 --gbs 512 --mbs 1
+
+    Example: paraplan estimate --recipe llama3-70b-h100-fp8cs-64
     """
+    if recipe is not None:
+        for opt_name, opt_value in (("model", model), ("megatron-args", megatron_args)):
+            if opt_value is not None:
+                raise SpecError(f"--recipe names the model, layout and batch; drop --{opt_name} (or drop --recipe)")
+        result, block = _from_recipe(ctx, recipe, recipes_file, gpu=gpu, num_gpus=num_gpus,
+                                     gpus_per_node=gpus_per_node, seq_len=seq_len, gbs=gbs, precision=precision,
+                                     attention_backend=attention_backend,
+                                     flags=flags, gpu_set=gpu_set, profile=profile, mfu_peak=mfu_peak.value,
+                                     options=memory_options(workspace_gib, fragmentation))
+        _emit(result, fmt, recipe=block)
+        return
+    if recipes_file is not None:
+        raise SpecError("--recipes gives recipes for --recipe NAME; add --recipe (or drop --recipes)")
+    if gpu is None:
+        raise SpecError("--gpu is required (or give --recipe)")
     if megatron_args is not None:
         given = [f"--{name}" for name, value in (("model", model), ("seq-len", seq_len), ("gbs", gbs))
                  if value is not None]
@@ -98,6 +126,68 @@ def estimate(
     _emit(result, fmt)
 
 
+_FLAG_FIELDS: dict[str, tuple[str, Any]] = {
+    "mbs": ("mbs", int), "tp": ("tp", int), "pp": ("pp", int), "vp": ("vp", int), "cp": ("cp", int),
+    "ep": ("ep", int), "etp": ("etp", lambda v: v or 0),
+    "recompute": ("recompute", lambda v: str(getattr(v, "value", v))),
+    "recompute_modules": ("recompute_modules", lambda v: tuple(v) if v else ("core_attn",)),
+    "recompute_num_layers": ("recompute_num_layers", lambda v: v or 1),
+    "no_sequence_parallel": ("sequence_parallel", lambda v: not v),
+    "no_distributed_optimizer": ("distributed_optimizer", lambda v: not v), "fsdp": ("fsdp", bool),
+    "no_overlap_grad_reduce": ("overlap_grad_reduce", lambda v: not v),
+    "no_overlap_param_gather": ("overlap_param_gather", lambda v: not v), "tp_comm_overlap": ("tp_comm_overlap", bool),
+    "first_stage_layers": ("first_stage_layers", lambda v: v or 0),
+    "last_stage_layers": ("last_stage_layers", lambda v: v or 0),
+    "account_for_embedding": ("account_for_embedding", bool), "account_for_loss": ("account_for_loss", bool),
+}
+"""Layout flag -> (the ParallelLayout field it overrides in a recipe, its value from the flag)."""
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    from typer._click.core import ParameterSource
+
+    source = ctx.get_parameter_source(name)
+    return source is not None and source != ParameterSource.DEFAULT
+
+
+def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu: str | None, num_gpus: int | None,
+                 gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: PrecisionChoice,
+                 attention_backend: AttentionChoice, flags: LayoutFlags, gpu_set: list[str] | None,
+                 profile: str | None, mfu_peak: str, options: MemoryOptions) -> tuple[Estimate, dict[str, Any]]:
+    """Estimate a recipe with the flags given beside it winning over its own values; the JSON ``recipe`` block."""
+    from paraplan.recipes.catalogue import catalogue, find_recipe
+    from paraplan.recipes.knobs import estimate_run, recipe_run, run_dict
+
+    for flag, value in (("num-gpus", num_gpus), ("gpus-per-node", gpus_per_node), ("seq-len", seq_len),
+                        ("gbs", gbs)):
+        positive(flag, value)
+    for flag_name, flag_value in (("vp", flags.vp), ("ep", flags.ep), ("etp", flags.etp), ("mbs", flags.mbs),
+                                  ("tp", flags.tp), ("pp", flags.pp), ("cp", flags.cp),
+                                  ("recompute-num-layers", flags.recompute_num_layers)):
+        positive(flag_name, flag_value)
+    r = find_recipe(name, catalogue(recipes_file))
+    overrides = {field: conv(getattr(flags, flag)) for flag, (field, conv) in _FLAG_FIELDS.items() if _given(ctx, flag)}
+    for mod in overrides.get("recompute_modules", ()):
+        if mod not in RECOMPUTE_MODULES:
+            raise SpecError(f"--recompute-modules: unknown '{mod}' (allowed: {', '.join(RECOMPUTE_MODULES)})")
+    run = recipe_run(r, num_gpus=num_gpus, seq_len=seq_len, gbs=gbs,
+                     precision=precision.value if _given(ctx, "precision") else None, layout_overrides=overrides,
+                     attention_backend=attention_backend.value if _given(ctx, "attention_backend") else None,
+                     pipeline_split=str(getattr(flags.pipeline_split, "value", flags.pipeline_split)))
+    # Megatron-LM's argument checks (launch_violations) are not applied: Bridge builds the MCore configs itself;
+    # MCore's layout rules are (estimate's check_layout)
+    gpu_spec = resolve_gpu(gpu or run.job.gpu, gpu_set, profile)
+    given = [f"--{f.replace('_', '-')}" for f in ("gpu", "num_gpus", "seq_len", "gbs", "precision",
+                                                  "attention_backend", *_FLAG_FIELDS, "pipeline_split")
+             if _given(ctx, f)]
+    if given:
+        from dataclasses import replace
+
+        run = replace(run, notes=(*run.notes, f"given beside the recipe, winning over its values: {', '.join(given)}"))
+    return (estimate_run(run, gpus_per_node=gpus_per_node, gpu_spec=gpu_spec, memory_options=options,
+                         mfu_peak=mfu_peak), run_dict(run, given))
+
+
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,
                         gpu_set: list[str] | None, profile: str | None) -> Estimate:
     """Estimate the layout a Megatron command line describes; its first broken rule is the error."""
@@ -121,9 +211,9 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     return run_estimate(result.model, result.cluster, result.training, result.layout, extra_notes=notes)
 
 
-def _emit(result: Estimate, fmt: OutputFormat) -> None:
+def _emit(result: Estimate, fmt: OutputFormat, recipe: dict[str, Any] | None = None) -> None:
     if fmt == OutputFormat.json:
-        print(dumps_json(result.to_dict()))
+        print(dumps_json(result.to_dict() | ({"recipe": recipe} if recipe is not None else {})))
     elif fmt == OutputFormat.csv:
         print(estimate_csv(result), end="")
     else:

@@ -109,8 +109,9 @@ def launch(
 
         typer.echo(SITE_TEMPLATE, nl=False)
         return
-    if out is None:
-        raise SpecError("launch needs --out DIR (the directory to write the launch files into)")
+    if out is None or not out.strip():
+        raise SpecError("launch needs --out DIR (the directory to write the launch files into; an empty name is "
+                        "not one)")
     site_profile = load_site(site)
     if plan is not None:
         if knob:

@@ -82,9 +82,9 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         if key.startswith("efficiency.") and key not in eff_keys:
             raise SpecError(f"--gpu-set {clip(key)}: unknown efficiency field (allowed: "
                             f"{', '.join(k.split('.', 1)[1] for k in eff_keys)})")
-        if key not in keys and key not in eff_keys:
+        if key not in keys and key not in eff_keys and not key.startswith("topology."):
             raise SpecError(f"--gpu-set {clip(key)}: unknown key (allowed: {', '.join(keys)}, "
-                            "or efficiency.<field> for a model efficiency)")
+                            "efficiency.<field> for a model efficiency, or topology.<tier>.<field> for a network tier)")
         value = load_yaml_text(raw, f"--gpu-set {key}")
         if isinstance(value, dict | list):
             raise SpecError(f"--gpu-set {key}: expected a single value, got {brief(value)}")
@@ -137,9 +137,9 @@ def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> Gpu
     """The GPU preset or file, with a calibrated profile's efficiencies, then --gpu-set overrides."""
     gpu_spec = load_gpu(gpu)
     if profile:
-        from paraplan.specs.profile import load_profile
+        from paraplan.specs.profile import profile_overrides
 
-        gpu_spec = override_gpu(gpu_spec, {"efficiency": load_profile(profile, gpu_spec.name)})
+        gpu_spec = override_gpu(gpu_spec, profile_overrides(profile, gpu_spec.name))
     return override_gpu(gpu_spec, parse_overrides(gpu_set))
 
 

@@ -6,6 +6,7 @@ import csv
 import io
 import sys
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -30,8 +31,10 @@ from paraplan.cli.options import (
     memory_options,
     resolve_inputs,
 )
+from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import console, fit_table, safe
 from paraplan.errors import SpecError
+from paraplan.estimator import Estimate
 from paraplan.explain import CKPT_BLOCKING_FLAG
 from paraplan.explain import explain as explain_plan
 from paraplan.launch.site import SiteProfile, load_site
@@ -40,6 +43,9 @@ from paraplan.schedules import SCHEDULE_NAMES
 from paraplan.search import Plan, SearchSpace, plan
 from paraplan.serialize import dumps_json
 from paraplan.units import GIB
+
+if TYPE_CHECKING:
+    from paraplan.recipes.compare import RecipeComparison
 
 
 class PlanFormat(StrEnum):
@@ -122,7 +128,7 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
                 top_k=top, options=memory_options(workspace_gib, fragmentation))
 
 
-def render_plan(p: Plan, site: SiteProfile | None = None) -> None:
+def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparison | None = None) -> None:
     con = console()
     site = site or SiteProfile()
     con.print(f"[bold]{safe(p.model.name)}[/] on {p.cluster.num_gpus} x {safe(p.cluster.gpu.name)} | "
@@ -151,6 +157,8 @@ def render_plan(p: Plan, site: SiteProfile | None = None) -> None:
                                        ("step\ns", "right"), ("tok/s\n/GPU", "right"), ("MFU", "right"),
                                        ("dominant", "left")], rows, con.width, drop_order=("dominant", "tok/s\n/GPU"))
     con.print(table)
+    if recipe is not None:
+        con.print(recipe_line(recipe, p.candidates[0]))
     con.print("checkpoints: " + "; ".join(ckpts))
     for line in limits:
         con.print(f"[yellow]checkpoint limit[/] {line}")
@@ -173,21 +181,43 @@ def _checkpoint_limits(adv: CheckpointAdvice) -> list[str]:
     return out
 
 
-def render_findings(p: Plan, site: SiteProfile | None = None) -> None:
+def recipe_line(cmp: RecipeComparison, pick: Estimate) -> str:
+    """The recipe next to the pick, on one line (rich markup)."""
+    from paraplan.cli.recipes import knobs_summary, layout_text
+
+    r = cmp.recipe
+    head = (f"[cyan]recipe[/] {safe(r.alias)} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
+            f"{r.get('global_batch_size')}; closest NVIDIA recipe for this model and GPU): {safe(layout_text(r))}, "
+            f"{safe(knobs_summary(r))}")
+    e = cmp.estimate
+    if e is None:
+        return f"{head}; does not run here: {safe(cmp.error)}"
+    gain = float(e.throughput.tokens_per_s_per_gpu) / float(pick.throughput.tokens_per_s_per_gpu) - 1.0
+    fits = "" if e.fits else " [red]does not fit[/]"
+    return (f"{head} | on {cmp.at}: {e.peak_bytes / GIB:.1f}/{e.usable_bytes / GIB:.1f} GiB{fits}, "
+            f"{float(e.throughput.tokens_per_s_per_gpu):,.0f} tok/s/GPU ({100 * gain:+.1f}% vs #1)"
+            + (f"; {len(cmp.run.not_modelled)} knobs not modelled yet" if cmp.run and cmp.run.not_modelled else ""))
+
+
+def render_findings(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparison | None = None) -> None:
     con = console()
     site = site or SiteProfile()
     con.print(f"[bold]why {p.candidates[0].layout.short()}[/]")
-    for f in explain_plan(p, site.storage(), site.failures()):
+    for f in explain_plan(p, site.storage(), site.failures(), recipe=recipe):
         con.print(f"- [cyan]{f.code}[/] {safe(f.text)}")
 
 
-def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None = None) -> None:
+def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None = None,
+         recipe: RecipeComparison | None = None) -> None:
     site = site or SiteProfile()
     if fmt == PlanFormat.json:
         d = p.to_dict()
         d["checkpoints"] = [advise(c, site.storage(), site.failures()).as_dict() for c in p.candidates]
+        if recipe is not None:
+            d["recipe"] = recipe.as_dict(p.candidates[0])
         if with_explain:
-            d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures())]
+            d["explanation"] = [f.as_dict() for f in explain_plan(p, site.storage(), site.failures(),
+                                                                   recipe=recipe)]
         print(dumps_json(d))
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
@@ -202,9 +232,9 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None 
                         f"{float(c.throughput.mfu):.4f}"])
         sys.stdout.write(buf.getvalue())
     else:
-        render_plan(p, site)
+        render_plan(p, site, recipe)
         if with_explain:
-            render_findings(p, site)
+            render_findings(p, site, recipe)
 
 
 TopOpt = typer.Option(5, "--top", "-k", help="How many layouts to show.")
@@ -245,6 +275,7 @@ def plan_cmd(
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
+    recipes_file: str | None = RecipesFileOpt,
 ) -> None:
     """Search every valid Megatron-Core layout and rank the ones that fit.
 
@@ -263,7 +294,11 @@ def plan_cmd(
         from paraplan.serialize import save_plan
 
         save_plan(p, save, option="--save", force=force)
-    emit(p, fmt, explain, site_profile)
+    from paraplan.recipes.catalogue import catalogue
+    from paraplan.recipes.compare import compare_with_plan
+
+    emit(p, fmt, explain, site_profile, recipe=compare_with_plan(p, memory_options(workspace_gib, fragmentation),
+                                                                 catalogue(recipes_file)))
 
 
 @app.command("explain")
@@ -284,6 +319,7 @@ def explain_cmd(
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
                                     "failure rate) for the CHECKPOINT finding."),
     schedule: ScheduleChoice | None = ScheduleOpt,
+    recipes_file: str | None = RecipesFileOpt,
 ) -> None:
     """Plan, then explain the best layout in numbers (same options as plan).
 
@@ -293,4 +329,4 @@ def explain_cmd(
              mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
              workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
              explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site,
-             schedule=schedule)
+             schedule=schedule, recipes_file=recipes_file)

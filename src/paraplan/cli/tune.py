@@ -51,9 +51,9 @@ def _from_plan(path: str, rank: int) -> RunInputs:
 def _with_profile(inp: RunInputs, profile: str | None) -> RunInputs:
     if not profile:
         return inp
-    from paraplan.specs.profile import load_profile
+    from paraplan.specs.profile import profile_overrides
 
-    gpu = override_gpu(inp.cluster.gpu, {"efficiency": load_profile(profile, inp.cluster.gpu.name)})
+    gpu = override_gpu(inp.cluster.gpu, profile_overrides(profile, inp.cluster.gpu.name))
     return replace(inp, cluster=make_cluster(gpu, inp.cluster.num_gpus, inp.cluster.gpus_per_node))
 
 

@@ -24,13 +24,11 @@ All functions are vectorised over candidates (numpy arrays for layout fields).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from paraplan.specs.model import ModelSpec
-
-Num = Any
+from paraplan.specs.num import Bool, Num
 
 BF16_BYTES = 2.0
 FP8_BYTES = 1.0
@@ -47,7 +45,7 @@ class ActivationContext:
     mbs: Num
     tp: Num
     cp: Num
-    sp: Num
+    sp: Bool
     ep: Num
     etp: Num
     recompute_code: Num

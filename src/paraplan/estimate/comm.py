@@ -12,74 +12,79 @@ algorithms when latency dominates, so a ring's (n-1)*alpha over-states large gro
 S is the full (unsharded) buffer size, busbw the per-GPU bus bandwidth of the tier the group
 runs on: NVLink when the group's ranks lie in one NVLink domain, else the network.
 
-Placement follows Megatron-Core's default rank order ``tp-cp-ep-dp-pp`` (TP fastest): a group
-whose members are spaced ``stride`` ranks apart spans ``stride * size`` consecutive ranks.
-All functions are vectorised.
+Placement follows Megatron-Core's rank order (``paraplan.specs.grid``): a group whose members are
+spaced ``stride`` ranks apart spans ``stride * size`` consecutive ranks, and runs on the
+innermost tier of the job's ``Topology`` (``paraplan.specs.topology``) whose domain holds that
+span. All functions are vectorised.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Final
 
 import numpy as np
 
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.num import Num
+from paraplan.specs.topology import span_in_domain
 
-Num = Any
-
-
-def span_in_domain(span: Num, block: int) -> Num:
-    """True where a group spanning ``span`` consecutive ranks stays inside one NVLink domain: the
-    span divides ``block``, the consecutive ranks known to share a domain
-    (``ClusterSpec.nvlink_block_gpus``: the HGX node; the job inside one NVL72 rack; a 64-GPU rack
-    segment of a multi-rack job, as NeMo's ``--segment`` placement makes it; else a 72-GPU rack).
-    Groups tile the rank space, so a span dividing the block never straddles it.
-    """
-    span = np.asarray(span)
-    return (span <= 1) | ((span <= block) & (block % np.maximum(span, 1) == 0))
+__all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "p2p_s", "reduce_scatter_s", "ring_busbw",
+           "span_in_domain", "tier_busbw", "tier_latency_s", "tier_rates"]
 
 
-def tier_rates(cluster: ClusterSpec) -> tuple[float, float]:
-    """(NVLink, network) bus bandwidth per GPU in bytes/s: line rate x NCCL bus fraction."""
-    eff = cluster.gpu.efficiency
-    return (cluster.gpu.nvlink_bytes_per_s * eff.nvlink_bus_frac,
-            cluster.gpu.network_bytes_per_s * eff.network_bus_frac)
+ALL_REDUCE_PASSES: Final = 2.0
+"""A ring all-reduce is a reduce-scatter then an all-gather (Thakur et al. 2005): twice the bytes
+and latency steps of either."""
+
+
+def tier_rates(cluster: ClusterSpec) -> tuple[float, ...]:
+    """Bus bandwidth per GPU in bytes/s of each tier, NVLink first: line rate x NCCL bus fraction
+    / oversubscription (two tiers, NVLink and network, unless the GPU lists more)."""
+    return tuple(t.busbw_bytes_per_s for t in cluster.topology.tiers)
 
 
 def tier_busbw(cluster: ClusterSpec, span: Num) -> Num:
-    """Per-GPU bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks."""
-    nvlink, network = tier_rates(cluster)
-    return np.where(span_in_domain(span, cluster.nvlink_block_gpus), nvlink, network)
+    """Per-GPU bus bandwidth (bytes/s) of a group spanning ``span`` consecutive ranks: the
+    innermost tier whose domain holds the span."""
+    return cluster.topology.busbw(span)
+
+
+def tier_latency_s(cluster: ClusterSpec, span: Num) -> Num:
+    """Latency per collective step (alpha) of the tier a group spanning ``span`` ranks runs on."""
+    return cluster.topology.latency_s(span)
 
 
 def ring_busbw(cluster: ClusterSpec, n: Num, stride: Num) -> Num:
     """Per-GPU bus bandwidth (bytes/s) of a ring collective (all-reduce, reduce-scatter,
     all-gather) over ``n`` ranks spaced ``stride`` apart.
 
-    Inside one NVLink domain (``span_in_domain``): the NVLink bus bandwidth. Across domains, NCCL
-    gives each ring channel its own NIC, so the edges that leave a domain together carry the NICs
-    of every group member in it: busbw = min(NVLink busbw, n_local x NIC busbw), n_local =
-    min(n, domain // stride) members per domain (ecosystem.md 4.3: multi-node H100 ring
-    all-reduce ~8 x 46-48 GB/s per node; nccl-tests#119: 4 HDR NICs per 8 GPUs, 100 GB/s
+    Inside one NVLink domain: the NVLink bus bandwidth. Across domains, NCCL gives each ring
+    channel its own NIC, so the edges that leave a domain together carry the NICs of every group
+    member in it: busbw = min(NVLink busbw, n_local x busbw of the outermost tier crossed),
+    n_local = min(n, domain // stride) members per NVLink domain (ecosystem.md 4.3: multi-node
+    H100 ring all-reduce ~8 x 46-48 GB/s per node; nccl-tests#119: 4 HDR NICs per 8 GPUs, 100 GB/s
     theoretical, 85-96 GB/s measured). A group with one member per domain (e.g. DP under TP 8)
-    gets one NIC.
+    gets one NIC; behind an oversubscribed spine each NIC gets its share of the uplinks.
     """
-    nvlink, network = tier_rates(cluster)
-    n, stride = np.asarray(n), np.asarray(stride)
-    block = cluster.nvlink_block_gpus
-    n_local = np.clip(np.minimum(n, block // np.maximum(stride, 1)), 1, None)
-    inside = span_in_domain(n * stride, block)
-    return np.where(inside, nvlink, np.minimum(nvlink, n_local * network))
+    topo = cluster.topology
+    nvlink = topo.nvlink.busbw_bytes_per_s
+    n_arr, stride_arr = np.asarray(n), np.asarray(stride)
+    block = topo.nvlink.block_gpus
+    span = n_arr * stride_arr
+    n_local = np.clip(np.minimum(n_arr, block // np.maximum(stride_arr, 1)), 1, None)
+    inside = span_in_domain(span, block)
+    return np.where(inside, nvlink, np.minimum(nvlink, n_local * topo.busbw(span, start=1)))
 
 
-def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
+def all_reduce_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: Num) -> Num:
     """Ring all-reduce time; 0 for a group of one."""
     n = np.asarray(n)
-    t = 2.0 * (n - 1) / np.maximum(n, 1) * size_bytes / busbw + 2.0 * np.log2(np.maximum(n, 1)) * alpha_s
+    t = (ALL_REDUCE_PASSES * (n - 1) / np.maximum(n, 1) * size_bytes / busbw
+         + ALL_REDUCE_PASSES * np.log2(np.maximum(n, 1)) * alpha_s)
     return np.where(n > 1, t, 0.0)
 
 
-def all_gather_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: float) -> Num:
+def all_gather_s(size_bytes: Num, n: Num, busbw: Num, alpha_s: Num) -> Num:
     """Ring all-gather (or reduce-scatter) time of an S-byte full buffer; 0 for a group of one."""
     n = np.asarray(n)
     t = (n - 1) / np.maximum(n, 1) * size_bytes / busbw + np.log2(np.maximum(n, 1)) * alpha_s
@@ -90,28 +95,30 @@ reduce_scatter_s = all_gather_s
 
 
 def all_to_all_s(
-    cluster: ClusterSpec, size_bytes: Num, n: Num, stride: Num, alpha_s: float
+    cluster: ClusterSpec, size_bytes: Num, n: Num, stride: Num, alpha_s: Num
 ) -> Num:
     """All-to-all of S bytes per rank over a group of n ranks spaced ``stride`` apart.
 
-    Peers inside the same NVLink domain are reached over NVLink, the rest over the network
-    (placement as ``span_in_domain``; a group that does not tile the domain is costed for its
-    straddling member, at most half of its peers on NVLink):
-    t = S*(n_intra/n)/bw_nvlink + S*(n_inter/n)/bw_network + log2(n)*alpha (the n-1 sends are
-    issued concurrently, so latency does not add up per peer).
+    Each peer is reached on the innermost tier whose domain it shares with the sender
+    (``Topology.peers_within``: a group that does not tile a domain is costed for its straddling
+    member, at most half of its peers inside): with c_k the peers first reached on tier k,
+    t = S * sum_k (c_k/n)/busbw_k + log2(n)*alpha (the n-1 sends are issued concurrently, so
+    latency does not add up per peer).
     """
-    nvlink, network = tier_rates(cluster)
-    n = np.asarray(n)
-    per_domain = np.clip(cluster.nvlink_block_gpus // np.maximum(stride, 1), 1, None)
-    # a group whose span does not tile the domain straddles two domains somewhere; the slowest
-    # (straddling) group sets the pace, and it has at most half its peers on NVLink (even split)
-    tiles = span_in_domain(n * stride, cluster.nvlink_block_gpus)
-    intra = np.where(tiles, n, np.minimum(np.minimum(n, per_domain), np.ceil(n / 2))) - 1
-    inter = n - 1 - intra
-    t = size_bytes * (intra / np.maximum(n, 1) / nvlink + inter / np.maximum(n, 1) / network)
-    return np.where(n > 1, t + np.log2(np.maximum(n, 1)) * alpha_s, 0.0)
+    topo = cluster.topology
+    n_arr = np.asarray(n)
+    n1 = np.maximum(n_arr, 1)
+    seen = np.asarray(0.0)
+    per_byte: Num = 0.0
+    for tier in topo.tiers[:-1]:
+        within = np.maximum(topo.peers_within(n_arr, stride, tier) - 1, seen)
+        per_byte = per_byte + (within - seen) / n1 / tier.busbw_bytes_per_s
+        seen = within
+    per_byte = per_byte + (n_arr - 1 - seen) / n1 / topo.tiers[-1].busbw_bytes_per_s
+    t = size_bytes * per_byte
+    return np.where(n_arr > 1, t + np.log2(n1) * alpha_s, 0.0)
 
 
-def p2p_s(size_bytes: Num, bw: Num, alpha_s: float) -> Num:
+def p2p_s(size_bytes: Num, bw: Num, alpha_s: Num) -> Num:
     """Point-to-point send (or receive) time."""
     return size_bytes / bw + alpha_s

@@ -11,14 +11,12 @@ arXiv:2204.02311 App. B). Hardware FLOPs add the recomputed forward passes (HFU 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from paraplan.estimate.params import padded_vocab
 from paraplan.specs.model import ModelSpec
-
-Num = Any
+from paraplan.specs.num import Num
 
 
 def _layer_counts(model: ModelSpec) -> tuple[int, int, int]:

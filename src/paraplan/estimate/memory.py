@@ -16,24 +16,23 @@ Vectorised over candidates like the rest of ``estimate``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned
+from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, StageParams, padded_vocab, stage_params
 from paraplan.schedules import schedule_of
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Int, Num
 from paraplan.specs.training import (
     PARAM_BYTES,
     TrainingSpec,
     main_grad_bytes,
     optimizer_bytes_per_param,
 )
-
-Num = Any
 
 FP8_WEIGHT_CACHE_BYTES = 2.0
 """Transformer Engine keeps an FP8 copy of each GEMM weight and its transpose (1 B each) under FP8."""
@@ -141,7 +140,8 @@ def fp8_cache_bytes_per_param(training: TrainingSpec) -> float:
     return copies * (1.0 + FP8_SCALE_BYTES_PER_ELEMENT[training.fp8_recipe])
 
 
-def model_state_bytes(params: StageParams, layout: Any, training: TrainingSpec | str = "bf16") -> tuple[Num, Num, Num]:
+def model_state_bytes(params: StageParams, layout: StepLayout,
+                      training: TrainingSpec | str = "bf16") -> tuple[Num, Num, Num]:
     """(weights, grads, optimizer) bytes per GPU.
 
     no sharding:           2P, 4P, 12P
@@ -168,7 +168,7 @@ def model_state_bytes(params: StageParams, layout: Any, training: TrainingSpec |
 
 
 def activation_context(
-    model: ModelSpec, training: TrainingSpec, layout: Any
+    model: ModelSpec, training: TrainingSpec, layout: LayerLayout
 ) -> act.ActivationContext:
     """The activation-formula inputs for a layout (or a table of layouts). Head dims that are not
     multiples of 8 run unfused attention whatever the backend (flops.attention_heads_tensor_core_aligned)."""
@@ -212,7 +212,7 @@ def _take(value: Num, index: NDArray[np.int64]) -> Num:
     return value if np.ndim(value) == 0 else np.asarray(value)[index]
 
 
-def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Any) -> LayerActivations:
+def layer_activations(model: ModelSpec, training: TrainingSpec, layout: LayerLayout) -> LayerActivations:
     """The stage-independent activation terms of a layout (or a table of layouts)."""
     ctx = activation_context(model, training, layout)
     return LayerActivations(
@@ -227,8 +227,8 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Any) -> 
 
 
 def stage_activation_bytes(
-    model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, *,
-    rank: Num, num_microbatches: Num, options: MemoryOptions, per_layer: LayerActivations | None = None,
+    model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, *,
+    rank: Int, num_microbatches: Int, options: MemoryOptions, per_layer: LayerActivations | None = None,
 ) -> tuple[Num, Num]:
     """(activation bytes, in-flight chunk count) for one pipeline rank at its peak.
 
@@ -252,7 +252,7 @@ def stage_activation_bytes(
 
 
 def stage_other_bytes(
-    model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, params: StageParams,
+    model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, params: StageParams,
     activations_bytes: Num, *, options: MemoryOptions, per_layer: LayerActivations | None = None,
 ) -> OtherBytes:
     """Logits (last stage, one micro-batch, plus one per MTP layer), FP8 weight copies,
@@ -274,8 +274,8 @@ def stage_other_bytes(
 
 
 def stage_memory(
-    model: ModelSpec, training: TrainingSpec, layout: Any, stage: StageLayers, *,
-    rank: Num, num_microbatches: Num, max_positions: int, options: MemoryOptions | None = None,
+    model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, *,
+    rank: Int, num_microbatches: Int, max_positions: int, options: MemoryOptions | None = None,
     per_layer: LayerActivations | None = None, param_terms: ParamTerms | None = None,
 ) -> StageMemory:
     """Memory breakdown of one pipeline rank (vectorised over candidates). ``per_layer`` and

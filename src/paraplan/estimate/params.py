@@ -18,14 +18,12 @@ position embedding, uniform stages); docs/model.md lists the differences.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from paraplan.specs.model import ModelSpec
-
-Num = Any  # int | float | numpy array (vectorised over candidates)
+from paraplan.specs.num import Num
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +199,8 @@ def embedding_params(model: ModelSpec, *, tp: Num, max_positions: int) -> Num:
 def padded_vocab(model: ModelSpec, tp: Num) -> Num:
     """Vectorised ``ModelSpec.padded_vocab_size``: ceil(V / (div*tp)) * div*tp."""
     multiple = model.make_vocab_size_divisible_by * np.asarray(tp)
-    return -(-model.vocab_size // multiple) * multiple
+    padded: Num = -(-model.vocab_size // multiple) * multiple
+    return padded
 
 
 def output_params(model: ModelSpec, *, tp: Num, pp: Num) -> Num:

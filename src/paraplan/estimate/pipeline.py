@@ -14,15 +14,13 @@ the functions here keep their Megatron-default forms for callers that have no la
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from paraplan.errors import LayoutError
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import schedule_named
-
-Num = Any
+from paraplan.specs.num import Int, Num
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,20 +141,20 @@ def stage_assignment(num_layers: int, layout: ParallelLayout) -> list[StageAssig
     return [StageAssignment(rank=r, chunks=tuple(chunks[r])) for r in range(pp)]
 
 
-def in_flight_units(*, rank: Num, pp: Num, vp: Num, num_microbatches: Num) -> Num:
+def in_flight_units(*, rank: Int, pp: Int, vp: Int, num_microbatches: Int) -> Num:
     """Forward passes a rank holds at its peak, in model-chunk units, under Megatron's choice of
     schedule from VP (``paraplan.schedules.MegatronChoice``: 1F1B min(p - r, m), interleaved
     min(2(p - r - 1) + (v - 1)p + 1, m*v)); other schedules: ``Schedule.in_flight_units``."""
     return schedule_named("").in_flight_units(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches)
 
 
-def first_chunk_in_flight(*, pp: Num, vp: Num, num_microbatches: Num) -> Num:
+def first_chunk_in_flight(*, pp: Int, vp: Int, num_microbatches: Int) -> Num:
     """Micro-batches whose embedding activations rank 0 holds at its peak (Megatron's choice from VP:
     1F1B min(p, m), interleaved min(2p - 1, m)); other schedules: ``Schedule.first_chunk_in_flight``."""
     return schedule_named("").first_chunk_in_flight(pp=pp, vp=vp, num_microbatches=num_microbatches)
 
 
-def bubble_frac(*, pp: Num, vp: Num, num_microbatches: Num) -> Num:
+def bubble_frac(*, pp: Int, vp: Int, num_microbatches: Int) -> Num:
     """Pipeline bubble relative to the ideal compute time under Megatron's choice from VP: (p - 1) / (v * m)
     (Narayanan et al. 2021, arXiv:2104.04473, section 2.2); other schedules: ``Schedule.bubble_frac``."""
     return schedule_named("").bubble_frac(pp=pp, vp=vp, num_microbatches=num_microbatches)

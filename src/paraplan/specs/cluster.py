@@ -16,6 +16,14 @@ from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
 from paraplan.fileio import brief
+from paraplan.specs.topology import (
+    TierSpec,
+    Topology,
+    check_tiers,
+    resolve_topology,
+    scale_up_block_gpus,
+    scale_up_segment_nodes,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +101,8 @@ shares hidden in [0, 1]; the rest (dimensions, bytes, seconds) are finite and >=
 
 
 MAX_GPUS_PER_DOMAIN = 2**16
+MAX_NUM_GPUS = 2**40
+"""Largest world paraplan takes (about 10^12 GPUs): world-size arithmetic stays far inside int64."""
 """Largest gpus_per_node / nvlink_domain_size accepted (NVL576 is the largest announced domain)."""
 
 
@@ -132,6 +142,9 @@ class GpuSpec:
     """Datasheets / measurements the numbers come from."""
     notes: str = ""
     """How numbers were converted (per direction, dense, GiB)."""
+    topology: tuple[TierSpec, ...] = ()
+    """Network tiers from the NVLink domain outwards (``paraplan.specs.topology``); empty: two
+    tiers, NVLink domain and network, from the rates above."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
     efficiency_calibrated: bool = True
@@ -158,7 +171,7 @@ class GpuSpec:
             value = getattr(self, fname)
             if not 1 <= value <= MAX_GPUS_PER_DOMAIN:
                 raise SpecError(f"gpu.{fname} must be in [1, {MAX_GPUS_PER_DOMAIN}], got {value}")
-
+        check_tiers(self.topology, self.nvlink_domain_size)
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for a precision ('bf16' or 'fp8')."""
@@ -184,6 +197,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise SpecError(f"num_gpus must be a positive integer, got {self.num_gpus}")
+        if self.num_gpus > MAX_NUM_GPUS:
+            raise SpecError(f"num_gpus must be at most {MAX_NUM_GPUS:,} (2^40, the limit), got {self.num_gpus:,}")
         if not 1 <= self.gpus_per_node <= MAX_GPUS_PER_DOMAIN:
             raise SpecError(f"gpus_per_node must be in [1, {MAX_GPUS_PER_DOMAIN}], got {self.gpus_per_node}")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
@@ -199,30 +214,25 @@ class ClusterSpec:
 
     @property
     def segment_nodes(self) -> int | None:
-        """Nodes per power-of-two segment of a multi-node NVLink domain (GB200/GB300 NVL72: 64 GPUs =
-        16 trays of 4) when the job spans several such domains; None for one-node domains (HGX) or
-        a job inside one domain. ``paraplan launch`` asks Slurm for these segments (``--segment``)."""
-        domain_nodes = self.nvlink_domain_size // self.gpus_per_node
-        if domain_nodes <= 1 or self.num_nodes <= domain_nodes:
-            return None
-        return max((1 << (self.nvlink_domain_size.bit_length() - 1)) // self.gpus_per_node, 1)
+        """Nodes per power-of-two segment of a multi-node NVLink domain when the job spans several
+        (``topology.scale_up_segment_nodes``); ``paraplan launch`` asks Slurm for these segments
+        (``--segment``)."""
+        return scale_up_segment_nodes(self.nvlink_domain_size, self.gpus_per_node, self.num_nodes)
 
     @property
     def nvlink_block_gpus(self) -> int:
-        """Consecutive ranks guaranteed to share one NVLink domain; a parallel group stays on NVLink
-        when its rank span divides this block (``comm.span_in_domain``).
+        """Consecutive ranks guaranteed to share one NVLink domain (``topology.scale_up_block_gpus``);
+        a parallel group stays on NVLink when its rank span divides this block."""
+        return scale_up_block_gpus(self.nvlink_domain_size, self.gpus_per_node, self.num_gpus)
 
-        HGX: the node's domain. A job inside one NVL72 rack: the whole job. A multi-rack job whose
-        nodes tile into power-of-two segments: the segment (64 GPUs), which Slurm keeps rack-local
-        with ``--segment``. Otherwise the racks are taken in order, 72 ranks each."""
-        if self.nvlink_domain_size <= self.gpus_per_node:
-            return self.nvlink_domain_size
-        if self.num_gpus <= self.nvlink_domain_size:
-            return self.num_gpus
-        seg = self.segment_nodes
-        if seg is not None and self.num_nodes % seg == 0:
-            return seg * self.gpus_per_node
-        return self.nvlink_domain_size
+    @property
+    def topology(self) -> Topology:
+        """This job's network tiers, NVLink domain first (``topology.resolve_topology``)."""
+        gpu, eff = self.gpu, self.gpu.efficiency
+        return resolve_topology(gpu.topology, nvlink_block_gpus=self.nvlink_block_gpus, num_gpus=self.num_gpus,
+                                nvlink_bytes_per_s=gpu.nvlink_bytes_per_s, network_bytes_per_s=gpu.network_bytes_per_s,
+                                nvlink_bus_frac=eff.nvlink_bus_frac, network_bus_frac=eff.network_bus_frac,
+                                collective_latency_s=eff.collective_latency_s)
 
 
 def make_cluster(gpu: GpuSpec, num_gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:

@@ -38,6 +38,7 @@ from paraplan.fileio import (
 )
 from paraplan.specs.cluster import EfficiencySpec, GpuSpec
 from paraplan.specs.model import MAX_NUM_LAYERS, ModelSpec
+from paraplan.specs.topology import TIER_FIELDS, TierSpec
 from paraplan.units import GBIT, GIB, TB, TFLOP
 
 _PRESETS = "paraplan.specs.presets"
@@ -272,12 +273,66 @@ def gpu_from_dict(data: dict[str, Any], *, name: str) -> GpuSpec:
                 raise SpecError(f"gpu.efficiency: expected a mapping of fields "
                                 f"(allowed: {', '.join(f.name for f in fields(EfficiencySpec))}), got {brief(value)}")
             out[key] = validate_fields(EfficiencySpec, dict(value or {}), "gpu.efficiency.")
+        elif key == "topology":
+            out[key] = tiers_from_list(value)
         else:
             out[key] = value
     out.setdefault("name", name)
     out.setdefault("peak_fp8_flops_per_s", None)
     out.setdefault("efficiency_calibrated", "efficiency" in data)
     return validate_fields(GpuSpec, out, "gpu.")  # type: ignore[no-any-return]
+
+
+_HUMAN_TIER_KEYS = {"gbyte_per_s": 1e9, "gbit_per_s": GBIT}
+MAX_TIERS = 8
+"""Most tiers a topology lists (NVLink, rail, leaf, spine, super-spine: five in the largest fabrics)."""
+
+
+def tiers_from_list(value: Any) -> tuple[TierSpec, ...]:
+    """``topology:`` of a GPU file: a list of tier mappings (``paraplan.specs.topology``), rates
+    as ``gbyte_per_s`` or ``gbit_per_s`` (or ``bytes_per_s``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value) or len(value) > MAX_TIERS:
+        raise SpecError(f"gpu.topology: expected a list of at most {MAX_TIERS} tiers, e.g. [{{name: nvlink}}, "
+                        "{name: leaf, size_gpus: 256}, {name: spine, oversubscription: 4}]")
+    out = []
+    for i, raw in enumerate(value):
+        tier = dict(raw)
+        where = f"gpu.topology.{clip(tier.get('name', i))}."
+        rates = [k for k in ("bytes_per_s", *_HUMAN_TIER_KEYS) if tier.get(k) is not None]
+        if len(rates) > 1:
+            raise SpecError(f"{where}{rates[1]}: give one of bytes_per_s, gbyte_per_s, gbit_per_s")
+        for key, scale in _HUMAN_TIER_KEYS.items():
+            if key in tier:
+                v = tier.pop(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                    raise SpecError(f"{where}{key}: expected a number, got {brief(v)}")
+                tier["bytes_per_s"] = None if v is None else float(v) * scale
+        out.append(validate_fields(TierSpec, tier, where))
+    return tuple(out)
+
+
+def _tier_dicts(tiers: tuple[TierSpec, ...]) -> list[dict[str, Any]]:
+    return [{f.name: getattr(t, f.name) for f in fields(t)} for t in tiers]
+
+
+def _set_tier_field(current: dict[str, Any], key: str, value: Any) -> None:
+    """``topology.<tier>.<field>=value`` (``--gpu-set``): change one field of a named tier; a
+    GPU without tiers gets its two (nvlink, network) first."""
+    parts = key.split(".")
+    if len(parts) != 3:
+        raise SpecError(f"gpu.{clip(key)}: expected topology.<tier>.<field> (fields: {', '.join(TIER_FIELDS)}, "
+                        "gbyte_per_s, gbit_per_s)")
+    _, name, fname = parts
+    tiers = current["topology"] = current.get("topology") or [{"name": "nvlink"}, {"name": "network"}]
+    match = [t for t in tiers if t.get("name") == name]
+    if not match:
+        raise SpecError(f"gpu.{clip(key)}: no tier '{clip(name)}' "
+                        f"(tiers: {clip(', '.join(str(t.get('name')) for t in tiers))})")
+    if fname in _HUMAN_TIER_KEYS or fname == "bytes_per_s":
+        match[0].pop("bytes_per_s", None)
+    match[0][fname] = value
 
 
 MAX_GPU_BASE_CHAIN = 16
@@ -325,6 +380,8 @@ def override_gpu(gpu: GpuSpec, overrides: dict[str, Any]) -> GpuSpec:
             current[key] = None if value is None else value / scale
         elif f.name == "efficiency":
             current[f.name] = {g.name: getattr(value, g.name) for g in fields(value)}
+        elif f.name == "topology":
+            current[f.name] = _tier_dicts(value)
         else:
             current[f.name] = value
     for key, value in overrides.items():
@@ -334,6 +391,8 @@ def override_gpu(gpu: GpuSpec, overrides: dict[str, Any]) -> GpuSpec:
                                 f"(allowed: {', '.join(f.name for f in fields(EfficiencySpec))}), got {brief(value)}")
             current["efficiency"].update(value or {})
             current["efficiency_calibrated"] = True  # a profile or the user's own numbers
+        elif key.startswith("topology."):
+            _set_tier_field(current, key, value)
         else:
             current[key] = value
     return gpu_from_dict(current, name=gpu.name)

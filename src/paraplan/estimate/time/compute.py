@@ -1,0 +1,150 @@
+"""Compute terms: GEMMs at a shape-dependent efficiency, attention, element-wise kernels at HBM
+bandwidth, the output layer and the embedding.
+
+GEMM efficiency falls with every small dimension (e_max * prod_x x/(x + d0), x in m, n, k: TP
+shrinks n or k, few tokens per expert shrink m); flash attention forward runs at
+``attention_frac`` of peak with a 2.5x backward; element-wise kernels move a calibrated number of
+bytes per token and hidden unit (``EfficiencySpec``); see docs/model.md section 4.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from paraplan.estimate.flops import attention_head_dims
+from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Num
+
+FLOPS_PER_MAC: Final = 2.0
+"""A multiply-add is two floating-point operations."""
+CAUSAL_SCORE_FLOPS_FACTOR: Final = 2.0
+"""Forward score FLOPs per query token and key token and unit of score width: ``FLOPS_PER_MAC`` x 2
+GEMMs (QK^T, AV) x 1/2 (causal mask: flash attention skips the upper triangle)."""
+UNFUSED_SCORE_FACTOR: Final = 2.0
+"""Unfused attention computes the full s x s scores: twice the causal half."""
+GEMM_FWD_BWD_FACTOR: Final = 3.0
+"""Forward + backward GEMM time in forward GEMMs: backward computes dgrad and wgrad, each a GEMM of
+the forward's size (Narayanan et al. 2021, arXiv:2104.04473, section 5.1: 3x forward FLOPs)."""
+ATTENTION_BWD_FACTOR: Final = 2.5
+"""FlashAttention-2 backward recomputes the scores: 5 score-sized GEMMs vs 2 forward (Dao 2023)."""
+HALF_LAYER_SHARE: Final = 0.5
+"""Share of a layer's kernel launches (``layer_overhead_s``) and of its norm/residual/dropout
+traffic (``elementwise_bytes_per_token_hidden``) that falls on each of its two halves, the
+attention block and the MLP block (each has one norm, one dropout and one residual add)."""
+ACT_FN_BYTES_PER_ELEMENT: Final = 12.0
+"""SwiGLU/GeLU forward (read 2, write 2... per element) and backward traffic, bf16, per element of f."""
+MOE_PERMUTE_BYTES_PER_ELEMENT: Final = 24.0
+"""HBM bytes per routed token copy and hidden unit moved by the MoE token permutation
+(docs/model.md section 4), read as: permute and unpermute each read and write the bf16 row
+forward (8 B), twice that backward (16 B) (Megatron-Core ``moe_utils.permute``/``unpermute``)."""
+SOFTMAX_BYTES_PER_SCORE: Final = 10.0
+"""Unfused attention, HBM bytes per s x s score element, forward + backward: fused
+scale-mask-softmax reads 2 and writes 2 forward; its backward reads the gradient and the
+probabilities and writes 2 (Megatron ``FusedScaleMaskSoftmax``, bf16)."""
+DROPOUT_BYTES_PER_SCORE: Final = 10.0
+"""Attention dropout on the scores, forward (read 2, write 2 + 1-byte mask) + backward (read 2 +
+mask, write 2); only when ``attention_dropout`` > 0."""
+LOSS_BYTES_PER_LOGIT: Final = 16.0
+"""HBM bytes per logit element of the vocab-parallel cross entropy, forward + backward, as the model
+counts them: the bf16 logits read and upcast to fp32 (2 + 4), the fp32 softmax read back (4), the
+gradient written in fp32 and cast to bf16 (4 + 2) (the tensors of docs/model.md section 3: bf16
+logits + the fp32 copy; an accounting, not a measured figure)."""
+EMBEDDING_BYTES_PER_TOKEN_HIDDEN: Final = 8.0
+"""HBM bytes per token and hidden unit of the embedding lookup, forward + backward, as the model
+counts them: the bf16 row written forward (2), its gradient read and accumulated into the fp32
+main-grad table backward (2 + 4); an accounting, not a measured figure."""
+OUTPUT_LAYER_FP8: Final = False
+"""The output layer runs in BF16 under ``--fp8-format``: Megatron-Core builds it as a plain
+ColumnParallelLinear outside Transformer Engine's fp8 autocast (gpt_model.py ``output_layer``)."""
+
+
+def gemm_efficiency(eff: EfficiencySpec, m: Num, n: Num, k: Num) -> Num:
+    """Fraction of peak a GEMM (m x k)(k x n) reaches: e_max * prod_x x/(x + d0).
+
+    Fitted shape: cuBLASLt square GEMMs on A100 reach 82% at 8192^3 and ~47% at 1024^3
+    (ecosystem.md 4.4); skinny GEMMs (one dim ~192) lose about half.
+    """
+    d0 = eff.gemm_half_dim
+    return eff.gemm_max_frac * (m / (m + d0)) * (n / (n + d0)) * (k / (k + d0))
+
+
+def gemm_s(cluster: ClusterSpec, fp8: bool, m: Num, n: Num, k: Num, count: Num = 1) -> Num:
+    """Forward time of ``count`` GEMMs (m x k)(k x n) on one GPU: 2 m n k FLOPs each at
+    ``gemm_efficiency`` of the dense BF16 peak, ``fp8_gemm_speedup`` faster in FP8."""
+    eff = cluster.gpu.efficiency
+    flops = FLOPS_PER_MAC * m * n * k * count
+    t = flops / (cluster.gpu.peak_bf16_flops_per_s * gemm_efficiency(eff, m, n, k))
+    return t / eff.fp8_gemm_speedup if fp8 else t
+
+
+def hbm_rate(cluster: ClusterSpec) -> float:
+    """Achieved HBM bandwidth of element-wise kernels: datasheet x ``hbm_frac``."""
+    return cluster.gpu.hbm_bytes_per_s * cluster.gpu.efficiency.hbm_frac
+
+
+def attention_score_flops(mbs: Num, seq_len: int, width: float, cp: Num, tp: Num) -> Num:
+    """Forward FLOPs of the two score GEMMs per rank, causal: ``CAUSAL_SCORE_FLOPS_FACTOR`` x b s^2 w
+    / (c t), w = ``flops.attention_score_width`` (Megatron's ``num_floating_point_operations``)."""
+    return CAUSAL_SCORE_FLOPS_FACTOR * mbs * seq_len ** 2 * width / (cp * tp)
+
+
+def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num) -> Num:
+    """Flash-attention forward: its score FLOPs at ``attention_frac`` of the dense BF16 peak
+    (FA2 head dim 128 on H200: 329 of 989 TFLOP/s, ecosystem.md 4.4)."""
+    return score_flops / (cluster.gpu.peak_bf16_flops_per_s * cluster.gpu.efficiency.attention_frac)
+
+
+def unfused_attention_fwd_s(model: ModelSpec, cluster: ClusterSpec, seq_len: int, mbs: Num, cp: Num, tp: Num,
+                            score_flops: Num, *, aligned: bool) -> Num:
+    """Unfused attention (``--attention-backend unfused``/local, or the fallback when head dims
+    are not multiples of 8) expressed as a forward time whose (1 + 2.5) multiple is its forward +
+    backward time: (3 G + E) / 3.5.
+
+    G: the two score GEMMs over the full s x s scores (2x the causal count), batched with
+    k = head dim, at GEMM efficiency (m = s/c, n = s, k = head dim) of the tensor-core peak, or of
+    the FP32 CUDA-core peak when head dims are not multiples of 8; backward = 2 G.
+    E: softmax (and dropout) traffic over b a s^2/(c t) score elements at HBM bandwidth
+    (Korthikanti et al. 2022, section 4.1 for the tensors; byte counts above).
+    """
+    eff, gpu = cluster.gpu.efficiency, cluster.gpu
+    s = seq_len
+    hd, _ = attention_head_dims(model)
+    peak = gpu.peak_bf16_flops_per_s if aligned else gpu.simt_flops_per_s
+    g = UNFUSED_SCORE_FACTOR * score_flops / (peak * gemm_efficiency(eff, s / cp, s, hd))
+    scores = mbs * model.num_attention_heads / tp * s * s / cp
+    per_score = SOFTMAX_BYTES_PER_SCORE + (DROPOUT_BYTES_PER_SCORE if model.attention_dropout > 0 else 0.0)
+    e = scores * per_score / (gpu.hbm_bytes_per_s * eff.hbm_frac)
+    return (GEMM_FWD_BWD_FACTOR * g + e) / (1.0 + ATTENTION_BWD_FACTOR)
+
+
+def block_elementwise_s(cluster: ClusterSpec, tokens: Num, hidden: int, sp_shard: Num) -> Num:
+    """Norm, dropout and residual traffic of one half-layer (attention or MLP block), forward +
+    backward: ``HALF_LAYER_SHARE`` x ``elementwise_bytes_per_token_hidden`` x tokens x h, sharded
+    over TP by sequence parallelism, at ``hbm_rate``."""
+    eff = cluster.gpu.efficiency
+    return HALF_LAYER_SHARE * eff.elementwise_bytes_per_token_hidden * tokens * hidden / sp_shard / hbm_rate(cluster)
+
+
+def block_elementwise_bytes(eff: EfficiencySpec, tokens: Num, hidden: int, sp_shard: Num) -> Num:
+    """The bytes of ``block_elementwise_s`` (summed with other traffic before dividing by the rate)."""
+    return HALF_LAYER_SHARE * eff.elementwise_bytes_per_token_hidden * tokens * hidden / sp_shard
+
+
+def block_overhead_s(eff: EfficiencySpec) -> float:
+    """Host time to issue one half-layer's kernels: ``HALF_LAYER_SHARE`` x ``layer_overhead_s``."""
+    return HALF_LAYER_SHARE * eff.layer_overhead_s
+
+
+def logits_s(cluster: ClusterSpec, tokens: Num, vocab: Num, tp: Num, hidden: int) -> Num:
+    """Output layer and loss of one head per micro-batch, forward + backward: the (T x h)(h x V/t)
+    GEMM (``GEMM_FWD_BWD_FACTOR``, in BF16: ``OUTPUT_LAYER_FP8``) plus ``LOSS_BYTES_PER_LOGIT``
+    per local logit (T V / t, padded vocabulary) at ``hbm_rate``."""
+    return (GEMM_FWD_BWD_FACTOR * gemm_s(cluster, OUTPUT_LAYER_FP8, tokens, vocab / tp, hidden)
+            + LOSS_BYTES_PER_LOGIT * tokens * vocab / tp / hbm_rate(cluster))
+
+
+def embedding_s(cluster: ClusterSpec, tokens: Num, hidden: int, sp_shard: Num) -> Num:
+    """Embedding lookup on the first stage, forward + backward: ``EMBEDDING_BYTES_PER_TOKEN_HIDDEN``
+    per token and hidden unit (sharded by sequence parallelism) at ``hbm_rate``."""
+    return EMBEDDING_BYTES_PER_TOKEN_HIDDEN * tokens * hidden / sp_shard / hbm_rate(cluster)

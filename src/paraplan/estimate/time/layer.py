@@ -1,0 +1,207 @@
+"""One transformer layer per micro-batch on one GPU: its attention block and its dense or MoE MLP,
+as compute, host and link times (``LayerTime``), and what recomputing it costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Final
+
+import numpy as np
+
+from paraplan.estimate.flops import attention_heads_tensor_core_aligned, attention_score_width
+from paraplan.estimate.layouts import LayerLayout
+from paraplan.estimate.time import compute, cp, ep, tp
+from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
+from paraplan.layout import RECOMPUTE_CODES
+from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
+from paraplan.specs.grid import Grid
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.num import Int, Num
+from paraplan.specs.training import TrainingSpec
+
+FWD_BWD_HALVES: Final = 2.0
+"""Forward issues half of a layer's kernels, host syncs and collectives, backward the other half."""
+ELEMENTWISE_FWD_BWD_RATIO: Final = 3.0
+"""Element-wise traffic forward + backward over forward: backward reads the saved input and the
+output gradient and writes the input gradient, twice the forward's bytes."""
+SWIGLU_FC1_FACTOR: Final = 2
+"""SwiGLU's fc1 produces the gate and the up projection: 2 f output columns (GeLU: f)."""
+SELECTIVE_ELEMENTWISE_DIVISOR: Final = 6.0
+"""Selective recompute of ``layernorm`` (or ``moe_act``) re-runs half of the forward element-wise
+traffic (1 / (``ELEMENTWISE_FWD_BWD_RATIO`` x 2) of the layer's): a modelling share, not measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    """Time pieces of one layer for one micro-batch on one GPU (fields may be arrays)."""
+
+    gemm_fwd_s: Num
+    """Forward GEMMs (backward = 2x: dgrad + wgrad)."""
+    attn_fwd_s: Num
+    """Flash-attention forward (backward = 2.5x)."""
+    elementwise_s: Num
+    """Norms, activations, dropout, residual, rotary, permutation: forward + backward."""
+    overhead_s: Num
+    """Host time to issue the layer's kernels, forward + backward; the GPU runs behind it, so it
+    counts only where it is longer than the GPU's time (``compute_s``)."""
+    tp_link_s: Num
+    ep_link_s: Num
+    cp_link_s: Num
+    mlp_gemm_fwd_s: Num = 0.0
+    """Part of gemm_fwd_s in the (dense or MoE) MLP, for selective recompute of mlp/moe."""
+    host_sync_s: Num = 0.0
+    """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
+    for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+
+    @property
+    def gpu_s(self) -> Num:
+        """GPU work, forward + backward (GEMMs, attention, element-wise)."""
+        return (GEMM_FWD_BWD_FACTOR * self.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s
+                + self.elementwise_s)
+
+    @property
+    def compute_s(self) -> Num:
+        """Forward + backward compute: the GPU's time, or the host's kernel-issue time when that
+        is longer (a launch-bound layer: the GPU waits for the CPU)."""
+        return np.maximum(self.gpu_s, self.overhead_s) + self.host_sync_s
+
+
+def fc1_width_factor(model: ModelSpec) -> int:
+    """fc1 output columns per unit of FFN width: ``SWIGLU_FC1_FACTOR`` with SwiGLU, else 1."""
+    return SWIGLU_FC1_FACTOR if model.swiglu else 1
+
+
+def _ctx(layout: LayerLayout, training: TrainingSpec) -> tuple[Num, Int, Int]:
+    """(tokens per rank s b / c, the sequence-parallel shard, TP)."""
+    tokens = training.seq_len * layout.mbs / layout.cp
+    sh = np.where(layout.sp, layout.tp, 1)
+    return tokens, sh, layout.tp
+
+
+def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                         layout: LayerLayout) -> LayerTime:
+    """Attention half of a layer: projections, flash attention, its norm/elementwise, TP/CP comm."""
+    eff = cluster.gpu.efficiency
+    fp8 = training.precision == "fp8"
+    T, sh, t = _ctx(layout, training)
+    h, a = model.hidden_size, model.num_attention_heads
+    kv_width: Num = 0.0
+    if model.multi_latent_attention:
+        dq = model.qk_head_dim + model.qk_pos_emb_head_dim
+        ckv, cq = model.kv_lora_rank, model.q_lora_rank
+        if cq is None:
+            g = gemm_s(cluster, fp8, T, a * dq / t, h)
+        else:
+            g = gemm_s(cluster, fp8, T, cq, h) + gemm_s(cluster, fp8, T, a * dq / t, cq)
+        g = g + gemm_s(cluster, fp8, T, ckv + model.qk_pos_emb_head_dim, h)
+        g = g + gemm_s(cluster, fp8, T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
+        g = g + gemm_s(cluster, fp8, T, h, a * model.v_head_dim / t)
+    else:
+        kv_width = model.head_dim * np.maximum(model.query_groups, t)
+        g = gemm_s(cluster, fp8, T, (model.query_width + cp.KV_TENSORS * kv_width) / t, h)
+        g = g + gemm_s(cluster, fp8, T, h, model.query_width / t)
+    score_flops = compute.attention_score_flops(layout.mbs, training.seq_len, attention_score_width(model),
+                                                layout.cp, t)
+    aligned = attention_heads_tensor_core_aligned(model)
+    if training.attention_backend == "flash" and aligned:
+        attn = compute.flash_attention_fwd_s(cluster, score_flops)
+    else:
+        attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
+                                               score_flops, aligned=aligned)
+    grid = Grid.inner(layout)
+    return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=compute.block_elementwise_s(cluster, T, h, sh),
+                     overhead_s=compute.block_overhead_s(eff), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
+                     ep_link_s=0.0,
+                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)))
+
+
+def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
+                   *, ffn: int) -> LayerTime:
+    """Dense (or shared-expert) MLP: fc1 (T x h)(h x f*gate/t), fc2 (T x f/t)(f/t x h), TP comm."""
+    eff = cluster.gpu.efficiency
+    fp8 = training.precision == "fp8"
+    T, sh, t = _ctx(layout, training)
+    h = model.hidden_size
+    gate = fc1_width_factor(model)
+    g = gemm_s(cluster, fp8, T, ffn * gate / t, h) + gemm_s(cluster, fp8, T, h, ffn / t)
+    elem = (compute.block_elementwise_bytes(eff, T, h, sh)
+            + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t) / compute.hbm_rate(cluster)
+    tp_link = tp.block_link_s(cluster, Grid.inner(layout).tp_group, T, h)
+    return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=compute.block_overhead_s(eff),
+                     tp_link_s=tp_link, ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
+
+
+def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> LayerTime:
+    """MoE MLP: router, routed experts as grouped GEMMs with m = tokens per local expert,
+    permutation traffic, EP all-to-all (dispatch + combine, forward + backward), shared expert."""
+    assert model.num_experts is not None
+    eff = cluster.gpu.efficiency
+    fp8 = training.precision == "fp8"
+    T, sh, t = _ctx(layout, training)
+    h, e, k, fe = model.hidden_size, model.num_experts, model.moe_router_topk, model.moe_ffn
+    gate = fc1_width_factor(model)
+    te = T * k * layout.etp / t
+    local = e / layout.ep
+    m_e = te / local
+    routed = (gemm_s(cluster, fp8, m_e, fe * gate / layout.etp, h, local)
+              + gemm_s(cluster, fp8, m_e, h, fe / layout.etp, local))
+    router = gemm_s(cluster, False, T / sh, e, h)
+    hbm = compute.hbm_rate(cluster)
+    elem = (compute.block_elementwise_bytes(eff, T, h, sh)
+            + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
+            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * te * h) / hbm
+    grid = Grid.inner(layout)
+    out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
+                    elementwise_s=elem, overhead_s=compute.block_overhead_s(eff), host_sync_s=eff.moe_layer_overhead_s,
+                    tp_link_s=ep.etp_link_s(cluster, grid.etp_group, te, h),
+                    ep_link_s=ep.all_to_all_link_s(cluster, grid.ep_group, te, h), cp_link_s=0.0, mlp_gemm_fwd_s=routed)
+    if model.shared_ffn:
+        sh_t = dense_mlp_time(model, cluster, training, layout, ffn=model.shared_ffn)
+        # the shared expert sits in the same MLP block: its norm/residual traffic is counted once
+        out = _add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh))
+    return out
+
+
+def _add(a: LayerTime, b: LayerTime, *, elementwise_extra: Num = 0.0) -> LayerTime:
+    return LayerTime(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(a)}
+                     | {"elementwise_s": a.elementwise_s + b.elementwise_s + elementwise_extra,
+                        "overhead_s": a.overhead_s})
+
+
+def layer_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout, *,
+               moe: bool) -> LayerTime:
+    """One full layer (attention + MLP or MoE)."""
+    att = attention_layer_time(model, cluster, training, layout)
+    mlp = moe_mlp_time(model, cluster, training, layout) if moe else dense_mlp_time(
+        model, cluster, training, layout, ffn=model.ffn)
+    return LayerTime(**{f.name: getattr(att, f.name) + getattr(mlp, f.name) for f in fields(att)})
+
+
+def launch_bound_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                       layout: LayerLayout) -> tuple[float, float]:
+    """(GPU time, host issue time) of one layer per micro-batch, forward + backward, for the
+    layer kind most of the model has (MoE layers for MoE models). The layer is launch-bound
+    when the first is smaller: see ``LayerTime.compute_s``."""
+    lt = layer_time(model, cluster, training, layout, moe=model.is_moe)
+    return float(np.max(lt.gpu_s)), float(np.max(lt.overhead_s))
+
+
+def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], eff: EfficiencySpec, *,
+                moe: bool) -> Num:
+    """Recompute time of one layer for one micro-batch. Full: one more forward of the layer (its
+    forward GEMMs, attention, 1 / ``ELEMENTWISE_FWD_BWD_RATIO`` of its element-wise traffic, half
+    of its kernel issue, host syncs and exposed TP / EP communication: ``FWD_BWD_HALVES``).
+    Selective modules follow Megatron-Core's TransformerLayer/MoELayer: "mlp" recomputes dense
+    MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
+    ``recompute_mlp``, moe/moe_layer.py)."""
+    full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
+                       lt.overhead_s / FWD_BWD_HALVES)
+            + lt.host_sync_s / FWD_BWD_HALVES)
+    full = (full + (1.0 - tp.overlap_frac(layout, eff)) * lt.tp_link_s / FWD_BWD_HALVES
+            + lt.ep_link_s / FWD_BWD_HALVES)
+    sel = lt.attn_fwd_s * ("core_attn" in modules)
+    sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
+    sel = sel + lt.elementwise_s / SELECTIVE_ELEMENTWISE_DIVISOR * (("layernorm" in modules)
+                                                                    or (moe and "moe_act" in modules))
+    return np.where(layout.recompute_code == RECOMPUTE_CODES["full"], full,
+                    np.where(layout.recompute_code == RECOMPUTE_CODES["selective"], sel, 0.0))

@@ -1,0 +1,226 @@
+"""The recipe next to a plan's pick: when a recipe exists for the plan's model and GPU preset, the closest one (GPU
+count, then sequence, then GBS; ``catalogue.closest_recipe``) is estimated with its layout and knobs on the plan's
+job (GPU count, sequence, GBS, precision, the plan's cluster), or on its own job when its layout cannot run on the
+plan's, and compared with the pick: memory term by term, step time term by term, tokens/s/GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from paraplan.errors import PlannerError
+from paraplan.units import GIB
+
+if TYPE_CHECKING:
+    from paraplan.estimate.memory import MemoryOptions
+    from paraplan.estimator import Estimate
+    from paraplan.recipes.catalogue import Recipe
+    from paraplan.recipes.knobs import RecipeRun
+    from paraplan.search import Plan
+
+AGREE_FRAC = 0.03
+"""A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
+
+_MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
+MEMORY_KNOBS = ("grad_reduce_in_fp32", "use_precision_aware_optimizer", "optimizer_state_dtypes", "fp8_param_gather",
+                "fp4_param_gather", "reuse_grad_buf_for_mxfp8_param_ag", "cpu_offloading", "optimizer_cpu_offload",
+                "fine_grained_activation_offloading", "moe_paged_stash", "cross_entropy_fusion_impl",
+                "PYTORCH_CUDA_ALLOC_CONF", "task=peft")
+"""Not-modelled columns that lower a recipe's memory below paraplan's estimate (bf16 gradient buffers, bf16
+optimizer states, FP8 weight gathers, offloading, fused cross entropy, expandable segments, PEFT)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeComparison:
+    """The recipe, how it was run (``at``: ``this job`` or ``its own job``), its estimate (None with ``error``)."""
+
+    recipe: Recipe
+    at: str
+    run: RecipeRun | None = None
+    estimate: Estimate | None = None
+    error: str = ""
+
+    def as_dict(self, pick: Estimate | None = None) -> dict[str, Any]:
+        """The ``recipe`` block of plan/explain JSON."""
+        r = self.recipe
+        out: dict[str, Any] = {
+            "source": r.source, "alias": r.alias, "origin": r.origin, "at": self.at,
+            "recipe_job": {"num_gpus": r.get("num_gpus"), "seq_length": r.get("seq_length"),
+                           "global_batch_size": r.get("global_batch_size"), "precision": r.get("precision")},
+            "not_modelled": list(self.run.not_modelled) if self.run else [], "error": self.error,
+        }
+        e = self.estimate
+        if e is not None:
+            from paraplan.estimator import config_dict
+
+            out.update(config=config_dict(e.layout, e.training, e.num_microbatches),
+                       memory={"peak_bytes": e.peak_bytes, "usable_bytes": e.usable_bytes, "fits": e.fits},
+                       time={"step_s": float(e.time.step_s)},
+                       throughput={"tokens_per_s_per_gpu": float(e.throughput.tokens_per_s_per_gpu),
+                                   "mfu": float(e.throughput.mfu)})
+            if pick is not None:
+                out["vs_pick"] = {"peak_bytes": e.peak_bytes - pick.peak_bytes,
+                                  "tokens_per_s_per_gpu_frac": float(e.throughput.tokens_per_s_per_gpu)
+                                  / float(pick.throughput.tokens_per_s_per_gpu) - 1.0,
+                                  "same_layout": same_layout(e, pick)}
+        return out
+
+
+def _estimate(run: RecipeRun, plan: Plan, num_gpus: int, options: MemoryOptions | None) -> Estimate:
+    from dataclasses import replace
+
+    from paraplan.estimator import estimate
+    from paraplan.specs.cluster import make_cluster
+
+    cluster = plan.cluster if num_gpus == plan.cluster.num_gpus else make_cluster(
+        plan.cluster.gpu, num_gpus, plan.cluster.gpus_per_node)
+    training = replace(plan.training, seq_len=run.job.seq_len, global_batch_size=run.job.gbs,
+                       precision=run.job.precision, attention_backend=run.job.attention_backend)  # type: ignore[arg-type]
+    notes = [f"recipe {run.recipe.alias}", *run.notes]
+    return estimate(run.model, cluster, training, run.layout, memory_options=options, extra_notes=notes)
+
+
+def compare_with_plan(plan: Plan, options: MemoryOptions | None = None,
+                      recipes: tuple[Recipe, ...] | None = None) -> RecipeComparison | None:
+    """The closest recipe for the plan's model and GPU, estimated (None when the pair has no recipe)."""
+    from paraplan.recipes.catalogue import bridge_recipes, closest_recipe
+    from paraplan.recipes.knobs import recipe_run
+
+    tr = plan.training
+    r = closest_recipe(recipes if recipes is not None else bridge_recipes(), model=plan.model.name,
+                       gpu=plan.cluster.gpu.name, num_gpus=plan.cluster.num_gpus, seq_len=tr.seq_len,
+                       gbs=tr.global_batch_size, precision=tr.precision)
+    if r is None:
+        return None
+    errors = []
+    here: dict[str, Any] = {"num_gpus": plan.cluster.num_gpus, "seq_len": tr.seq_len, "gbs": tr.global_batch_size,
+                            "precision": tr.precision, "model": plan.model}
+    jobs: tuple[tuple[str, dict[str, Any]], ...] = (("this job", here), ("its own job", {"model": plan.model}))
+    for at, job in jobs:
+        try:
+            run = recipe_run(r, **job)
+            return RecipeComparison(recipe=r, at=at, run=run, estimate=_estimate(run, plan, run.job.num_gpus, options))
+        except PlannerError as err:
+            errors.append(f"{at}: {err}")
+    return RecipeComparison(recipe=r, at="none", error="; ".join(errors))
+
+
+def same_layout(a: Estimate, b: Estimate) -> bool:
+    """The same parallel sizes, micro-batch and recompute."""
+    la, lb = a.layout, b.layout
+    return all(getattr(la, f) == getattr(lb, f) for f in ("tp", "pp", "vp", "cp", "ep", "etp", "mbs", "recompute")) \
+        and (la.recompute != "selective" or la.recompute_modules == lb.recompute_modules)
+
+
+def _time_terms(e: Estimate) -> dict[str, float]:
+    t = e.time
+    terms = {"compute": float(t.compute_s), "recompute": float(t.recompute_s), "bubble": float(t.bubble_s),
+             "optimizer": float(t.optimizer_s), "overhead": float(t.overhead_s)}
+    terms.update({f"{k} comm": float(v) for k, v in t.exposed_comm_s.items()})
+    return terms
+
+
+def _memory_terms(e: Estimate) -> dict[str, float]:
+    m = e.stages[e.peak_stage].memory
+    return {k: float(getattr(m, f"{k}_bytes")) for k in _MEMORY_TERMS}
+
+
+def _mechanism(term: str, rec: Estimate, pick: Estimate) -> str:
+    """Why a step-time term differs, from the layouts."""
+    a, b = rec.layout, pick.layout
+    if term == "bubble":
+        return (f"pipeline bubble: recipe PP {a.pp} VP {a.vp} over {rec.num_microbatches} micro-batches, pick PP "
+                f"{b.pp} VP {b.vp} over {pick.num_microbatches}")
+    if term == "recompute":
+        return f"recompute: recipe {a.recompute}, pick {b.recompute}"
+    if term == "tp comm":
+        return (f"TP communication: recipe TP {a.tp}{' with' if a.tp_comm_overlap else ' without'} --tp-comm-overlap, "
+                f"pick TP {b.tp}{' with' if b.tp_comm_overlap else ' without'}")
+    if term.endswith(" comm"):
+        axis = term[:-5].upper()
+        return f"exposed {axis} communication: recipe {a.short()}, pick {b.short()}"
+    if term == "compute":
+        return (f"compute (GEMM efficiency at the per-GPU shapes): recipe TP {a.tp} mbs {a.mbs}, pick TP {b.tp} "
+                f"mbs {b.mbs}")
+    return f"{term}: recipe {a.short()}, pick {b.short()}"
+
+
+def outside_search(plan: Plan, rec: Estimate) -> list[str]:
+    """What puts the recipe's layout outside the plan's search space (why the search could not rank it)."""
+    sp, lay = plan.space, rec.layout
+    if sp is None:
+        return []
+    out = []
+    if lay.tp_comm_overlap and not sp.tp_comm_overlap:
+        out.append("--tp-comm-overlap (plan --tp-comm-overlap)")
+    for axis in ("tp", "pp", "vp", "cp", "ep", "mbs"):
+        allowed = getattr(sp, axis)
+        if allowed is not None and getattr(lay, axis) not in allowed:
+            out.append(f"{axis.upper()} {getattr(lay, axis)} (searched {','.join(map(str, allowed))})")
+    if lay.recompute not in sp.recompute:
+        out.append(f"recompute {lay.recompute}")
+    elif lay.recompute == "selective" and lay.recompute_modules != sp.recompute_modules:
+        out.append(f"recompute modules {','.join(lay.recompute_modules)} (plan --recompute-modules)")
+    if lay.pipeline_layout or lay.first_stage_layers or lay.last_stage_layers or lay.account_for_embedding \
+            or lay.account_for_loss:
+        out.append("its own pipeline split (the search uses even or balanced splits)")
+    if not lay.sequence_parallel and lay.tp > 1 and False not in sp.sequence_parallel:
+        out.append("sequence parallel off")
+    variant = "fsdp" if lay.fsdp else ("distopt" if lay.distributed_optimizer else "ddp")
+    if variant not in sp.dp_variants:
+        out.append(f"data-parallel variant {variant}")
+    return out
+
+
+def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[str, Any]]:
+    """RECIPE: the recipe next to the pick, in numbers, and the term that differs most, as (code, text, numbers)
+    for ``paraplan.explain.Finding`` (this module does not import explain: no import circle)."""
+    pick = plan.candidates[0]
+    r = cmp.recipe
+    rec = cmp.estimate
+    head = (f"NVIDIA recipe {r.alias} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
+            f"{r.get('global_batch_size')}, {r.get('precision')}; the closest for this model and GPU)")
+    nums: dict[str, Any] = {"source": r.source, "alias": r.alias, "at": cmp.at}
+    if rec is None:
+        return "RECIPE", f"{head}: its layout does not run here ({cmp.error})", nums
+    pick_tps, rec_tps = float(pick.throughput.tokens_per_s_per_gpu), float(rec.throughput.tokens_per_s_per_gpu)
+    gain = rec_tps / pick_tps - 1.0
+    mem_terms, pick_mem = _memory_terms(rec), _memory_terms(pick)
+    mem_diff = {k: mem_terms[k] - pick_mem[k] for k in _MEMORY_TERMS}
+    mem_top = max(mem_diff, key=lambda k: abs(mem_diff[k]))
+    nums.update(peak_bytes=rec.peak_bytes, pick_peak_bytes=pick.peak_bytes, fits=rec.fits,
+                tokens_per_s_per_gpu=rec_tps, pick_tokens_per_s_per_gpu=pick_tps, gain_frac=gain,
+                same_layout=same_layout(rec, pick), memory_term=mem_top, memory_term_diff_bytes=mem_diff[mem_top])
+    text = (f"{head}, run with its knobs on {cmp.at}: {rec.layout.short()}, peak {rec.peak_bytes / GIB:.1f} GiB "
+            f"({(rec.peak_bytes - pick.peak_bytes) / GIB:+.1f} vs the pick; {mem_top} {mem_diff[mem_top] / GIB:+.1f}"
+            f" GiB), {rec_tps:,.0f} tokens/s/GPU ({100 * gain:+.1f}%)")
+    if not rec.fits:
+        lower = [x for x in (cmp.run.not_modelled if cmp.run else ()) if x.startswith(MEMORY_KNOBS)]
+        nums["memory_knobs_not_modelled"] = lower
+        text += (f"; predicted NOT to fit ({rec.peak_bytes / GIB:.1f} of {rec.usable_bytes / GIB:.1f} GiB usable, "
+                 f"largest term {max(mem_terms, key=lambda k: mem_terms[k])})"
+                 + (f", without its knobs that lower memory and paraplan does not model yet: {', '.join(lower)}"
+                    if lower else ""))
+    if cmp.at != "this job":
+        text += "; compare per GPU only (another job)"
+    elif same_layout(rec, pick):
+        text += "; the pick uses the same layout" + (" and agrees on speed" if abs(gain) <= AGREE_FRAC else
+                                                     " with other knobs")
+    else:
+        terms, pick_terms = _time_terms(rec), _time_terms(pick)
+        diffs = {k: terms[k] - pick_terms[k] for k in terms}
+        ranked = sorted(diffs, key=lambda k: -abs(diffs[k]))
+        step_gap = float(rec.time.step_s) - float(pick.time.step_s)
+        nums.update(step_gap_s=step_gap, time_term=ranked[0], time_term_diff_s=diffs[ranked[0]])
+        verdict = "agrees with the pick on speed" if abs(gain) <= AGREE_FRAC else (
+            "is predicted faster than the pick" if gain > 0 else "is predicted slower")
+        text += (f"; it {verdict}: step {step_gap:+.3f} s (" + ", ".join(f"{k} {diffs[k]:+.3f} s" for k in ranked[:3])
+                 + f"); most from {_mechanism(ranked[0], rec, pick)}")
+        outside = outside_search(plan, rec)
+        if outside:
+            nums["outside_search"] = outside
+            text += "; outside this plan's search: " + ", ".join(outside)
+    if cmp.run and cmp.run.not_modelled:
+        nums["not_modelled"] = list(cmp.run.not_modelled)
+        text += f"; not modelled yet: {len(cmp.run.not_modelled)} of its knobs (estimate --recipe {r.alias} lists them)"
+    return "RECIPE", text, nums

@@ -1,0 +1,381 @@
+"""A recipe's columns as paraplan inputs: the job (model, GPU, count, sequence, batch, precision), the layout with
+every knob paraplan models, and the knobs it does not model yet, listed (never silently dropped).
+
+Column by column (bridge_perf_recipes.md gives each column's meaning and default):
+  * applied: ``seq_length``, ``global_batch_size``, ``micro_batch_size``, ``tp``, ``pp``, ``cp``, ``vp``, ``ep``,
+    ``etp``, ``sequence_parallel``, ``pipeline_model_parallel_layout`` (MCore string notation, read as
+    ``PipelineParallelLayerLayout`` does), the ``account_for_*`` pipeline-split flags, recompute granularity,
+    method ``uniform`` with ``recompute_num_layers`` and the selective ``recompute_modules`` paraplan models,
+    ``use_distributed_optimizer``, ``use_megatron_fsdp``, ``overlap_grad_reduce``, ``overlap_param_gather``,
+    ``tp_comm_overlap``, ``attention_backend``, ``mtp_num_layers`` (when the recipe sets it) and ``precision``
+    (bf16; every FP8 recipe as paraplan's FP8);
+  * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
+    what paraplan's formulas assume (``ASSUMED``), e.g. bf16 gradient buffers (``grad_reduce_in_fp32=False``), the
+    FP8 scaling recipe, NVFP4, FP8 parameter gather, the precision-aware optimizer, offloading, CUDA graphs, the
+    MoE dispatcher and its overlap, the process environment;
+  * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
+    ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
+
+from paraplan.errors import SpecError
+from paraplan.recipes.catalogue import Cell, Recipe, cell_text
+
+if TYPE_CHECKING:
+    from paraplan.estimator import Estimate
+    from paraplan.layout import ParallelLayout
+    from paraplan.specs.model import ModelSpec
+
+PRECISIONS: Final[dict[Cell, str]] = {
+    "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp8_cs": "fp8", "fp8_mx": "fp8", "fp8_sc": "fp8", "fp8_ds": "fp8",
+    "nvfp4": "fp8",
+}
+"""Recipe precision -> paraplan's GEMM precision. The FP8 recipes (current scaling, MXFP8, subchannel, delayed) run
+at paraplan's one FP8 rate; NVFP4 runs as FP8 (paraplan has no FP4 rate yet): both are listed as not modelled."""
+FP8_RECIPES: Final = {"fp8_cs": "tensorwise current scaling", "fp8_mx": "MXFP8", "fp8_sc": "blockwise subchannel",
+                      "fp8_ds": "delayed scaling"}
+RECOMPUTE: Final[dict[Cell, str]] = {None: "none", "selective": "selective", "full": "full"}
+ATTENTION: Final[dict[Cell, str]] = {None: "flash", "auto": "flash", "flash": "flash", "fused": "flash",
+                                     "unfused": "unfused", "local": "unfused"}
+"""Recipe attention_backend -> paraplan's (flash/cuDNN fused keep no s x s scores; unfused/local do)."""
+TASKS: Final = ("pretrain", "sft", "peft")
+MAX_LAYOUT_CHARS: Final = 100_000
+"""Longest pipeline layout a recipe's notation may expand to (a user file's ``t*999999999`` is refused)."""
+
+_FP32_STATES = "main_grads=fp32;main_params=fp32;exp_avg=fp32;exp_avg_sq=fp32"
+
+
+def _on(column: str, *values: Cell) -> Callable[[Recipe], bool]:
+    return lambda r: r.get(column) in values
+
+
+def _off(column: str, *values: Cell) -> Callable[[Recipe], bool]:
+    return lambda r: r.get(column) not in values
+
+
+ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None]]] = {
+    "grad_reduce_in_fp32": ((True,), None),
+    "fp8_param_gather": ((False,), None),
+    "fp4_param_gather": ((False,), None),
+    "first_last_layers_bf16": ((False,), None),
+    "fp8_dot_product_attention": ((False,), None),
+    "reuse_grad_buf_for_mxfp8_param_ag": ((False,), None),
+    "use_precision_aware_optimizer": ((False,), None),
+    "optimizer_state_dtypes": ((_FP32_STATES,), _on("use_precision_aware_optimizer", True)),
+    "optimizer": (("adam",), None),
+    "num_distributed_optimizer_instances": ((1,), None),
+    "outer_dp_sharding_strategy": ((), _off("num_distributed_optimizer_instances", 1, "")),
+    "data_parallel_sharding_strategy": (("optim_grads_params",), _on("use_megatron_fsdp", True)),
+    "fsdp_double_buffer": ((False,), _on("use_megatron_fsdp", True)),
+    "overlap_param_gather_with_optimizer_step": ((False,), None),
+    "cpu_offloading": ((False,), None),
+    "cpu_offloading_num_layers": ((), _on("cpu_offloading", True)),
+    "cpu_offloading_activations": ((), _on("cpu_offloading", True)),
+    "cpu_offloading_weights": ((), _on("cpu_offloading", True)),
+    "optimizer_cpu_offload": ((False,), None),
+    "optimizer_offload_fraction": ((), _on("optimizer_cpu_offload", True)),
+    "fine_grained_activation_offloading": ((False,), None),
+    "offload_modules": ((), _on("fine_grained_activation_offloading", True)),
+    "cuda_graph_impl": (("none",), None),
+    "cuda_graph_scope": ((), _off("cuda_graph_impl", "none")),
+    "moe_token_dispatcher_type": (("alltoall", ""), None),
+    "moe_flex_dispatcher_backend": ((), _on("moe_token_dispatcher_type", "flex", "?")),
+    "moe_hybridep_num_sms": ((), _on("moe_flex_dispatcher_backend", "hybridep")),
+    "moe_a2a_overlap": ((False,), None),
+    "delay_wgrad_compute": ((False,), None),
+    "moe_permute_fusion": ((False, ""), None),
+    "moe_grouped_gemm": ((True, ""), None),
+    "moe_router_dtype": (("fp32", ""), None),
+    "moe_router_fusion": ((False, ""), None),
+    "moe_shared_expert_overlap": ((False, ""), None),
+    "moe_router_force_load_balancing": ((True, ""), None),
+    "moe_expert_capacity_factor": ((None, ""), None),
+    "moe_paged_stash": ((False, ""), None),
+    "defer_embedding_wgrad_compute": ((False,), None),
+    "wgrad_deferral_limit": ((), _on("defer_embedding_wgrad_compute", True)),
+    "nccl_ub": ((False,), None),
+    "use_transformer_engine_op_fuser": ((False,), None),
+    "gradient_accumulation_fusion": ((True,), None),
+    "cross_entropy_fusion_impl": (("native",), None),
+    "manual_gc": ((False,), None),
+    "manual_gc_interval": ((), _on("manual_gc", True)),
+    "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
+    "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
+    "other_env": (("",), None),
+    "peft": ((None, ""), None),
+}
+"""Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
+= always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
+Adam, all-to-all dispatch without overlap, grouped GEMMs, fp32 router, balanced dropless routing, the native
+cross entropy (fp32 logits copy), no offloading, no CUDA graphs, no environment effects, full training."""
+
+IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
+APPLIED: Final = (
+    "precision", "seq_length", "global_batch_size", "micro_batch_size", "tp", "pp", "cp", "vp", "ep", "etp",
+    "sequence_parallel", "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split", "recompute_granularity", "recompute_method", "recompute_num_layers",
+    "recompute_modules", "use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce",
+    "overlap_param_gather", "tp_comm_overlap", "tp_comm_overlap_cfg", "attention_backend", "mtp_num_layers",
+)
+"""Columns that go into the estimate (``tp_comm_overlap_cfg`` names the userbuffer settings behind
+``tp_comm_overlap``)."""
+
+
+def _where(r: Recipe) -> str:
+    return f"recipe {r.alias}" if r.origin == "bridge" else f"--recipes {r.origin}: row {r.row} ({r.source})"
+
+
+def bad(r: Recipe, column: str, expected: str) -> SpecError:
+    """The one-line error for a field of ``r``."""
+    return SpecError(f"{_where(r)}: column {column}: expected {expected}, got {cell_text(r.get(column))!r}")
+
+
+def _int(r: Recipe, column: str, *, optional: bool = False, minimum: int = 1) -> int | None:
+    v = r.get(column)
+    if optional and v in (None, ""):
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise bad(r, column, f"an integer >= {minimum}" + (" or None" if optional else ""))
+    return v
+
+
+def _bool(r: Recipe, column: str) -> bool:
+    v = r.get(column)
+    if not isinstance(v, bool):
+        raise bad(r, column, "True or False")
+    return v
+
+
+def _choice(r: Recipe, column: str, allowed: dict[Cell, str] | tuple[str, ...]) -> str:
+    v = r.get(column)
+    if v not in allowed:
+        raise bad(r, column, "one of " + ", ".join(cell_text(a) for a in allowed))
+    return allowed[v] if isinstance(allowed, dict) else str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeJob:
+    """What a recipe runs: model and GPU presets, GPU count, sequence, batch, precision, attention kernels."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    seq_len: int
+    gbs: int
+    precision: str
+    attention_backend: str
+    mtp_num_layers: int | None
+
+
+def recipe_job(r: Recipe) -> RecipeJob:
+    """The job of ``r`` (SpecError when its model or GPU has no preset, or a field is malformed)."""
+    if not r.runnable:
+        raise SpecError(f"{_where(r)} cannot run in paraplan: {r.reason}")
+    assert r.model_preset is not None and r.gpu_preset is not None
+    num_gpus = _int(r, "num_gpus")
+    seq = _int(r, "seq_length")
+    gbs = _int(r, "global_batch_size")
+    assert num_gpus is not None and seq is not None and gbs is not None
+    _choice(r, "task", TASKS)
+    return RecipeJob(model=r.model_preset, gpu=r.gpu_preset, num_gpus=num_gpus, seq_len=seq, gbs=gbs,
+                     precision=_choice(r, "precision", PRECISIONS),
+                     attention_backend=_choice(r, "attention_backend", ATTENTION),
+                     mtp_num_layers=_int(r, "mtp_num_layers", optional=True, minimum=0))
+
+
+def pipeline_counts(r: Recipe) -> tuple[int, ...] | None:
+    """Decoder layers per virtual stage of the recipe's ``pipeline_model_parallel_layout`` (None when unset)."""
+    import re
+
+    text = r.get("pipeline_model_parallel_layout")
+    if text in (None, ""):
+        return None
+    if not isinstance(text, str) or len(text) > MAX_LAYOUT_CHARS:
+        raise bad(r, "pipeline_model_parallel_layout", "MCore layout notation (E, t, m, L, |, x*n, (...)*n)")
+    s = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"([^()|*\d])\*(\d+)"):
+        size = len(s) + sum(len(m.group(1)) * (int(m.group(2)) - 1) for m in re.finditer(pattern, s))
+        if size > MAX_LAYOUT_CHARS:
+            raise bad(r, "pipeline_model_parallel_layout", f"a layout of at most {MAX_LAYOUT_CHARS} layers")
+        s = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), s)
+    stages = s.split("|")
+    if any(set(stage) - set("ELtm") for stage in stages):
+        raise bad(r, "pipeline_model_parallel_layout", "MCore layout notation (E, t, m, L, |, x*n, (...)*n)")
+    return tuple(stage.count("t") for stage in stages)
+
+
+def _recompute(r: Recipe, notes: list[str]) -> dict[str, Any]:
+    from paraplan.layout import RECOMPUTE_MODULES
+
+    gran = _choice(r, "recompute_granularity", RECOMPUTE)
+    out: dict[str, Any] = {"recompute": gran}
+    if gran == "selective":
+        mods = r.get("recompute_modules")
+        if mods in (None, "", []):
+            mods = ["core_attn"]  # MCore fills selective recompute without modules with core_attn at finalize
+        if not isinstance(mods, list):
+            raise bad(r, "recompute_modules", "a list such as [core_attn,mlp]")
+        known = tuple(m for m in mods if m in RECOMPUTE_MODULES)
+        unknown = [m for m in mods if m not in RECOMPUTE_MODULES]
+        if unknown:
+            notes.append(f"recompute_modules {','.join(unknown)} (not recomputed in the estimate)")
+        out["recompute_modules"] = known or ("core_attn",)
+    elif gran == "full":
+        method = _choice(r, "recompute_method", {None: "uniform", "uniform": "uniform", "block": "block"})
+        if method == "block":
+            notes.append("recompute_method=block (estimated as uniform)")
+        out["recompute_num_layers"] = _int(r, "recompute_num_layers", optional=True) or 1
+    return out
+
+
+def layout_fields(r: Recipe) -> tuple[dict[str, Any], list[str]]:
+    """ParallelLayout fields of ``r`` (without ``dp``: layout_for_world derives it) and the not-modelled notes
+    its layout columns add (unknown recompute modules, block recompute)."""
+    notes: list[str] = []
+    fsdp = _bool(r, "use_megatron_fsdp")
+    dist = _bool(r, "use_distributed_optimizer") and not fsdp  # FSDP shards the optimizer itself (as the search)
+    out: dict[str, Any] = {
+        "tp": _int(r, "tp"), "pp": _int(r, "pp"), "cp": _int(r, "cp"), "vp": _int(r, "vp", optional=True) or 1,
+        "ep": _int(r, "ep", optional=True) or 1, "etp": _int(r, "etp", optional=True) or 0,
+        "mbs": _int(r, "micro_batch_size"), "sequence_parallel": _bool(r, "sequence_parallel"),
+        "distributed_optimizer": dist, "fsdp": fsdp, "overlap_grad_reduce": _bool(r, "overlap_grad_reduce"),
+        "overlap_param_gather": _bool(r, "overlap_param_gather") and (dist or fsdp),
+        "tp_comm_overlap": _bool(r, "tp_comm_overlap"),
+        "account_for_embedding": _bool(r, "account_for_embedding_in_pipeline_split"),
+        "account_for_loss": _bool(r, "account_for_loss_in_pipeline_split"),
+        **_recompute(r, notes),
+    }
+    counts = pipeline_counts(r)
+    if counts is not None:
+        out["pipeline_layout"] = counts
+    return out, notes
+
+
+def _shown(column: str, value: Cell) -> str:
+    if column == "other_env" and isinstance(value, str):
+        return f"other_env ({value.count(';') + 1} variables)"
+    return f"{column}={cell_text(value)}"
+
+
+def not_modelled(r: Recipe) -> list[str]:
+    """The knobs of ``r`` that move memory or time and that paraplan does not model yet, as ``column=value``."""
+    out = []
+    prec = r.get("precision")
+    if prec == "nvfp4":
+        out.append("precision=nvfp4 (estimated as FP8: paraplan has no FP4 rate or memory yet)")
+    elif prec in FP8_RECIPES:
+        out.append(f"precision={prec} (the FP8 recipe, {FP8_RECIPES[str(prec)]}: paraplan has one FP8 rate and "
+                   "no scaling-state memory)")
+    if r.get("task") == "peft":
+        out.append("task=peft (estimated as full training: frozen weights keep no gradients or optimizer states)")
+    for column, (assumed, applies) in ASSUMED.items():
+        value = r.get(column)
+        if applies is not None and not applies(r):
+            continue
+        if assumed and value in assumed:
+            continue
+        if column == "peft":
+            continue  # said with task
+        out.append(_shown(column, value))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeRun:
+    """A recipe (with any overrides) as paraplan inputs, and what it leaves out."""
+
+    recipe: Recipe
+    job: RecipeJob
+    layout: ParallelLayout
+    model: ModelSpec
+    not_modelled: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = None, gbs: int | None = None,
+               precision: str | None = None, layout_overrides: dict[str, Any] | None = None,
+               pipeline_split: str = "auto", model: ModelSpec | None = None,
+               attention_backend: str | None = None) -> RecipeRun:
+    """``r`` as model, job and layout, with ``layout_overrides`` (ParallelLayout fields) and the job values given
+    winning over the recipe's (``model``: the ModelSpec to use instead of the recipe's preset, e.g. a plan's). An
+    override of PP, VP or the pipeline-split fields drops the recipe's ``pipeline_model_parallel_layout`` (as Bridge
+    recomputes layouts when PP or VP change)."""
+    from paraplan.layout import layout_for_world
+    from paraplan.specs.load import load_model
+
+    job = recipe_job(r)
+    job = replace(job, num_gpus=num_gpus or job.num_gpus, seq_len=seq_len or job.seq_len, gbs=gbs or job.gbs,
+                  precision=precision or job.precision, attention_backend=attention_backend or job.attention_backend)
+    fields_, extra = layout_fields(r)
+    notes: list[str] = []
+    over = dict(layout_overrides or {})
+    moved = {"pp", "vp", "first_stage_layers", "last_stage_layers", "account_for_embedding", "account_for_loss"}
+    if "pipeline_layout" in fields_ and moved & set(over):
+        del fields_["pipeline_layout"]
+        notes.append(f"the recipe's pipeline layout '{r.get('pipeline_model_parallel_layout')}' is dropped: "
+                     + ", ".join(sorted(moved & set(over))) + " given")
+    fields_.update(over)
+    # the CLI's rules (build_layout): FSDP shards the optimizer itself; the param gather needs a sharded optimizer
+    fields_["distributed_optimizer"] = fields_["distributed_optimizer"] and not fields_["fsdp"]
+    fields_["overlap_param_gather"] = fields_["overlap_param_gather"] and (
+        fields_["distributed_optimizer"] or fields_["fsdp"])
+    if model is None:
+        model = load_model(job.model)
+    if job.mtp_num_layers is not None and job.mtp_num_layers != model.mtp_num_layers:
+        model = replace(model, mtp_num_layers=job.mtp_num_layers)
+    dp = r.get("dp")
+    if not over and num_gpus is None and isinstance(dp, int) and dp * fields_["tp"] * fields_["pp"] * fields_["cp"] \
+            != job.num_gpus:
+        raise bad(r, "dp", f"num_gpus / (TP x PP x CP) = {job.num_gpus} / "
+                           f"({fields_['tp']} x {fields_['pp']} x {fields_['cp']})")
+    layout = layout_for_world(job.num_gpus, **fields_)
+    if pipeline_split == "auto" and not layout.pipeline_layout:
+        from paraplan.estimate.pipeline import auto_uneven_split
+
+        if not layout.uneven and not layout.account_for_embedding and not layout.account_for_loss \
+                and model.num_layers % (layout.pp * layout.vp):
+            found = auto_uneven_split(model.num_layers, layout.pp, layout.vp)
+            layout = (replace(layout, first_stage_layers=found[0], last_stage_layers=found[1]) if len(found) == 2
+                      else replace(layout, pipeline_layout=tuple(found)))
+            notes.append("uneven pipeline split (--pipeline-split auto): "
+                         + (f"first {found[0]}, last {found[1]} layers" if len(found) == 2 else f"layout {found}"))
+    return RecipeRun(recipe=r, job=job, layout=layout, model=model, not_modelled=tuple(not_modelled(r) + extra),
+                     notes=tuple(notes))
+
+
+def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: Any = None,
+                 memory_options: Any = None, mfu_peak: str = "bf16") -> Estimate:
+    """The estimate of a RecipeRun (LayoutError on the first broken rule, as ``paraplan estimate``); the
+    not-modelled knobs are the first notes."""
+    from paraplan.estimator import estimate
+    from paraplan.specs.cluster import make_cluster
+    from paraplan.specs.load import load_gpu
+    from paraplan.specs.training import TrainingSpec
+
+    job = run.job
+    cluster = make_cluster(gpu_spec if gpu_spec is not None else load_gpu(job.gpu), job.num_gpus, gpus_per_node)
+    training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
+                            attention_backend=job.attention_backend)  # type: ignore[arg-type]
+    notes = [f"recipe {run.recipe.alias} ({run.recipe.source})", *run.notes]
+    if run.not_modelled:
+        notes.append("not modelled yet (kept in the recipe, not in these numbers): " + "; ".join(run.not_modelled))
+    return estimate(run.model, cluster, training, run.layout, memory_options=memory_options, mfu_peak=mfu_peak,
+                    extra_notes=notes)
+
+
+def run_dict(run: RecipeRun, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The ``recipe`` block of ``estimate --recipe``'s JSON: which recipe, what was overridden, what is not
+    modelled yet."""
+    return {"source": run.recipe.source, "alias": run.recipe.alias, "origin": run.recipe.origin,
+            "overridden": list(overrides or []), "not_modelled": list(run.not_modelled), "notes": list(run.notes)}
+
+
+def estimate_recipe(r: Recipe, **job: Any) -> Estimate:
+    """``recipe_run`` then ``estimate_run`` (LayoutError when the recipe breaks one of Megatron's rules)."""
+    return estimate_run(recipe_run(r, **job))
+

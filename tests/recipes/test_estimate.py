@@ -1,0 +1,179 @@
+"""``estimate --recipe``: every recipe with presets runs (or breaks an MCore rule its notes name), its knobs go into
+the estimate, the ones paraplan does not model are listed, and flags given beside it win."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+from paraplan.cli import main
+from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+from paraplan.recipes.knobs import estimate_recipe, layout_fields, not_modelled, pipeline_counts, recipe_run
+from paraplan.specs.load import load_model
+
+MCORE_REJECTS = re.compile(r"does not divide num_gpus|MCore asserts")
+"""bridge_perf_recipes.md's notes on rows whose grid or layout Megatron-Core rejects."""
+
+
+def run_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, object] | str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_every_runnable_recipe_estimates_or_breaks_the_rule_its_notes_name(capsys: pytest.CaptureFixture[str]) -> None:
+    ran = refused = 0
+    for r in bridge_recipes():
+        if not r.runnable:
+            continue
+        code, out = run_json(["estimate", "--recipe", r.alias, "--format", "json"], capsys)
+        if MCORE_REJECTS.search(str(r.get("notes"))):
+            assert code == 1 and isinstance(out, str) and out.count("\n") == 1, r.alias
+            refused += 1
+            continue
+        assert code == 0, (r.alias, out)
+        assert isinstance(out, dict)
+        cfg = out["config"]
+        assert isinstance(cfg, dict)
+        assert (cfg["tp"], cfg["pp"], cfg["cp"], cfg["mbs"], cfg["gbs"], cfg["seq_len"]) == (
+            r.get("tp"), r.get("pp"), r.get("cp"), r.get("micro_batch_size"), r.get("global_batch_size"),
+            r.get("seq_length"))
+        assert cfg["dp"] == r.get("dp")
+        assert cfg["vp"] == (r.get("vp") or 1) and cfg["ep"] == (r.get("ep") or 1)
+        assert cfg["tp_comm_overlap"] == r.get("tp_comm_overlap")
+        assert cfg["fsdp"] == r.get("use_megatron_fsdp")
+        assert cfg["recompute"] == {None: "none"}.get(r.get("recompute_granularity"), r.get("recompute_granularity"))
+        assert cfg["precision"] == ("bf16" if r.get("precision") == "bf16" else "fp8")
+        block = out["recipe"]
+        assert isinstance(block, dict) and block["source"] == r.source and block["overridden"] == []
+        assert block["not_modelled"] == not_modelled(r) + layout_fields(r)[1]
+        ran += 1
+    assert ran > 150 and refused > 0
+
+
+def test_pipeline_layout_strings_are_read_as_mcore_does() -> None:
+    r = find_recipe("llama3-70b-h100-fp8cs-64", bridge_recipes())
+    assert r.get("pipeline_model_parallel_layout") == "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
+    counts = pipeline_counts(r)
+    assert counts == (2,) + (2,) * 34 + (3,) + (2,) * 3 + (1,)
+    assert counts is not None and sum(counts) == load_model("llama3-70b").num_layers
+    run = recipe_run(r)
+    assert run.layout.pipeline_layout == counts and run.layout.pp * run.layout.vp == len(counts)
+
+
+def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
+    r = find_recipe("llama3-70b-h100-fp8cs-64", bridge_recipes())
+    nm = not_modelled(r)
+    assert "grad_reduce_in_fp32=False" in nm and "fp8_param_gather=True" in nm
+    assert any(x.startswith("precision=fp8_cs") for x in nm)
+    est = estimate_recipe(r)
+    assert any("grad_reduce_in_fp32=False" in n for n in est.notes)
+    # a value paraplan already assumes is not listed: flip the knobs to the assumed values
+    plain = replace(r, fields={**r.fields, "grad_reduce_in_fp32": True, "fp8_param_gather": False})
+    assert "grad_reduce_in_fp32=False" not in not_modelled(plain) and "fp8_param_gather=True" not in not_modelled(plain)
+    # a gated column (graph scope) is listed only when its gate is on
+    graphs = [x for x in bridge_recipes()
+              if x.get("cuda_graph_impl") == "transformer_engine" and x.get("cuda_graph_scope")]
+    assert any(s.startswith("cuda_graph_scope=") for s in not_modelled(graphs[0]))
+    off = replace(graphs[0], fields={**graphs[0].fields, "cuda_graph_impl": "none"})
+    assert not any(s.startswith("cuda_graph") for s in not_modelled(off))
+
+
+def test_nvfp4_and_peft_are_said_to_be_approximations() -> None:
+    nvfp4 = next(r for r in bridge_recipes() if r.runnable and r.get("precision") == "nvfp4")
+    assert recipe_run(nvfp4).job.precision == "fp8"
+    assert any(x.startswith("precision=nvfp4") for x in not_modelled(nvfp4))
+    peft = next(r for r in bridge_recipes() if r.runnable and r.get("task") == "peft")
+    assert any(x.startswith("task=peft") for x in not_modelled(peft))
+
+
+def test_flags_beside_the_recipe_win(capsys: pytest.CaptureFixture[str]) -> None:
+    name = "llama3-70b-h100-fp8cs-64"
+    code, base = run_json(["estimate", "--recipe", name, "--format", "json"], capsys)
+    assert code == 0 and isinstance(base, dict)
+    code, out = run_json(["estimate", "--recipe", name, "--pp", "4", "--vp", "5", "--mbs", "2", "--gbs", "512",
+                          "--num-gpus", "128", "--recompute", "full", "--precision", "bf16", "--format", "json"],
+                         capsys)
+    assert code == 0 and isinstance(out, dict)
+    cfg, bcfg = out["config"], base["config"]
+    assert isinstance(cfg, dict) and isinstance(bcfg, dict)
+    assert (cfg["pp"], cfg["vp"], cfg["mbs"], cfg["gbs"], cfg["recompute"], cfg["precision"]) == (
+        4, 5, 2, 512, "full", "bf16")
+    assert cfg["tp"] == bcfg["tp"] == 4 and cfg["dp"] == 128 // (4 * 4)
+    assert cfg["pipeline_layout"] == [] and bcfg["pipeline_layout"] != []
+    rec = out["recipe"]
+    assert isinstance(rec, dict)
+    assert set(rec["overridden"]) == {"--pp", "--vp", "--mbs", "--gbs", "--num-gpus", "--recompute", "--precision"}
+    assert any("pipeline layout" in n and "dropped" in n for n in rec["notes"])
+    assert any(n.startswith("given beside the recipe") and "--pp" in n for n in out["notes"])  # type: ignore[union-attr]
+    assert out["cluster"]["num_gpus"] == 128  # type: ignore[index]
+    code, other_gpu = run_json(["estimate", "--recipe", name, "--gpu", "h200-141gb", "--format", "json"], capsys)
+    assert code == 0 and isinstance(other_gpu, dict)
+    assert other_gpu["cluster"]["gpu"] == "h200-141gb"  # type: ignore[index]
+    assert other_gpu["memory"]["usable_bytes"] > base["memory"]["usable_bytes"]  # type: ignore[index]
+
+
+def test_optimizer_overrides_follow_the_cli_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    name = "llama3-70b-h100-fp8cs-64"  # distributed optimizer with overlapped param gather
+    code, out = run_json(["estimate", "--recipe", name, "--no-distributed-optimizer", "--format", "json"], capsys)
+    assert code == 0 and isinstance(out, dict)
+    cfg = out["config"]
+    assert isinstance(cfg, dict)
+    assert (cfg["distributed_optimizer"], cfg["overlap_param_gather"], cfg["fsdp"]) == (False, False, False)
+    code, out = run_json(["estimate", "--recipe", name, "--fsdp", "--format", "json"], capsys)
+    assert code == 0 and isinstance(out, dict)
+    cfg = out["config"]
+    assert isinstance(cfg, dict)
+    assert (cfg["distributed_optimizer"], cfg["overlap_param_gather"], cfg["fsdp"]) == (False, True, True)
+
+
+def test_attention_backend_beside_the_recipe_wins(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["estimate", "--recipe", "llama3-8b-h100-bf16-8", "--format", "json"]
+    code, base = run_json(args, capsys)
+    code2, unfused = run_json([*args, "--attention-backend", "unfused"], capsys)
+    assert code == code2 == 0 and isinstance(base, dict) and isinstance(unfused, dict)
+    assert unfused["recipe"]["overridden"] == ["--attention-backend"]  # type: ignore[index]
+    assert unfused["memory"]["peak_bytes"] > base["memory"]["peak_bytes"]  # type: ignore[index]  # s x s scores
+
+
+def test_a_flag_given_at_its_default_value_still_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    name = "llama3-70b-h100-fp8cs-64"  # TP 4 in the recipe; --tp 1 is the flag's default value
+    code, out = run_json(["estimate", "--recipe", name, "--tp", "1", "--pp", "8", "--vp", "1", "--format", "json"],
+                         capsys)
+    assert code == 0 and isinstance(out, dict)
+    assert out["config"]["tp"] == 1  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["--model", "llama3-70b"], "drop --model"),
+    (["--megatron-args", "--tp 2"], "drop --megatron-args"),
+    (["--tp", "0"], "--tp must be a positive integer"),
+    (["--recompute-modules", "bogus"], "--recompute-modules: unknown 'bogus'"),
+])
+def test_recipe_errors_are_one_line(args: list[str], text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_json(["estimate", "--recipe", "llama3-70b-h100-fp8cs-64", *args], capsys)
+    assert code == 1 and isinstance(err, str) and err.count("\n") == 1 and text in err
+
+
+def test_unknown_recipe_suggests_near_aliases(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_json(["estimate", "--recipe", "llama3-70b-h100-fp8-64"], capsys)
+    assert code == 1 and isinstance(err, str) and err.count("\n") == 1
+    assert "unknown recipe 'llama3-70b-h100-fp8-64'" in err and "llama3-70b-h100-fp8cs-64" in err
+
+
+def test_a_recipe_without_presets_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    r = next(x for x in bridge_recipes() if not x.runnable)
+    code, err = run_json(["estimate", "--recipe", r.alias], capsys)
+    assert code == 1 and isinstance(err, str) and err.count("\n") == 1 and "no paraplan" in err
+
+
+def test_estimate_without_recipe_still_needs_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_json(["estimate", "--model", "llama3-8b", "--num-gpus", "8", "--seq-len", "4096", "--gbs", "8"],
+                         capsys)
+    assert code == 1 and err == "error: --gpu is required (or give --recipe)\n"
+    code, err = run_json(["estimate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len",
+                          "4096", "--gbs", "8", "--recipes", "x.yaml"], capsys)
+    assert code == 1 and isinstance(err, str) and "add --recipe" in err
