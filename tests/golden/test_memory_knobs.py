@@ -261,3 +261,20 @@ def test_launch_writes_the_knobs(tmp_path, capsys: pytest.CaptureFixture[str]) -
     for words in ("--grad-reduce-in-bf16", "--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
                   "--exp-avg-sq-dtype bf16"):
         assert words in text
+
+
+def test_dp_time_moves_fewer_bytes() -> None:
+    """Time, where trivial: the gradient reduce-scatter moves main_grad_bytes per parameter (bf16: half) and the
+    parameter all-gather FP8 bytes with --fp8-param-gather (estimate/time/dp.py dp_times)."""
+    from dataclasses import replace
+
+    lay = replace(LAYOUT, overlap_grad_reduce=False, overlap_param_gather=False)
+
+    def dp_s(training: TrainingSpec) -> float:
+        est = estimate(LLAMA, make_cluster(H100, 64, 8), training, lay)
+        return float(est.time.as_dict()["exposed_comm_s"]["dp"])
+
+    base = dp_s(_t(precision="fp8", fp8_recipe="tensorwise"))
+    bf16 = dp_s(_t(precision="fp8", fp8_recipe="tensorwise", grad_reduce_in_bf16=True))
+    both = dp_s(_t(precision="fp8", fp8_recipe="tensorwise", grad_reduce_in_bf16=True, fp8_param_gather=True))
+    assert both < bf16 < base
