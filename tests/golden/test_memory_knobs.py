@@ -278,3 +278,18 @@ def test_dp_time_moves_fewer_bytes() -> None:
     bf16 = dp_s(_t(precision="fp8", fp8_recipe="tensorwise", grad_reduce_in_bf16=True))
     both = dp_s(_t(precision="fp8", fp8_recipe="tensorwise", grad_reduce_in_bf16=True, fp8_param_gather=True))
     assert both < bf16 < base
+
+
+def test_cli_shows_the_knobs(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+
+    knobs = ["--knob", "grad-reduce-in-bf16", "--knob", "fp8-recipe=tensorwise"]
+    assert main([*CLI, *knobs]) == 0
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert cfg["memory_knobs"] == {"grad_reduce_in_bf16": True, "fp8_recipe": "tensorwise"}
+    assert main(CLI) == 0
+    assert "memory_knobs" not in json.loads(capsys.readouterr().out)["config"]
+    assert main([*CLI[:-2], *knobs]) == 0
+    assert "memory knobs: --grad-reduce-in-bf16 --fp8-recipe tensorwise" in capsys.readouterr().out
