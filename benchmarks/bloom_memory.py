@@ -34,9 +34,9 @@ from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import load_gpu, model_from_megatron_args
 from paraplan.specs.training import TrainingSpec
+from paraplan.units import GIB
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "calibration" / "published_runs.csv"
-GIB = 2**30
 
 DS_BUCKET_ELEMENTS = 5e8
 """DeepSpeed ZeRO defaults reduce_bucket_size = allgather_bucket_size = 5e8 elements

@@ -32,6 +32,7 @@ from paraplan.layout import ParallelLayout  # noqa: E402
 from paraplan.specs.cluster import make_cluster  # noqa: E402
 from paraplan.specs.load import load_gpu, model_from_megatron_args, parse_moe_layer_freq  # noqa: E402
 from paraplan.specs.training import TrainingSpec  # noqa: E402
+from paraplan.units import GIB  # noqa: E402
 from published_cases import pct  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "calibration"
@@ -159,7 +160,7 @@ def run_golden(worst: int) -> tuple[dict[str, list[float]], list[tuple[float, st
             apes[kind].append(ape)
             signed[kind].append(pred / case["measured"] - 1)
             rows.append((ape, f"{case['id']} [{case['hw']}] {case['layout'].short()}: "
-                              f"pred {pred / 2**30:.2f} GiB vs {case['measured'] / 2**30:.2f} GiB"))
+                              f"pred {pred / GIB:.2f} GiB vs {case['measured'] / GIB:.2f} GiB"))
     print(f"golden rows used: dense {len(apes['dense'])}, moe {len(apes['moe'])}; skipped {skipped}")
     for kind in ("dense", "moe"):
         if signed[kind]:

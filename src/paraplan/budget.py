@@ -234,7 +234,7 @@ def sweep_counts(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
 def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec) -> tuple[str, str]:
     rej = err.rejections
     if rej.get("OOM"):
-        usable = (gpu.hbm_bytes - gpu.reserved_bytes) / GIB
+        usable = gpu.usable_bytes / GIB
         return "OOM", (f"out of memory: none of the {rej['OOM']} valid layouts fits in {usable:.1f} GiB usable "
                        f"on {n} x {gpu.name}")
     if rej.get("GBS_NOT_DIVISIBLE"):

@@ -38,6 +38,7 @@ from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cl
 from paraplan.specs.load import load_gpu, load_model, model_from_megatron_args, validate_fields
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
+from paraplan.units import GIB
 
 PARAM_BOUNDS: dict[str, tuple[float, float]] = {  # physical bounds of every fittable EfficiencySpec field
     "gemm_max_frac": (0.3, 0.95), "gemm_half_dim": (32.0, 600.0), "attention_frac": (0.2, 0.75),
@@ -116,8 +117,8 @@ def make_run(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, lay
         raise LayoutError(f"{label or 'run'}: {broken[0][1]}", reason=broken[0][0])
     est = estimate(model, cluster, training, layout)
     if est.peak_bytes > IMPOSSIBLE_PEAK_FRAC * est.usable_bytes:
-        raise SpecError(f"{label or 'run'}: paraplan predicts {est.peak_bytes / 2**30:.0f} GiB per GPU, more than "
-                        f"{IMPOSSIBLE_PEAK_FRAC:.1f} x the {est.usable_bytes / 2**30:.0f} GiB usable: this layout "
+        raise SpecError(f"{label or 'run'}: paraplan predicts {est.peak_bytes / GIB:.0f} GiB per GPU, more than "
+                        f"{IMPOSSIBLE_PEAK_FRAC:.1f} x the {est.usable_bytes / GIB:.0f} GiB usable: this layout "
                         "could not have run (check the row's model, GPU count and layout)")
     return Run(model, cluster, training, layout, float(measured_step_s), label)
 

@@ -37,9 +37,15 @@ class LayoutError(SpecError):
 class NoFeasiblePlanError(PlannerError):
     """No candidate layout satisfies the constraints; ``rejections`` counts them per reason."""
 
-    def __init__(self, message: str, *, rejections: Mapping[str, int]) -> None:
+    def __init__(self, message: str, *, rejections: Mapping[str, int], summary: str | None = None,
+                 advice: tuple[object, ...] = ()) -> None:
         super().__init__(message)
         self.rejections = dict(rejections)
+        self.summary = message if summary is None else summary
+        """The message without its advice (what was searched and rejected)."""
+        self.advice = advice
+        """What would make a layout fit, as data (``paraplan.search.FitTip``s); the message words them in the
+        library's terms, the CLI in its flags."""
 
 
 class IngestError(PlannerError):

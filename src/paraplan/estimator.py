@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from paraplan.errors import LayoutError
 from paraplan.estimate.memory import MemoryOptions, StageMemory, layer_activations, stage_memory
 from paraplan.estimate.params import ModelParamCounts, StageLayers, model_param_counts
+from paraplan.estimate.positions import max_positions_for as max_positions_for  # re-exported
 from paraplan.estimate.stages import all_stage_layers
-from paraplan.estimate.step_time import StepTime, Throughput, step_time, throughput
+from paraplan.estimate.step_time import StageTime, StepTime, Throughput, stage_terms, stage_time, step_time, throughput
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
 from paraplan.specs.cluster import ClusterSpec
@@ -39,6 +39,9 @@ class Estimate:
     usable_bytes: float
     time: StepTime
     throughput: Throughput
+    stage_times: tuple[StageTime, ...] = field(default=())
+    """One micro-batch (forward + backward) on every pipeline rank: the per-stage times the step time is made
+    of (the report draws the pipeline schedule from them)."""
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -162,28 +165,6 @@ def _schedule_keys(layout: ParallelLayout) -> dict[str, str]:
     return keys
 
 
-def max_positions_for(model: ModelSpec, training: TrainingSpec) -> tuple[int, list[str]]:
-    """Position-table size and notes; Megatron requires max_position_embeddings >= seq_length."""
-    notes: list[str] = []
-    mpe = model.max_position_embeddings
-    if mpe is None:
-        return training.seq_len, notes
-    if mpe < training.seq_len:
-        if model.position_embedding_type == "learned_absolute":
-            raise LayoutError(
-                f"max_position_embeddings ({mpe}) must be greater than or equal to seq_length "
-                f"({training.seq_len}).",
-                reason="MAX_POSITIONS_LT_SEQ",
-            )
-        notes.append(
-            f"max_position_embeddings {mpe} < seq_length {training.seq_len}: Megatron requires >=; "
-            f"with {model.position_embedding_type} positions it only matters for the flag, launch files "
-            f"use {training.seq_len}"
-        )
-        return training.seq_len, notes
-    return mpe, notes
-
-
 def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec) -> list[str]:
     """Warnings Megatron prints (not errors) and placement facts."""
     notes: list[str] = []
@@ -227,6 +208,17 @@ def _stage_memories(model: ModelSpec, training: TrainingSpec, layout: ParallelLa
                              other=at(mem.other, r)) for r in range(len(stages)))
 
 
+def _stage_times(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout,
+                 ranks: list[StageLayers]) -> tuple[StageTime, ...]:
+    """``stage_time`` of every rank; ranks holding the same layers share one evaluation."""
+    terms = stage_terms(model, cluster, training, layout)
+    kinds: dict[StageLayers, StageTime] = {}
+    for st in ranks:
+        if st not in kinds:
+            kinds[st] = stage_time(model, cluster, training, layout, st, terms)
+    return tuple(kinds[st] for st in ranks)
+
+
 def estimate(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout, *,
     memory_options: MemoryOptions | None = None, mfu_peak: str = "bf16",
@@ -242,13 +234,15 @@ def estimate(
                      "(no measured runs; defaults): step time, MFU and tokens/s are indicative, memory is not "
                      "affected (`paraplan calibrate` fits them to your runs)")
     m = layout.num_microbatches(training.global_batch_size)
-    stages = _stage_memories(model, training, layout, all_stage_layers(model, layout), num_microbatches=m,
+    ranks = all_stage_layers(model, layout)
+    stages = _stage_memories(model, training, layout, ranks, num_microbatches=m,
                              max_positions=max_positions, options=memory_options)
     t = step_time(model, cluster, training, layout, num_microbatches=m)
     return Estimate(
         model=model, cluster=cluster, training=training, layout=layout, num_microbatches=m,
         stages=stages, params=model_param_counts(model, max_positions=max_positions),
-        usable_bytes=cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes,
+        usable_bytes=cluster.gpu.usable_bytes,
         time=t, throughput=throughput(model, cluster, training, layout, t, mfu_peak=mfu_peak),
+        stage_times=_stage_times(model, cluster, training, layout, ranks),
         notes=tuple(notes),
     )

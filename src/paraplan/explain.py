@@ -187,7 +187,7 @@ def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
         big = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:3]
         gap = float(runner_up.time.step_s) - step
         if abs(gap) <= 1e-9 * step:
-            mem = (runner_up.peak_bytes - best.peak_bytes) / 2**30
+            mem = (runner_up.peak_bytes - best.peak_bytes) / GIB
             text = (f"runner-up {runner_up.layout.short()} ties on step time ({step:.3f} s) and needs "
                     f"{mem:+.1f} GiB peak; the tie goes to the simpler layout (fewer parallel axes, then "
                     "smaller TP, PP, VP, CP, EP, larger micro-batch, lighter recompute, no FSDP)")

@@ -175,6 +175,20 @@ def layout_for_world(num_gpus: int, **kwargs: object) -> ParallelLayout:
     return ParallelLayout(dp=num_gpus // model_size, **kwargs)  # type: ignore[arg-type]
 
 
+TABLE_OPTIONS: Final = ("recompute_modules", "recompute_num_layers", "first_stage_layers", "last_stage_layers",
+                        "account_for_embedding", "account_for_loss", "pipeline_layout", "schedule")
+"""``ParallelLayout`` fields a ``LayoutTable`` holds once for all its rows (the search does not vary them)."""
+TABLE_COLUMNS: Final = tuple(f.name for f in fields(ParallelLayout) if f.name not in TABLE_OPTIONS)
+"""``ParallelLayout`` fields a ``LayoutTable`` holds as a numpy column, one value per row: every other field.
+``LayoutTable``'s own field list is these columns (``recompute`` as ``recompute_code``), then ``TABLE_OPTIONS``,
+then ``pipeline_layouts``; tests/unit/test_layout_fields.py checks that the two classes agree."""
+
+
+def column_attribute(name: str) -> str:
+    """The ``LayoutTable`` attribute of the ``ParallelLayout`` field ``name`` (``recompute`` is stored as its code)."""
+    return "recompute_code" if name == "recompute" else name
+
+
 @dataclass(slots=True, kw_only=True)
 class LayoutTable:
     """Many layouts as numpy columns (struct of arrays) for vectorised evaluation.
@@ -205,11 +219,11 @@ class LayoutTable:
     account_for_embedding: bool = False
     account_for_loss: bool = False
     pipeline_layout: tuple[int, ...] = ()
+    schedule: str = ""
+    """Pipeline schedule of every row (``ParallelLayout.schedule``)."""
     pipeline_layouts: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
     """Balanced per-virtual-stage layer counts for (pp, vp) pairs whose layers do not divide
     evenly (``--pipeline-model-parallel-layout``); rows with those pairs use them."""
-    schedule: str = ""
-    """Pipeline schedule of every row (``ParallelLayout.schedule``)."""
 
     @property
     def uneven(self) -> BoolArray:
@@ -245,22 +259,16 @@ class LayoutTable:
         return int(self.tp.shape[0])
 
     def row(self, i: int) -> ParallelLayout:
-        """Row i as a ParallelLayout."""
+        """Row i as a ParallelLayout (the columns of ``TABLE_COLUMNS``, the shared options of ``TABLE_OPTIONS``;
+        the pipeline layout is the one its (pp, vp) pair has in ``pipeline_layouts``)."""
         inv = {v: k for k, v in RECOMPUTE_CODES.items()}
-        return ParallelLayout(
-            tp=int(self.tp[i]), pp=int(self.pp[i]), vp=int(self.vp[i]), cp=int(self.cp[i]),
-            ep=int(self.ep[i]), etp=int(self.etp[i]), dp=int(self.dp[i]), mbs=int(self.mbs[i]),
-            recompute=inv[int(self.recompute_code[i])],  # type: ignore[arg-type]
-            recompute_modules=self.recompute_modules,
-            recompute_num_layers=self.recompute_num_layers,
-            sequence_parallel=bool(self.sequence_parallel[i]),
-            distributed_optimizer=bool(self.distributed_optimizer[i]), fsdp=bool(self.fsdp[i]),
-            overlap_grad_reduce=bool(self.overlap_grad_reduce[i]),
-            overlap_param_gather=bool(self.overlap_param_gather[i]),
-            tp_comm_overlap=bool(self.tp_comm_overlap[i]),
-            pipeline_layout=self.pipeline_layouts.get((int(self.pp[i]), int(self.vp[i])), ()),
-            schedule=self.schedule,
-        )
+        kw: dict[str, object] = {name: getattr(self, name) for name in TABLE_OPTIONS}
+        for name in TABLE_COLUMNS:
+            value = getattr(self, column_attribute(name))[i]
+            kw[name] = inv[int(value)] if name == "recompute" else (bool(value) if value.dtype == np.bool_
+                                                                   else int(value))
+        kw["pipeline_layout"] = self.pipeline_layouts.get((int(self.pp[i]), int(self.vp[i])), ())
+        return ParallelLayout(**kw)  # type: ignore[arg-type]
 
     def take(self, index: NDArray[np.int64] | BoolArray) -> LayoutTable:
         """Rows selected by an index array or mask."""
@@ -272,26 +280,14 @@ class LayoutTable:
 
     @classmethod
     def from_layouts(cls, layouts: list[ParallelLayout]) -> LayoutTable:
-        """Stack scalar layouts into columns (they must share the non-column options)."""
-        def col(name: str, dtype: type) -> NDArray[np.generic]:
-            return np.array([getattr(lay, name) for lay in layouts], dtype=dtype)
-
-        first = layouts[0]
-        return cls(
-            tp=col("tp", np.int64), pp=col("pp", np.int64), vp=col("vp", np.int64),  # type: ignore[arg-type]
-            cp=col("cp", np.int64), ep=col("ep", np.int64), etp=col("etp", np.int64),  # type: ignore[arg-type]
-            dp=col("dp", np.int64), mbs=col("mbs", np.int64),  # type: ignore[arg-type]
-            recompute_code=col("recompute_code", np.int64),  # type: ignore[arg-type]
-            sequence_parallel=col("sequence_parallel", np.bool_),  # type: ignore[arg-type]
-            distributed_optimizer=col("distributed_optimizer", np.bool_),  # type: ignore[arg-type]
-            fsdp=col("fsdp", np.bool_),  # type: ignore[arg-type]
-            overlap_grad_reduce=col("overlap_grad_reduce", np.bool_),  # type: ignore[arg-type]
-            overlap_param_gather=col("overlap_param_gather", np.bool_),  # type: ignore[arg-type]
-            tp_comm_overlap=col("tp_comm_overlap", np.bool_),  # type: ignore[arg-type]
-            recompute_modules=first.recompute_modules,
-            recompute_num_layers=first.recompute_num_layers,
-            schedule=first.schedule,
-        )
+        """Stack scalar layouts into columns (they must share the options of ``TABLE_OPTIONS``; the first
+        layout's are taken)."""
+        kw: dict[str, object] = {name: getattr(layouts[0], name) for name in TABLE_OPTIONS}
+        for name in TABLE_COLUMNS:
+            attr = column_attribute(name)
+            kw[attr] = np.array([getattr(lay, attr) for lay in layouts],
+                                dtype=np.bool_ if isinstance(getattr(layouts[0], name), bool) else np.int64)
+        return cls(**kw)  # type: ignore[arg-type]
 
 
 LAYER_KEY_COLUMNS: Final = ("tp", "cp", "ep", "etp", "mbs", "recompute_code", "sequence_parallel", "tp_comm_overlap")

@@ -35,6 +35,7 @@ from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
 from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
+from paraplan.units import GIB
 
 Objective = Literal["throughput", "memory-headroom"]
 DP_VARIANTS = ("distopt", "fsdp", "ddp")
@@ -340,7 +341,7 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                          fits=np.concatenate([p.fits for p in parts]))
     groups = _Groups.of(model, training, table)
     peak = peak_bytes_table(model, training, table, options, groups=groups)
-    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    usable = cluster.gpu.usable_bytes
     fits = peak <= usable
     if time_all:
         step = step_s_table(model, cluster, training, table, groups=groups)
@@ -451,16 +452,18 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
             i = int(np.argmin(ev.peak_bytes))
             smallest = (valid.row(i), float(ev.peak_bytes[i]))
             examples["OOM"] = (f"smallest footprint {smallest[0].short()} needs "
-                               f"{smallest[1] / 2**30:.1f} GiB > "
-                               f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
-        raise NoFeasiblePlanError(_no_fit_message(model, cluster, training, rejections, examples, space, smallest),
-                                  rejections=rejections)
+                               f"{smallest[1] / GIB:.1f} GiB > "
+                               f"{cluster.gpu.usable_bytes / GIB:.1f} GiB usable")
+        summary = _no_fit_message(model, cluster, training, rejections, examples)
+        advice = fit_advice(cluster, space, smallest)
+        raise NoFeasiblePlanError(f"{summary}; {advice_text(advice)}", rejections=rejections, summary=summary,
+                                  advice=advice)
     if (~ev.fits).any():
         rejections["OOM"] = int((~ev.fits).sum())
         oom_idx = np.nonzero(~ev.fits)[0]
         j = int(oom_idx[np.argmin(ev.peak_bytes[oom_idx])])
-        examples["OOM"] = (f"{valid.row(j).short()} needs {ev.peak_bytes[j] / 2**30:.1f} GiB > "
-                           f"{(cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes) / 2**30:.1f} GiB usable")
+        examples["OOM"] = (f"{valid.row(j).short()} needs {ev.peak_bytes[j] / GIB:.1f} GiB > "
+                           f"{cluster.gpu.usable_bytes / GIB:.1f} GiB usable")
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
@@ -530,33 +533,67 @@ def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int)
     return distinct_top(ev, rank_order(ev, objective, cluster), top_k)
 
 
-def _fit_advice(cluster: ClusterSpec, space: SearchSpace,
-                smallest: tuple[Any, float] | None) -> str:
+FitKnob = Literal["search_space", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory"]
+
+
+@dataclass(frozen=True, slots=True)
+class FitTip:
+    """One change that would make the smallest-footprint layout fit, as data: which knob and to what.
+
+    ``search_space``: relax the searched axes or the batch (no layout was valid); ``num_gpus``: ``value`` GPUs
+    or more (``ratio``: the smallest layout's peak over the usable memory); ``recompute``: allow full recompute;
+    ``pipeline``: allow more pipeline stages; ``mbs``: micro-batch ``value`` (1); ``gpu_memory``: a GPU with more
+    than ``value`` bytes usable."""
+
+    knob: FitKnob
+    value: float | None = None
+    ratio: float | None = None
+
+    def describe(self) -> str:
+        """The tip in the library's terms (``SearchSpace`` fields and ``plan`` arguments)."""
+        if self.knob == "search_space":
+            return "relax the search space (SearchSpace tp/pp/cp/mbs/max_pp) or change global_batch_size"
+        if self.knob == "num_gpus":
+            return f"about {self.value:.0f}+ GPUs (num_gpus; it needs {self.ratio:.1f}x the usable memory)"
+        if self.knob == "recompute":
+            return "allow full recompute (SearchSpace.recompute with full)"
+        if self.knob == "pipeline":
+            return "allow more pipeline stages (SearchSpace.max_pp/pp)"
+        if self.knob == "mbs":
+            return f"micro-batch {self.value:.0f} (SearchSpace.mbs)"
+        return f"a GPU with more than {(self.value or 0.0) / GIB:.0f} GiB usable"
+
+
+def fit_advice(cluster: ClusterSpec, space: SearchSpace, smallest: tuple[Any, float] | None) -> tuple[FitTip, ...]:
     """What would make the smallest-footprint layout fit, from its numbers."""
     if smallest is None:
-        return "what would make it fit: relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
+        return (FitTip("search_space"),)
     layout, need = smallest
-    usable = cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes
+    usable = cluster.gpu.usable_bytes
     ratio = need / usable
     per_node = cluster.gpus_per_node
     more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
-    tips = [f"about {more}+ GPUs (--num-gpus; it needs {ratio:.1f}x the usable memory)"]
+    tips = [FitTip("num_gpus", more, ratio)]
     if layout.recompute != "full" and "full" not in space.recompute:
-        tips.append("allow full recompute (--recompute none,selective,full)")
+        tips.append(FitTip("recompute"))
     if space.max_pp is not None or space.pp is not None:
-        tips.append("allow more pipeline stages (--max-pp/--pp)")
+        tips.append(FitTip("pipeline"))
     if layout.mbs > 1:
-        tips.append("micro-batch 1 (--mbs 1)")
-    tips.append(f"a GPU with more than {need / 2**30:.0f} GiB usable")
-    return "what would make it fit: " + "; or ".join(tips)
+        tips.append(FitTip("mbs", 1))
+    tips.append(FitTip("gpu_memory", need))
+    return tuple(tips)
+
+
+def advice_text(tips: tuple[FitTip, ...], describe: Callable[[FitTip], str] = FitTip.describe) -> str:
+    """``what would make it fit: A; or B ...`` with each tip worded by ``describe``."""
+    return "what would make it fit: " + "; or ".join(describe(t) for t in tips)
 
 
 def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                    rejections: dict[str, int], examples: dict[str, str], space: SearchSpace,
-                    smallest: tuple[Any, float] | None) -> str:
+                    rejections: dict[str, int], examples: dict[str, str]) -> str:
+    """What was searched and rejected, and the OOM example (the advice is added by the caller)."""
     parts = ", ".join(f"{k} {v}" for k, v in sorted(rejections.items(), key=lambda kv: -kv[1]))
     hint = examples.get("OOM", "")
-    advice = _fit_advice(cluster, space, smallest)
     return (f"no layout of {model.name} fits on {cluster.num_gpus} x {cluster.gpu.name} at seq "
             f"{training.seq_len}, GBS {training.global_batch_size}: rejected {parts}"
-            + (f"; {hint}" if hint else "") + f"; {advice}")
+            + (f"; {hint}" if hint else ""))

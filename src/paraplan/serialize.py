@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.errors import PlannerError, SpecError
 from paraplan.fileio import brief, non_finite_path, read_json, write_text_atomic
 from paraplan.layout import ParallelLayout

@@ -10,11 +10,11 @@ import pytest
 
 from paraplan.cli import main
 from paraplan.errors import LayoutError
-from paraplan.launch.flags import read_flags
 from paraplan.launch.megatron import argv, megatron_args
 from paraplan.layout import ParallelLayout
 from paraplan.serialize import load_plan
 from paraplan.specs.load import load_model
+from paraplan.specs.megatron_flags import read_flags
 from paraplan.specs.training import TrainingSpec
 
 MOE = ["plan", "-m", "mixtral-8x7b", "-g", "h100-80gb", "-n", "64", "-s", "4096", "--gbs", "256", "-k", "2"]

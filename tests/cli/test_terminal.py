@@ -130,10 +130,9 @@ def test_plan_tables_keep_each_layout_on_one_line(command: str, narrow: None,
     assert code == 0
     assert_fits(out)
     lines = out.splitlines()
-    from paraplan.cli.plan import run_plan
+    from paraplan.cli.plan import PlanRequest, run_plan
 
-    p = run_plan("llama3-70b", "h100-80gb", 64, None, 8192, 512, "bf16", None, None, 5, "throughput", None, None,
-                 None, None, None, None, None, None, None, True, False)
+    p = run_plan(PlanRequest(model="llama3-70b", gpu="h100-80gb", num_gpus=64, seq_len=8192, gbs=512))
     shorts = [c.layout.short() for c in p.candidates]
     assert len(shorts) == 5
     for rank, short in enumerate(shorts, 1):

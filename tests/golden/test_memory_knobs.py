@@ -18,11 +18,11 @@ import pytest
 from paraplan.errors import SpecError
 from paraplan.estimate.memory import fp8_cache_bytes_per_param, weight_bytes_per_param
 from paraplan.estimator import estimate
-from paraplan.launch.flags import read_flags
 from paraplan.launch.megatron import argv, megatron_args
 from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.megatron_flags import read_flags
 from paraplan.specs.training import TrainingSpec, main_grad_bytes, optimizer_bytes_per_param
 
 GiB = 2**30

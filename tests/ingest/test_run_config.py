@@ -8,7 +8,7 @@ import pytest
 
 from paraplan.ingest import parse_text, read_log
 from paraplan.ingest.run_config import read_run_config
-from paraplan.launch.flags import argv_from_dump, read_flags
+from paraplan.specs.megatron_flags import argv_from_dump, read_flags
 
 DUMP = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "synthetic" / "argument_dump.log"
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from paraplan.errors import LayoutError
-from paraplan.launch.flags import known_flags
 from paraplan.launch.megatron import (
     EMITTED_FLAGS,
     FSDP_REQUIRED_FLAGS,
@@ -21,6 +20,7 @@ from paraplan.launch.megatron import (
 from paraplan.launch.render import environment
 from paraplan.layout import ParallelLayout, layout_for_world
 from paraplan.specs.load import load_model, model_preset_names
+from paraplan.specs.megatron_flags import known_flags
 from paraplan.specs.training import TrainingSpec
 
 from .cases import TSV, deepseek_uneven_spec, llama70b_spec, moe_single_node_spec
@@ -266,8 +266,8 @@ def test_explicit_pipeline_layout_is_emitted_as_megatrons_string() -> None:
 def test_recipe_flags_are_emitted_and_read_back(name: str) -> None:
     """RoPE base/scaling, norm epsilon and router options decide what Megatron trains: they are
     emitted when they differ from Megatron's default and ``check`` reads the same model back."""
-    from paraplan.launch.flags import read_flags
     from paraplan.launch.megatron import as_launched
+    from paraplan.specs.megatron_flags import read_flags
     from paraplan.specs.model import RECIPE_FLAGS
 
     model = load_model(name)
@@ -295,7 +295,7 @@ def test_recipe_flags_are_emitted_and_read_back(name: str) -> None:
 
 def test_packaged_dest_table_is_the_tsv() -> None:
     """megatron_dests.tsv (argument dump -> command line) is the flag TSV's dest, first flag and action."""
-    from paraplan.launch.flags import _dests
+    from paraplan.specs.megatron_flags import _dests
 
     if not TSV.exists():
         pytest.skip(f"{TSV} not available")

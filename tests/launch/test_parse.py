@@ -171,7 +171,7 @@ BASE_ARGS = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-hea
       "--overlap-param-gather-with-optimizer-step"], "OVERLAP_PARAM_GATHER_WITH_OPTIMIZER_STEP_NEEDS_VPP"),
 ])
 def test_flag_combinations_megatron_rejects_are_problems(extra: list[str], code: str) -> None:
-    from paraplan.launch.flags import read_flags
+    from paraplan.specs.megatron_flags import read_flags
 
     assert code in {c for c, _ in read_flags([*BASE_ARGS, *extra]).problems}
     assert not read_flags(BASE_ARGS).problems

@@ -24,10 +24,10 @@ with warnings.catch_warnings():
 
 from hypothesis import HealthCheck, given, settings
 
-from paraplan.launch.flags import split_flags
 from paraplan.launch.megatron import argv, megatron_args
 from paraplan.launch.render import LaunchSpec
 from paraplan.layout import ParallelLayout
+from paraplan.specs.megatron_flags import split_flags
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 from tests.launch.cases import deepseek_uneven_spec, llama70b_spec, moe_single_node_spec

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
-from paraplan.recipes.catalogue import REQUIRED, catalogue
+from paraplan.recipes.catalogue import REQUIRED
 from paraplan.recipes.knobs import not_modelled
+from paraplan.recipes.user import catalogue
 
 GOOD_CSV = (
     "source,model,gpu,num_gpus,precision,seq_length,global_batch_size,micro_batch_size,tp,pp,vp,cp,"

@@ -80,7 +80,9 @@ def _run(args: list[str]) -> int:
     except NoFeasiblePlanError as err:
         if state.debug:
             raise
-        _err(str(err))
+        from paraplan.cli.render import no_fit_line
+
+        _err(no_fit_line(err))
         return 3
     except PlannerError as err:
         if state.debug:

@@ -6,6 +6,7 @@ from typing import Any
 
 import typer
 
+from paraplan.api import estimate as run_estimate
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
@@ -39,7 +40,6 @@ from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimate.memory import MemoryOptions
 from paraplan.estimator import Estimate
-from paraplan.estimator import estimate as run_estimate
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.serialize import dumps_json
 
@@ -121,8 +121,9 @@ def estimate(
     broken = launch_violations(inputs.model, layout, inputs.training, inputs.cluster.gpu.arch)
     if broken:  # the flag-level rules launch and Megatron apply (layout rules run in estimate)
         raise LayoutError(broken[0][1], reason=broken[0][0])
-    result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, mfu_peak=mfu_peak.value,
-                          extra_notes=notes, memory_options=memory_options(workspace_gib, fragmentation))
+    result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training,
+                          mfu_peak=mfu_peak.value, notes=notes,
+                          memory_options=memory_options(workspace_gib, fragmentation))
     _emit(result, fmt)
 
 
@@ -155,8 +156,9 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
                  attention_backend: AttentionChoice, flags: LayoutFlags, gpu_set: list[str] | None,
                  profile: str | None, mfu_peak: str, options: MemoryOptions) -> tuple[Estimate, dict[str, Any]]:
     """Estimate a recipe with the flags given beside it winning over its own values; the JSON ``recipe`` block."""
-    from paraplan.recipes.catalogue import catalogue, find_recipe
+    from paraplan.recipes.catalogue import find_recipe
     from paraplan.recipes.knobs import estimate_run, recipe_run, run_dict
+    from paraplan.recipes.user import catalogue
 
     for flag, value in (("num-gpus", num_gpus), ("gpus-per-node", gpus_per_node), ("seq-len", seq_len),
                         ("gbs", gbs)):
@@ -208,7 +210,7 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     unknown = list(result.parsed.unknown_flags)
     notes = list(result.parsed.flags.notes) + (
         [f"not Megatron-LM flags (main @ {MEGATRON_COMMIT}), ignored: {', '.join(unknown)}"] if unknown else [])
-    return run_estimate(result.model, result.cluster, result.training, result.layout, extra_notes=notes)
+    return run_estimate(result.model, result.cluster, layout=result.layout, training=result.training, notes=notes)
 
 
 def _emit(result: Estimate, fmt: OutputFormat, recipe: dict[str, Any] | None = None) -> None:

@@ -8,6 +8,7 @@ from enum import StrEnum
 
 import typer
 
+from paraplan.api import estimate as run_estimate
 from paraplan.checkpoint import advise
 from paraplan.cli._app import app
 from paraplan.cli.options import (
@@ -30,7 +31,6 @@ from paraplan.cli.options import (
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.estimator import Estimate
-from paraplan.estimator import estimate as run_estimate
 from paraplan.launch.megatron import CheckpointArgs
 from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
 from paraplan.launch.site import load_site
@@ -59,7 +59,7 @@ def _from_plan(path: str, rank: int) -> tuple[LaunchSpec, Estimate]:
     if not 1 <= rank <= len(loaded.layouts):
         raise SpecError(f"--rank {rank}: the plan has {len(loaded.layouts)} layouts (1 = best)")
     layout = loaded.layouts[rank - 1]
-    result = run_estimate(loaded.model, loaded.cluster, loaded.training, layout)
+    result = run_estimate(loaded.model, loaded.cluster, layout=layout, training=loaded.training)
     spec = LaunchSpec(model=loaded.model, cluster=loaded.cluster, training=loaded.training,
                       layout=layout, prediction=result.to_dict())
     return spec, result
@@ -128,7 +128,7 @@ def launch(
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                                 profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
-        result = run_estimate(inputs.model, inputs.cluster, inputs.training, layout, extra_notes=notes)
+        result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())
     advice = advise(result, site_profile.storage(), site_profile.failures())

@@ -124,7 +124,7 @@ def resolve_inputs(
 
 def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     """``--knob NAME[=VALUE]`` items (Megatron flag names without the dashes) -> TrainingSpec knob fields."""
-    from paraplan.launch.flags import memory_knobs_from_words
+    from paraplan.specs.megatron_flags import memory_knobs_from_words
 
     words: list[str] = []
     for item in knobs or ():

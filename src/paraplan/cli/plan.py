@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import csv
+import functools
+import inspect
 import io
 import sys
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -40,7 +45,7 @@ from paraplan.explain import explain as explain_plan
 from paraplan.launch.site import SiteProfile, load_site
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.schedules import SCHEDULE_NAMES
-from paraplan.search import Plan, SearchSpace, plan
+from paraplan.search import Plan, SearchSpace
 from paraplan.serialize import dumps_json
 from paraplan.units import GIB
 
@@ -96,26 +101,56 @@ def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 
 
-def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
-             precision: str, gpu_set: list[str] | None, profile: str | None, top: int, objective: str,
-             tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None,
-             mbs: str | None, max_pp: int | None, recompute: str | None, dp_variant: str | None,
-             allow_cross_node: bool, tp_comm_overlap: bool, workspace_gib: float | None = None,
-             fragmentation: float | None = None, attention_backend: str = "flash",
-             recompute_modules: str | None = None, schedule: str = "") -> Plan:
-    """Resolve inputs and search (``schedule``: a ``paraplan.schedules`` name, "" = Megatron's choice)."""
-    inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
-                            seq_len=seq_len, gbs=gbs, precision=precision, gpu_set=gpu_set, profile=profile,
-                            attention_backend=attention_backend)
-    if top < 1:
-        raise SpecError(f"--top must be a positive integer, got {top}")
-    if pp and max_pp is not None:
-        raise SpecError("--pp and --max-pp contradict: --pp lists the PP sizes to search, --max-pp caps the "
-                        "default list (give one)")
-    if recompute_modules and recompute and "selective" not in _strs("recompute", recompute, RECOMPUTE_CHOICES, ()):
-        raise SpecError(f"--recompute-modules and --recompute {recompute} contradict: modules apply to "
-                        "selective recompute only")
-    space = SearchSpace(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRequest:
+    """What ``paraplan plan`` searches, as its flags give it (plan, explain and report build one; PLAN_OPTIONS
+    declares the flags once). Enum flags are kept as their values."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    gpus_per_node: int | None = None
+    seq_len: int
+    gbs: int
+    precision: str = "bf16"
+    top: int = 5
+    objective: str = "throughput"
+    tp: str | None = None
+    pp: str | None = None
+    vp: str | None = None
+    cp: str | None = None
+    ep: str | None = None
+    mbs: str | None = None
+    max_pp: int | None = None
+    recompute: str | None = None
+    dp_variant: str | None = None
+    allow_cross_node: bool = True
+    tp_comm_overlap: bool = False
+    gpu_set: list[str] | None = None
+    profile: str | None = None
+    workspace_gib: float | None = None
+    fragmentation: float | None = None
+    recompute_modules: str | None = None
+    attention_backend: str = "flash"
+    schedule: str = ""
+    """A ``paraplan.schedules`` name ("" = Megatron's choice from VP). Not in PLAN_OPTIONS: plan and explain
+    each place ``--schedule`` among their own options (their --help order)."""
+
+    def space(self) -> SearchSpace:
+        """The search space the flags allow."""
+        return search_space(tp=self.tp, pp=self.pp, vp=self.vp, cp=self.cp, ep=self.ep, mbs=self.mbs,
+                            max_pp=self.max_pp, recompute=self.recompute, dp_variant=self.dp_variant,
+                            allow_cross_node=self.allow_cross_node, tp_comm_overlap=self.tp_comm_overlap,
+                            recompute_modules=self.recompute_modules, schedule=self.schedule)
+
+
+def search_space(*, tp: str | None = None, pp: str | None = None, vp: str | None = None, cp: str | None = None,
+                 ep: str | None = None, mbs: str | None = None, max_pp: int | None = None,
+                 recompute: str | None = None, dp_variant: str | None = None, allow_cross_node: bool = True,
+                 tp_comm_overlap: bool = False, recompute_modules: str | None = None,
+                 schedule: str = "") -> SearchSpace:
+    """The SearchSpace of the search flags (comma-separated lists; None keeps the default)."""
+    return SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
         recompute=_strs("recompute", recompute, RECOMPUTE_CHOICES, RECOMPUTE_CHOICES),
@@ -124,8 +159,27 @@ def run_plan(model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq
         recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)),
         schedule=schedule,
     )
-    return plan(inputs.model, inputs.cluster, inputs.training, space=space, objective=objective,  # type: ignore[arg-type]
-                top_k=top, options=memory_options(workspace_gib, fragmentation))
+
+
+def run_plan(req: PlanRequest) -> Plan:
+    """Resolve the inputs and search, through the public API (``paraplan.api.plan``)."""
+    from paraplan.api import plan
+
+    inputs = resolve_inputs(model=req.model, gpu=req.gpu, num_gpus=req.num_gpus, gpus_per_node=req.gpus_per_node,
+                            seq_len=req.seq_len, gbs=req.gbs, precision=req.precision, gpu_set=req.gpu_set,
+                            profile=req.profile, attention_backend=req.attention_backend)
+    if req.top < 1:
+        raise SpecError(f"--top must be a positive integer, got {req.top}")
+    if req.pp and req.max_pp is not None:
+        raise SpecError("--pp and --max-pp contradict: --pp lists the PP sizes to search, --max-pp caps the "
+                        "default list (give one)")
+    if (req.recompute_modules and req.recompute
+            and "selective" not in _strs("recompute", req.recompute, RECOMPUTE_CHOICES, ())):
+        raise SpecError(f"--recompute-modules and --recompute {req.recompute} contradict: modules apply to "
+                        "selective recompute only")
+    return plan(inputs.model, inputs.cluster, training=inputs.training, space=req.space(),
+                objective=req.objective, top_k=req.top,  # type: ignore[arg-type]
+                memory_options=memory_options(req.workspace_gib, req.fragmentation))
 
 
 def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparison | None = None) -> None:
@@ -256,18 +310,47 @@ RecModOpt = typer.Option(None, "--recompute-modules",
                               "e.g. core_attn,mla_up_proj,moe_act,layernorm for MoE/MLA models).")
 
 
+PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("model", str, ModelOpt), ("gpu", str, GpuOpt), ("num_gpus", int, NumGpusOpt),
+    ("gpus_per_node", int | None, GpusPerNodeOpt), ("seq_len", int, SeqLenOpt), ("gbs", int, GbsOpt),
+    ("precision", PrecisionChoice, PrecisionOpt), ("top", int, TopOpt), ("objective", ObjectiveChoice, ObjOpt),
+    ("tp", str | None, TpOpt), ("pp", str | None, PpOpt), ("vp", str | None, VpOpt), ("cp", str | None, CpOpt),
+    ("ep", str | None, EpOpt), ("mbs", str | None, MbsOpt), ("max_pp", int | None, MaxPpOpt),
+    ("recompute", str | None, RecOpt), ("dp_variant", str | None, DpOpt), ("allow_cross_node", bool, CrossOpt),
+    ("tp_comm_overlap", bool, TpOvOpt), ("gpu_set", list[str] | None, GpuSetOpt),
+    ("profile", str | None, ProfileOpt), ("workspace_gib", float | None, WorkspaceOpt),
+    ("fragmentation", float | None, FragmentationOpt), ("recompute_modules", str | None, RecModOpt),
+    ("attention_backend", AttentionChoice, AttentionOpt),
+)
+"""(parameter, type, typer option) of every flag plan and explain share, in --help order: each is a field of
+PlanRequest, in the same order, then ``schedule``, which each command places among its own flags
+(tests/cli/test_plan_request.py; a new search flag is one entry here and one field there)."""
+
+
+def with_plan_options(func: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the flags of PLAN_OPTIONS, before its own; it receives them as ``req: PlanRequest``."""
+    hints = typing.get_type_hints(func)
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
+           for p in inspect.signature(func).parameters.values() if p.name != "req"]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ)
+              for name, typ, opt in PLAN_OPTIONS]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name, _, _ in PLAN_OPTIONS}
+        plain_values: dict[str, Any] = {k: v.value if isinstance(v, StrEnum) else v for k, v in values.items()}
+        func(req=PlanRequest(**plain_values), **kwargs)
+
+    params = shared + own
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return wrapper
+
+
 @app.command("plan")
+@with_plan_options
 def plan_cmd(
-    model: str = ModelOpt, gpu: str = GpuOpt, num_gpus: int = NumGpusOpt, gpus_per_node: int | None = GpusPerNodeOpt,
-    seq_len: int = SeqLenOpt, gbs: int = GbsOpt, precision: PrecisionChoice = PrecisionOpt,
-    top: int = TopOpt, objective: ObjectiveChoice = ObjOpt, tp: str | None = TpOpt, pp: str | None = PpOpt,
-    vp: str | None = VpOpt, cp: str | None = CpOpt, ep: str | None = EpOpt, mbs: str | None = MbsOpt,
-    max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt, dp_variant: str | None = DpOpt,
-    allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
-    gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
-    workspace_gib: float | None = WorkspaceOpt,
-    fragmentation: float | None = FragmentationOpt, recompute_modules: str | None = RecModOpt,
-    attention_backend: AttentionChoice = AttentionOpt,
+    req: PlanRequest,
     explain: bool = typer.Option(False, "--explain", help="Add the reasons in numbers."),
     schedule: ScheduleChoice | None = ScheduleOpt,
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (checkpoint storage, host RAM, "
@@ -281,38 +364,34 @@ def plan_cmd(
 
     Example: paraplan plan --model llama3-70b --gpu h100-80gb --num-gpus 64 --seq-len 8192 --gbs 512
     """
+    plan_and_emit(replace(req, schedule=schedule.value if schedule is not None else ""), explain=explain, site=site,
+                  save=save, force=force, fmt=fmt, recipes_file=recipes_file)
+
+
+def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: str | None, force: bool,
+                  fmt: PlanFormat, recipes_file: str | None = None) -> None:
+    """What plan and explain do with their request: search, save plan.json, print."""
     site_profile = load_site(site)
     if save:
         from paraplan.fileio import check_output_file
 
         check_output_file(save, "--save", force=force)
-    p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
-                 objective.value, tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node,
-                 tp_comm_overlap, workspace_gib, fragmentation, attention_backend=attention_backend.value,
-                 recompute_modules=recompute_modules, schedule=schedule.value if schedule is not None else "")
+    p = run_plan(req)
     if save:
         from paraplan.serialize import save_plan
 
         save_plan(p, save, option="--save", force=force)
-    from paraplan.recipes.catalogue import catalogue
     from paraplan.recipes.compare import compare_with_plan
+    from paraplan.recipes.user import catalogue
 
-    emit(p, fmt, explain, site_profile, recipe=compare_with_plan(p, memory_options(workspace_gib, fragmentation),
-                                                                 catalogue(recipes_file)))
+    recipe = compare_with_plan(p, memory_options(req.workspace_gib, req.fragmentation), catalogue(recipes_file))
+    emit(p, fmt, explain, site_profile, recipe=recipe)
 
 
 @app.command("explain")
+@with_plan_options
 def explain_cmd(
-    model: str = ModelOpt, gpu: str = GpuOpt, num_gpus: int = NumGpusOpt, gpus_per_node: int | None = GpusPerNodeOpt,
-    seq_len: int = SeqLenOpt, gbs: int = GbsOpt, precision: PrecisionChoice = PrecisionOpt,
-    top: int = TopOpt, objective: ObjectiveChoice = ObjOpt, tp: str | None = TpOpt, pp: str | None = PpOpt,
-    vp: str | None = VpOpt, cp: str | None = CpOpt, ep: str | None = EpOpt, mbs: str | None = MbsOpt,
-    max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt, dp_variant: str | None = DpOpt,
-    allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
-    gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
-    workspace_gib: float | None = WorkspaceOpt, fragmentation: float | None = FragmentationOpt,
-    recompute_modules: str | None = RecModOpt,
-    attention_backend: AttentionChoice = AttentionOpt,
+    req: PlanRequest,
     save: str | None = typer.Option(None, "--save", help="Write the plan as JSON (for launch/report)."),
     force: bool = ForceOpt,
     fmt: PlanFormat = typer.Option(PlanFormat.table, "--format", "-f", help="Output format."),
@@ -325,8 +404,5 @@ def explain_cmd(
 
     Example: paraplan explain --model llama3-8b --gpu h100-80gb --num-gpus 16 --seq-len 8192 --gbs 256
     """
-    plan_cmd(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision, top, objective, tp, pp, vp, cp, ep,
-             mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap, gpu_set, profile,
-             workspace_gib=workspace_gib, fragmentation=fragmentation, attention_backend=attention_backend,
-             explain=True, save=save, force=force, fmt=fmt, recompute_modules=recompute_modules, site=site,
-             schedule=schedule, recipes_file=recipes_file)
+    plan_and_emit(replace(req, schedule=schedule.value if schedule is not None else ""), explain=True, site=site,
+                  save=save, force=force, fmt=fmt, recipes_file=recipes_file)

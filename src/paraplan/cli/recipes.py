@@ -107,7 +107,7 @@ def recipes_cmd(
 
     Example: paraplan recipes --model llama3-70b --gpu h100
     """
-    from paraplan.recipes.catalogue import catalogue
+    from paraplan.recipes.user import catalogue
 
     everyone = catalogue(recipes_file)
     for flag, value, column, preset in (("--model", model, "model", "model_preset"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich import box
 from rich.console import Console
@@ -15,8 +15,34 @@ from paraplan.cli._app import plain
 from paraplan.units import GIB, format_count, format_seconds
 
 if TYPE_CHECKING:
+    from paraplan.errors import NoFeasiblePlanError
     from paraplan.estimator import Estimate
+    from paraplan.search import FitTip
     from paraplan.specs.training import TrainingSpec
+
+
+def fit_tip_flags(tip: FitTip) -> str:
+    """A search's fit advice (``paraplan.search.FitTip``) worded with the CLI's flags."""
+    if tip.knob == "search_space":
+        return "relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
+    if tip.knob == "num_gpus":
+        return f"about {tip.value:.0f}+ GPUs (--num-gpus; it needs {tip.ratio:.1f}x the usable memory)"
+    if tip.knob == "recompute":
+        return "allow full recompute (--recompute none,selective,full)"
+    if tip.knob == "pipeline":
+        return "allow more pipeline stages (--max-pp/--pp)"
+    if tip.knob == "mbs":
+        return f"micro-batch {tip.value:.0f} (--mbs {tip.value:.0f})"
+    return tip.describe()  # a GPU with more memory: no flag to name
+
+
+def no_fit_line(err: NoFeasiblePlanError) -> str:
+    """The one line ``paraplan`` prints when no layout fits: the search's summary and its advice in flags."""
+    if not err.advice:
+        return str(err)
+    from paraplan.search import advice_text
+
+    return f"{err.summary}; {advice_text(cast('tuple[FitTip, ...]', err.advice), fit_tip_flags)}"
 
 
 def console() -> Console:

@@ -22,15 +22,15 @@ from paraplan.cli.plan import (
     MaxPpOpt,
     MbsOpt,
     ObjectiveChoice,
+    PlanRequest,
     PpOpt,
     RecModOpt,
     RecOpt,
     TpOpt,
     TpOvOpt,
     VpOpt,
-    _ints,
-    _strs,
     run_plan,
+    search_space,
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
@@ -78,26 +78,11 @@ def progress(total: int, delay_s: float = PROGRESS_DELAY_S) -> Iterator[Callable
         bar.stop()
 
 
-def _space(tp: str | None, pp: str | None, vp: str | None, cp: str | None, ep: str | None, mbs: str | None,
-           max_pp: int | None, recompute: str | None, dp_variant: str | None, allow_cross_node: bool,
-           tp_comm_overlap: bool, recompute_modules: str | None = None) -> SearchSpace:
-    from paraplan.layout import RECOMPUTE_MODULES
-
-    return SearchSpace(
-        tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
-        mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
-        recompute=_strs("recompute", recompute, ("none", "selective", "full"), ("none", "selective", "full")),
-        dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
-        allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
-        recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)))
-
-
 def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace) -> Plan:
     """Re-run the search from plan.json's resolved inputs and its search space (unless search flags are
     given here; plan.json keeps only the top layouts) and put plan.json's own layouts, re-estimated,
     first."""
-    from paraplan.estimator import estimate
-    from paraplan.search import plan
+    from paraplan.api import estimate, plan
     from paraplan.serialize import load_plan, search_space_from
 
     loaded = load_plan(path)
@@ -105,11 +90,12 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
     if saved is not None and space == SearchSpace():  # no search flags here: the plan's own search
         space = saved
     obj = objective or str(loaded.document.get("plan", {}).get("objective", "throughput"))
-    p = plan(loaded.model, loaded.cluster, loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
+    p = plan(loaded.model, loaded.cluster, training=loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
              top_k=top)
     if not loaded.layouts:
         return p
-    ests = tuple(estimate(loaded.model, loaded.cluster, loaded.training, lay) for lay in loaded.layouts[:top])
+    ests = tuple(estimate(loaded.model, loaded.cluster, layout=lay, training=loaded.training)
+                 for lay in loaded.layouts[:top])
     return replace(p, candidates=ests)
 
 
@@ -176,15 +162,19 @@ def report_cmd(
             runlog = read_logs(list(log))
         step("searching layouts")
         if plan_file is not None:
-            space = _space(tp, pp, vp, cp, ep, mbs, max_pp, recompute, dp_variant, allow_cross_node, tp_comm_overlap,
-                           recompute_modules)
+            space = search_space(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, mbs=mbs, max_pp=max_pp, recompute=recompute,
+                                 dp_variant=dp_variant, allow_cross_node=allow_cross_node,
+                                 tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules)
             p = plan_from_file(plan_file, top, objective.value if objective else None, space)
         else:
             assert model is not None and gpu is not None and num_gpus is not None  # checked above (None only)
             assert seq_len is not None and gbs is not None
-            p = run_plan(model, gpu, num_gpus, gpus_per_node, seq_len, gbs, precision.value, gpu_set, profile, top,
-                         (objective or ObjectiveChoice.throughput).value, tp, pp, vp, cp, ep, mbs, max_pp, recompute,
-                         dp_variant, allow_cross_node, tp_comm_overlap, recompute_modules=recompute_modules)
+            p = run_plan(PlanRequest(
+                model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, seq_len=seq_len, gbs=gbs,
+                precision=precision.value, gpu_set=gpu_set, profile=profile, top=top,
+                objective=(objective or ObjectiveChoice.throughput).value, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, mbs=mbs,
+                max_pp=max_pp, recompute=recompute, dp_variant=dp_variant, allow_cross_node=allow_cross_node,
+                tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules))
         step("explaining")
         findings = explain(p)
         step("simulating pipeline schedules" + (" and diagnosing the run" if runlog is not None else ""))

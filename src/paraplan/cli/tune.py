@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from paraplan.api import estimate
 from paraplan.calibrate import RunInputs, read_manifest
 from paraplan.cli._app import app
 from paraplan.cli.options import (
@@ -31,7 +32,6 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import IngestError, SpecError
-from paraplan.estimator import estimate
 from paraplan.ingest import RunLog, read_logs
 from paraplan.serialize import dumps_json, load_plan
 from paraplan.specs.cluster import make_cluster
@@ -119,8 +119,8 @@ def _from_log_arguments(run_log: RunLog, gpu: str | None, gpus_per_node: int | N
 
     from paraplan.cli.options import resolve_gpu
     from paraplan.launch.check import check_parsed
-    from paraplan.launch.flags import argv_from_dump
     from paraplan.launch.parse import parse_script
+    from paraplan.specs.megatron_flags import argv_from_dump
 
     config = run_log.run_config
     if config is None or not config.arguments:
@@ -195,7 +195,7 @@ def tune(
             raise SpecError(f"tune: the log's argument dump describes the run; drop {', '.join(given)} (or give "
                             "--model with the layout flags)")
         inp = _from_log_arguments(run_log, gpu, gpus_per_node, gpu_set, profile)
-    est = estimate(inp.model, inp.cluster, inp.training, inp.layout)
+    est = estimate(inp.model, inp.cluster, layout=inp.layout, training=inp.training)
     cmp = compare(est, run_log, skip_warmup=skip_warmup)
     model_ref, gpu_ref = _refs(inp, model, gpu)
     findings = [f.as_dict() for f in diagnose(cmp, None, search=not no_search, model_ref=model_ref,

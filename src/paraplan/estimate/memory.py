@@ -33,6 +33,7 @@ from paraplan.specs.training import (
     main_grad_bytes,
     optimizer_bytes_per_param,
 )
+from paraplan.units import GIB
 
 FP8_WEIGHT_CACHE_BYTES = 2.0
 """Transformer Engine keeps an FP8 copy of each GEMM weight and its transpose (1 B each) under FP8."""
@@ -50,7 +51,7 @@ pipelining); their FP8 copies, under FP8, are the only ones that exist."""
 class MemoryOptions:
     """Allowances not derived from the model; documented in docs/model.md ("Other memory")."""
 
-    workspace_bytes: float = 0.125 * 2**30
+    workspace_bytes: float = 0.125 * GIB
     """cuBLAS/TE workspaces and small buffers counted in torch's allocated memory (fit to
     megatron_golden.csv: 0.125 GiB gives the lowest median error, see CHANGELOG.md)."""
     fragmentation_frac: float = 0.05

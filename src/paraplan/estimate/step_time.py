@@ -249,8 +249,8 @@ def step_time_from_stages(
 def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout, *,
               num_microbatches: int) -> StepTime:
     """Scalar path: all pipeline stages of one layout."""
+    from paraplan.estimate.positions import max_positions_for
     from paraplan.estimate.stages import all_stage_layers
-    from paraplan.estimator import max_positions_for
 
     max_positions, _ = max_positions_for(model, training)
     stages = all_stage_layers(model, layout)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from paraplan.ingest.run_config import RunConfig
+from paraplan.ingest.summary import json_float, summarize
 
 Pairs = tuple[tuple[str, float], ...]
 """Ordered ``(name, value)`` pairs (kept as tuples so that records stay immutable)."""
@@ -231,8 +232,6 @@ class RunLog:
 
     def summary(self, skip_warmup: int = 1) -> dict[str, Any]:
         """The run summary (see ``paraplan.ingest.summary.summarize``)."""
-        from paraplan.ingest.summary import summarize
-
         return summarize(self, skip_warmup=skip_warmup)
 
     def to_dict(self, skip_warmup: int = 1) -> dict[str, Any]:
@@ -364,11 +363,6 @@ class RunLogBuilder:
             lines=self.counts[0], unparsed_lines=self.counts[1], partial_lines=self.counts[2],
             sources=(source,),
         )  # fmt: skip
-
-
-def json_float(value: float | None) -> float | None:
-    """Non-finite floats become ``None`` so that the JSON stays strict (RFC 8259)."""
-    return value if value is None or math.isfinite(value) else None
 
 
 def record_to_dict(record: Record) -> dict[str, Any]:

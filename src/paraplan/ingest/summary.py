@@ -12,9 +12,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from paraplan.ingest.records import IterationRecord, RunLog, TheoreticalMemoryRecord, TimerRecord, json_float
+if TYPE_CHECKING:  # the records are only named here: records.py imports this module, not the other way
+    from paraplan.ingest.records import IterationRecord, RunLog, TimerRecord
+
+
+def json_float(value: float | None) -> float | None:
+    """Non-finite floats become ``None`` so that the JSON stays strict (RFC 8259)."""
+    return value if value is None or math.isfinite(value) else None
 
 
 def quantile(values: Iterable[float], q: float) -> float | None:
@@ -66,17 +72,17 @@ def _memory(log: RunLog) -> dict[str, Any]:
     top = max(peak, key=lambda m: m.max_allocated_bytes or 0.0, default=None)
     reserved = [m.max_reserved_bytes for m in log.memory if _finite(m.max_reserved_bytes)]
     used = [m.device_used_bytes for m in log.memory if _finite(m.device_used_bytes)]
-    theo = log.theoretical or TheoreticalMemoryRecord()
+    theo = log.theoretical
     return {
         "max_allocated_bytes": top.max_allocated_bytes if top else None,
         "max_allocated_rank": top.rank if top else None,
         "max_reserved_bytes": max((r for r in reserved if r is not None), default=None),
         "max_device_used_bytes": max((u for u in used if u is not None), default=None),
-        "theoretical_total_bytes": json_float(theo.total_bytes),
-        "theoretical_weight_and_optimizer_bytes": json_float(theo.weight_and_optimizer_bytes),
-        "theoretical_activation_bytes": json_float(theo.activation_bytes),
-        "theoretical_total_params": theo.total_params,
-        "theoretical_most_loaded_shard_params": theo.most_loaded_shard_params,
+        "theoretical_total_bytes": json_float(theo.total_bytes) if theo else None,
+        "theoretical_weight_and_optimizer_bytes": json_float(theo.weight_and_optimizer_bytes) if theo else None,
+        "theoretical_activation_bytes": json_float(theo.activation_bytes) if theo else None,
+        "theoretical_total_params": theo.total_params if theo else None,
+        "theoretical_most_loaded_shard_params": theo.most_loaded_shard_params if theo else None,
     }
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Final
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.estimate.pipeline import pipeline_layout_string
-from paraplan.launch.megatron import BLACKWELL_ARCHS, as_launched
+from paraplan.launch.megatron import BLACKWELL_ARCHS, as_launched, environment
 from paraplan.launch.quoting import one_line
 
 if TYPE_CHECKING:
@@ -189,8 +189,6 @@ def hydra_value(value: Value) -> str:
 
 
 def _env(spec: LaunchSpec) -> dict[str, str]:
-    from paraplan.launch.render import environment
-
     return {name: value for name, value, _ in environment(spec)}
 
 

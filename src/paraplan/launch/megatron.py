@@ -1,7 +1,7 @@
 """The one mapping from (ModelSpec, ParallelLayout, TrainingSpec) to ``pretrain_gpt.py`` arguments.
 
 Flag names and their meaning follow Megatron-LM main at ``MEGATRON_COMMIT`` (the generated flag
-dump ../shared/reference/megatron_lm_flags_main_d98e8a6.tsv, copied to ``megatron_flags.txt``;
+dump ../shared/reference/megatron_lm_flags_main_d98e8a6.tsv, copied to ``specs/megatron_flags.txt``;
 ecosystem.md section 1). Every flag this module can emit is listed in ``EMITTED_FLAGS``; a test
 checks that each one exists in Megatron's parser. Values that only the user can know (data path,
 tokenizer, learning rate, checkpoint directory) are ``Placeholder`` objects that read an
@@ -16,14 +16,17 @@ exactly that.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from paraplan.errors import LayoutError
+from paraplan.errors import LayoutError, SpecError
 from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import KNOB_FLAGS, TrainingSpec
+
+if TYPE_CHECKING:  # the launch spec is only named here: render imports this module
+    from paraplan.launch.render import LaunchSpec
 
 MEGATRON_COMMIT: Final = "d98e8a6"
 """Megatron-LM main commit the flag names were checked against (2026-08-22, core 0.20.0 dev)."""
@@ -195,6 +198,7 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
 MAX_CONNECTIONS_MESSAGE: Final = ("Using tensor model parallelism or context parallelism require setting "
                                   "the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
 FSDP_MAX_CONNECTIONS_MESSAGE: Final = "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."
+MAX_CONNECTIONS: Final = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
 def fsdp_rejects_max_connections(value: str | None) -> bool:
@@ -210,6 +214,31 @@ def fsdp_rejects_max_connections(value: str | None) -> bool:
 def needs_max_connections_1(layout: ParallelLayout, arch: str) -> bool:
     """Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for TP>1 or CP>1 before Blackwell, not FSDP."""
     return (layout.tp > 1 or layout.cp > 1) and arch not in BLACKWELL_ARCHS and not layout.fsdp
+
+
+def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
+    """(name, value, comment) to export: the site's env, then what Megatron requires.
+
+    A site value of CUDA_DEVICE_MAX_CONNECTIONS that Megatron would reject for this layout is an
+    error (SpecError), not silently replaced: TP/CP before Blackwell assert it is 1, Megatron-FSDP
+    asserts it is > 1 or unset (ecosystem.md 1.4).
+    """
+    required: list[tuple[str, str, str]] = []
+    site_value = dict(spec.site.env).get(MAX_CONNECTIONS)
+    if needs_max_connections_1(spec.layout, spec.cluster.gpu.arch):
+        if site_value is not None and site_value != "1":
+            raise SpecError(f"site.env.{MAX_CONNECTIONS}: {site_value!r} conflicts with this layout "
+                            f"({spec.layout.short()}): Megatron asserts {MAX_CONNECTIONS_MESSAGE!r}; "
+                            "remove it from the site profile or set it to 1")
+        required.append((MAX_CONNECTIONS, "1", f"Megatron: {MAX_CONNECTIONS_MESSAGE!r}"))
+    elif spec.layout.fsdp and fsdp_rejects_max_connections(site_value):
+        raise SpecError(f"site.env.{MAX_CONNECTIONS}: {site_value!r} conflicts with Megatron-FSDP: Megatron "
+                        f"asserts {FSDP_MAX_CONNECTIONS_MESSAGE!r}; remove it from the site profile")
+    names = {name for name, _, _ in required}
+    site = [(k, v, "from the site profile") for k, v in spec.site.env if k not in names]
+    if spec.site.checkpoint_dir is not None and "CHECKPOINT_DIR" not in dict(spec.site.env):
+        site.append(("CHECKPOINT_DIR", spec.site.checkpoint_dir, "from the site profile (checkpoint_dir)"))
+    return site + required
 
 
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,

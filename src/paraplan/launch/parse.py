@@ -3,7 +3,7 @@
 Input is a shell script (``torchrun ... pretrain_gpt.py ...``, ``srun ... python
 pretrain_gpt.py ...``, Megatron's own example scripts with bash arrays), a file holding only
 arguments, or a one-line string. ``paraplan.launch.shell`` resolves continuations, arrays and
-simple variables; this module interprets the Megatron flags (``paraplan.launch.flags``) and the
+simple variables; this module interprets the Megatron flags (``paraplan.specs.megatron_flags``) and the
 launcher flags for the world size (torchrun ``--nnodes`` x ``--nproc-per-node``, srun/#SBATCH
 ``--nodes``, ``--gpus-per-node``, ``--ntasks-per-node``).
 """
@@ -19,9 +19,9 @@ from typing import Any, Final
 
 from paraplan.errors import SpecError
 from paraplan.fileio import path_exists, read_input_text
-from paraplan.launch.flags import MegatronFlags, read_flags
 from paraplan.launch.shell import Command, Env, read_commands
 from paraplan.layout import ParallelLayout, layout_for_world
+from paraplan.specs.megatron_flags import MegatronFlags, read_flags
 from paraplan.specs.training import TrainingSpec
 
 ENTRY_POINT: Final = "pretrain_gpt.py"

@@ -32,14 +32,12 @@ from typing import Any, Final
 
 import jinja2
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.fileio import check_output_file
 from paraplan.launch.bridge import bridge_files
 from paraplan.launch.kubernetes import pytorchjob_file, trainjob_files
 from paraplan.launch.megatron import (
-    FSDP_MAX_CONNECTIONS_MESSAGE,
-    MAX_CONNECTIONS_MESSAGE,
     MEGATRON_COMMIT,
     ArgGroup,
     CheckpointArgs,
@@ -47,10 +45,9 @@ from paraplan.launch.megatron import (
     Value,
     argv,
     as_launched,
-    fsdp_rejects_max_connections,
+    environment,
     layout_dict,
     megatron_args,
-    needs_max_connections_1,
 )
 from paraplan.launch.quoting import in_dquotes, integer, one_line, plain_name, sh, yaml_scalar
 from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile, validated_site
@@ -77,7 +74,6 @@ BUILT_FILES: Final = frozenset({"pytorchjob.yaml", "trainjob.yaml", *OPTIONAL_FI
                                 "bridge_overrides.txt"})
 """Files built as data in Python (YAML by yaml.safe_dump, Python by repr of validated values), not templates."""
 EXECUTABLE: Final = ("torchrun.sh", "job.sbatch")
-MAX_CONNECTIONS: Final = "CUDA_DEVICE_MAX_CONNECTIONS"
 RDZV_PORT: Final = 29400
 """torchrun's default c10d rendezvous port."""
 
@@ -112,31 +108,6 @@ def candidate_id(spec: LaunchSpec) -> str:
     """Stable short id: sha256 of the canonical JSON of the resolved inputs and layout."""
     blob = json.dumps(resolved_inputs(spec), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]
-
-
-def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
-    """(name, value, comment) to export: the site's env, then what Megatron requires.
-
-    A site value of CUDA_DEVICE_MAX_CONNECTIONS that Megatron would reject for this layout is an
-    error (SpecError), not silently replaced: TP/CP before Blackwell assert it is 1, Megatron-FSDP
-    asserts it is > 1 or unset (ecosystem.md 1.4).
-    """
-    required: list[tuple[str, str, str]] = []
-    site_value = dict(spec.site.env).get(MAX_CONNECTIONS)
-    if needs_max_connections_1(spec.layout, spec.cluster.gpu.arch):
-        if site_value is not None and site_value != "1":
-            raise SpecError(f"site.env.{MAX_CONNECTIONS}: {site_value!r} conflicts with this layout "
-                            f"({spec.layout.short()}): Megatron asserts {MAX_CONNECTIONS_MESSAGE!r}; "
-                            "remove it from the site profile or set it to 1")
-        required.append((MAX_CONNECTIONS, "1", f"Megatron: {MAX_CONNECTIONS_MESSAGE!r}"))
-    elif spec.layout.fsdp and fsdp_rejects_max_connections(site_value):
-        raise SpecError(f"site.env.{MAX_CONNECTIONS}: {site_value!r} conflicts with Megatron-FSDP: Megatron "
-                        f"asserts {FSDP_MAX_CONNECTIONS_MESSAGE!r}; remove it from the site profile")
-    names = {name for name, _, _ in required}
-    site = [(k, v, "from the site profile") for k, v in spec.site.env if k not in names]
-    if spec.site.checkpoint_dir is not None and "CHECKPOINT_DIR" not in dict(spec.site.env):
-        site.append(("CHECKPOINT_DIR", spec.site.checkpoint_dir, "from the site profile (checkpoint_dir)"))
-    return site + required
 
 
 def _shword(value: Value) -> str:

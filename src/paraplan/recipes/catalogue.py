@@ -213,26 +213,6 @@ def bridge_recipes() -> tuple[Recipe, ...]:
     return tuple(make_recipe(dict(zip(cols, r, strict=True)), row=i + 1) for i, r in enumerate(_packaged()["rows"]))
 
 
-def catalogue(user_file: str | None = None) -> tuple[Recipe, ...]:
-    """The NVIDIA recipes followed by those of ``user_file`` (validated; an identifier or alias already in the
-    library is an error naming the row)."""
-    base = bridge_recipes()
-    if not user_file:
-        return base
-    from paraplan.recipes.user import read_user_recipes
-
-    taken = {r.source for r in base} | {r.alias for r in base}
-    out = list(base)
-    for r in read_user_recipes(user_file):
-        for name in dict.fromkeys((r.source, r.alias)):
-            if name in taken:
-                raise SpecError(f"--recipes {user_file}: row {r.row}: '{name}' is already a recipe of the library "
-                                "(give the row another source)")
-            taken.add(name)
-        out.append(r)
-    return tuple(out)
-
-
 def find_recipe(name: str, recipes: tuple[Recipe, ...]) -> Recipe:
     """The recipe whose source, function name or alias is ``name``; one line with the nearest names if none."""
     for r in recipes:

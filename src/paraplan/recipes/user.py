@@ -19,6 +19,7 @@ from paraplan.recipes.catalogue import (
     REQUIRED,
     Cell,
     Recipe,
+    bridge_recipes,
     columns,
     make_recipe,
     parse_cell,
@@ -166,3 +167,21 @@ def read_user_recipes(path: str) -> list[Recipe]:
     if not out:
         raise SpecError(f"--recipes {path}: no recipes in the file")
     return out
+
+
+def catalogue(user_file: str | None = None) -> tuple[Recipe, ...]:
+    """The NVIDIA recipes followed by those of ``user_file`` (validated; an identifier or alias already in the
+    library is an error naming the row)."""
+    base = bridge_recipes()
+    if not user_file:
+        return base
+    taken = {r.source for r in base} | {r.alias for r in base}
+    out = list(base)
+    for r in read_user_recipes(user_file):
+        for name in dict.fromkeys((r.source, r.alias)):
+            if name in taken:
+                raise SpecError(f"--recipes {user_file}: row {r.row}: '{name}' is already a recipe of the library "
+                                "(give the row another source)")
+            taken.add(name)
+        out.append(r)
+    return tuple(out)

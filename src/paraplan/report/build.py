@@ -16,10 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.errors import SpecError
-from paraplan.estimate.stages import all_stage_layers
-from paraplan.estimate.step_time import stage_time
 from paraplan.estimator import Estimate, estimate
 from paraplan.explain import Finding, explain
 from paraplan.ingest import RunLog
@@ -216,7 +214,7 @@ def _pareto(peak: np.ndarray[Any, Any], tok: np.ndarray[Any, Any]) -> list[int]:
 
 def landscape(plan: Plan, max_points: int = MAX_POINTS) -> Landscape:
     """The feasible layouts (all of them up to ``max_points``: the Pareto front plus an even sample)."""
-    usable = (plan.cluster.gpu.hbm_bytes - plan.cluster.gpu.reserved_bytes) / GIB
+    usable = plan.cluster.gpu.usable_bytes / GIB
     ev = plan.feasible
     if ev is None or len(ev.table) == 0:
         return Landscape((), (), (), (), (), (), 0, usable)
@@ -237,10 +235,9 @@ def landscape(plan: Plan, max_points: int = MAX_POINTS) -> Landscape:
 
 
 def stage_times(est: Estimate) -> tuple[list[float], list[float]]:
-    """Forward and backward seconds of one micro-batch on every pipeline stage."""
+    """Forward and backward seconds of one micro-batch on every pipeline stage (the estimate's own stage times)."""
     fwd, bwd = [], []
-    for st in all_stage_layers(est.model, est.layout):
-        t = stage_time(est.model, est.cluster, est.training, est.layout, st)
+    for t in est.stage_times:
         work = float(t.compute_s) + sum(float(t.exposed_s[k]) for k in ("tp", "cp", "ep"))
         fwd.append(FORWARD_SHARE * work)
         bwd.append((1.0 - FORWARD_SHARE) * work + float(t.recompute_s))
@@ -305,7 +302,7 @@ def inputs_text(plan: Plan) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ..
     g = c.gpu
     cluster = [("GPU", g.name), ("GPUs", f"{c.num_gpus} ({c.gpus_per_node} per node, {c.num_nodes} nodes)"),
                ("NVLink domain", f"{c.nvlink_domain_size} GPUs"),
-               ("HBM / usable", f"{g.hbm_bytes / GIB:.1f} / {(g.hbm_bytes - g.reserved_bytes) / GIB:.1f} GiB"),
+               ("HBM / usable", f"{g.hbm_bytes / GIB:.1f} / {g.usable_bytes / GIB:.1f} GiB"),
                ("dense BF16 peak", f"{g.peak_bf16_flops_per_s / TFLOP:.0f} TFLOP/s"),
                ("NVLink / network per GPU",
                 f"{g.nvlink_bytes_per_s / 1e9:.0f} / {g.network_bytes_per_s / 1e9:.1f} GB/s per direction")]

@@ -24,6 +24,7 @@ from paraplan.specs.topology import (
     scale_up_block_gpus,
     scale_up_segment_nodes,
 )
+from paraplan.units import GIB
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,7 +135,7 @@ class GpuSpec:
     """GPUs per server (compute tray for NVL72 systems)."""
     nvlink_domain_size: int
     """GPUs reachable over NVLink (8 on HGX/DGX, 72 on GB200/GB300 NVL72)."""
-    reserved_bytes: float = 1.5 * 2**30
+    reserved_bytes: float = 1.5 * GIB
     """Memory not available to PyTorch's allocator (CUDA context, NCCL, cuBLAS/TE workspaces)."""
     arch: str = ""
     """Architecture family (ampere, hopper, blackwell, cdna3)."""
@@ -150,6 +151,12 @@ class GpuSpec:
     efficiency_calibrated: bool = True
     """False when ``efficiency`` is EfficiencySpec's defaults, fitted to no run on this GPU (MI300X):
     time figures are then indicative and estimates say so."""
+
+    @property
+    def usable_bytes(self) -> float:
+        """What PyTorch's allocator can use: HBM less ``reserved_bytes`` (a layout fits when its peak is at
+        most this). The one place that subtracts the two."""
+        return self.hbm_bytes - self.reserved_bytes
 
     @property
     def simt_flops_per_s(self) -> float:

@@ -4,7 +4,7 @@ The mapping follows ../shared/reference/ecosystem.md section 3 (3.1 field mappin
 recipes), which restates NVIDIA's own mapping in Megatron-Bridge
 (``src/megatron/bridge/models/conversion/model_bridge.py``, ``CONFIG_MAPPING``, and the per-family
 bridges) as Megatron-LM arguments. We build a dict keyed by Megatron-LM argument names and hand
-it to :func:`paraplan.specs.load.model_from_megatron_args`, so presets, Megatron-args files and
+it to :func:`paraplan.specs.megatron_args.model_from_megatron_args`, so presets, Megatron-args files and
 HF configs are validated by the same code.
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
@@ -49,7 +49,7 @@ from typing import Any
 
 from paraplan.errors import SpecError
 from paraplan.fileio import brief
-from paraplan.specs.load import model_from_megatron_args
+from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import ModelSpec
 
 _PREFIX = "config.json: "

@@ -11,15 +11,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
+from pathlib import Path
 from typing import Any, Final
 
 from paraplan.errors import SpecError
 from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
-from paraplan.specs.load import model_from_megatron_args
+from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import DTYPE_CHOICES, KNOB_FLAGS
+
+_DATA = Path(__file__).parent
+"""Where ``megatron_flags.txt`` and ``megatron_dests.tsv`` lie (beside this module)."""
 
 Values = dict[str, tuple[str, ...]]
 
@@ -60,7 +63,7 @@ _VP_FLAGS: Final = ("--num-layers-per-virtual-pipeline-stage",
 @cache
 def known_flags() -> frozenset[str]:
     """Every flag name (aliases included) Megatron-LM main @ d98e8a6 defines."""
-    text = resources.files("paraplan.launch").joinpath("megatron_flags.txt").read_text("utf-8")
+    text = _DATA.joinpath("megatron_flags.txt").read_text("utf-8")
     return frozenset(line.strip() for line in text.splitlines()
                      if line.strip() and not line.startswith("#"))
 
@@ -68,7 +71,7 @@ def known_flags() -> frozenset[str]:
 @cache
 def _dests() -> dict[str, tuple[str, str, str]]:
     """dest -> (flag, argparse action, default) of every Megatron-LM argument (megatron_dests.tsv)."""
-    text = resources.files("paraplan.launch").joinpath("megatron_dests.tsv").read_text("utf-8")
+    text = _DATA.joinpath("megatron_dests.tsv").read_text("utf-8")
     out: dict[str, tuple[str, str, str]] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
