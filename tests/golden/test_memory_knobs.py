@@ -293,3 +293,13 @@ def test_cli_shows_the_knobs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "memory_knobs" not in json.loads(capsys.readouterr().out)["config"]
     assert main([*CLI[:-2], *knobs]) == 0
     assert "memory knobs: --grad-reduce-in-bf16 --fp8-recipe tensorwise" in capsys.readouterr().out
+
+
+def test_launch_says_bridge_files_lack_the_knobs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from paraplan.cli import main
+
+    base = ["launch", *CLI[1:-2], "--target", "bridge", "--out"]
+    assert main([*base, str(tmp_path / "a"), "--knob", "grad-reduce-in-bf16"]) == 0
+    assert "bridge_overrides.txt does not carry the memory knobs yet" in capsys.readouterr().out
+    assert main([*base, str(tmp_path / "b")]) == 0
+    assert "does not carry the memory knobs" not in capsys.readouterr().out

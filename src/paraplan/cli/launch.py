@@ -30,7 +30,7 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.estimator import Estimate
+from paraplan.estimator import Estimate, memory_knobs_of
 from paraplan.launch.megatron import CheckpointArgs
 from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
 from paraplan.launch.site import load_site
@@ -146,5 +146,8 @@ def launch(
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
     for target_name, reason in json.loads(files["manifest.json"]).get("skipped_targets", {}).items():
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
+    if "bridge_overrides.txt" in files and memory_knobs_of(spec.training):
+        con.print("note: bridge_overrides.txt does not carry the memory knobs yet (megatron_args.sh does): "
+                  "set them in the Bridge recipe's mixed_precision and optimizer configs", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")
