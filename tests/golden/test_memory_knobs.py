@@ -303,3 +303,20 @@ def test_launch_says_bridge_files_lack_the_knobs(tmp_path, capsys: pytest.Captur
     assert "bridge_overrides.txt does not carry the memory knobs yet" in capsys.readouterr().out
     assert main([*base, str(tmp_path / "b")]) == 0
     assert "does not carry the memory knobs" not in capsys.readouterr().out
+
+
+def test_plan_searches_with_the_knobs(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+
+    job = ["plan", "--model", "llama3-70b", "--gpu", "h100-80gb", "--num-gpus", "64", "--seq-len", "8192",
+           "--gbs", "256", "--precision", "fp8", "--tp", "4", "--pp", "8", "--vp", "5", "--mbs", "1",
+           "--recompute", "none", "--top", "1", "--format", "json"]
+    assert main(job) == 0
+    (plain,) = json.loads(capsys.readouterr().out)["candidates"]
+    assert main([*job, "--knob", "grad-reduce-in-bf16"]) == 0
+    (knob,) = json.loads(capsys.readouterr().out)["candidates"]
+    assert knob["config"]["memory_knobs"] == {"grad_reduce_in_bf16": True} and "memory_knobs" not in plain["config"]
+    for a, b in zip(plain["memory"]["per_stage"], knob["memory"]["per_stage"], strict=True):
+        assert b["grads_bytes"] == pytest.approx(a["grads_bytes"] / 2)

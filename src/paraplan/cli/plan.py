@@ -26,6 +26,7 @@ from paraplan.cli.options import (
     GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
+    KnobOpt,
     ModelOpt,
     NumGpusOpt,
     PrecisionChoice,
@@ -132,6 +133,8 @@ class PlanRequest:
     fragmentation: float | None = None
     recompute_modules: str | None = None
     attention_backend: str = "flash"
+    knob: list[str] | None = None
+    """``--knob``: memory knobs as Megatron flags (options.knob_fields)."""
     schedule: str = ""
     """A ``paraplan.schedules`` name ("" = Megatron's choice from VP). Not in PLAN_OPTIONS: plan and explain
     each place ``--schedule`` among their own options (their --help order)."""
@@ -167,7 +170,7 @@ def run_plan(req: PlanRequest) -> Plan:
 
     inputs = resolve_inputs(model=req.model, gpu=req.gpu, num_gpus=req.num_gpus, gpus_per_node=req.gpus_per_node,
                             seq_len=req.seq_len, gbs=req.gbs, precision=req.precision, gpu_set=req.gpu_set,
-                            profile=req.profile, attention_backend=req.attention_backend)
+                            profile=req.profile, attention_backend=req.attention_backend, knobs=req.knob)
     if req.top < 1:
         raise SpecError(f"--top must be a positive integer, got {req.top}")
     if req.pp and req.max_pp is not None:
@@ -320,7 +323,7 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("tp_comm_overlap", bool, TpOvOpt), ("gpu_set", list[str] | None, GpuSetOpt),
     ("profile", str | None, ProfileOpt), ("workspace_gib", float | None, WorkspaceOpt),
     ("fragmentation", float | None, FragmentationOpt), ("recompute_modules", str | None, RecModOpt),
-    ("attention_backend", AttentionChoice, AttentionOpt),
+    ("attention_backend", AttentionChoice, AttentionOpt), ("knob", list[str] | None, KnobOpt),
 )
 """(parameter, type, typer option) of every flag plan and explain share, in --help order: each is a field of
 PlanRequest, in the same order, then ``schedule``, which each command places among its own flags
