@@ -161,7 +161,18 @@ def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches
         "pipeline_layout": list(layout.pipeline_layout),
         "precision": training.precision,
         **_schedule_keys(layout),
+        **({"memory_knobs": knobs} if (knobs := memory_knobs_of(training)) else {}),
     }
+
+
+def memory_knobs_of(training: TrainingSpec) -> dict[str, Any]:
+    """The TrainingSpec memory knobs away from Megatron's defaults (the JSON's ``config.memory_knobs``, absent
+    when empty)."""
+    from paraplan.specs.training import training_dict
+
+    plain = TrainingSpec(seq_len=training.seq_len, global_batch_size=training.global_batch_size,
+                         precision=training.precision, attention_backend=training.attention_backend)
+    return {k: v for k, v in training_dict(training).items() if k not in training_dict(plain)}
 
 
 def _schedule_keys(layout: ParallelLayout) -> dict[str, str]:

@@ -72,13 +72,16 @@ def test_pipeline_layout_strings_are_read_as_mcore_does() -> None:
 def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
     r = find_recipe("llama3-70b-h100-fp8cs-64", bridge_recipes())
     nm = not_modelled(r)
-    assert "grad_reduce_in_fp32=False" in nm and "fp8_param_gather=True" in nm
+    # the memory knobs are modelled now: applied to the TrainingSpec, not listed
+    assert not any(x.startswith(("grad_reduce_in_fp32", "fp8_param_gather")) for x in nm)
     assert any(x.startswith("precision=fp8_cs") for x in nm)
     est = estimate_recipe(r)
-    assert any("grad_reduce_in_fp32=False" in n for n in est.notes)
-    # a value paraplan already assumes is not listed: flip the knobs to the assumed values
+    t = est.training
+    assert (t.grad_reduce_in_bf16, t.fp8_param_gather, t.fp8_recipe) == (True, True, "tensorwise")
+    assert "manual_gc=True" in nm and any("manual_gc=True" in n for n in est.notes)
+    # the knobs move the estimate: flip them to Megatron's defaults and stage memory rises
     plain = replace(r, fields={**r.fields, "grad_reduce_in_fp32": True, "fp8_param_gather": False})
-    assert "grad_reduce_in_fp32=False" not in not_modelled(plain) and "fp8_param_gather=True" not in not_modelled(plain)
+    assert estimate_recipe(plain).peak_bytes > est.peak_bytes
     # a gated column (graph scope) is listed only when its gate is on
     graphs = [x for x in bridge_recipes()
               if x.get("cuda_graph_impl") == "transformer_engine" and x.get("cuda_graph_scope")]

@@ -65,7 +65,8 @@ def test_good_csv_rows_run_with_their_knobs(tmp_path: Path, capsys: pytest.Captu
     d = json.loads(out)
     assert code == (0 if d["memory"]["fits"] else 4), err
     assert d["config"]["precision"] == "fp8" and d["config"]["mbs"] == 2
-    assert "grad_reduce_in_fp32=False" in d["recipe"]["not_modelled"]
+    assert not any(x.startswith("grad_reduce_in_fp32") for x in d["recipe"]["not_modelled"])  # modelled now
+    assert d["config"]["memory_knobs"]["grad_reduce_in_bf16"] is True
 
 
 def test_good_yaml_rows_and_listing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from paraplan.cli.options import (
     GpuSetOpt,
     GpusPerNodeOpt,
     HeadroomOpt,
+    KnobOpt,
     LayoutFlags,
     OptGbsOpt,
     OptGpuOpt,
@@ -61,6 +62,7 @@ def estimate(
         help="A pretrain_gpt.py / torchrun command line (or @FILE): model, layout and batch are read from it."),
     precision: PrecisionChoice = PrecisionOpt,
     attention_backend: AttentionChoice = AttentionOpt,
+    knob: list[str] | None = KnobOpt,
     mfu_peak: PrecisionChoice = typer.Option(PrecisionChoice.bf16, "--mfu-peak",
                                              help="Dense peak MFU/HFU divide by."),
     gpu_set: list[str] | None = GpuSetOpt,
@@ -109,6 +111,7 @@ def estimate(
         given += given_layout_flags(flags)
         if precision != PrecisionChoice.bf16 or attention_backend != AttentionChoice.flash:
             given.append("--precision/--attention-backend")
+        given += ["--knob"] if knob else []
         if given:
             raise SpecError(f"--megatron-args describes the model, layout, batch and precision; drop "
                             f"{', '.join(given)} (or drop --megatron-args)")
@@ -121,7 +124,7 @@ def estimate(
     assert model is not None and num_gpus is not None and seq_len is not None and gbs is not None
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
-                            profile=profile, attention_backend=attention_backend.value)
+                            profile=profile, attention_backend=attention_backend.value, knobs=knob)
     layout, notes = flags.layout(num_gpus, inputs.model)
     from paraplan.launch.megatron import launch_violations
 

@@ -27,6 +27,7 @@ from paraplan.cli.options import (
     GpuSetOpt,
     GpusPerNodeOpt,
     HeadroomOpt,
+    KnobOpt,
     ModelOpt,
     NumGpusOpt,
     PrecisionChoice,
@@ -136,6 +137,8 @@ class PlanRequest:
     attention_backend: str = "flash"
     headroom: str | None = None
     """``--headroom``: GIB, PCT or 0 (``paraplan.headroom.parse_headroom``); None = the memory model's band."""
+    knob: list[str] | None = None
+    """``--knob``: memory knobs as Megatron flags (options.knob_fields)."""
     schedule: str = ""
     """A ``paraplan.schedules`` name ("" = Megatron's choice from VP). Not in PLAN_OPTIONS: plan and explain
     each place ``--schedule`` among their own options (their --help order)."""
@@ -172,7 +175,7 @@ def run_plan(req: PlanRequest) -> Plan:
     margin = parse_headroom(req.headroom)
     inputs = resolve_inputs(model=req.model, gpu=req.gpu, num_gpus=req.num_gpus, gpus_per_node=req.gpus_per_node,
                             seq_len=req.seq_len, gbs=req.gbs, precision=req.precision, gpu_set=req.gpu_set,
-                            profile=req.profile, attention_backend=req.attention_backend)
+                            profile=req.profile, attention_backend=req.attention_backend, knobs=req.knob)
     if req.top < 1:
         raise SpecError(f"--top must be a positive integer, got {req.top}")
     if req.pp and req.max_pp is not None:
@@ -328,6 +331,7 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("profile", str | None, ProfileOpt), ("workspace_gib", float | None, WorkspaceOpt),
     ("fragmentation", float | None, FragmentationOpt), ("recompute_modules", str | None, RecModOpt),
     ("attention_backend", AttentionChoice, AttentionOpt), ("headroom", str | None, HeadroomOpt),
+    ("knob", list[str] | None, KnobOpt),
 )
 """(parameter, type, typer option) of every flag plan and explain share, in --help order: each is a field of
 PlanRequest, in the same order, then ``schedule``, which each command places among its own flags

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from paraplan.errors import NoFeasiblePlanError
     from paraplan.estimator import Estimate
     from paraplan.search import FitTip
+    from paraplan.specs.training import TrainingSpec
 
 
 def fit_tip_flags(tip: FitTip) -> str:
@@ -89,6 +90,18 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
     return table
 
 
+def knob_words(training: TrainingSpec) -> str:
+    """The memory knobs away from Megatron's defaults, as the Megatron flags that set them."""
+    from paraplan.estimator import memory_knobs_of
+    from paraplan.specs.training import KNOB_FLAGS
+
+    words = []
+    for key, value in memory_knobs_of(training).items():
+        flag = KNOB_FLAGS.get(key, key)
+        words.append(flag if value is True else f"{flag} {value}")
+    return " ".join(words)
+
+
 def render_estimate(est: Estimate) -> None:
     """Per-stage memory table, time breakdown and throughput."""
     con = console()
@@ -96,6 +109,9 @@ def render_estimate(est: Estimate) -> None:
     con.print(f"[bold]{safe(est.model.name)}[/] on {est.cluster.num_gpus} x {safe(est.cluster.gpu.name)} "
               f"({est.cluster.gpus_per_node}/node, NVLink domain {est.cluster.nvlink_domain_size}) | "
               f"seq {est.training.seq_len}, GBS {est.training.global_batch_size}, {est.training.precision}")
+    knobs = knob_words(est.training)
+    if knobs:
+        con.print(f"memory knobs: {safe(knobs)}")
     con.print(f"layout: {lay.short()} | micro-batches {est.num_microbatches} | "
               f"params {format_count(est.params.total)} (active {format_count(est.params.active_per_token)})")
     table = Table(title="memory per GPU by pipeline stage (GiB)")
