@@ -33,6 +33,7 @@ from paraplan.checkpoint import (
     format_decimal_bytes,
 )
 from paraplan.errors import NoFeasiblePlanError, SpecError
+from paraplan.fileio import brief
 from paraplan.estimate.params import model_param_counts
 from paraplan.estimator import Estimate, config_dict, max_positions_for
 from paraplan.goodput import DEFAULT_FAILURE_RATE_PER_GPU_HOUR, FailureSpec
@@ -54,6 +55,10 @@ GBS_TOLERANCE: Final = 0.02
 """With a GBS range, the smallest GBS within this fraction of the best throughput is kept."""
 DEFAULT_BATCH_TOKENS: Final = 4 * 2**20
 """Default tokens per step: ~4M, Llama 3's initial batch (Dubey et al. 2024, section 3.4.1)."""
+MAX_TOKENS: Final = 1e18
+"""Largest --tokens accepted (a million times Llama 3's 15T): a count past it is a typo, and its days overflow."""
+MAX_PRICE_PER_GPU_HOUR: Final = 1e6
+"""Largest USD per GPU-hour accepted (1e308 printed $infT)."""
 TOKEN_SUFFIXES: Final = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 CONVERGENCE_NOTE: Final = ("a larger global batch than the base is a convergence trade-off: past the critical batch "
                            "size more tokens are needed for the same loss (McCandlish et al. 2018, arXiv:1812.06162); "
@@ -78,7 +83,10 @@ def parse_token_count(text: str, flag: str = "--tokens") -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise SpecError(f"{flag}: expected a positive token count like 15T, 300B or 2.5e12, got '{text}'")
+        raise SpecError(f"{flag}: expected a positive token count like 15T, 300B or 2.5e12, got {brief(text)}")
+    if value > MAX_TOKENS:
+        raise SpecError(f"{flag}: {value:.3g} tokens is out of range; allowed up to {MAX_TOKENS:g} (1e6 T), "
+                        f"got {brief(text)}")
     return value
 
 
@@ -98,7 +106,10 @@ def parse_prices(text: str | None, gpu_names: Sequence[str], flag: str = "--pric
         except ValueError:
             price = math.nan
         if not math.isfinite(price) or price <= 0:
-            raise SpecError(f"{flag}: expected GPU=USD with a positive price (e.g. h100-80gb=2.5), got '{item}'")
+            raise SpecError(f"{flag}: expected GPU=USD with a positive price (e.g. h100-80gb=2.5), got {brief(item)}")
+        if price > MAX_PRICE_PER_GPU_HOUR:
+            raise SpecError(f"{flag}: {price:g} USD per GPU-hour is out of range; allowed up to "
+                            f"{MAX_PRICE_PER_GPU_HOUR:g}, got {brief(item)}")
         out.update({name: price} if name else dict.fromkeys(gpu_names, price))
     return out
 

@@ -182,21 +182,25 @@ def load_yaml_text(text: str, what: str, source: str = "") -> Any:
     """The YAML document in ``text`` through the safe loader; SpecError in one line naming ``what``
     (and ``source``, the file) on a syntax error or a limit."""
     where = f"'{_shown(source)}' " if source else ""
-    loader = _SafeLoader(text)
+    loader: _SafeLoader | None = None
     try:
+        loader = _SafeLoader(text)  # PyYAML's reader checks the characters here (a control byte: ReaderError)
         return loader.get_single_data()
     except yaml.YAMLError as err:
         raise SpecError(f"{what}: {where}is not valid YAML: {yaml_error_text(err)}") from None
     except RecursionError:  # not reached under MAX_NESTING; kept so that no input is a traceback
         raise SpecError(f"{what}: {where}is nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def yaml_error_text(err: yaml.YAMLError) -> str:
     """One line for a YAML error: the problem and where (PyYAML's own text spans several lines)."""
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     mark = getattr(err, "problem_mark", None)
+    if isinstance(err, yaml.reader.ReaderError):  # a character YAML does not allow (a control byte)
+        return f"{problem} at character {err.position + 1}"
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
@@ -316,6 +320,8 @@ def check_output_file(path: str | Path, option: str = "output", *, force: bool =
     Refused unless ``force``: an existing file. A symlink to a regular file is written through
     (its target is returned), as a shell redirection would.
     """
+    if not str(path):  # Path("") is "." (the current folder): an empty name is a slip, refused
+        raise SpecError(f"{option}: an empty file name (give a file name)")
     target = Path(path)
     try:
         st = os.lstat(target)

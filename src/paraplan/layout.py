@@ -32,6 +32,34 @@ IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
 
+MAX_PIPELINE_STAGES: Final = 2**17
+"""Most virtual pipeline stages (PP x VP) and layers per first/last stage a layout may have: above
+any model's layer count (specs.model.MAX_NUM_LAYERS, 100,000) plus embedding and loss, small enough
+that the per-stage lists stay cheap (an unbounded --vp was a MemoryError)."""
+
+
+def _check_stage_sizes(pp: int, vp: int, first: int, last: int, pipeline_layout: tuple[int, ...]) -> None:
+    for name, value in (("pp", pp), ("vp", vp), ("decoder-first-pipeline-num-layers", first),
+                        ("decoder-last-pipeline-num-layers", last)):
+        if value > MAX_PIPELINE_STAGES:
+            raise SpecError(f"--{name}: {value:,} is out of range; allowed 1 to {MAX_PIPELINE_STAGES:,}")
+    if pp * vp > MAX_PIPELINE_STAGES:
+        raise SpecError(f"--pp x --vp: {pp * vp:,} virtual pipeline stages; allowed at most {MAX_PIPELINE_STAGES:,}")
+    if len(pipeline_layout) > MAX_PIPELINE_STAGES:
+        raise SpecError(f"--pipeline-model-parallel-layout: {len(pipeline_layout):,} stages; "
+                        f"allowed at most {MAX_PIPELINE_STAGES:,}")
+
+
+def check_layout_sizes(num_layers: int, model_name: str, **sizes: int | None) -> None:
+    """One-line SpecError for a layout flag that sizes a per-stage list (pp, vp, the first/last stage
+    layers) above what the model can use: 1 to num_layers (as ``plan`` bounds --vp), before any list
+    is built."""
+    for name, value in sizes.items():
+        if value is not None and not isinstance(value, bool) and isinstance(value, int) and value > num_layers:
+            raise SpecError(f"--{name.replace('_', '-')}: {value:,} is out of range; allowed 1 to {num_layers:,} "
+                            f"(num_layers of {model_name})")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelLayout:
     """Parallel sizes, micro-batch and memory/overlap switches of one run."""
@@ -93,6 +121,7 @@ class ParallelLayout:
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise SpecError(f"{f} must be a non-negative integer, got {value!r}")
+        _check_stage_sizes(self.pp, self.vp, self.first_stage_layers, self.last_stage_layers, self.pipeline_layout)
         if self.etp == 0:
             object.__setattr__(self, "etp", self.tp)
         if self.recompute not in RECOMPUTE_CODES:

@@ -288,7 +288,7 @@ def budget_cmd(
         raise SpecError(f"--max-gbs ({max_gbs}) must be >= --gbs ({gbs})")
     site_profile = load_site(site)
     model_spec = load_model(model)
-    if html:
+    if html is not None:
         from paraplan.fileio import check_output_file
 
         check_output_file(html, "--html", force=force)

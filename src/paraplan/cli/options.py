@@ -311,6 +311,11 @@ class LayoutFlags:
 
     def layout(self, num_gpus: int, model: ModelSpec) -> tuple[ParallelLayout, list[str]]:
         """The ParallelLayout the flags describe for ``num_gpus`` (with --pipeline-split applied)."""
+        from paraplan.layout import check_layout_sizes
+
+        check_layout_sizes(model.num_layers, model.name, pp=self.pp, vp=self.vp,
+                           decoder_first_pipeline_num_layers=self.first_stage_layers,
+                           decoder_last_pipeline_num_layers=self.last_stage_layers)
         layout = build_layout(
             num_gpus=num_gpus, tp=self.tp, pp=self.pp, vp=self.vp, cp=self.cp, ep=self.ep, etp=self.etp,
             mbs=self.mbs, recompute=str(getattr(self.recompute, "value", self.recompute)),

@@ -383,7 +383,7 @@ def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: st
                   fmt: PlanFormat, recipes_file: str | None = None) -> None:
     """What plan and explain do with their request: search, save plan.json, print."""
     site_profile = load_site(site)
-    if save:
+    if save is not None:
         from paraplan.fileio import check_output_file
 
         check_output_file(save, "--save", force=force)

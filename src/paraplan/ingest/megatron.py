@@ -41,7 +41,10 @@ _GLUE = re.compile(
     r"(?=[\[ i(T])(?:(?=\[Rank \d+\] \()|(?= ?\[\d{4}-\d\d-\d\d [\d:.]+\] iteration\s)"
     r"|(?<=[^\s,:\]])(?= ?iteration\s+\d+\s*/)|(?<=[\d|])(?=\(min, max\) time across)"
     r"|(?<=\S)(?=Training epoch \d+, iteration ))")
-_ITER = re.compile(r"iteration\s*+(?:[=:]\s*+)?(\d++)\s*+/\s*+(\d++)")
+# Integer captures (ranks, iterations, steps) hold at most 12 digits (``_INT``): a line with a longer
+# number is not a record, so int() never meets a number past Python's 4,300-digit limit.
+_INT = r"\d{1,12}+(?!\d)"
+_ITER = re.compile(rf"iteration\s*+(?:[=:]\s*+)?({_INT})\s*+/\s*+({_INT})")
 _STAMP = re.compile(r"\[(\d{4}-?\d\d-?\d\d[ T][\d:.]++)\]")
 _KV_SEP = re.compile(r"[:=]")
 
@@ -143,7 +146,7 @@ def parse_iteration(text: str, line: int | None = None) -> IterationRecord | Non
     )  # fmt: skip
 
 
-_NEMO1 = re.compile(r"Epoch (\d++):\s*+\d++%\|(?:[^|]*+\|)?\s*+(\d++)/(\d++)\s*+\[([^\]]*+)(\]?)")
+_NEMO1 = re.compile(rf"Epoch ({_INT}):\s*+\d++%\|(?:[^|]*+\|)?\s*+({_INT})/({_INT})\s*+\[([^\]]*+)(\]?)")
 _RATE = re.compile(rf"(?<![\d.])({NUM})\s*+(s/it|it/s)")  # no restart inside a number
 
 
@@ -166,8 +169,8 @@ def parse_nemo1(text: str, line: int | None = None) -> IterationRecord | None:
                            partial=bad or not m.group(5), **kw)
 
 
-_MEM = re.compile(r"^(?:\[Rank (\d++)\]\s*+)?(?:\(([^)]*+)\)\s*+)?memory \((MB|GB)\)\s*+\|(.*)$")
-_MEM_CTX = re.compile(r"(?<!\d)(\d++) iterations|iteration (\d++)")
+_MEM = re.compile(rf"^(?:\[Rank ({_INT})\]\s*+)?(?:\(([^)]*+)\)\s*+)?memory \((MB|GB)\)\s*+\|(.*)$")
+_MEM_CTX = re.compile(rf"(?<!\d)({_INT}) iterations|iteration ({_INT})")
 _MEM_ATTRS = {
     "allocated": "allocated_bytes", "max allocated": "max_allocated_bytes",
     "reserved": "reserved_bytes", "max reserved": "max_reserved_bytes",
@@ -209,7 +212,7 @@ def parse_memory(text: str, line: int | None = None) -> MemoryRecord | None:
     )  # fmt: skip
 
 
-_DS_STEP = re.compile(r"global_step=(\d++)")
+_DS_STEP = re.compile(rf"global_step=({_INT})")
 _DS_MEM = re.compile(rf"MemAllocated=({NUM})GB, MaxMemAllocated=({NUM})GB")
 
 
@@ -227,7 +230,7 @@ def parse_deepspeed_memory(text: str, line: int | None = None) -> MemoryRecord |
     )  # fmt: skip
 
 
-_LEGACY_TIMERS = re.compile(r"^(?:\[Rank (\d++)\]\s*+)?time \(ms\)\s*+\|(.*)$")
+_LEGACY_TIMERS = re.compile(rf"^(?:\[Rank ({_INT})\]\s*+)?time \(ms\)\s*+\|(.*)$")
 
 
 def parse_legacy_timers(text: str, line: int | None = None) -> list[TimerRecord]:
@@ -264,7 +267,7 @@ def parse_timer_body(text: str, line: int | None = None, kind: str = "minmax") -
     return TimerRecord(name=sys.intern(m.group(1)), value_s=hi, min_s=lo, max_s=hi, kind=kind, line=line)
 
 
-_VALID = re.compile(r"^(validation(?:-\d+)? loss at (?:iteration (\d+)|the end of training for "
+_VALID = re.compile(rf"^(validation(?:-\d+)? loss at (?:iteration ({_INT})|the end of training for "
                     r"\w+ data))\s*\|(.*)$")
 
 

@@ -25,7 +25,7 @@ from paraplan.units import GIB
 
 # Linear-time patterns (possessive quantifiers; pairs split at ':' then matched), see megatron.py.
 _NUM = r"[-+]?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:[eE][-+]?+\d++)?+"
-_RANK = re.compile(r"\[rank-(\d++)/(\d++)\]")
+_RANK = re.compile(r"\[rank-(\d{1,12}+)/(\d{1,12}+)\]")  # at most 12 digits: int() stays cheap
 _HIP_KEY = "hip mem usage/free/total/usage_ratio"
 _HIP = re.compile(rf"{re.escape(_HIP_KEY)}\s*+:\s*+([^|]*+)")
 _HIP_VALUE = re.compile(rf"^\s*+({_NUM})\s*+(GB|GiB|%)\s*+$")

@@ -24,9 +24,10 @@ from typing import Final
 # Linear-time patterns (issue 17): the sizes line is found in two searches (no lazy ``.*?`` between them), runs
 # of dashes are matched from their first dash only, and an argument's value is stripped, not matched by ``\s*$``.
 _SIZES_HEAD: Final = re.compile(
-    r"using world size: (?P<world>\d++), data-parallel[- ]size: (?P<dp>\d++)"
-    r"(?:, context-parallel size: (?P<cp>\d++))?")
-_SIZES_TAIL: Final = re.compile(r"tensor-model-parallel size: (?P<tp>\d++), pipeline-model-parallel size: (?P<pp>\d++)")
+    r"using world size: (?P<world>\d{1,12}+), data-parallel[- ]size: (?P<dp>\d{1,12}+)"  # int() of <= 12 digits
+    r"(?:, context-parallel size: (?P<cp>\d{1,12}+))?")
+_SIZES_TAIL: Final = re.compile(r"tensor-model-parallel size: (?P<tp>\d{1,12}+), "
+                                r"pipeline-model-parallel size: (?P<pp>\d{1,12}+)")
 _ARGS_START: Final = re.compile(r"(?<!-)-{8,}+ arguments -{8}")
 _ARGS_END: Final = re.compile(r"(?<!-)-{8,}+ end of arguments -{8}")
 _ARG_LINE: Final = re.compile(r"^\s++(?P<name>[A-Za-z_][A-Za-z0-9_]*+) \.*+ ?+(?P<value>.*+)")
@@ -58,7 +59,7 @@ class RunConfig:
         args = dict(self.arguments)
         for key, name in ARGUMENT_SIZES.items():
             raw = args.get(name)
-            if raw is not None and raw.isdigit():
+            if raw is not None and raw.isascii() and raw.isdigit() and len(raw) <= 12:  # int() stays cheap
                 sizes[key] = int(raw)
         if args.get("virtual_pipeline_model_parallel_size") == "None" and "pp" in sizes:
             sizes["vp"] = 1

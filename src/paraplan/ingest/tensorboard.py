@@ -123,10 +123,23 @@ def _scalar_events(acc: Any, tensor_util: ModuleType) -> dict[str, dict[int, flo
         series[tag] = {int(e.step): float(e.value) for e in acc.Scalars(tag)}
     for tag in tags.get("tensors", []):
         for event in acc.Tensors(tag):
+            if _elements(event.tensor_proto) != 1:  # only scalars are read; a [2e9] shape would expand
+                continue
             array = tensor_util.make_ndarray(event.tensor_proto)
             if array.size == 1 and array.dtype.kind in "fiu":
                 series.setdefault(tag, {})[int(event.step)] = float(array.reshape(-1)[0])
     return series
+
+
+def _elements(proto: Any) -> int:
+    """The element count ``proto``'s tensor_shape declares (capped at 2: more is never a scalar),
+    read before any array is built (tensorboard's make_ndarray expands one float_val to the shape)."""
+    count = 1
+    for dim in proto.tensor_shape.dim:
+        count *= max(int(dim.size), 0)
+        if count > 1:
+            return 2
+    return count
 
 
 def read_tensorboard(path: str | Path) -> RunLog:
@@ -138,6 +151,10 @@ def read_tensorboard(path: str | Path) -> RunLog:
         raise IngestError(f"{path}: no TensorBoard event files (events.out.tfevents.*) in it")
     if not path.is_dir():
         check_regular_file(path, "log", error=IngestError)  # a FIFO would block the reader
+    else:  # every event file the accumulator will open, a FIFO among them too
+        for p in sorted(path.iterdir()):
+            if "tfevents" in p.name:
+                check_regular_file(p, "log", error=IngestError)
     ea = _module("tensorboard.backend.event_processing.event_accumulator")
     tensor_util = _module("tensorboard.util.tensor_util")
     acc = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})

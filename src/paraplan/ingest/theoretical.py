@@ -49,7 +49,7 @@ _BILLIONS = re.compile(rf"^((?:total )?number of [^:]+?) in billions:\s*+({_NUM}
 _PER_LAYER = re.compile(
     rf"^Activation memory footprint per transformer layer(?:\s*+\(([^)]*+)\))?:\s*+({_NUM})\s*+MB$")
 _PENALTY = re.compile(rf"^Memory penalty from interleaved schedule:\s*+({_NUM})$")
-_IN_FLIGHT = re.compile(r"^Number of in-flight microbatches:\s*+(\d++)$")
+_IN_FLIGHT = re.compile(r"^Number of in-flight microbatches:\s*+(\d{1,12}+)$")  # int() of at most 12 digits
 _MARKER = re.compile(r"^compute_activation_memory[ _](with(?:out)?)[ _]sp$", re.IGNORECASE)
 _UNSUPPORTED = re.compile(r"^Theoretical memory footprints not yet supported for (.+?)\.?$")
 _SUMMARY = re.compile(r"Theoretical memory footprints:\s*+(.*)$")

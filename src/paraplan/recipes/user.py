@@ -102,14 +102,10 @@ def _cell(path: str, row: int, column: str, value: Any) -> Cell:
 
 
 def _yaml_rows(path: str, text: str) -> list[dict[str, Cell]]:
-    import yaml
+    from paraplan.fileio import load_yaml_text
 
-    from paraplan.fileio import yaml_error_text
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise SpecError(f"--recipes {path}: not valid YAML: {yaml_error_text(err)}") from None
+    # the hardened reader: duplicate keys, deep nesting, alias bombs and control bytes refused in one line
+    data = load_yaml_text(text, "--recipes", path)
     if isinstance(data, dict) and set(data) == {"recipes"}:
         data = data["recipes"]
     if not isinstance(data, list):

@@ -83,22 +83,36 @@ class EfficiencySpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            lo, lo_open, hi = EFFICIENCY_RANGES.get(f.name, (0.0, False, math.inf))
+            lo, lo_open, hi = EFFICIENCY_RANGES[f.name]
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                     or value < lo or (lo_open and value == lo) or value > hi:
-                span = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}, finite"
+                span = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
                 raise SpecError(f"gpu.efficiency.{f.name} must be in {span}, got {brief(value)}")
 
 
 EFFICIENCY_RANGES: dict[str, tuple[float, bool, float]] = {
-    **{name: (0.0, True, 1.0) for name in ("gemm_max_frac", "attention_frac", "hbm_frac", "nvlink_bus_frac",
-                                           "network_bus_frac")},
+    **{name: (1e-3, False, 1.0) for name in ("gemm_max_frac", "attention_frac", "hbm_frac", "nvlink_bus_frac",
+                                             "network_bus_frac")},
     **{name: (0.0, False, 1.0) for name in ("tp_overlap_frac", "tp_comm_overlap_frac", "dp_overlap_frac",
                                             "cp_overlap_frac", "pp_overlap_frac", "ep_overlap_frac")},
-    "fp8_gemm_speedup": (0.0, True, 10.0), "moe_overhead_frac": (0.0, False, 100.0),
+    "fp8_gemm_speedup": (0.1, False, 10.0), "moe_overhead_frac": (0.0, False, 100.0),
+    "gemm_half_dim": (0.0, False, 2.0**20), "elementwise_bytes_per_token_hidden": (0.0, False, 1e4),
+    **{name: (0.0, False, 1.0) for name in ("collective_latency_s", "layer_overhead_s", "moe_layer_overhead_s")},
+    "step_overhead_s": (0.0, False, 3600.0),
 }
-"""(lower bound, lower bound excluded, upper bound) of EfficiencySpec fields: fractions of a peak in (0, 1],
-shares hidden in [0, 1]; the rest (dimensions, bytes, seconds) are finite and >= 0."""
+"""(lower bound, lower bound excluded, upper bound) of every EfficiencySpec field: physical bounds, so
+that no finite input makes a time nan or 100 digits long. Fractions of a peak in [0.001, 1] (1e-320
+underflowed the step time to nan), shares hidden in [0, 1], FP8 speed-up in [0.1, 10], latencies and
+per-layer overheads at most 1 s, the per-step overhead at most an hour, dimensions at most 2^20."""
+
+GPU_RANGES: dict[str, tuple[float, float, str]] = {
+    "hbm_bytes": (1e6, 1e18, "bytes"), "reserved_bytes": (0.0, 1e18, "bytes"),
+    **{name: (1e3, 1e18, "bytes/s") for name in ("hbm_bytes_per_s", "nvlink_bytes_per_s", "network_bytes_per_s")},
+    **{name: (1e3, 1e18, "FLOP/s") for name in ("peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
+                                                 "peak_fp32_simt_flops_per_s")},
+}
+"""(lowest, highest, unit) of GpuSpec's capacities, bandwidths and peaks: physical bounds, far around
+any real GPU (H100: 80 GB, 3.35e12 bytes/s, 9.9e14 FLOP/s), so that times stay finite and readable."""
 
 
 MAX_GPUS_PER_DOMAIN = 2**16
@@ -174,6 +188,9 @@ class GpuSpec:
             if not (math.isfinite(value) and (value >= 0 if fname == "reserved_bytes" else value > 0)):
                 raise SpecError(f"gpu.{fname} must be a finite number {'>=' if fname == 'reserved_bytes' else '>'} 0, "
                                 f"got {value}")
+            lo, hi, unit = GPU_RANGES[fname]
+            if not lo <= value <= hi:
+                raise SpecError(f"gpu.{fname} must be in [{lo:g}, {hi:g}] {unit}, got {brief(value)}")
         for fname in ("gpus_per_node", "nvlink_domain_size"):
             value = getattr(self, fname)
             if not 1 <= value <= MAX_GPUS_PER_DOMAIN:
