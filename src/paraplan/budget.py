@@ -33,9 +33,9 @@ from paraplan.checkpoint import (
     format_decimal_bytes,
 )
 from paraplan.errors import NoFeasiblePlanError, SpecError
-from paraplan.fileio import brief
 from paraplan.estimate.params import model_param_counts
 from paraplan.estimator import Estimate, config_dict, max_positions_for
+from paraplan.fileio import brief
 from paraplan.goodput import DEFAULT_FAILURE_RATE_PER_GPU_HOUR, FailureSpec
 from paraplan.headroom import Headroom
 from paraplan.search import SearchSpace, plan

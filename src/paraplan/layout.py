@@ -170,7 +170,7 @@ class ParallelLayout:
         return global_batch_size // (self.mbs * self.dp)
 
     def short(self) -> str:
-        """Compact label, e.g. ``tp4 pp4 cp2 dp2 mbs1 sel``."""
+        """Compact label, e.g. ``tp4 pp4 cp2 dp2 mbs1 selective``."""
         parts = [f"tp{self.tp}", f"pp{self.pp}"]
         if self.vp > 1:
             parts.append(f"vp{self.vp}")
@@ -180,7 +180,7 @@ class ParallelLayout:
             parts.append(f"ep{self.ep}")
         if self.etp != self.tp:
             parts.append(f"etp{self.etp}")
-        parts += [f"dp{self.dp}", f"mbs{self.mbs}", self.recompute[:4]]
+        parts += [f"dp{self.dp}", f"mbs{self.mbs}", self.recompute]  # the full word (recompute[:4] was "sele")
         if self.fsdp:
             parts.append("fsdp")
         elif not self.distributed_optimizer:

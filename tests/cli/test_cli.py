@@ -135,6 +135,22 @@ def test_plan_csv_and_explain(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"BINDING_MEMORY", "DOMINANT_TIME", tp_code, "DP_TAKES_REST", "RUNNER_UP_GAP"} <= codes
 
 
+def test_estimate_csv_cells_are_flat(capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    code, out, _ = run([*BASE, "--format", "csv"], capsys)
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 4 and "other_parts" not in rows[0]  # was a Python dict repr in one cell
+    parts = {k: float(v) for k, v in rows[0].items() if k.startswith("other_parts.")}
+    assert "other_parts.logits_bytes" in parts and "other_parts.workspace_bytes" in parts
+    assert all("{" not in v for row in rows for v in row.values())
+    code, out, _ = run([*BASE, "--format", "json"], capsys)
+    stage = json.loads(out)["memory"]["per_stage"][0]
+    assert parts == pytest.approx({f"other_parts.{k}": v for k, v in stage["other_parts"].items()})
+
+
 def test_plan_save_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from paraplan.serialize import load_plan
 

@@ -115,6 +115,24 @@ def test_models_and_gpus_fit_80_columns(narrow: None, capsys: pytest.CaptureFixt
         assert set(names) <= rows, command  # each name whole at the start of its row
 
 
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_recipes_fit_narrow_terminals_with_whole_numbers(columns: str, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.recipes.user import catalogue
+
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = run(["recipes"], capsys)
+    assert code == 0
+    assert_fits(out, int(columns))  # no cell cut to '…' (the GPUs, seq and GBS columns were)
+    header = next(line.split() for line in out.splitlines() if line.split()[:1] == ["alias"])
+    assert header[1:4] == ["GPUs", "seq", "GBS"]
+    shown = [r for r in catalogue() if r.runnable]
+    numbers = {tuple(line.split()[1:4]) for line in out.splitlines() if len(line.split()) > 4}
+    for r in shown[:20]:  # each number whole in its column
+        assert (str(r.get("num_gpus")), str(r.get("seq_length")), str(r.get("global_batch_size"))) in numbers
+    assert "--format json" in out
+
+
 def test_models_at_full_width_shows_whole_sources(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "250")

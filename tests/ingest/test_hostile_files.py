@@ -249,3 +249,51 @@ def test_line_reader_cuts_long_lines_at_carriage_returns_and_skips_long_pieces(d
     assert sorted(joined.items()) == expected and stats.long_lines == skipped
     assert [n for n, _ in got] == sorted(n for n, _ in got)
     assert all(len(text) <= max_line + 1 for _, text in got)  # a character per byte at most
+
+
+def test_a_fifo_among_the_event_files_of_a_folder_is_refused(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tensorboard")
+    os.mkfifo(tmp_path / "events.out.tfevents.1.h")
+    err = _one_line_error(capsys, ["ingest", str(tmp_path)])
+    assert "events.out.tfevents.1.h" in err and "FIFO" in err
+
+
+def test_a_tensor_with_a_huge_shape_is_not_expanded(tmp_path: Path) -> None:
+    writer_mod = pytest.importorskip("tensorboard.summary.writer.event_file_writer")
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+
+    writer = writer_mod.EventFileWriter(str(tmp_path))
+    shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=2 * 10**9)])
+    huge = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_shape=shape, float_val=[1.0])
+    scalar = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[1.5])
+    meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    for step, tensor in ((1, huge), (2, scalar)):
+        value = summary_pb2.Summary.Value(tag="iteration-time", tensor=tensor, metadata=meta)
+        writer.add_event(event_pb2.Event(step=step, wall_time=1.7e9 + step, summary=summary_pb2.Summary(value=[value])))
+    writer.close()
+    done, _ = _bounded(["ingest", str(tmp_path), "--format", "json"], limit_mib=1500)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert '"step_time_s"' in done.stdout and "1.5" in done.stdout  # the scalar is read, the [2e9] tensor skipped
+
+
+@pytest.mark.parametrize("line", [
+    "[Rank {n}] (after 1 iterations) memory (MB) | allocated: 1 | max allocated: 2 | reserved: 3 | max reserved: 4",
+    "[Rank 1] (after {n} iterations) memory (MB) | allocated: 1 | max allocated: 2 | reserved: 3 | max reserved: 4",
+    " iteration {n}/ 10 | elapsed time per iteration (ms): 100.0 | global batch size: 8 |",
+    " iteration 1/ {n} | elapsed time per iteration (ms): 100.0 | global batch size: 8 |",
+    "validation loss at iteration {n} | lm loss value: 1.0 |",
+    "[rank-{n}/8] iteration 1/ 10 | hip mem usage/free/total/usage_ratio: 1.0GB/2.0GB/3.0GB/33.3% |",
+    "Number of in-flight microbatches: {n}",
+    "using world size: {n}, data-parallel size: 1, context-parallel size: 1, tensor-model-parallel size: 1, "
+    "pipeline-model-parallel size: 1",
+])
+def test_a_5000_digit_number_in_a_log_line_is_not_a_record(line: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(line.format(n="1" * 5000) + "\n" + _iterations(3), encoding="utf-8")
+    assert main(["ingest", str(log), "--format", "json"]) == 0  # was ValueError: Exceeds the limit (4300 digits)
+    parsed = read_log(log)
+    numbers = [r.iteration for r in parsed.iterations] + [n for m in parsed.memory for n in (m.rank, m.iteration)]
+    assert all(n is None or n < 10**12 for n in numbers)  # the long number made no record's field
+    assert len(parsed.iterations) >= 3

@@ -57,6 +57,19 @@ def test_base_recipe_when_no_perf_recipe_and_error_when_none() -> None:
     assert "bridge_recipe.py" not in files and "skipped_targets" in files["manifest.json"]
 
 
+def test_a_model_named_like_a_preset_with_another_architecture_gets_no_bridge_recipe() -> None:
+    from dataclasses import replace
+
+    spec = plan_spec("llama3-70b-tp4-pp4-vp5-cp2")
+    tiny = replace(spec, model=replace(spec.model, num_layers=2, hidden_size=256))
+    with pytest.raises(SpecError, match=r"^--target bridge: model 'llama3-70b' differs from the llama3-70b preset "
+                                        r"that Bridge's recipe builds: num_layers 2 \(preset 80\), hidden_size 256"):
+        render_files(tiny, ["bridge"])
+    files = render_files(tiny, ["all"])  # all: skipped with the reason, the other targets written
+    assert "bridge_recipe.py" not in files and "differs from the llama3-70b preset" in files["manifest.json"]
+    assert "bridge_recipe.py" in render_files(spec, ["bridge"])  # the preset itself still gets its recipe
+
+
 def test_overrides_carry_the_layout() -> None:
     spec = plan_spec("deepseek-v3-custom-layout")
     items = dict(overrides(spec, choose_recipe(spec)))

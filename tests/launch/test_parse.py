@@ -87,6 +87,17 @@ def test_unresolved_variable_in_a_number_names_the_flag() -> None:
         parse_script("python pretrain_gpt.py --num-layers $NUM_LAYERS --hidden-size 64 --num-attention-heads 4")
 
 
+def test_command_substitution_is_not_split_and_not_a_literal() -> None:
+    script = ("python pretrain_gpt.py --tensor-model-parallel-size ${TP:-$(touch X)} --num-layers 4 "
+              "--hidden-size 64 --num-attention-heads 4 --seq-length 8")
+    with pytest.raises(SpecError, match=r"^--tensor-model-parallel-size '\$\{TP:-\$\(touch X\)\}' is not a "
+                                        r"literal value \(command substitution\)"):
+        parse_script(script)
+    with pytest.raises(SpecError, match=r"'\$\(echo 2 3\)' is not a literal value \(command substitution\)"):
+        parse_script(script.replace("${TP:-$(touch X)}", "$(echo 2 3)"))
+    assert parse_script("TP=2\n" + script).layout(8).tp == 2  # set: the default (and its command) is not used
+
+
 def test_megatron_problems_are_reported_with_its_words() -> None:
     p = parse_script("python pretrain_gpt.py --num-layers 8 --hidden-size 64 --num-attention-heads 4 "
                      "--seq-length 64 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3 "

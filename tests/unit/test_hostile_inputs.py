@@ -187,7 +187,7 @@ def test_gpu_base_cycles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     ("hbm_gib=[1]", "--gpu-set hbm_gib: expected a single value"),
     ("hbm=80", r"--gpu-set hbm: unknown key \(allowed: hbm_gib"),
     ("efficiency.gemm_max_frac=inf", "gpu.efficiency.gemm_max_frac"),
-    ("efficiency.gemm_max_frac=1.5", r"gpu.efficiency.gemm_max_frac must be in \(0, 1\], got 1.5"),
+    ("efficiency.gemm_max_frac=1.5", r"gpu.efficiency.gemm_max_frac must be in \[0.001, 1\], got 1.5"),
     ("efficiency.dp_overlap_frac=-0.1", r"dp_overlap_frac must be in \[0, 1\]"),
     ("network_gbit_per_s=.nan", "gpu.network_gbit_per_s: expected a finite number > 0, got nan"),
     ("network_gbit_per_s=nan", "gpu.network_gbit_per_s: expected a finite number > 0"),
@@ -400,3 +400,115 @@ def test_model_size_is_bounded_as_a_product(tmp_path: Path, capsys: pytest.Captu
     assert "model too large: layers x hidden_size x widest matrix (100000 x 1048576 x 16777216)" in err
     err = one_line_error([*EST[:7], "-s", str(2**24), "--gbs", str(2**24)], capsys)
     assert "seq_len x global_batch_size = 2.81e+14 tokens per step is over 1.1e+12 (the limit)" in err
+
+
+# ----------------------------------------------------------------------------- issue 17 review
+LAUNCH = ["launch", "-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "64"]
+BUDGET = ["budget", "-m", "llama3-8b", "--tokens", "1T", "--gpu", "h100-80gb", "-n", "8"]
+
+
+@pytest.mark.parametrize("slot", ["model", "gpu", "profile", "launch-site", "budget-site", "gpu-base"])
+def test_a_control_byte_in_yaml_is_one_line(slot: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = write(tmp_path / "ctl.yaml", "name: a\x01\n")
+    argv = {"model": [*EST[:1], "-m", bad, *EST[3:]], "gpu": [*EST[:3], "-g", bad, *EST[5:]],
+            "profile": [*EST, "--profile", bad], "launch-site": [*LAUNCH, "--site", bad, "-o", str(tmp_path / "o")],
+            "budget-site": [*BUDGET, "--site", bad],
+            "gpu-base": [*EST[:3], "-g", write(tmp_path / "g.yaml", f"base: {bad}\n"), *EST[5:]]}[slot]
+    err = one_line_error(argv, capsys)
+    assert "ctl.yaml" in err and "#x0001" in err and "character 8" in err, err
+
+
+def test_load_yaml_text_control_byte() -> None:
+    with pytest.raises(SpecError, match=r"^site: 'x.yaml' is not valid YAML: unacceptable character #x0007"):
+        load_yaml_text("a: 1\n\x07", "site", "x.yaml")
+
+
+@pytest.mark.parametrize(("cmd", "extra", "match"), [
+    ("estimate", ["--vp", "400000000"], r"--vp: 400,000,000 is out of range; allowed 1 to 32 \(num_layers of llama3-8b"),
+    ("estimate", ["--pp", "2", "--vp", "999999999999"], r"--vp: 999,999,999,999 is out of range; allowed 1 to 32"),
+    ("estimate", ["--pp", "400000000"], r"--pp: 400,000,000 is out of range; allowed 1 to 32"),
+    ("estimate", ["--pp", "2", "--decoder-first-pipeline-num-layers", "10000000000"],
+     r"--decoder-first-pipeline-num-layers: 10,000,000,000 is out of range; allowed 1 to 32"),
+    ("launch", ["--vp", "400000000"], r"--vp: 400,000,000 is out of range; allowed 1 to 32"),
+])
+def test_layout_sizes_are_bounded(cmd: str, extra: list[str], match: str, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    base = [*EST, "--tp", "1"] if cmd == "estimate" else [*LAUNCH, "-o", str(tmp_path / "o")]
+    err = one_line_error([*base, *extra], capsys, max_mib=200)
+    assert re.search(match, err), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_parallel_layout_bounds_stage_counts() -> None:
+    from paraplan.layout import MAX_PIPELINE_STAGES, ParallelLayout
+
+    with pytest.raises(SpecError, match=r"^--vp: 1,000,000,000 is out of range; allowed 1 to 131,072"):
+        ParallelLayout(vp=10**9)
+    with pytest.raises(SpecError, match=r"^--pp x --vp: .* virtual pipeline stages"):
+        ParallelLayout(pp=2**10, vp=2**10)
+    with pytest.raises(SpecError, match="--pipeline-model-parallel-layout"):
+        ParallelLayout(pipeline_layout=(1,) * (MAX_PIPELINE_STAGES + 1))
+    assert ParallelLayout(pp=8, vp=4).pp == 8
+
+
+def test_user_recipes_use_the_hardened_yaml_reader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dup = write(tmp_path / "dup.yaml", "- alias: a\n  alias: b\n")
+    assert "duplicate key 'alias'" in one_line_error(["recipes", "--recipes", dup], capsys)
+    bomb = write(tmp_path / "bomb.yaml", BOMB)
+    assert "bomb.yaml" in one_line_error(["recipes", "--recipes", bomb], capsys, max_mib=100)
+    ctl = write(tmp_path / "ctl.yaml", "- alias: a\x02\n")
+    assert "#x0002" in one_line_error(["recipes", "--recipes", ctl], capsys)
+
+
+@pytest.mark.parametrize(("item", "match"), [
+    ("efficiency.gemm_max_frac=1e-320", r"gpu.efficiency.gemm_max_frac must be in \[0.001, 1\]"),
+    ("efficiency.attention_frac=0.0001", r"gpu.efficiency.attention_frac must be in \[0.001, 1\]"),
+    ("efficiency.collective_latency_s=1e300", r"gpu.efficiency.collective_latency_s must be in \[0, 1\]"),
+    ("efficiency.step_overhead_s=1e9", r"gpu.efficiency.step_overhead_s must be in \[0, 3600\]"),
+    ("efficiency.fp8_gemm_speedup=1e-300", r"gpu.efficiency.fp8_gemm_speedup must be in \[0.1, 10\]"),
+    ("bf16_tflops=1e-12", r"gpu.peak_bf16_flops_per_s must be in \[1000, 1e\+18\] FLOP/s"),
+    ("hbm_tbyte_per_s=1e9", r"gpu.hbm_bytes_per_s must be in \[1000, 1e\+18\] bytes/s"),
+    ("network_gbit_per_s=1e-300", r"gpu.network_bytes_per_s must be in \[1000, 1e\+18\] bytes/s"),
+])
+def test_gpu_fields_have_physical_bounds(item: str, match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error([*EST, "--gpu-set", item], capsys)
+    assert re.search(match, err), err
+
+
+def test_gpu_bounds_hold_for_every_preset() -> None:
+    from paraplan.specs.load import gpu_preset_names, load_gpu
+
+    assert all(load_gpu(name).name == name for name in gpu_preset_names())  # presets stay inside the bounds
+
+
+def test_the_smallest_efficiency_gives_finite_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*EST, "--gpu-set", "efficiency.gemm_max_frac=0.001", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert 0 < doc["time"]["step_s"] < 1e9
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    (["--price-per-gpu-hour", "h100-80gb=1e308"], r"--price-per-gpu-hour: 1e\+308 USD per GPU-hour is out of "
+                                                  r"range; allowed up to 1e\+06"),
+    (["--tokens", "1" + "0" * 53], r"--tokens: 1e\+53 tokens is out of range; allowed up to 1e\+18"),
+])
+def test_budget_inputs_are_bounded(extra: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = one_line_error([*BUDGET, *extra], capsys)
+    assert re.search(match, err), err
+
+
+@pytest.mark.parametrize("argv", [["plan", "-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "64",
+                                   "--save", ""], [*BUDGET, "--html", ""]])
+def test_an_empty_output_name_is_refused(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(argv, capsys)
+    assert "an empty file name" in err and ("--save" in err or "--html" in err), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_layout_short_label_writes_the_recompute_word() -> None:
+    from paraplan.layout import ParallelLayout
+
+    assert ParallelLayout().short().split()[-1] == "selective"  # was "sele" (recompute[:4])
+    assert ParallelLayout(recompute="full").short().split()[-1] == "full"

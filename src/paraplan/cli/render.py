@@ -83,8 +83,14 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
         keep = [i for i in keep if columns[i][0] != name]
     table = Table(title=title, box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, show_edge=not compact,
                   pad_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
+    # still too wide with every droppable column gone: text (left-justified) columns wrap, numbers keep
+    # their full width (rich would otherwise cut every column to '…')
+    squeeze = total(keep) > width
     for i in keep:
-        table.add_column(columns[i][0], justify=columns[i][1], no_wrap=True)  # type: ignore[arg-type]
+        text_column = squeeze and columns[i][1] == "left"
+        table.add_column(columns[i][0], justify=columns[i][1], no_wrap=not text_column,  # type: ignore[arg-type]
+                         overflow="fold" if text_column else "ellipsis",
+                         min_width=None if text_column else widths[i])
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     return table
@@ -170,6 +176,8 @@ def estimate_csv(est: Estimate) -> str:
     cfg = {k: v for k, v in d["config"].items() if not isinstance(v, list)}
     step = {"step_s": d["time"]["step_s"], "tokens_per_s_per_gpu": d["throughput"]["tokens_per_s_per_gpu"],
             "mfu": d["throughput"]["mfu"], "fits": d["memory"]["fits"]}
-    rows = [{**cfg, **{k: v for k, v in s.items()}, "params_per_rank": d["params"]["per_stage_per_rank"][i], **step}
+    rows = [{**cfg, **{k: v for k, v in s.items() if k != "other_parts"},
+             **{f"other_parts.{k}": v for k, v in s["other_parts"].items()},  # flat cells, no dict repr
+             "params_per_rank": d["params"]["per_stage_per_rank"][i], **step}
             for i, s in enumerate(d["memory"]["per_stage"])]
     return rows_csv(rows)

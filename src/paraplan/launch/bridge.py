@@ -29,6 +29,7 @@ from paraplan.launch.quoting import one_line
 
 if TYPE_CHECKING:
     from paraplan.launch.render import LaunchSpec
+    from paraplan.specs.model import ModelSpec
 
 BRIDGE_COMMIT: Final = "067f987"
 """Megatron-Bridge commit of the recipe table and field names."""
@@ -91,10 +92,30 @@ def perf_table() -> list[dict[str, str]]:
     return list(csv.DictReader(text.splitlines(), delimiter="\t"))
 
 
+ARCHITECTURE_FIELDS: Final = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                               "ffn_hidden_size", "vocab_size", "num_experts")
+"""ModelSpec fields a Bridge recipe fixes: a model named like a preset must match the preset in all of them."""
+
+
+def check_preset_architecture(model: ModelSpec) -> None:
+    """SpecError (one line) when ``model`` carries a preset's name but not its architecture: Bridge picks
+    its recipe by name, and the recipe builds the preset's model (a 2-layer 'llama3-8b' would train 8B)."""
+    from paraplan.specs.load import load_model_preset
+
+    preset = load_model_preset(model.name)
+    diff = [f"{f} {getattr(model, f)} (preset {getattr(preset, f)})" for f in ARCHITECTURE_FIELDS
+            if getattr(model, f) != getattr(preset, f)]
+    if diff:
+        raise SpecError(f"--target bridge: model '{model.name}' differs from the {model.name} preset that Bridge's "
+                        f"recipe builds: {', '.join(diff[:3])}; rename the model or use --target megatron")
+
+
 def choose_recipe(spec: LaunchSpec) -> Recipe:
     """The performance recipe for (model, GPU, precision, pretrain, no variant), the one with the same GPU count
     or else the nearest; otherwise the model's base recipe; SpecError when Bridge has neither."""
     model, gpu = spec.model.name, GPU_NAMES.get(spec.cluster.gpu.name)
+    if model in BASE_RECIPES:
+        check_preset_architecture(spec.model)
     column, _ = bridge_precision(spec.training.precision, spec.cluster.gpu.arch)
     stem = PERF_STEMS.get(model)
     rows = [r for r in perf_table() if stem is not None and r["model"] == stem and r["gpu"] == gpu

@@ -69,6 +69,9 @@ def _expand_braced(body: str, env: Env) -> tuple[list[str] | None, bool]:
     if not op:
         return (None if word or joined is None else [joined]), False
     unset = joined is None or (op.startswith(":") and joined == "")
+    uses_word = unset if op.endswith(("-", "=")) else (not unset and op.endswith("+"))
+    if uses_word and ("$(" in word or "`" in word):  # the word used runs a command: left unexpanded, one
+        return None, False  # field (not split at the spaces inside the $(...))
     if op.endswith(("-", "=")):
         if unset:
             default = " ".join(expand_word(((word, '"'),), env))

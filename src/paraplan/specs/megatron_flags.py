@@ -173,6 +173,9 @@ class _Reader:
         try:
             return int(raw)
         except ValueError:
+            if "$(" in raw or "`" in raw:  # never run: check reads the script, it does not execute it
+                raise SpecError(f"{flag} {brief(raw)} is not a literal value (command substitution); "
+                                "write the number in the script") from None
             raise SpecError(f"{flag} {brief(raw)} is not an integer (an unresolved shell variable? "
                             "set it in the script)") from None
 
