@@ -424,7 +424,7 @@ def test_load_yaml_text_control_byte() -> None:
 
 
 @pytest.mark.parametrize(("cmd", "extra", "match"), [
-    ("estimate", ["--vp", "400000000"], r"--vp: 400,000,000 is out of range; allowed 1 to 32 \(num_layers of llama3-8b"),
+    ("estimate", ["--vp", "400000000"], r"--vp: 400,000,000 is out of range; allowed 1 to 32 \(num_layers of"),
     ("estimate", ["--pp", "2", "--vp", "999999999999"], r"--vp: 999,999,999,999 is out of range; allowed 1 to 32"),
     ("estimate", ["--pp", "400000000"], r"--pp: 400,000,000 is out of range; allowed 1 to 32"),
     ("estimate", ["--pp", "2", "--decoder-first-pipeline-num-layers", "10000000000"],
