@@ -186,3 +186,11 @@ def test_flag_combinations_megatron_rejects_are_problems(extra: list[str], code:
 
     assert code in {c for c, _ in read_flags([*BASE_ARGS, *extra]).problems}
     assert not read_flags(BASE_ARGS).problems
+
+
+@pytest.mark.parametrize("layout", ["(t*99999)*99999", "t*" + "9" * 5000])
+def test_a_pipeline_layout_that_expands_past_the_limit_is_one_line(layout: str) -> None:
+    script = (f"python pretrain_gpt.py --pipeline-model-parallel-layout '{layout}' --num-layers 4 "
+              "--hidden-size 64 --num-attention-heads 4 --seq-length 8")
+    with pytest.raises(SpecError, match=r"^--pipeline-model-parallel-layout: expands to more than 1,048,576"):
+        parse_script(script)

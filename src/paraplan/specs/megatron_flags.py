@@ -304,12 +304,27 @@ def _vp(r: _Reader, num_layers: int, pp: int, lay: dict[str, Any]) -> int:
     return total // pp // per_vstage
 
 
+MAX_LAYOUT_CHARS: Final = 2**20
+"""Longest ``--pipeline-model-parallel-layout`` once its ``X*N`` repeats are expanded (a million layer
+letters, ten times specs.model.MAX_NUM_LAYERS): '(t*99999)*99999' was a MemoryError."""
+
+
+def _repeat(m: re.Match[str], budget: list[int]) -> str:
+    count = int(m.group(2)) if len(m.group(2)) <= 7 else MAX_LAYOUT_CHARS + 1
+    budget[0] += len(m.group(1)) * count
+    if budget[0] > MAX_LAYOUT_CHARS:
+        raise SpecError(f"--pipeline-model-parallel-layout: expands to more than {MAX_LAYOUT_CHARS:,} layer "
+                        "letters (the limit)")
+    return m.group(1) * count
+
+
 def layout_stage_counts(text: str) -> tuple[int, ...] | None:
     """Decoder layers per virtual stage of a ``--pipeline-model-parallel-layout`` string, read as
     megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list`` does (None if malformed)."""
     text = text.replace(",", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    budget = [len(text)]  # characters the expansion has produced, bounded by MAX_LAYOUT_CHARS
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: _repeat(m, budget), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: _repeat(m, budget), text)
     stages = text.split("|")
     if any(set(stage) - set("ELtm") for stage in stages):
         return None
