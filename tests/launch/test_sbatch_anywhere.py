@@ -104,7 +104,8 @@ def test_checkpoint_dir_is_the_default_of_every_target() -> None:
     site = site_from_dict({"checkpoint_dir": "/lustre/ckpt/"})
     files = render_files(llama70b_spec(site), ["all"])
     assert "export CHECKPOINT_DIR=/lustre/ckpt" in files["env.sh"]
-    assert "os.environ.get('CHECKPOINT_DIR', '/lustre/ckpt')" in files["bridge_recipe.py"]
+    assert "'checkpoint.save': ('CHECKPOINT_DIR', '/lustre/ckpt')," in files["bridge_recipe.py"]
+    assert 'checkpoint.load=${oc.env:CHECKPOINT_DIR,"/lustre/ckpt"}' in files["bridge_overrides.txt"]
     assert "- name: CHECKPOINT_DIR\n      value: /lustre/ckpt" in files["trainjob.yaml"]
     assert "PLACEHOLDER: CHECKPOINT_DIR is '/lustre/ckpt' inside the container and no volume" in files["trainjob.yaml"]
     with pytest.raises(Exception, match=r"site\.checkpoint_dir: expected an absolute path"):
