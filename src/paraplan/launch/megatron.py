@@ -242,6 +242,13 @@ def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
     return site + required
 
 
+def forced_env_names(spec: LaunchSpec) -> frozenset[str]:
+    """The variables of ``environment`` that paraplan must force (what Megatron requires for the layout); the
+    others are site defaults that a value already in the user's environment overrides."""
+    site = {name for name, _ in spec.site.env} | ({"CHECKPOINT_DIR"} if spec.site.checkpoint_dir else set())
+    return frozenset(name for name, _, _ in environment(spec) if name not in site or name == MAX_CONNECTIONS)
+
+
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
                       arch: str = "hopper") -> list[tuple[str, str]]:
     """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
