@@ -140,7 +140,10 @@ def launch(
     con.print(f"checkpoint: --save-interval {ckpt.save_interval_iters} ({advice.reason()})", soft_wrap=True)
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
-    for target_name, reason in json.loads(files["manifest.json"]).get("skipped_targets", {}).items():
+    written = json.loads(files["manifest.json"])
+    for target_name, reason in written.get("skipped_targets", {}).items():
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
+    for warning in written.get("warnings", []):
+        con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")

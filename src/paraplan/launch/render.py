@@ -36,7 +36,7 @@ from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.fileio import check_output_file
 from paraplan.launch.bridge import bridge_files
-from paraplan.launch.kubernetes import pytorchjob_file, trainjob_files
+from paraplan.launch.kubernetes import gpu_product_warnings, pytorchjob_file, trainjob_files
 from paraplan.launch.megatron import (
     MEGATRON_COMMIT,
     ArgGroup,
@@ -243,6 +243,9 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     doc = manifest(spec, cid, groups, [*names, "manifest.json"], chosen)
     if skipped:
         doc["skipped_targets"] = skipped
+    warnings = gpu_product_warnings(spec.site, spec.cluster.gpu.name) if {"k8s", "trainjob"} & set(chosen) else []
+    if warnings:
+        doc["warnings"] = warnings
     files["manifest.json"] = json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"
     return files
 
