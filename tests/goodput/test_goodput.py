@@ -1,4 +1,5 @@
-"""Failure and goodput model: Daly's interval at hand-computed points, goodput monotone in failure rate and save time."""
+"""Failure and goodput model: Daly's interval at hand-computed points, goodput monotone in failure rate and save
+time."""
 
 from __future__ import annotations
 
