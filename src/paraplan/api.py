@@ -16,6 +16,7 @@ from paraplan.errors import SpecError
 from paraplan.estimate.memory import MemoryOptions
 from paraplan.estimator import Estimate
 from paraplan.estimator import estimate as _estimate_layout
+from paraplan.headroom import Headroom
 from paraplan.layout import ParallelLayout, layout_for_world
 from paraplan.search import Objective, Plan, SearchSpace
 from paraplan.search import plan as _search
@@ -108,11 +109,13 @@ def resolve_space(space: SpaceRef | None) -> SearchSpace:
 
 def estimate(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, layout: LayoutRef,
              training: TrainingRef, gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None,
-             mfu_peak: Literal["bf16", "fp8", "fp16"] = "bf16", notes: Sequence[str] = ()) -> Estimate:
+             mfu_peak: Literal["bf16", "fp8", "fp16"] = "bf16", notes: Sequence[str] = (),
+             headroom: Headroom | None = None) -> Estimate:
     """Memory per pipeline stage, step time and throughput of one layout.
 
     ``mfu_peak``: the dense peak MFU and HFU divide by; ``notes``: the caller's own notes, kept after the
-    estimate's in ``Estimate.notes``. Raises ``LayoutError`` (a ``SpecError``) naming the first Megatron rule
+    estimate's in ``Estimate.notes``; ``headroom``: the memory margin of ``Estimate.fits_with_margin`` (None:
+    the memory model's error band). Raises ``LayoutError`` (a ``SpecError``) naming the first Megatron rule
     the layout breaks, ``SpecError`` for a bad input.
     """
     if mfu_peak not in ("bf16", "fp8", "fp16"):
@@ -122,14 +125,16 @@ def estimate(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, layou
     cluster = resolve_cluster(gpu, num_gpus, gpus_per_node)
     return _estimate_layout(resolve_model(model), cluster, resolve_training(training),
                             resolve_layout(layout, cluster.num_gpus), memory_options=memory_options,
-                            mfu_peak=mfu_peak, extra_notes=[str(n) for n in notes])
+                            mfu_peak=mfu_peak, extra_notes=[str(n) for n in notes], headroom=headroom)
 
 
 def plan(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, training: TrainingRef,
          space: SpaceRef | None = None, objective: Objective = "throughput", top_k: int = 5,
-         gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None) -> Plan:
+         gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None,
+         headroom: Headroom | None = None) -> Plan:
     """Search every valid layout of ``space`` and rank the ones that fit by ``objective``; the best
-    ``top_k`` are full estimates (``Plan.candidates``).
+    ``top_k`` are full estimates (``Plan.candidates``). A layout fits when its peak plus the ``headroom``
+    margin stays within usable memory (None: the memory model's error band, ``paraplan.headroom``).
 
     Raises ``NoFeasiblePlanError`` (with rejection counts) when nothing fits, ``SpecError`` for a bad input.
     """
@@ -139,7 +144,7 @@ def plan(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, training:
         raise SpecError(f"top_k must be a positive integer, got {top_k!r}")
     cluster = resolve_cluster(gpu, num_gpus, gpus_per_node)
     return _search(resolve_model(model), cluster, resolve_training(training), space=resolve_space(space),
-                   objective=objective, top_k=top_k, options=memory_options)
+                   objective=objective, top_k=top_k, options=memory_options, headroom=headroom)
 
 
 __all__ = [

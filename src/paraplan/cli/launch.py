@@ -15,6 +15,7 @@ from paraplan.cli.options import (
     NO_FLAGS,
     GpuSetOpt,
     GpusPerNodeOpt,
+    KnobOpt,
     LayoutFlags,
     OptGbsOpt,
     OptGpuOpt,
@@ -29,7 +30,7 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.estimator import Estimate
+from paraplan.estimator import Estimate, memory_knobs_of
 from paraplan.launch.megatron import CheckpointArgs
 from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
 from paraplan.launch.site import load_site
@@ -77,6 +78,7 @@ def launch(
     seq_len: int | None = OptSeqLenOpt,
     gbs: int | None = OptGbsOpt,
     precision: PrecisionChoice = PrecisionOpt,
+    knob: list[str] | None = KnobOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
     target: Target = typer.Option(Target.all, "--target", "-t", help="Files to generate: megatron, torchrun, "
@@ -112,6 +114,8 @@ def launch(
                         "not one)")
     site_profile = load_site(site)
     if plan is not None:
+        if knob:
+            raise SpecError("--plan carries the training spec and its knobs; drop --knob (or drop --plan)")
         spec, result = _from_plan(plan, rank)
     else:
         missing = [f"--{n}" for n, v in (("model", model), ("gpu", gpu), ("num-gpus", num_gpus),
@@ -122,7 +126,7 @@ def launch(
         assert seq_len is not None and gbs is not None
         inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
-                                profile=profile)
+                                profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
         result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
@@ -145,5 +149,8 @@ def launch(
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
     for warning in written.get("warnings", []):
         con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
+    if "bridge_overrides.txt" in files and memory_knobs_of(spec.training):
+        con.print("note: bridge_overrides.txt does not carry the memory knobs yet (megatron_args.sh does): "
+                  "set them in the Bridge recipe's mixed_precision and optimizer configs", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")
