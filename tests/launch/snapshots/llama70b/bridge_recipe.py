@@ -8,11 +8,16 @@
 # environment (ENV_OVERRIDES), as the Megatron-LM launch does. The same settings for
 # scripts/training/run_recipe.py: bridge_overrides.txt.
 # A performance recipe is a benchmark (_benchmark_common: 50 iterations, no checkpoints); paraplan sets
-# train_iters and checkpoints above and resets the benchmark-only settings the plan did not model:
-#   model.cuda_graph_impl = 'none': CUDA graphs: the plan's step time and memory do not model them
-#   model.cuda_graph_scope = []: CUDA graphs: the plan's step time and memory do not model them
-#   optimizer.overlap_param_gather_with_optimizer_step = False: the plan overlaps the parameter all-gather with the forward pass (ddp.overlap_param_gather), not with the optimizer step
-#   scheduler.lr_decay_iters = None: _benchmark_common decays the LR over its 50 iterations; None decays over train.train_iters
+# train_iters and checkpoints (ENV_OVERRIDES) and resets the benchmark-only settings the plan did not
+# model:
+#   model.cuda_graph_impl = 'none'
+#     (CUDA graphs: the plan's step time and memory do not model them)
+#   model.cuda_graph_scope = []
+#     (CUDA graphs: the plan's step time and memory do not model them)
+#   optimizer.overlap_param_gather_with_optimizer_step = False
+#     (the plan overlaps the param all-gather with the forward pass, not the optimizer step)
+#   scheduler.lr_decay_iters = None
+#     (_benchmark_common decays the LR over its 50 iterations; None: train_iters)
 # and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused
 # kernels as the recipe sets them (throughput settings that do not change the planned layout).
 """paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""
