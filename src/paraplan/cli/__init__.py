@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import typer
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.cli._app import COMMANDS, app, load_command_modules, plain, state
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 
@@ -87,7 +87,9 @@ def _run(args: list[str]) -> int:
     except PlannerError as err:
         if state.debug:
             raise
-        _err(f"error: {err}")
+        from paraplan.cli.render import error_line
+
+        _err(f"error: {error_line(err)}")
         return 1
     except typer.Exit as err:
         return int(getattr(err, "exit_code", 0))

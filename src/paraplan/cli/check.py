@@ -7,6 +7,7 @@ import sys
 import typer
 from rich.markup import escape
 
+from paraplan.api import CheckResult, check_parsed, dumps_json, parse_file, suggest_alternative
 from paraplan.cli._app import app, state
 from paraplan.cli.options import (
     GPU_HELP,
@@ -18,9 +19,6 @@ from paraplan.cli.options import (
     resolve_gpu,
 )
 from paraplan.cli.render import console, render_estimate, safe
-from paraplan.launch.check import CheckResult, check_parsed, suggest_alternative
-from paraplan.launch.parse import parse_file
-from paraplan.serialize import dumps_json
 
 DEFAULT_GPU = "h100-80gb"
 
