@@ -178,12 +178,12 @@ def test_plan_notes_are_whole_sentences(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_ctrl_c_exits_130_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import paraplan.specs.presets.index
+    import paraplan.api
 
     def interrupted(kind: str) -> list[str]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(paraplan.specs.presets.index, "preset_rows", interrupted)
+    monkeypatch.setattr(paraplan.api, "preset_rows", interrupted)  # the CLI takes it from the API
     code, _, err = run(["gpus"], capsys)
     assert code == 130
     assert err.strip() == "interrupted"
