@@ -9,6 +9,10 @@ error for dense and MoE rows separately. The last line is the headline:
 
     memory: dense median APE X% p90 Y% (N rows); moe median APE X% p90 Y% (M rows)
 
+``--headroom`` prints the memory error band the planner's default margin is instead
+(paraplan.headroom.MEMORY_UNDER_PREDICTION_P80): the 80th percentile of measured / predicted - 1
+over the same rows, with its 5-fold cross-validated held-out coverage.
+
 Also the BLOOM rows of published_runs.csv: reported nvidia-smi peaks and [OOM] verdicts.
 Run: python benchmarks/memory.py [--worst 15] [--csv out.csv]
 """
@@ -16,8 +20,10 @@ Run: python benchmarks/memory.py [--worst 15] [--csv out.csv]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -135,11 +141,41 @@ def golden_case(r: dict[str, str]) -> dict[str, Any] | None:  # noqa: C901 - a f
             "moe": model.is_moe}
 
 
-def run_golden(worst: int) -> tuple[dict[str, list[float]], list[tuple[float, str]]]:
+HEADROOM_FOLDS = 5
+
+
+def under_prediction_band(errors: list[float], q: float, folds: int = HEADROOM_FOLDS) -> dict[str, Any]:
+    """The q-quantile of ``measured / predicted - 1`` (the one-sided error band), and a k-fold check of it:
+    each fold's quantile from the other folds (rows dealt round-robin in file order), and the share of the
+    held-out rows it covers (measured within predicted x (1 + band)); about q when the band generalises."""
+    band = pct(errors, q)
+    fold_bands, covered = [], 0
+    for k in range(folds):
+        train = [e for i, e in enumerate(errors) if i % folds != k]
+        held = [e for i, e in enumerate(errors) if i % folds == k]
+        fold_bands.append(pct(train, q))
+        covered += sum(e <= fold_bands[-1] for e in held)
+    return {"band": band, "quantile": q, "rows": len(errors), "fold_bands": fold_bands,
+            "held_out_coverage": covered / len(errors) if errors else math.nan,
+            "under_predicted_rows": sum(e > 0 for e in errors)}
+
+
+def headroom_band() -> dict[str, Any]:
+    """The band over every scored golden row (what paraplan.headroom packages, rounded to 0.1%)."""
+    from paraplan.headroom import MEMORY_UNDER_PREDICTION_QUANTILE
+
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+        _, _, under = run_golden(0)
+    return under_prediction_band(under, MEMORY_UNDER_PREDICTION_QUANTILE)
+
+
+def run_golden(worst: int) -> tuple[dict[str, list[float]], list[tuple[float, str]], list[float]]:
+    """APEs per kind, the rows worst first, and measured / predicted - 1 of every row in file order."""
     gpus = {name: load_gpu(name) for name in set(GOLDEN_GPU.values())}
     apes: dict[str, list[float]] = {"dense": [], "moe": []}
     signed: dict[str, list[float]] = {"dense": [], "moe": []}
     rows: list[tuple[float, str]] = []
+    under: list[float] = []
     skipped = 0
     with open(SHARED / "megatron_golden.csv", newline="") as f:
         for r in csv.DictReader(f):
@@ -159,6 +195,7 @@ def run_golden(worst: int) -> tuple[dict[str, list[float]], list[tuple[float, st
             ape = abs(pred - case["measured"]) / case["measured"]
             apes[kind].append(ape)
             signed[kind].append(pred / case["measured"] - 1)
+            under.append(case["measured"] / pred - 1)
             rows.append((ape, f"{case['id']} [{case['hw']}] {case['layout'].short()}: "
                               f"pred {pred / GIB:.2f} GiB vs {case['measured'] / GIB:.2f} GiB"))
     print(f"golden rows used: dense {len(apes['dense'])}, moe {len(apes['moe'])}; skipped {skipped}")
@@ -170,14 +207,24 @@ def run_golden(worst: int) -> tuple[dict[str, list[float]], list[tuple[float, st
         print(f"worst {worst}:")
         for ape, text in rows[:worst]:
             print(f"  {100 * ape:6.1f}%  {text}")
-    return apes, rows
+    return apes, rows, under
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worst", type=int, default=10)
+    ap.add_argument("--headroom", action="store_true", help="print the memory error band of the default margin")
     args = ap.parse_args()
-    apes, _ = run_golden(args.worst)
+    if args.headroom:
+        b = headroom_band()
+        print(f"memory under-prediction band: p{100 * b['quantile']:.0f} of measured/predicted - 1 = "
+              f"{100 * b['band']:.1f}% over {b['rows']} golden rows ({b['under_predicted_rows']} under-predicted); "
+              f"{HEADROOM_FOLDS}-fold: fold bands "
+              + ", ".join(f"{100 * x:.1f}%" for x in b["fold_bands"])
+              + f", held-out coverage {100 * b['held_out_coverage']:.1f}%")
+        print(f"MEMORY_UNDER_PREDICTION_P80 = {b['band']:.3f}")
+        return 0
+    apes, _, _ = run_golden(args.worst)
     from bloom_memory import run_bloom  # type: ignore[import-not-found]
 
     run_bloom()

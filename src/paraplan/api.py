@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from paraplan.estimate.pipeline import auto_uneven_split as auto_uneven_split
     from paraplan.estimate.pipeline import pipeline_layout_string as pipeline_layout_string
     from paraplan.estimator import Estimate as Estimate
+    from paraplan.estimator import memory_knobs_of as memory_knobs_of
     from paraplan.explain import CKPT_BLOCKING_FLAG as CKPT_BLOCKING_FLAG
     from paraplan.explain import explain as explain
     from paraplan.fileio import brief as brief
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from paraplan.fileio import load_yaml_text as load_yaml_text
     from paraplan.fileio import read_input_text as read_input_text
     from paraplan.fileio import write_text_atomic as write_text_atomic
+    from paraplan.headroom import Headroom as Headroom
+    from paraplan.headroom import parse_headroom as parse_headroom
     from paraplan.ingest import RunLog as RunLog
     from paraplan.ingest import read_logs as read_logs
     from paraplan.ingest.source import MAX_LINE_BYTES as MAX_LINE_BYTES
@@ -110,9 +113,11 @@ if TYPE_CHECKING:
     from paraplan.specs.load import model_preset_names as model_preset_names
     from paraplan.specs.load import override_gpu as override_gpu
     from paraplan.specs.megatron_flags import argv_from_dump as argv_from_dump
+    from paraplan.specs.megatron_flags import memory_knobs_from_words as memory_knobs_from_words
     from paraplan.specs.model import ModelSpec as ModelSpec
     from paraplan.specs.presets.index import preset_rows as preset_rows
     from paraplan.specs.profile import profile_overrides as profile_overrides
+    from paraplan.specs.training import KNOB_FLAGS as KNOB_FLAGS
     from paraplan.specs.training import TrainingSpec as TrainingSpec
     from paraplan.tune import Comparison as Comparison
     from paraplan.tune import Metric as Metric
@@ -136,6 +141,8 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "preset_rows": ("paraplan.specs.presets.index", "The rows ``paraplan models`` / ``paraplan gpus`` print."),
     "profile_overrides": ("paraplan.specs.profile", "The GPU overrides a calibration profile file makes."),
     "argv_from_dump": ("paraplan.specs.megatron_flags", "A command line equivalent to a log's argument dump."),
+    "memory_knobs_from_words": ("paraplan.specs.megatron_flags", "TrainingSpec memory knobs from Megatron flag words."),
+    "KNOB_FLAGS": ("paraplan.specs.training", "Each TrainingSpec memory knob's Megatron flag."),
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),
     "RECOMPUTE_MODULES": ("paraplan.layout", "The module names Megatron's ``--recompute-modules`` accepts."),
@@ -145,6 +152,9 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "pipeline_layout_string": ("paraplan.estimate.pipeline", "Megatron's pipeline layout string for per-stage counts."),
     "SCHEDULE_NAMES": ("paraplan.schedules", "The pipeline schedules a plan may use."),
     "Estimate": ("paraplan.estimator", "Everything paraplan predicts for one layout."),
+    "memory_knobs_of": ("paraplan.estimator", "The TrainingSpec memory knobs away from Megatron's defaults."),
+    "Headroom": ("paraplan.headroom", "A memory margin: a fraction of usable memory or a fixed size."),
+    "parse_headroom": ("paraplan.headroom", "``--headroom`` text (``5GiB``, ``10%``, ``0``) as a Headroom."),
     "SearchSpace": ("paraplan.search", "The values each axis may take in a search."),
     "Plan": ("paraplan.search", "Ranked feasible layouts and why the others were rejected."),
     "FitTip": ("paraplan.search", "One change that would make the smallest layout fit, as data (knob and value)."),
@@ -323,11 +333,13 @@ def resolve_space(space: SpaceRef | None) -> SearchSpace:
 
 def estimate(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, layout: LayoutRef,
              training: TrainingRef, gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None,
-             mfu_peak: Literal["bf16", "fp8", "fp16"] = "bf16", notes: Sequence[str] = ()) -> Estimate:
+             mfu_peak: Literal["bf16", "fp8", "fp16"] = "bf16", notes: Sequence[str] = (),
+             headroom: Headroom | None = None) -> Estimate:
     """Memory per pipeline stage, step time and throughput of one layout.
 
     ``mfu_peak``: the dense peak MFU and HFU divide by; ``notes``: the caller's own notes, kept after the
-    estimate's in ``Estimate.notes``. Raises ``LayoutError`` (a ``SpecError``) naming the first Megatron rule
+    estimate's in ``Estimate.notes``; ``headroom``: the memory margin of ``Estimate.fits_with_margin`` (None:
+    the memory model's error band). Raises ``LayoutError`` (a ``SpecError``) naming the first Megatron rule
     the layout breaks, ``SpecError`` for a bad input.
     """
     from paraplan.estimator import estimate as _estimate_layout
@@ -339,14 +351,16 @@ def estimate(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, layou
     cluster = resolve_cluster(gpu, num_gpus, gpus_per_node)
     return _estimate_layout(resolve_model(model), cluster, resolve_training(training),
                             resolve_layout(layout, cluster.num_gpus), memory_options=memory_options,
-                            mfu_peak=mfu_peak, extra_notes=[str(n) for n in notes])
+                            mfu_peak=mfu_peak, extra_notes=[str(n) for n in notes], headroom=headroom)
 
 
 def plan(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, training: TrainingRef,
          space: SpaceRef | None = None, objective: Objective = "throughput", top_k: int = 5,
-         gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None) -> Plan:
+         gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None,
+         headroom: Headroom | None = None) -> Plan:
     """Search every valid layout of ``space`` and rank the ones that fit by ``objective``; the best
-    ``top_k`` are full estimates (``Plan.candidates``).
+    ``top_k`` are full estimates (``Plan.candidates``). A layout fits when its peak plus the ``headroom``
+    margin stays within usable memory (None: the memory model's error band, ``paraplan.headroom``).
 
     Raises ``NoFeasiblePlanError`` (with rejection counts) when nothing fits, ``SpecError`` for a bad input.
     """
@@ -358,7 +372,7 @@ def plan(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, training:
         raise SpecError(f"top_k must be a positive integer, got {top_k!r}")
     cluster = resolve_cluster(gpu, num_gpus, gpus_per_node)
     return _search(resolve_model(model), cluster, resolve_training(training), space=resolve_space(space),
-                   objective=objective, top_k=top_k, options=memory_options)
+                   objective=objective, top_k=top_k, options=memory_options, headroom=headroom)
 
 
 def __getattr__(name: str) -> Any:

@@ -36,6 +36,7 @@ from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.estimate.params import model_param_counts
 from paraplan.estimator import Estimate, config_dict, max_positions_for
 from paraplan.goodput import DEFAULT_FAILURE_RATE_PER_GPU_HOUR, FailureSpec
+from paraplan.headroom import Headroom
 from paraplan.search import SearchSpace, plan
 from paraplan.specs.cluster import GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
@@ -220,6 +221,7 @@ class _Sweep:
     prices: dict[str, float]
     storage: StorageSpec
     failures: FailureSpec
+    headroom: Headroom | None = None
 
 
 def sweep_counts(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
@@ -233,10 +235,12 @@ def sweep_counts(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
 
 def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec) -> tuple[str, str]:
     rej = err.rejections
-    if rej.get("OOM"):
+    if rej.get("OOM") or rej.get("OOM_MARGIN"):
         usable = gpu.usable_bytes / GIB
-        return "OOM", (f"out of memory: none of the {rej['OOM']} valid layouts fits in {usable:.1f} GiB usable "
-                       f"on {n} x {gpu.name}")
+        inside = rej.get("OOM_MARGIN", 0)
+        margin = f" less the memory margin ({inside} fit only inside it)" if inside else ""
+        return "OOM", (f"out of memory: none of the {rej.get('OOM', 0) + inside} valid layouts fits in {usable:.1f} "
+                       f"GiB usable{margin} on {n} x {gpu.name}")
     if rej.get("GBS_NOT_DIVISIBLE"):
         return "GBS_NOT_DIVISIBLE", (f"GBS {gbs} cannot be split over the data-parallel ranks of any layout on "
                                      f"{n} GPUs (batch too small per DP rank): raise gbs/max_gbs")
@@ -308,7 +312,7 @@ def _evaluate_count(s: _Sweep, gpu: GpuSpec, per_node: int, n: int) -> BudgetRow
     for gbs in s.gbs_options:
         training = TrainingSpec(seq_len=s.seq_len, global_batch_size=gbs, precision=s.precision)  # type: ignore[arg-type]
         try:
-            p = plan(s.model, cluster, training, space=s.space, top_k=1)
+            p = plan(s.model, cluster, training, space=s.space, top_k=1, headroom=s.headroom)
         except NoFeasiblePlanError as err:
             evaluated += sum(err.rejections.values())
             last_err = err  # the largest GBS tried: the most room for DP
@@ -421,13 +425,14 @@ def budget(model: ModelSpec, gpus: Sequence[GpuSpec], *, tokens: float, seq_len:
            prices: dict[str, float] | None = None, gpus_per_node: dict[str, int] | None = None,
            precision: str = "bf16", space: SearchSpace | None = None, max_gpus: int = MAX_GPUS,
            progress: Progress | None = None, storage: StorageSpec | None = None,
-           failures: FailureSpec | None = None) -> BudgetResult:
+           failures: FailureSpec | None = None, headroom: Headroom | None = None) -> BudgetResult:
     """Sweep GPU counts per GPU type, best layout each, time/cost to train ``tokens``; recommend.
 
     ``gbs`` is fixed unless ``max_gbs`` is given: then each count uses the smallest of gbs x 2^k <= max_gbs
     within 2% of the best throughput (the batch grows with DP only where it pays). ``progress(done, total)``
     is called after each point. ``storage`` and ``failures`` (site file; defaults in ``paraplan.checkpoint`` and
-    ``paraplan.goodput``) set checkpoint save times and the failure rate.
+    ``paraplan.goodput``) set checkpoint save times and the failure rate; ``headroom`` the memory margin a
+    layout keeps free (None: the memory model's error band, ``paraplan.headroom``).
     """
     if not gpus:
         raise SpecError("budget: at least one GPU type is needed")
@@ -448,7 +453,7 @@ def budget(model: ModelSpec, gpus: Sequence[GpuSpec], *, tokens: float, seq_len:
     counts_p = model_param_counts(model, max_positions=max_positions)
     s = _Sweep(model=model, tokens=tokens, seq_len=seq_len, gbs_options=tuple(options), precision=precision,
                space=space, params=counts_p.active_per_token, days=days, prices=dict(prices or {}),
-               storage=storage or StorageSpec(), failures=failures or FailureSpec())
+               storage=storage or StorageSpec(), failures=failures or FailureSpec(), headroom=headroom)
     plan_counts = [(g, (gpus_per_node or {}).get(g.name, g.gpus_per_node)) for g in gpus]
     sweeps = [(g, pn, [num_gpus] if num_gpus else sweep_counts(pn, max_gpus)) for g, pn in plan_counts]
     total, done = sum(len(c) for _, _, c in sweeps), 0

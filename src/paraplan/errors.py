@@ -61,7 +61,8 @@ class NoFeasiblePlanError(PlannerError):
     """No candidate layout satisfies the constraints; ``rejections`` counts them per reason."""
 
     def __init__(self, message: str, *, rejections: Mapping[str, int], summary: str | None = None,
-                 advice: tuple[object, ...] = ()) -> None:
+                 advice: tuple[object, ...] = (), examples: Mapping[str, str] | None = None,
+                 num_evaluated: int = 0) -> None:
         super().__init__(message)
         self.rejections = dict(rejections)
         self.summary = message if summary is None else summary
@@ -69,6 +70,14 @@ class NoFeasiblePlanError(PlannerError):
         self.advice = advice
         """What would make a layout fit, as data (``paraplan.search.FitTip``s); the message words them in the
         library's terms, the CLI in its flags."""
+        self.examples = dict(examples or {})
+        self.num_evaluated = num_evaluated
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON for ``plan --format json`` when nothing fits: the message and the rejection summary."""
+        return {"error": str(self), "num_evaluated": self.num_evaluated, "num_feasible": 0, "candidates": [],
+                "rejections": dict(sorted(self.rejections.items(), key=lambda kv: -kv[1])),
+                "rejection_examples": self.examples}
 
 
 class IngestError(PlannerError):

@@ -18,6 +18,7 @@ from paraplan.estimate.params import ModelParamCounts, StageLayers, model_param_
 from paraplan.estimate.positions import max_positions_for as max_positions_for  # re-exported
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimate.step_time import StageTime, StepTime, Throughput, stage_terms, stage_time, step_time, throughput
+from paraplan.headroom import DEFAULT_HEADROOM, Headroom, fit_text
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
 from paraplan.specs.cluster import ClusterSpec
@@ -43,6 +44,8 @@ class Estimate:
     """One micro-batch (forward + backward) on every pipeline rank: the per-stage times the step time is made
     of (the report draws the pipeline schedule from them)."""
     notes: tuple[str, ...] = field(default=())
+    headroom: Headroom = DEFAULT_HEADROOM
+    """The memory margin ``fits_with_margin`` keeps free (``paraplan.headroom``)."""
 
     @property
     def peak_bytes(self) -> float:
@@ -59,6 +62,21 @@ class Estimate:
     def fits(self) -> bool:
         """Peak memory within the GPU's usable capacity."""
         return self.peak_bytes <= self.usable_bytes
+
+    @property
+    def free_bytes(self) -> float:
+        """Usable memory the peak leaves free (negative when it does not fit)."""
+        return self.usable_bytes - self.peak_bytes
+
+    @property
+    def fits_with_margin(self) -> bool:
+        """Peak plus the headroom margin within usable memory (what plan counts as fitting)."""
+        return self.peak_bytes + self.headroom.margin_bytes(self.usable_bytes) <= self.usable_bytes
+
+    @property
+    def fit_text(self) -> str:
+        """``fits with X GiB free (margin ...)``, ``inside the margin: ...`` or ``does not fit: ...``."""
+        return fit_text(self.peak_bytes, self.usable_bytes, self.headroom)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the stable keys other tools read (config, memory, params, time, throughput)."""
@@ -80,6 +98,10 @@ class Estimate:
                 "capacity_bytes": float(self.cluster.gpu.hbm_bytes),
                 "usable_bytes": self.usable_bytes,
                 "fits": self.fits,
+                "free_bytes": self.free_bytes,
+                "fits_with_margin": self.fits_with_margin,
+                "headroom": self.headroom.as_dict(self.usable_bytes),
+                "fit_text": self.fit_text,
                 "per_stage": [
                     {"stage": i, **s.memory.as_dict(), "other_parts": s.other.as_dict(),
                      "in_flight_microbatches": float(s.in_flight)}
@@ -139,7 +161,18 @@ def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches
         "pipeline_layout": list(layout.pipeline_layout),
         "precision": training.precision,
         **_schedule_keys(layout),
+        **({"memory_knobs": knobs} if (knobs := memory_knobs_of(training)) else {}),
     }
+
+
+def memory_knobs_of(training: TrainingSpec) -> dict[str, Any]:
+    """The TrainingSpec memory knobs away from Megatron's defaults (the JSON's ``config.memory_knobs``, absent
+    when empty)."""
+    from paraplan.specs.training import training_dict
+
+    plain = TrainingSpec(seq_len=training.seq_len, global_batch_size=training.global_batch_size,
+                         precision=training.precision, attention_backend=training.attention_backend)
+    return {k: v for k, v in training_dict(training).items() if k not in training_dict(plain)}
 
 
 def _schedule_keys(layout: ParallelLayout) -> dict[str, str]:
@@ -211,9 +244,10 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 def estimate(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout, *,
     memory_options: MemoryOptions | None = None, mfu_peak: str = "bf16",
-    extra_notes: list[str] | None = None,
+    extra_notes: list[str] | None = None, headroom: Headroom | None = None,
 ) -> Estimate:
-    """Validate ``layout`` (LayoutError on the first broken rule) and estimate it."""
+    """Validate ``layout`` (LayoutError on the first broken rule) and estimate it (``headroom``: the
+    margin ``fits_with_margin`` keeps; None = the memory model's error band)."""
     check_layout(model, training, cluster, layout)
     cluster.gpu.peak_flops_per_s(training.precision)  # fp8 on a GPU without FP8 -> SpecError
     max_positions, notes = max_positions_for(model, training)
@@ -233,5 +267,5 @@ def estimate(
         usable_bytes=cluster.gpu.usable_bytes,
         time=t, throughput=throughput(model, cluster, training, layout, t, mfu_peak=mfu_peak),
         stage_times=_stage_times(model, cluster, training, layout, ranks),
-        notes=tuple(notes),
+        notes=tuple(notes), headroom=headroom if headroom is not None else DEFAULT_HEADROOM,
     )

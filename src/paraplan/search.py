@@ -28,6 +28,7 @@ from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_count
 from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.headroom import DEFAULT_HEADROOM, NO_HEADROOM, Headroom
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
 from paraplan.rules import RuleContext, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
@@ -39,6 +40,8 @@ from paraplan.units import GIB
 
 Objective = Literal["throughput", "memory-headroom"]
 DP_VARIANTS = ("distopt", "fsdp", "ddp")
+MEMORY_HEADROOM_MAX_LOSS = 0.05
+"""``--objective memory-headroom``: the most free memory among layouts within this throughput loss of the best."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,13 +331,16 @@ def step_s_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, table: LayoutTable,
-                   options: MemoryOptions | None = None, *, time_all: bool = True) -> Evaluated:
-    """Peak memory and step time of every row, vectorised. With ``time_all=False`` only rows that
+                   options: MemoryOptions | None = None, *, time_all: bool = True,
+                   margin_bytes: float = 0.0) -> Evaluated:
+    """Peak memory and step time of every row, vectorised. A row fits when its peak plus
+    ``margin_bytes`` stays within usable memory. With ``time_all=False`` only rows that
     fit are timed (the others get an infinite step time): the search's fast path. Large tables are
     evaluated ``EVAL_CHUNK_ROWS`` rows at a time (rows are independent: the same numbers)."""
     if len(table) > EVAL_CHUNK_ROWS:
         chunks = [np.arange(i, min(i + EVAL_CHUNK_ROWS, len(table))) for i in range(0, len(table), EVAL_CHUNK_ROWS)]
-        parts = [evaluate_table(model, cluster, training, table.take(c), options, time_all=time_all) for c in chunks]
+        parts = [evaluate_table(model, cluster, training, table.take(c), options, time_all=time_all,
+                                margin_bytes=margin_bytes) for c in chunks]
         return Evaluated(table=table, peak_bytes=np.concatenate([p.peak_bytes for p in parts]),
                          step_s=np.concatenate([p.step_s for p in parts]),
                          tokens_per_s_per_gpu=np.concatenate([p.tokens_per_s_per_gpu for p in parts]),
@@ -342,7 +348,7 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     groups = _Groups.of(model, training, table)
     peak = peak_bytes_table(model, training, table, options, groups=groups)
     usable = cluster.gpu.usable_bytes
-    fits = peak <= usable
+    fits = peak + margin_bytes <= usable
     if time_all:
         step = step_s_table(model, cluster, training, table, groups=groups)
     else:
@@ -378,6 +384,13 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     space: SearchSpace | None = None
     """The search space the plan was made with (None for plans read back from plan.json)."""
+    headroom: Headroom = DEFAULT_HEADROOM
+    """The memory margin a layout had to keep free to count as fitting."""
+
+    @property
+    def usable_bytes(self) -> float:
+        """Usable memory per GPU (HBM less the reserved part)."""
+        return float(self.cluster.gpu.usable_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: candidates best first, rejections per reason."""
@@ -385,6 +398,7 @@ class Plan:
             "objective": self.objective,
             "num_evaluated": self.num_evaluated,
             "num_feasible": self.num_feasible,
+            "headroom": self.headroom.as_dict(self.usable_bytes),
             "candidates": [
                 {"rank": i + 1, **{k: v for k, v in c.to_dict().items()
                                    if k in ("config", "placement", "memory", "time", "throughput", "notes")}}
@@ -408,9 +422,15 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,
-         objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None) -> Plan:
-    """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits."""
+         objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None,
+         headroom: Headroom | None = None) -> Plan:
+    """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits.
+
+    A layout fits when its peak plus the ``headroom`` margin (default: the memory model's error band,
+    ``paraplan.headroom``) stays within usable memory; those that fit only inside the margin are
+    rejected as OOM_MARGIN, those above usable memory as OOM."""
     space = space or SearchSpace()
+    headroom = headroom if headroom is not None else DEFAULT_HEADROOM
     cluster.gpu.peak_flops_per_s(training.precision)
     if (training.precision == "fp8" and cluster.gpu.arch != "blackwell" and "selective" in space.recompute
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
@@ -447,41 +467,65 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                                           f"({cluster.nvlink_domain_size} GPUs)")
             alive &= ~mask
     valid = table.take(np.nonzero(alive)[0])
-    ev = evaluate_table(model, cluster, training, valid, options, time_all=False) if len(valid) else None
+    usable = float(cluster.gpu.usable_bytes)
+    margin = headroom.margin_bytes(usable)
+    ev = (evaluate_table(model, cluster, training, valid, options, time_all=False, margin_bytes=margin)
+          if len(valid) else None)
+    if ev is not None and (~ev.fits).any():
+        _count_oom(valid, ev, usable, headroom, rejections, examples)
     if ev is None or not ev.fits.any():
         smallest = None
         if ev is not None and len(valid):
-            rejections["OOM"] = len(valid)
             i = int(np.argmin(ev.peak_bytes))
             smallest = (valid.row(i), float(ev.peak_bytes[i]))
-            examples["OOM"] = (f"smallest footprint {smallest[0].short()} needs "
-                               f"{smallest[1] / GIB:.1f} GiB > "
-                               f"{cluster.gpu.usable_bytes / GIB:.1f} GiB usable")
-        summary = _no_fit_message(model, cluster, training, rejections, examples)
-        advice = fit_advice(cluster, space, smallest)
+            key = "OOM" if smallest[1] > usable else "OOM_MARGIN"
+            examples[key] = f"smallest footprint {examples[key]}"
+        hint = "OOM" if smallest is None or smallest[1] > usable else "OOM_MARGIN"
+        summary = _no_fit_message(model, cluster, training, rejections, examples, hint=hint)
+        advice = fit_advice(cluster, space, smallest, headroom)
         raise NoFeasiblePlanError(f"{summary}; {advice_text(advice)}", rejections=rejections, summary=summary,
-                                  advice=advice)
-    if (~ev.fits).any():
-        rejections["OOM"] = int((~ev.fits).sum())
-        oom_idx = np.nonzero(~ev.fits)[0]
-        j = int(oom_idx[np.argmin(ev.peak_bytes[oom_idx])])
-        examples["OOM"] = (f"{valid.row(j).short()} needs {ev.peak_bytes[j] / GIB:.1f} GiB > "
-                           f"{cluster.gpu.usable_bytes / GIB:.1f} GiB usable")
+                                  advice=advice, examples=examples, num_evaluated=n_total)
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
     picked, ties = _ranked_top(feasible, objective, cluster, top_k)
-    top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options) for i in picked]
-    notes: tuple[str, ...] = (
+    top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options, headroom=headroom)
+           for i in picked]
+    notes: tuple[str, ...] = ()
+    if objective == "memory-headroom":
+        best = float(np.min(feasible.step_s))
+        notes += (f"memory-headroom: the most free memory among layouts within {100 * MEMORY_HEADROOM_MAX_LOSS:.0f}% "
+                  f"of the best throughput (step time at most {best / (1 - MEMORY_HEADROOM_MAX_LOSS):.3f} s, "
+                  f"best {best:.3f} s)",)
+    notes += (
         (f"{ties} layout(s) tie exactly with a listed one (same step time and peak memory, e.g. CP traded for "
          "a larger micro-batch) and are not listed; the one listed is the simplest of its tie",) if ties else ())
     sched = schedule_named(space.schedule)
     if not sched.megatron:
         notes += (f"schedule {sched.name}: {sched.title} is a what-if, {NOT_IN_MEGATRON}; the numbers say what it "
                   "would gain (launch refuses it)",)
+    notes += (f"fit means peak + margin <= {usable / GIB:.1f} GiB usable; {headroom.describe(usable)}",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
-                num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space)
+                num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space, headroom=headroom)
+
+
+def _count_oom(valid: LayoutTable, ev: Evaluated, usable: float, headroom: Headroom,
+               rejections: dict[str, int], examples: dict[str, str]) -> None:
+    """Rejections of the rows that do not fit: OOM above usable memory, OOM_MARGIN within it but inside
+    the margin; each with its smallest-footprint example."""
+    over = ev.peak_bytes > usable
+    for code, mask in (("OOM", ~ev.fits & over), ("OOM_MARGIN", ~ev.fits & ~over)):
+        if not mask.any():
+            continue
+        rejections[code] = int(mask.sum())
+        idx = np.nonzero(mask)[0]
+        j = int(idx[np.argmin(ev.peak_bytes[idx])])
+        need = float(ev.peak_bytes[j]) / GIB
+        examples[code] = (f"{valid.row(j).short()} needs {need:.1f} GiB > {usable / GIB:.1f} GiB usable"
+                          if code == "OOM" else
+                          f"{valid.row(j).short()} needs {need:.1f} GiB, within {usable / GIB:.1f} GiB usable "
+                          f"but inside the {headroom.describe(usable)}")
 
 
 def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[list[int], int]:
@@ -508,7 +552,11 @@ def distinct_top(ev: Evaluated, order: NDArray[np.int64], top_k: int) -> tuple[l
 
 def _rounded_objective(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.float64]:
     if objective == "memory-headroom":
-        primary = ev.peak_bytes / cluster.gpu.hbm_bytes
+        # the smallest peak (most free memory) among the layouts within MEMORY_HEADROOM_MAX_LOSS of the
+        # best throughput, then the others by step time (every fitting peak is below the HBM: < 1 < 2)
+        best = float(np.min(ev.step_s))
+        near = ev.step_s * (1 - MEMORY_HEADROOM_MAX_LOSS) <= best * (1 + 1e-12)
+        primary = np.where(near, ev.peak_bytes / cluster.gpu.hbm_bytes, 2 + ev.step_s / max(best, 1e-30))
     else:
         primary = ev.step_s
     return np.round(primary / max(float(np.min(primary)), 1e-30), 9)
@@ -536,28 +584,34 @@ def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int)
     return distinct_top(ev, rank_order(ev, objective, cluster), top_k)
 
 
-FitKnob = Literal["search_space", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory"]
+FitKnob = Literal["search_space", "headroom", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory"]
 
 
 @dataclass(frozen=True, slots=True)
 class FitTip:
     """One change that would make the smallest-footprint layout fit, as data: which knob and to what.
 
-    ``search_space``: relax the searched axes or the batch (no layout was valid); ``num_gpus``: ``value`` GPUs
-    or more (``ratio``: the smallest layout's peak over the usable memory); ``recompute``: allow full recompute;
-    ``pipeline``: allow more pipeline stages; ``mbs``: micro-batch ``value`` (1); ``gpu_memory``: a GPU with more
-    than ``value`` bytes usable."""
+    ``search_space``: relax the searched axes or the batch (no layout was valid); ``headroom``: a margin smaller
+    than ``value`` bytes (the smallest layout fits only inside it); ``num_gpus``: ``value`` GPUs or more
+    (``ratio``: the smallest layout's peak over the usable memory, less the margin with ``less_margin``);
+    ``recompute``: allow full recompute; ``pipeline``: allow more pipeline stages; ``mbs``: micro-batch
+    ``value`` (1); ``gpu_memory``: a GPU with more than ``value`` bytes usable."""
 
     knob: FitKnob
     value: float | None = None
     ratio: float | None = None
+    less_margin: bool = False
 
     def describe(self) -> str:
         """The tip in the library's terms (``SearchSpace`` fields and ``plan`` arguments)."""
         if self.knob == "search_space":
             return "relax the search space (SearchSpace tp/pp/cp/mbs/max_pp) or change global_batch_size"
         if self.knob == "num_gpus":
-            return f"about {self.value:.0f}+ GPUs (num_gpus; it needs {self.ratio:.1f}x the usable memory)"
+            return (f"about {self.value:.0f}+ GPUs (num_gpus; it needs {self.ratio:.1f}x the usable memory"
+                    f"{' less the margin' if self.less_margin else ''})")
+        if self.knob == "headroom":
+            return (f"a smaller memory margin (headroom; the smallest layout fits only inside the "
+                    f"{(self.value or 0.0) / GIB:.1f} GiB margin, NO_HEADROOM accepts it at the memory model's risk)")
         if self.knob == "recompute":
             return "allow full recompute (SearchSpace.recompute with full)"
         if self.knob == "pipeline":
@@ -567,23 +621,27 @@ class FitTip:
         return f"a GPU with more than {(self.value or 0.0) / GIB:.0f} GiB usable"
 
 
-def fit_advice(cluster: ClusterSpec, space: SearchSpace, smallest: tuple[Any, float] | None) -> tuple[FitTip, ...]:
+def fit_advice(cluster: ClusterSpec, space: SearchSpace, smallest: tuple[Any, float] | None,
+               headroom: Headroom = NO_HEADROOM) -> tuple[FitTip, ...]:
     """What would make the smallest-footprint layout fit, from its numbers."""
     if smallest is None:
         return (FitTip("search_space"),)
     layout, need = smallest
     usable = cluster.gpu.usable_bytes
-    ratio = need / usable
+    margin = headroom.margin_bytes(usable)
+    if need <= usable:  # it fits only inside the margin
+        return FitTip("headroom", margin), FitTip("num_gpus", cluster.num_gpus * 2, need / (usable - margin), True)
+    ratio = need / (usable - margin)
     per_node = cluster.gpus_per_node
     more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
-    tips = [FitTip("num_gpus", more, ratio)]
+    tips = [FitTip("num_gpus", more, ratio, margin > 0)]
     if layout.recompute != "full" and "full" not in space.recompute:
         tips.append(FitTip("recompute"))
     if space.max_pp is not None or space.pp is not None:
         tips.append(FitTip("pipeline"))
     if layout.mbs > 1:
         tips.append(FitTip("mbs", 1))
-    tips.append(FitTip("gpu_memory", need))
+    tips.append(FitTip("gpu_memory", need + margin))
     return tuple(tips)
 
 
@@ -593,10 +651,10 @@ def advice_text(tips: tuple[FitTip, ...], describe: Callable[[FitTip], str] = Fi
 
 
 def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                    rejections: dict[str, int], examples: dict[str, str]) -> str:
-    """What was searched and rejected, and the OOM example (the advice is added by the caller)."""
+                    rejections: dict[str, int], examples: dict[str, str], hint: str = "OOM") -> str:
+    """What was searched and rejected, and the example of rejection ``hint`` (the advice is added by the caller)."""
     parts = ", ".join(f"{k} {v}" for k, v in sorted(rejections.items(), key=lambda kv: -kv[1]))
-    hint = examples.get("OOM", "")
+    hint = examples.get(hint, "")
     return (f"no layout of {model.name} fits on {cluster.num_gpus} x {cluster.gpu.name} at seq "
             f"{training.seq_len}, GBS {training.global_batch_size}: rejected {parts}"
             + (f"; {hint}" if hint else ""))

@@ -79,7 +79,7 @@ def test_command_table_is_what_the_modules_register() -> None:
 
 def test_a_typo_suggests_among_commands_not_yet_loaded(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["calibrat"], capsys)
-    assert code == 1 and "Did you mean 'calibrate'" in err
+    assert code == 2 and "Did you mean 'calibrate'" in err  # an unknown command is a usage error
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

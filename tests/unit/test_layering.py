@@ -29,8 +29,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "the parallel layout and the pipeline schedules it names (each schedule's bubble, in-flight micro-batches "
      "and timeline read only the model spec)."),
     ("estimate", ("paraplan.estimate", "paraplan.estimator", "paraplan.rules", "paraplan.checkpoint",
-                  "paraplan.goodput"),
-     "Formulas for one layout: Megatron's rules, memory, step time, checkpoint cost and goodput."),
+                  "paraplan.goodput", "paraplan.headroom"),
+     "Formulas for one layout: Megatron's rules, memory, step time, checkpoint cost and goodput, and the memory "
+     "margin a layout keeps free."),
     ("search", ("paraplan.search",),
      "Every valid layout evaluated (vectorised) and ranked."),
     ("applications", ("paraplan.explain", "paraplan.launch", "paraplan.report", "paraplan.tune",

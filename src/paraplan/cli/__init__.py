@@ -2,8 +2,12 @@
 
 The CLI parses options, calls one library function and renders the result; only this package
 prints. Exit codes: 0 ok, 1 bad input (one line naming the field and the allowed values),
-2 usage error (typer/click), 3 no feasible plan, 130 interrupted (Ctrl-C); an output that cannot be
-written (a full disk, /dev/full) is one line and exit 1. ``--debug`` shows tracebacks.
+2 usage error (typer/click: an unknown command or option, a missing option or value, extra arguments;
+a non-numeric or unknown value is bad input, 1), 3 no feasible plan
+(``plan``/``explain``; with ``--format json`` the rejection summary as JSON on stdout), 4 the layout
+does not fit in usable memory (``estimate``/``check``; one that fits only inside the ``--headroom``
+margin is a warning, exit 0), 130 interrupted (Ctrl-C); an output that cannot be written (a full disk,
+/dev/full) is one line and exit 1. ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -97,10 +101,11 @@ def _run(args: list[str]) -> int:
         _err("aborted")
         return 1
     except typer.TyperException as err:
-        # usage errors (unknown option, non-integer value): one line, exit 1
+        # one line; a bad value (non-integer, not a choice) is bad input, exit 1; a command line of the
+        # wrong shape (unknown command or option, a missing option or value, extra arguments) is usage, exit 2
         fmt = getattr(err, "format_message", None)
         _err(f"error: {fmt() if callable(fmt) else err}")
-        return 1
+        return 2 if _is_usage_error(err) else 1
     except SystemExit as err:
         return int(err.code) if isinstance(err.code, int) else 1
     if isinstance(rv, int) and not isinstance(rv, bool) and rv:  # typer.Exit(n) inside click, e.g. 130 on Ctrl-C
@@ -108,6 +113,13 @@ def _run(args: list[str]) -> int:
             _err("interrupted")
         return rv
     return state.exit_code
+
+
+def _is_usage_error(err: Exception) -> bool:
+    """Click's UsageError other than a bad value (BadParameter; a missing one is usage). By class name: typer
+    vendors click's exception classes (typer._click), older typers re-export click's own."""
+    names = {cls.__name__ for cls in type(err).__mro__}
+    return "UsageError" in names and ("BadParameter" not in names or "MissingParameter" in names)
 
 
 def _stdout_gone(err: OSError) -> None:

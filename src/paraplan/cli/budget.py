@@ -30,7 +30,7 @@ from paraplan.api import (
     parse_token_count,
 )
 from paraplan.cli._app import app
-from paraplan.cli.options import MODEL_HELP, ForceOpt, PrecisionChoice, PrecisionOpt, positive
+from paraplan.cli.options import MODEL_HELP, ForceOpt, HeadroomOpt, PrecisionChoice, PrecisionOpt, positive
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
 from paraplan.units import format_count
@@ -276,12 +276,16 @@ def budget_cmd(
     site: str | None = typer.Option(None, "--site", help="Site profile YAML: storage_gbps, storage_gbps_per_node, "
                                     "host_memory_gb_per_node, failure_rate_per_gpu_hour, requeue_s, ..."),
     force: bool = ForceOpt,
+    headroom: str | None = HeadroomOpt,
 ) -> None:
     """Sweep GPU counts per GPU type (best layout each): time to train, GPU-hours, cost, MFU; recommend.
 
     Example: paraplan budget --model llama3-70b --tokens 15T --days 60 --gpu h100-80gb,b200
     --price-per-gpu-hour h100-80gb=2.5,b200=4.5
     """
+    from paraplan.api import parse_headroom
+
+    margin = parse_headroom(headroom)
     n_tokens = parse_token_count(tokens, "--tokens")
     for name, value in (("gpus", gpus), ("seq-len", seq_len), ("gbs", gbs), ("max-gbs", max_gbs),
                         ("max-gpus", max_gpus)):
@@ -305,7 +309,7 @@ def budget_cmd(
                      num_gpus=gpus, prices=prices, gpus_per_node=per_node, precision=precision.value,
                      max_gpus=max_gpus, progress=progress,
                      space=SearchSpace(allow_cross_node=allow_cross_node), storage=site_profile.storage(),
-                     failures=site_profile.failures())
+                     failures=site_profile.failures(), headroom=margin)
     if html:
         from paraplan.api import write_text_atomic
 

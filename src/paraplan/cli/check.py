@@ -7,13 +7,14 @@ import sys
 import typer
 from rich.markup import escape
 
-from paraplan.api import CheckResult, check_parsed, dumps_json, parse_file, suggest_alternative
+from paraplan.api import CheckResult, check_parsed, dumps_json, parse_file, parse_headroom, suggest_alternative
 from paraplan.cli._app import app, state
 from paraplan.cli.options import (
     GPU_HELP,
     FormatOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
+    HeadroomOpt,
     OutputFormat,
     ProfileOpt,
     resolve_gpu,
@@ -74,15 +75,21 @@ def check(
     gpus_per_node: int | None = GpusPerNodeOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
+    headroom: str | None = HeadroomOpt,
     fmt: OutputFormat = FormatOpt,
 ) -> None:
     """Read a Megatron-LM launch script: broken rules (Megatron's wording), unknown flags,
     defaults applied, memory and throughput. Exit code 1 when a rule is broken.
 
+    Exit code 4 when the layout does not fit in usable memory (a warning, exit 0, when it fits only
+    inside the --headroom margin).
+
     Example: paraplan check train_llama3_8b.sh --gpu h100-80gb
     """
+    margin = parse_headroom(headroom)
     parsed = parse_file(script)
-    result = check_parsed(parsed, resolve_gpu(gpu, gpu_set, profile), num_gpus=num_gpus, gpus_per_node=gpus_per_node)
+    result = check_parsed(parsed, resolve_gpu(gpu, gpu_set, profile), num_gpus=num_gpus, gpus_per_node=gpus_per_node,
+                          headroom=margin)
     if fmt == OutputFormat.json:
         print(dumps_json({"script": script, **result.to_dict()}))
     else:
@@ -91,3 +98,6 @@ def check(
         n = len(result.violations)
         print(f"error: {n} Megatron rule{'s' * (n != 1)} broken (listed above)", file=sys.stderr)
         state.exit_code = 1
+    elif result.estimate is not None and not result.estimate.fits:
+        print(f"error: the layout does not fit: {result.estimate.fit_text.split(': ', 1)[1]}", file=sys.stderr)
+        state.exit_code = 4

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import typer
 
-from paraplan.api import RECOMPUTE_MODULES, Estimate, MemoryOptions, dumps_json
+from paraplan.api import RECOMPUTE_MODULES, Estimate, Headroom, MemoryOptions, dumps_json, parse_headroom
 from paraplan.api import estimate as run_estimate
-from paraplan.cli._app import app
+from paraplan.cli._app import app, state
 from paraplan.cli.options import (
     NO_FLAGS,
     AttentionChoice,
@@ -17,6 +18,8 @@ from paraplan.cli.options import (
     FragmentationOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
+    HeadroomOpt,
+    KnobOpt,
     LayoutFlags,
     OptGbsOpt,
     OptGpuOpt,
@@ -55,12 +58,14 @@ def estimate(
         help="A pretrain_gpt.py / torchrun command line (or @FILE): model, layout and batch are read from it."),
     precision: PrecisionChoice = PrecisionOpt,
     attention_backend: AttentionChoice = AttentionOpt,
+    knob: list[str] | None = KnobOpt,
     mfu_peak: PrecisionChoice = typer.Option(PrecisionChoice.bf16, "--mfu-peak",
                                              help="Dense peak MFU/HFU divide by."),
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
     workspace_gib: float | None = WorkspaceOpt,
     fragmentation: float | None = FragmentationOpt,
+    headroom: str | None = HeadroomOpt,
     fmt: OutputFormat = FormatOpt,
     recipe: str | None = typer.Option(
         None, "--recipe", help="Run a recipe (`paraplan recipes`: its source, function name or alias) with all its "
@@ -74,7 +79,11 @@ def estimate(
     --cp 2 --seq-len 8192 --gbs 512 --mbs 1
 
     Example: paraplan estimate --recipe llama3-70b-h100-fp8cs-64
+
+    Exit code 4 when the layout does not fit in usable memory; a warning (exit 0) when it fits only
+    inside the --headroom margin.
     """
+    margin = parse_headroom(headroom)
     if recipe is not None:
         for opt_name, opt_value in (("model", model), ("megatron-args", megatron_args)):
             if opt_value is not None:
@@ -84,7 +93,9 @@ def estimate(
                                      attention_backend=attention_backend,
                                      flags=flags, gpu_set=gpu_set, profile=profile, mfu_peak=mfu_peak.value,
                                      options=memory_options(workspace_gib, fragmentation))
-        _emit(result, fmt, recipe=block)
+        from dataclasses import replace
+
+        _emit(replace(result, headroom=margin), fmt, recipe=block)
         return
     if recipes_file is not None:
         raise SpecError("--recipes gives recipes for --recipe NAME; add --recipe (or drop --recipes)")
@@ -96,10 +107,11 @@ def estimate(
         given += given_layout_flags(flags)
         if precision != PrecisionChoice.bf16 or attention_backend != AttentionChoice.flash:
             given.append("--precision/--attention-backend")
+        given += ["--knob"] if knob else []
         if given:
             raise SpecError(f"--megatron-args describes the model, layout, batch and precision; drop "
                             f"{', '.join(given)} (or drop --megatron-args)")
-        result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile)
+        result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile, margin)
         _emit(result, fmt)
         return
     for flag, value in (("model", model), ("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs)):
@@ -108,7 +120,7 @@ def estimate(
     assert model is not None and num_gpus is not None and seq_len is not None and gbs is not None
     inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
-                            profile=profile, attention_backend=attention_backend.value)
+                            profile=profile, attention_backend=attention_backend.value, knobs=knob)
     layout, notes = flags.layout(num_gpus, inputs.model)
     from paraplan.api import launch_violations
 
@@ -117,7 +129,7 @@ def estimate(
         raise LayoutError(broken[0][1], reason=broken[0][0])
     result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training,
                           mfu_peak=mfu_peak.value, notes=notes,
-                          memory_options=memory_options(workspace_gib, fragmentation))
+                          memory_options=memory_options(workspace_gib, fragmentation), headroom=margin)
     _emit(result, fmt)
 
 
@@ -183,14 +195,15 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
 
 
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,
-                        gpu_set: list[str] | None, profile: str | None) -> Estimate:
+                        gpu_set: list[str] | None, profile: str | None, headroom: Headroom) -> Estimate:
     """Estimate the layout a Megatron command line describes; its first broken rule is the error."""
     from paraplan.api import MEGATRON_COMMIT, check_parsed, parse_script, read_input_text
 
     if text.startswith("@"):
         text = read_input_text(text[1:], "--megatron-args")
     gpu_spec = resolve_gpu(gpu, gpu_set, profile)
-    result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node)
+    result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
+                          headroom=headroom)
     # the environment a launcher sets is `paraplan check`'s business; the estimate needs the layout only
     blocking = [(c, m) for c, m in result.violations if c != "CUDA_DEVICE_MAX_CONNECTIONS"]
     if blocking:
@@ -199,7 +212,8 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
     unknown = list(result.parsed.unknown_flags)
     notes = list(result.parsed.flags.notes) + (
         [f"not Megatron-LM flags (main @ {MEGATRON_COMMIT}), ignored: {', '.join(unknown)}"] if unknown else [])
-    return run_estimate(result.model, result.cluster, layout=result.layout, training=result.training, notes=notes)
+    return run_estimate(result.model, result.cluster, layout=result.layout, training=result.training, notes=notes,
+                        headroom=headroom)
 
 
 def _emit(result: Estimate, fmt: OutputFormat, recipe: dict[str, Any] | None = None) -> None:
@@ -209,3 +223,6 @@ def _emit(result: Estimate, fmt: OutputFormat, recipe: dict[str, Any] | None = N
         print(estimate_csv(result), end="")
     else:
         render_estimate(result)
+    if not result.fits:  # exit 4 (documented in paraplan.cli), one line on stderr
+        print(f"error: the layout does not fit: {result.fit_text.split(': ', 1)[1]}", file=sys.stderr)
+        state.exit_code = 4

@@ -15,6 +15,7 @@ from paraplan.api import (
     advise,
     candidate_id,
     load_site,
+    memory_knobs_of,
     render_files,
     write_files,
 )
@@ -24,6 +25,7 @@ from paraplan.cli.options import (
     NO_FLAGS,
     GpuSetOpt,
     GpusPerNodeOpt,
+    KnobOpt,
     LayoutFlags,
     OptGbsOpt,
     OptGpuOpt,
@@ -82,6 +84,7 @@ def launch(
     seq_len: int | None = OptSeqLenOpt,
     gbs: int | None = OptGbsOpt,
     precision: PrecisionChoice = PrecisionOpt,
+    knob: list[str] | None = KnobOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
     target: Target = typer.Option(Target.all, "--target", "-t", help="Files to generate: megatron, torchrun, "
@@ -117,6 +120,8 @@ def launch(
                         "not one)")
     site_profile = load_site(site)
     if plan is not None:
+        if knob:
+            raise SpecError("--plan carries the training spec and its knobs; drop --knob (or drop --plan)")
         spec, result = _from_plan(plan, rank)
     else:
         missing = [f"--{n}" for n, v in (("model", model), ("gpu", gpu), ("num-gpus", num_gpus),
@@ -127,7 +132,7 @@ def launch(
         assert seq_len is not None and gbs is not None
         inputs = resolve_inputs(model=model, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
-                                profile=profile)
+                                profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
         result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
@@ -147,5 +152,8 @@ def launch(
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
     for target_name, reason in json.loads(files["manifest.json"]).get("skipped_targets", {}).items():
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
+    if "bridge_overrides.txt" in files and memory_knobs_of(spec.training):
+        con.print("note: bridge_overrides.txt does not carry the memory knobs yet (megatron_args.sh does): "
+                  "set them in the Bridge recipe's mixed_precision and optimizer configs", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")

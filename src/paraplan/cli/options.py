@@ -113,9 +113,9 @@ class Inputs:
 def resolve_inputs(
     *, model: str, gpu: str, num_gpus: int, gpus_per_node: int | None, seq_len: int, gbs: int,
     precision: str, gpu_set: list[str] | None = None, profile: str | None = None,
-    attention_backend: str = "flash",
+    attention_backend: str = "flash", knobs: list[str] | None = None,
 ) -> Inputs:
-    """Load model and GPU, apply overrides and a calibrated profile, build the specs."""
+    """Load model and GPU, apply overrides and a calibrated profile, build the specs (``knobs``: ``--knob``)."""
     positive("num-gpus", num_gpus)
     positive("gpus-per-node", gpus_per_node)
     positive("seq-len", seq_len)
@@ -123,8 +123,20 @@ def resolve_inputs(
     model_spec = load_model(model)
     cluster = make_cluster(resolve_gpu(gpu, gpu_set, profile), num_gpus, gpus_per_node)
     training = TrainingSpec(seq_len=seq_len, global_batch_size=gbs, precision=precision,  # type: ignore[arg-type]
-                            attention_backend=attention_backend)  # type: ignore[arg-type]
+                            attention_backend=attention_backend,  # type: ignore[arg-type]
+                            **knob_fields(knobs, precision))
     return Inputs(model=model_spec, cluster=cluster, training=training)
+
+
+def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
+    """``--knob NAME[=VALUE]`` items (Megatron flag names without the dashes) -> TrainingSpec knob fields."""
+    from paraplan.api import memory_knobs_from_words
+
+    words: list[str] = []
+    for item in knobs or ():
+        name, eq, value = item.partition("=")
+        words += [f"--{name.strip().lstrip('-')}", *([value.strip()] if eq else [])]
+    return memory_knobs_from_words(words, precision) if words else {}
 
 
 def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> GpuSpec:
@@ -234,6 +246,15 @@ PipelineSplitOpt = typer.Option(
          "say which --decoder-first/last-pipeline-num-layers (or --pipeline-model-parallel-layout) "
          "Megatron needs; even: require layers divisible by PP x VP (Megatron's rule without those flags).")
 ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")
+HeadroomOpt = typer.Option(
+    None, "--headroom",
+    help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none); "
+         "default: the memory model's p80 under-prediction (benchmarks/memory.py).")
+KnobOpt = typer.Option(
+    None, "--knob",
+    help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
+         "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
+         "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

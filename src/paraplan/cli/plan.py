@@ -28,9 +28,10 @@ from paraplan.api import (
     dumps_json,
     format_decimal_bytes,
     load_site,
+    parse_headroom,
 )
 from paraplan.api import explain as explain_plan
-from paraplan.cli._app import app
+from paraplan.cli._app import app, plain, state
 from paraplan.cli.options import (
     AttentionChoice,
     AttentionOpt,
@@ -40,6 +41,8 @@ from paraplan.cli.options import (
     GpuOpt,
     GpuSetOpt,
     GpusPerNodeOpt,
+    HeadroomOpt,
+    KnobOpt,
     ModelOpt,
     NumGpusOpt,
     PrecisionChoice,
@@ -51,8 +54,8 @@ from paraplan.cli.options import (
     resolve_inputs,
 )
 from paraplan.cli.recipes import RecipesFileOpt
-from paraplan.cli.render import console, fit_table, safe
-from paraplan.errors import SpecError
+from paraplan.cli.render import console, fit_table, no_fit_line, safe
+from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.units import GIB
 
 if TYPE_CHECKING:
@@ -138,6 +141,10 @@ class PlanRequest:
     fragmentation: float | None = None
     recompute_modules: str | None = None
     attention_backend: str = "flash"
+    headroom: str | None = None
+    """``--headroom``: GIB, PCT or 0 (``paraplan.headroom.parse_headroom``); None = the memory model's band."""
+    knob: list[str] | None = None
+    """``--knob``: memory knobs as Megatron flags (options.knob_fields)."""
     schedule: str = ""
     """A ``paraplan.schedules`` name ("" = Megatron's choice from VP). Not in PLAN_OPTIONS: plan and explain
     each place ``--schedule`` among their own options (their --help order)."""
@@ -171,9 +178,10 @@ def run_plan(req: PlanRequest) -> Plan:
     """Resolve the inputs and search, through the public API (``paraplan.api.plan``)."""
     from paraplan.api import plan
 
+    margin = parse_headroom(req.headroom)
     inputs = resolve_inputs(model=req.model, gpu=req.gpu, num_gpus=req.num_gpus, gpus_per_node=req.gpus_per_node,
                             seq_len=req.seq_len, gbs=req.gbs, precision=req.precision, gpu_set=req.gpu_set,
-                            profile=req.profile, attention_backend=req.attention_backend)
+                            profile=req.profile, attention_backend=req.attention_backend, knobs=req.knob)
     if req.top < 1:
         raise SpecError(f"--top must be a positive integer, got {req.top}")
     if req.pp and req.max_pp is not None:
@@ -185,7 +193,7 @@ def run_plan(req: PlanRequest) -> Plan:
                         "selective recompute only")
     return plan(inputs.model, inputs.cluster, training=inputs.training, space=req.space(),
                 objective=req.objective, top_k=req.top,  # type: ignore[arg-type]
-                memory_options=memory_options(req.workspace_gib, req.fragmentation))
+                memory_options=memory_options(req.workspace_gib, req.fragmentation), headroom=margin)
 
 
 def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparison | None = None) -> None:
@@ -209,13 +217,15 @@ def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparis
         mfu = 100 * float(c.throughput.mfu)
         colour = "green" if mfu >= 40 else ("yellow" if mfu >= 25 else "red")
         rows.append([f"[bold]{i + 1}[/]" if i == 0 else str(i + 1), c.layout.short(),
-                     f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}", f"{float(c.time.step_s):.2f}",
+                     f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}",
+                     f"{(c.usable_bytes - c.peak_bytes) / GIB:.1f}", f"{float(c.time.step_s):.2f}",
                      f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}", f"[{colour}]{mfu:.1f}%[/]",
                      f"{dom} {100 * terms[dom] / float(c.time.step_s):.0f}%"])
     # a layout stays on one line: narrow terminals lose the dominant term, then tokens/s/GPU (MFU says it)
     table = fit_table("best layouts", [("#", "right"), ("layout", "left"), ("GiB\npeak/use", "right"),
-                                       ("step\ns", "right"), ("tok/s\n/GPU", "right"), ("MFU", "right"),
-                                       ("dominant", "left")], rows, con.width, drop_order=("dominant", "tok/s\n/GPU"))
+                                       ("GiB\nfree", "right"), ("step\ns", "right"), ("tok/s\n/GPU", "right"),
+                                       ("MFU", "right"), ("dominant", "left")], rows, con.width,
+                      drop_order=("dominant", "tok/s\n/GPU"))
     con.print(table)
     if recipe is not None:
         con.print(recipe_line(recipe, p.candidates[0]))
@@ -326,7 +336,8 @@ PLAN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("tp_comm_overlap", bool, TpOvOpt), ("gpu_set", list[str] | None, GpuSetOpt),
     ("profile", str | None, ProfileOpt), ("workspace_gib", float | None, WorkspaceOpt),
     ("fragmentation", float | None, FragmentationOpt), ("recompute_modules", str | None, RecModOpt),
-    ("attention_backend", AttentionChoice, AttentionOpt),
+    ("attention_backend", AttentionChoice, AttentionOpt), ("headroom", str | None, HeadroomOpt),
+    ("knob", list[str] | None, KnobOpt),
 )
 """(parameter, type, typer option) of every flag plan and explain share, in --help order: each is a field of
 PlanRequest, in the same order, then ``schedule``, which each command places among its own flags
@@ -382,7 +393,15 @@ def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: st
         from paraplan.api import check_output_file
 
         check_output_file(save, "--save", force=force)
-    p = run_plan(req)
+    try:
+        p = run_plan(req)
+    except NoFeasiblePlanError as err:
+        if fmt != PlanFormat.json:
+            raise
+        print(dumps_json(err.to_dict()))  # the rejection summary as JSON; exit 3 and the line, as for the table
+        print(plain(no_fit_line(err).splitlines()[0]), file=sys.stderr)
+        state.exit_code = 3
+        return
     if save:
         from paraplan.api import save_plan
 

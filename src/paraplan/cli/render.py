@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from paraplan.errors import NoFeasiblePlanError
     from paraplan.estimator import Estimate
     from paraplan.search import FitTip
+    from paraplan.specs.training import TrainingSpec
 
 
 def fit_tip_flags(tip: FitTip) -> str:
@@ -26,7 +27,11 @@ def fit_tip_flags(tip: FitTip) -> str:
     if tip.knob == "search_space":
         return "relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
     if tip.knob == "num_gpus":
-        return f"about {tip.value:.0f}+ GPUs (--num-gpus; it needs {tip.ratio:.1f}x the usable memory)"
+        return (f"about {tip.value:.0f}+ GPUs (--num-gpus; it needs {tip.ratio:.1f}x the usable memory"
+                f"{' less the margin' if tip.less_margin else ''})")
+    if tip.knob == "headroom":
+        return (f"a smaller margin (--headroom; the smallest layout fits only inside the "
+                f"{(tip.value or 0.0) / GIB:.1f} GiB margin, --headroom 0 accepts it at the memory model's own risk)")
     if tip.knob == "recompute":
         return "allow full recompute (--recompute none,selective,full)"
     if tip.knob == "pipeline":
@@ -97,6 +102,17 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
     return table
 
 
+def knob_words(training: TrainingSpec) -> str:
+    """The memory knobs away from Megatron's defaults, as the Megatron flags that set them."""
+    from paraplan.api import KNOB_FLAGS, memory_knobs_of
+
+    words = []
+    for key, value in memory_knobs_of(training).items():
+        flag = KNOB_FLAGS.get(key, key)
+        words.append(flag if value is True else f"{flag} {value}")
+    return " ".join(words)
+
+
 def render_estimate(est: Estimate) -> None:
     """Per-stage memory table, time breakdown and throughput."""
     con = console()
@@ -104,6 +120,9 @@ def render_estimate(est: Estimate) -> None:
     con.print(f"[bold]{safe(est.model.name)}[/] on {est.cluster.num_gpus} x {safe(est.cluster.gpu.name)} "
               f"({est.cluster.gpus_per_node}/node, NVLink domain {est.cluster.nvlink_domain_size}) | "
               f"seq {est.training.seq_len}, GBS {est.training.global_batch_size}, {est.training.precision}")
+    knobs = knob_words(est.training)
+    if knobs:
+        con.print(f"memory knobs: {safe(knobs)}")
     con.print(f"layout: {lay.short()} | micro-batches {est.num_microbatches} | "
               f"params {format_count(est.params.total)} (active {format_count(est.params.active_per_token)})")
     table = Table(title="memory per GPU by pipeline stage (GiB)")
@@ -121,9 +140,11 @@ def render_estimate(est: Estimate) -> None:
                       f"[{style}]{total / GIB:.1f}[/]" if style else f"{total / GIB:.1f}",
                       f"{float(st.in_flight):.0f}")
     con.print(table)
-    verdict = "[green]fits[/]" if est.fits else "[red]does NOT fit[/]"
+    colour = "green" if est.fits_with_margin else ("yellow" if est.fits else "red")
+    verdict = f"[{colour}]{'fits' if est.fits else 'does NOT fit'}[/]"
     con.print(f"peak {est.peak_bytes / GIB:.1f} GiB (stage {est.peak_stage}) of "
               f"{est.usable_bytes / GIB:.1f} GiB usable ({est.cluster.gpu.hbm_bytes / GIB:.1f} GiB HBM): {verdict}")
+    con.print(f"[{colour}]{'warning: ' if not est.fits_with_margin else ''}{safe(est.fit_text)}[/]")
     t = est.time
     tt = Table(title="step time")
     tt.add_column("term")

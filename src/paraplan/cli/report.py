@@ -12,9 +12,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from paraplan.api import Plan, SearchSpace
+from paraplan.api import Headroom, Plan, SearchSpace, parse_headroom
 from paraplan.cli._app import app
-from paraplan.cli.options import GPU_HELP, MODEL_HELP, ForceOpt, GpuSetOpt, PrecisionChoice, ProfileOpt
+from paraplan.cli.options import GPU_HELP, MODEL_HELP, ForceOpt, GpuSetOpt, HeadroomOpt, PrecisionChoice, ProfileOpt
 from paraplan.cli.plan import (
     CpOpt,
     CrossOpt,
@@ -78,7 +78,8 @@ def progress(total: int, delay_s: float = PROGRESS_DELAY_S) -> Iterator[Callable
         bar.stop()
 
 
-def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace) -> Plan:
+def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace,
+                   headroom: Headroom | None = None) -> Plan:
     """Re-run the search from plan.json's resolved inputs and its search space (unless search flags are
     given here; plan.json keeps only the top layouts) and put plan.json's own layouts, re-estimated,
     first."""
@@ -90,10 +91,11 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
         space = saved
     obj = objective or str(loaded.document.get("plan", {}).get("objective", "throughput"))
     p = plan(loaded.model, loaded.cluster, training=loaded.training, space=space, objective=obj,  # type: ignore[arg-type]
-             top_k=top)
+             top_k=top, headroom=headroom)
     if not loaded.layouts:
         return p
-    ests = tuple(estimate(loaded.model, loaded.cluster, layout=lay, training=loaded.training)
+    ests = tuple(replace(estimate(loaded.model, loaded.cluster, layout=lay, training=loaded.training),
+                         headroom=p.headroom)
                  for lay in loaded.layouts[:top])
     return replace(p, candidates=ests)
 
@@ -126,6 +128,7 @@ def report_cmd(
     dp_variant: str | None = DpOpt, allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     recompute_modules: str | None = RecModOpt, gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
     log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP, force: bool = ForceOpt,
+    headroom: str | None = HeadroomOpt,
 ) -> None:
     """Write an HTML report: candidate landscape, memory per stage, step time, pipeline schedule.
 
@@ -169,7 +172,7 @@ def report_cmd(
             space = search_space(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, mbs=mbs, max_pp=max_pp, recompute=recompute,
                                  dp_variant=dp_variant, allow_cross_node=allow_cross_node,
                                  tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules)
-            p = plan_from_file(plan_file, top, objective.value if objective else None, space)
+            p = plan_from_file(plan_file, top, objective.value if objective else None, space, parse_headroom(headroom))
         else:
             assert model is not None and gpu is not None and num_gpus is not None  # checked above (None only)
             assert seq_len is not None and gbs is not None
@@ -178,7 +181,7 @@ def report_cmd(
                 precision=precision.value, gpu_set=gpu_set, profile=profile, top=top,
                 objective=(objective or ObjectiveChoice.throughput).value, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, mbs=mbs,
                 max_pp=max_pp, recompute=recompute, dp_variant=dp_variant, allow_cross_node=allow_cross_node,
-                tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules))
+                tp_comm_overlap=tp_comm_overlap, recompute_modules=recompute_modules, headroom=headroom))
         step("explaining")
         findings = explain(p)
         step("simulating pipeline schedules" + (" and diagnosing the run" if runlog is not None else ""))

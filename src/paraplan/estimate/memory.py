@@ -28,17 +28,19 @@ from paraplan.schedules import schedule_of
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.num import Int, Num
 from paraplan.specs.training import (
-    FP16_MAIN_GRAD_BYTES,
-    GRAD_BYTES,
-    OPTIMIZER_BYTES,
     PARAM_BYTES,
     TrainingSpec,
-    grad_bytes_per_param,
+    main_grad_bytes,
+    optimizer_bytes_per_param,
 )
 from paraplan.units import GIB
 
 FP8_WEIGHT_CACHE_BYTES = 2.0
 """Transformer Engine keeps an FP8 copy of each GEMM weight and its transpose (1 B each) under FP8."""
+FP8_SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "tensorwise": 0.0, "mxfp8": 1.0 / 32, "blockwise": 4.0 / (128 * 128)}
+"""Scaling state per element of one FP8 weight copy: delayed and tensorwise keep one fp32 scale (and an amax
+history) per tensor, negligible; MXFP8 one E8M0 byte per 32 elements; blockwise one fp32 scale per 128 x 128
+weight block (Transformer Engine ``MXFP8Tensor`` / ``Float8BlockwiseQTensor``)."""
 FSDP_LAYERS_IN_FLIGHT = 2
 """Megatron-FSDP holds the gathered weights (and their unsharded gradients) of about two layers at a
 time: the one computing and the one prefetched (megatron_fsdp's all-gather / reduce-scatter
@@ -115,21 +117,52 @@ class StageMemory:
     """The parts of ``memory.other_bytes``."""
 
 
-def model_state_bytes(params: StageParams, layout: StepLayout, precision: str = "bf16") -> tuple[Num, Num, Num]:
+def weight_bytes_per_param(training: TrainingSpec) -> float:
+    """Bytes per parameter of the model weights the rank keeps (the FP8 copies are ``fp8_cache_bytes_per_param``).
+
+    bf16/fp16 weights: 2 B. ``--fp8-param-gather`` (``fp8_model_init``, ``megatron/core/fp8_utils.py``
+    ``get_fp8_context``/``is_float8tensor``): the parameter *is* the FP8 tensor, stored as uint8 in the DDP
+    param buffer (``distributed/param_and_grad_buffer.py`` ``group_params_for_buffers``: ``param_dtype =
+    torch.uint8``): 1 B plus its scales, no bf16 copy. Under MXFP8 the param all-gather goes through the grad
+    buffer (``shared_buffer`` in ``_ParamAndGradBuffer.__init__``), so nothing more is held for it.
+    """
+    if training.fp8_param_gather:
+        return 1.0 + FP8_SCALE_BYTES_PER_ELEMENT[training.fp8_recipe]
+    return PARAM_BYTES
+
+
+def fp8_cache_bytes_per_param(training: TrainingSpec) -> float:
+    """FP8 weight copies TE keeps beside the weights (0 without FP8): rowwise and columnwise (transpose) copies,
+    1 B each plus the recipe's scales; with ``--fp8-param-gather`` the rowwise copy is the weight itself
+    (``weight_bytes_per_param``), only the columnwise one is extra."""
+    if training.precision != "fp8":
+        return 0.0
+    copies = 1.0 if training.fp8_param_gather else FP8_WEIGHT_CACHE_BYTES
+    return copies * (1.0 + FP8_SCALE_BYTES_PER_ELEMENT[training.fp8_recipe])
+
+
+def model_state_bytes(params: StageParams, layout: StepLayout,
+                      training: TrainingSpec | str = "bf16") -> tuple[Num, Num, Num]:
     """(weights, grads, optimizer) bytes per GPU.
 
     no sharding:           2P, 4P, 12P
     distributed optimizer: 2P, 4P, 12*P_dense/(dp*cp) + 12*P_expert/edp
     Megatron-FSDP:         all three divided by the same groups.
     fp16: grads 2P and the fp32 main gradient (4 B) joins the optimizer state (Megatron's 20 B, 4 + 16/d).
+    The knobs change the per-parameter bytes: weights ``weight_bytes_per_param`` (FP8 param gather 1 B),
+    grads ``main_grad_bytes`` (bf16 buffer 2 B), optimizer ``optimizer_bytes_per_param`` (precision-aware
+    dtypes, CPU offload). A precision string stands for a TrainingSpec with Megatron's defaults.
     """
+    if isinstance(training, str):
+        training = TrainingSpec(seq_len=1, global_batch_size=1, precision=training)  # type: ignore[arg-type]
     dense_shards = np.where(layout.dist_opt, layout.dp * layout.cp, 1)
     expert_shards = np.where(layout.dist_opt, layout.edp, 1)
     state_shards_dense = np.where(layout.fsdp, dense_shards, 1)
     state_shards_expert = np.where(layout.fsdp, expert_shards, 1)
-    weights = PARAM_BYTES * (params.dense / state_shards_dense + params.expert / state_shards_expert)
-    grad_bytes = grad_bytes_per_param(precision)
-    opt_bytes = OPTIMIZER_BYTES + (FP16_MAIN_GRAD_BYTES if precision == "fp16" else 0.0)
+    weights = weight_bytes_per_param(training) * (params.dense / state_shards_dense
+                                                  + params.expert / state_shards_expert)
+    grad_bytes = main_grad_bytes(training)
+    opt_bytes = optimizer_bytes_per_param(training)
     grads = grad_bytes * (params.dense / state_shards_dense + params.expert / state_shards_expert)
     optimizer = opt_bytes * (params.dense / dense_shards + params.expert / expert_shards)
     return weights, grads, optimizer
@@ -230,11 +263,12 @@ def stage_other_bytes(
     logits = np.where(stage.has_output, heads * la.output, 0.0)
     layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
-    fsdp_buffers = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * (PARAM_BYTES + GRAD_BYTES) * per_layer_params, 0.0)
+    fsdp_buffers = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * (weight_bytes_per_param(training)
+                                                                  + main_grad_bytes(training)) * per_layer_params, 0.0)
     # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
     # gathered for its GEMMs and released, so only the layers in flight carry FP8 copies
     fp8_held = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * per_layer_params, params.total)
-    fp8_cache = FP8_WEIGHT_CACHE_BYTES * fp8_held if training.precision == "fp8" else 0.0
+    fp8_cache = fp8_cache_bytes_per_param(training) * fp8_held
     dynamic = activations_bytes + logits
     return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,
                       workspace_bytes=options.workspace_bytes, fragmentation_bytes=options.fragmentation_frac * dynamic)
@@ -252,7 +286,7 @@ def stage_memory(
     per_layer = per_layer if per_layer is not None else layer_activations(model, training, layout)
     params = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                           max_positions=max_positions, terms=param_terms)
-    weights, grads, optimizer = model_state_bytes(params, layout, training.precision)
+    weights, grads, optimizer = model_state_bytes(params, layout, training)
     activations, units = stage_activation_bytes(
         model, training, layout, stage, rank=rank, num_microbatches=num_microbatches, options=options,
         per_layer=per_layer,

@@ -214,7 +214,7 @@ def step_time_from_stages(
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
-    dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training.precision) for st in stages]
+    dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training) for st in stages]
     grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
     dp_exposed, dp_link = dp.exposed_and_link_s(layout, grad, gather, eff.dp_overlap_frac * t_stage, m)
     grid = Grid.of(layout)

@@ -16,6 +16,7 @@ import numpy as np
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimate.pipeline import stage_assignment
 from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.headroom import Headroom
 from paraplan.launch.megatron import (
     FSDP_MAX_CONNECTIONS_MESSAGE,
     FSDP_REQUIRED_FLAGS,
@@ -66,7 +67,7 @@ class CheckResult:
         }
 
 
-def suggest_alternative(result: CheckResult) -> dict[str, Any] | None:
+def suggest_alternative(result: CheckResult, headroom: Headroom | None = None) -> dict[str, Any] | None:
     """What ``paraplan plan`` would choose for the same model, cluster and batch, with the
     predicted gain over the script's layout (None when the script's estimate is unavailable and
     no layout fits either)."""
@@ -74,7 +75,7 @@ def suggest_alternative(result: CheckResult) -> dict[str, Any] | None:
     from paraplan.search import plan
 
     try:
-        p = plan(result.model, result.cluster, result.training, top_k=1)
+        p = plan(result.model, result.cluster, result.training, top_k=1, headroom=headroom)
     except PlannerError as err:  # nothing fits, or the model itself breaks a rule (e.g. positions < seq)
         return {"layout": None, "reason": str(err)}
     best = p.candidates[0]
@@ -149,8 +150,9 @@ def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
 
 
 def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
-                 gpus_per_node: int | None = None) -> CheckResult:
-    """Rules and, if none is broken, the estimate of a parsed script on ``gpu``."""
+                 gpus_per_node: int | None = None, headroom: Headroom | None = None) -> CheckResult:
+    """Rules and, if none is broken, the estimate of a parsed script on ``gpu`` (``headroom``: the memory
+    margin of the estimate's fit verdict and of plan's alternative; None = the memory model's band)."""
     world = parsed.resolve_world(num_gpus)
     per_node = gpus_per_node or parsed.gpus_per_node
     if per_node is not None and world > per_node and world % per_node:
@@ -168,8 +170,8 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     found += [p for p in fsdp_flag_violations(parsed) if p[1] not in {m for _, m in found}]
     est = None
     if not found:
-        est = estimate(model, cluster, training, layout, extra_notes=list(parsed.flags.notes))
+        est = estimate(model, cluster, training, layout, extra_notes=list(parsed.flags.notes), headroom=headroom)
     result = CheckResult(parsed=parsed, model=model, cluster=cluster, training=training,
                          layout=layout, violations=tuple(found), estimate=est)
-    alternative = suggest_alternative(result)
+    alternative = suggest_alternative(result, headroom)
     return result if alternative is None else replace(result, alternative=alternative)

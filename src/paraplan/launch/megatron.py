@@ -23,7 +23,7 @@ from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import TrainingSpec
+from paraplan.specs.training import KNOB_FLAGS, TrainingSpec
 
 if TYPE_CHECKING:  # the launch spec is only named here: render imports this module
     from paraplan.launch.render import LaunchSpec
@@ -172,10 +172,27 @@ def moe_layer_freq_string(freq: int | tuple[int, ...]) -> str:
     return "+".join(f"[{x}]*{n}" if n > 1 else f"[{x}]" for x, n in runs)
 
 
-def fp8_args(arch: str) -> tuple[Arg, ...]:
-    """FP8 through Transformer Engine: hybrid E4M3/E5M2 with delayed scaling; MXFP8 on Blackwell."""
-    recipe = "mxfp8" if arch in BLACKWELL_ARCHS else "delayed"
+def fp8_args(arch: str, recipe: str = "delayed") -> tuple[Arg, ...]:
+    """FP8 through Transformer Engine: hybrid E4M3/E5M2 with delayed scaling (MXFP8 on Blackwell), or the
+    recipe the training spec names when it is not Megatron's default."""
+    if recipe == "delayed" and arch in BLACKWELL_ARCHS:
+        recipe = "mxfp8"
     return (_a("--fp8-format", "hybrid"), _a("--fp8-recipe", recipe))
+
+
+def memory_knob_args(training: TrainingSpec) -> list[Arg]:
+    """The memory knobs of the training spec that differ from Megatron-LM's defaults, as Megatron flags
+    (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``)."""
+    defaults = TrainingSpec(seq_len=1, global_batch_size=1)
+    args: list[Arg] = []
+    for key, flag in KNOB_FLAGS.items():
+        value = getattr(training, key)
+        if key == "fp8_recipe" or value == getattr(defaults, key):
+            continue
+        if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
+            continue
+        args.append(_a(flag) if isinstance(value, bool) else _a(flag, value))
+    return args
 
 
 MAX_CONNECTIONS_MESSAGE: Final = ("Using tensor model parallelism or context parallelism require setting "
@@ -244,6 +261,13 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
         out.append(("MTP_POSITION_EMBEDDING", "Multi-Token Prediction (MTP) is not supported with "
                     f"{model.position_embedding_type} position embedding type.The supported position embedding "
                     "types are rope and none."))
+    if training is not None and training.fp8_param_gather and not layout.dist_opt and not layout.fsdp:
+        out.append(("FP8_PARAM_GATHER_NEEDS_DIST_OPT", "--fp8-param-gather only supported with distributed "
+                    "optimizer, torch fsdp2, megatron fsdp, or inference mode"))
+    if training is not None and training.optimizer_cpu_offload and training.fp8_param_gather \
+            and training.fp8_recipe != "delayed":
+        out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
+                    "offload must be used in conjunction with `--fp8-recipe delayed`."))
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))
@@ -456,7 +480,8 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
             _a("--max-position-embeddings", m.max_position_embeddings),
             _a("--fp16" if training.precision == "fp16" else "--bf16")]
     if training.precision == "fp8":
-        args += fp8_args(arch)
+        args += fp8_args(arch, training.fp8_recipe)
+    args += memory_knob_args(training)
     return ArgGroup("batch, sequence and precision", tuple(args))
 
 

@@ -54,7 +54,7 @@ from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile, validated_site
 from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.training import TrainingSpec
+from paraplan.specs.training import TrainingSpec, training_dict
 
 SCHEMA_VERSION: Final = 1
 TARGETS: Final = ("megatron", "torchrun", "slurm", "k8s", "trainjob", "bridge")
@@ -97,7 +97,7 @@ def resolved_inputs(spec: LaunchSpec) -> dict[str, Any]:
     """The resolved inputs as plain data (model, training, cluster, layout)."""
     c = spec.cluster
     return {
-        "model": asdict(spec.model), "training": asdict(spec.training),
+        "model": asdict(spec.model), "training": training_dict(spec.training),
         "cluster": {"gpu": c.gpu.name, "arch": c.gpu.arch, "num_gpus": c.num_gpus,
                     "gpus_per_node": c.gpus_per_node, "nvlink_domain_size": c.nvlink_domain_size},
         "layout": layout_dict(spec.layout),

@@ -9,10 +9,12 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     ``use_distributed_optimizer``, ``use_megatron_fsdp``, ``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``attention_backend``, ``mtp_num_layers`` (when the recipe sets it) and ``precision``
     (bf16; every FP8 recipe as paraplan's FP8);
+  * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
+    (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 parameter gather, the
+    precision-aware optimizer with ``optimizer_state_dtypes``, optimizer CPU offload;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. bf16 gradient buffers (``grad_reduce_in_fp32=False``), the
-    FP8 scaling recipe, NVFP4, FP8 parameter gather, the precision-aware optimizer, offloading, CUDA graphs, the
-    MoE dispatcher and its overlap, the process environment;
+    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, activation offloading, CUDA graphs, the MoE
+    dispatcher and its overlap, the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
 """
@@ -59,14 +61,10 @@ def _off(column: str, *values: Cell) -> Callable[[Recipe], bool]:
 
 
 ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None]]] = {
-    "grad_reduce_in_fp32": ((True,), None),
-    "fp8_param_gather": ((False,), None),
     "fp4_param_gather": ((False,), None),
     "first_last_layers_bf16": ((False,), None),
     "fp8_dot_product_attention": ((False,), None),
     "reuse_grad_buf_for_mxfp8_param_ag": ((False,), None),
-    "use_precision_aware_optimizer": ((False,), None),
-    "optimizer_state_dtypes": ((_FP32_STATES,), _on("use_precision_aware_optimizer", True)),
     "optimizer": (("adam",), None),
     "num_distributed_optimizer_instances": ((1,), None),
     "outer_dp_sharding_strategy": ((), _off("num_distributed_optimizer_instances", 1, "")),
@@ -77,8 +75,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "cpu_offloading_num_layers": ((), _on("cpu_offloading", True)),
     "cpu_offloading_activations": ((), _on("cpu_offloading", True)),
     "cpu_offloading_weights": ((), _on("cpu_offloading", True)),
-    "optimizer_cpu_offload": ((False,), None),
-    "optimizer_offload_fraction": ((), _on("optimizer_cpu_offload", True)),
     "fine_grained_activation_offloading": ((False,), None),
     "offload_modules": ((), _on("fine_grained_activation_offloading", True)),
     "cuda_graph_impl": (("none",), None),
@@ -123,7 +119,38 @@ APPLIED: Final = (
     "overlap_param_gather", "tp_comm_overlap", "tp_comm_overlap_cfg", "attention_backend", "mtp_num_layers",
 )
 """Columns that go into the estimate (``tp_comm_overlap_cfg`` names the userbuffer settings behind
-``tp_comm_overlap``)."""
+``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
+MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
+                         "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction")
+FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
+"""Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
+_STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
+                        "exp_avg": "exp_avg_dtype", "exp_avg_sq": "exp_avg_sq_dtype"}
+
+
+def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
+    """TrainingSpec memory knobs of ``r`` (``specs.training.KNOB_FLAGS`` names) run at paraplan ``precision``:
+    ``grad_reduce_in_fp32=False`` -> bf16 gradient buffer; the FP8 recipe and FP8 parameter gather (FP8 jobs;
+    NVFP4 runs as FP8 without them); the precision-aware optimizer with ``optimizer_state_dtypes``; CPU offload."""
+    out: dict[str, Any] = {"grad_reduce_in_bf16": not _bool(r, "grad_reduce_in_fp32")}
+    prec = r.get("precision")
+    if precision == "fp8" and prec in FP8_RECIPE_OF:
+        out["fp8_recipe"] = FP8_RECIPE_OF[str(prec)]
+        out["fp8_param_gather"] = _bool(r, "fp8_param_gather")
+    aware = _bool(r, "use_precision_aware_optimizer")
+    out["use_precision_aware_optimizer"] = aware
+    if aware:
+        text = r.get("optimizer_state_dtypes")
+        pairs = [p.partition("=") for p in text.split(";")] if isinstance(text, str) else []
+        if not pairs or any(k not in _STATE_FIELDS or not eq for k, eq, _ in pairs):
+            raise bad(r, "optimizer_state_dtypes", "main_grads=..;main_params=..;exp_avg=..;exp_avg_sq=..")
+        out.update({_STATE_FIELDS[k]: v for k, _, v in pairs})
+    if _bool(r, "optimizer_cpu_offload"):
+        frac = r.get("optimizer_offload_fraction")
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)):
+            raise bad(r, "optimizer_offload_fraction", "a number from 0 to 1")
+        out.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(frac))
+    return out
 
 
 def _where(r: Recipe) -> str:
@@ -269,8 +296,8 @@ def not_modelled(r: Recipe) -> list[str]:
     if prec == "nvfp4":
         out.append("precision=nvfp4 (estimated as FP8: paraplan has no FP4 rate or memory yet)")
     elif prec in FP8_RECIPES:
-        out.append(f"precision={prec} (the FP8 recipe, {FP8_RECIPES[str(prec)]}: paraplan has one FP8 rate and "
-                   "no scaling-state memory)")
+        out.append(f"precision={prec} (the FP8 recipe, {FP8_RECIPES[str(prec)]}: its scaling state is in "
+                   "the memory, but paraplan has one FP8 GEMM rate)")
     if r.get("task") == "peft":
         out.append("task=peft (estimated as full training: frozen weights keep no gradients or optimizer states)")
     for column, (assumed, applies) in ASSUMED.items():
@@ -359,8 +386,12 @@ def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: 
 
     job = run.job
     cluster = make_cluster(gpu_spec if gpu_spec is not None else load_gpu(job.gpu), job.num_gpus, gpus_per_node)
-    training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
-                            attention_backend=job.attention_backend)  # type: ignore[arg-type]
+    try:
+        training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
+                                attention_backend=job.attention_backend,  # type: ignore[arg-type]
+                                **training_knobs(run.recipe, job.precision))
+    except SpecError as err:
+        raise SpecError(f"{_where(run.recipe)}: {err}") from None
     notes = [f"recipe {run.recipe.alias} ({run.recipe.source})", *run.notes]
     if run.not_modelled:
         notes.append("not modelled yet (kept in the recipe, not in these numbers): " + "; ".join(run.not_modelled))

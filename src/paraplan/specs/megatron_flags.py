@@ -19,6 +19,7 @@ from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
+from paraplan.specs.training import DTYPE_CHOICES, KNOB_FLAGS
 
 _DATA = Path(__file__).parent
 """Where ``megatron_flags.txt`` and ``megatron_dests.tsv`` lie (beside this module)."""
@@ -468,8 +469,77 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
         r.notes.append("fp32 (no --bf16/--fp16) training is estimated as bf16")
     gbs = r.int("--global-batch-size", None, "micro-batch size x data-parallel size")
     backend = r.text("--attention-backend")
-    return {"seq_len": seq, "global_batch_size": gbs, "precision": precision,
-            "attention_backend": "unfused" if backend in ("unfused", "local") else "flash"}
+    out = {"seq_len": seq, "global_batch_size": gbs, "precision": precision,
+           "attention_backend": "unfused" if backend in ("unfused", "local") else "flash"}
+    out.update(_memory_knobs(r, precision))
+    return out
+
+
+def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
+    """The TrainingSpec memory knobs (``KNOB_FLAGS``) set in the arguments; unset ones keep Megatron's defaults."""
+    out: dict[str, Any] = {}
+    for key, flag in KNOB_FLAGS.items():
+        if not r.has(flag):
+            continue
+        if key in DTYPE_CHOICES:
+            raw = r.text(flag)
+            if raw not in DTYPE_CHOICES[key]:
+                raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
+            out[key] = raw
+        elif key == "optimizer_offload_fraction":
+            raw = r.text(flag) or ""
+            try:
+                out[key] = float(raw)
+            except ValueError:
+                raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+        else:
+            out[key] = True
+    if precision != "fp8":
+        for key in ("fp8_recipe", "fp8_param_gather"):
+            if out.pop(key, None) is not None:
+                r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format")
+    _knob_problems(r, out)
+    if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
+        r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
+    return out
+
+
+def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
+    """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
+    Megatron rejects (its assert's words) and FP8 knobs without FP8."""
+    values, unknown, _ = split_flags(words)
+    allowed = set(KNOB_FLAGS.values())
+    for flag in [*unknown, *values]:
+        if flag not in allowed:
+            raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
+                            f"{', '.join(sorted(f[2:] for f in allowed))}")
+    if precision != "fp8":
+        for key in ("fp8_recipe", "fp8_param_gather"):
+            if KNOB_FLAGS[key] in values:
+                raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp8")
+    r = _Reader({**values, "--use-distributed-optimizer": ()})  # the layout's rule is launch_violations'
+    out = _memory_knobs(r, precision)
+    if r.problems:
+        raise SpecError(r.problems[0][1])
+    return out
+
+
+def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
+    """Megatron's asserts on the memory knobs (arguments.py validate_args)."""
+    if out.get("fp8_param_gather") and not r.has("--use-distributed-optimizer") \
+            and not (r.has("--use-megatron-fsdp") or r.has("--use-torch-fsdp2")):  # A: validate_args
+        r.problems.append(("FP8_PARAM_GATHER_NEEDS_DIST_OPT", "--fp8-param-gather only supported with distributed "
+                           "optimizer, torch fsdp2, megatron fsdp, or inference mode"))
+    if out.get("optimizer_cpu_offload"):  # A: validate_args (optimizer CPU offload check)
+        if not out.get("use_precision_aware_optimizer"):
+            r.problems.append(("OPTIMIZER_CPU_OFFLOAD_NEEDS_PRECISION_AWARE",
+                               "The optimizer cpu offload must be used in conjunction with "
+                               "`--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the code "
+                               "path of this flag."))
+            out["use_precision_aware_optimizer"] = True
+        if out.get("fp8_param_gather") and out.get("fp8_recipe", "delayed") != "delayed":
+            r.problems.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the "
+                               "optimizer cpu offload must be used in conjunction with `--fp8-recipe delayed`."))
 
 
 def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",

@@ -7,8 +7,8 @@ dist_optimizer.md``; Rajbhandari et al. 2020, arXiv:1910.02054 section 3): bf16 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict
 
@@ -17,6 +17,27 @@ from paraplan.fileio import brief
 
 Precision = Literal["bf16", "fp8", "fp16"]
 PRECISIONS: Final = ("bf16", "fp8", "fp16")
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
+FP8_RECIPES: Final = ("delayed", "tensorwise", "mxfp8", "blockwise")
+MainGradsDtype = Literal["fp32", "bf16"]
+MainParamsDtype = Literal["fp32", "fp16"]
+MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
+DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
+                        "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
+                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES}
+"""Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
+DTYPE_BYTES: Final = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+KNOB_FLAGS: Final = {
+    "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
+    "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
+    "main_grads_dtype": "--main-grads-dtype", "main_params_dtype": "--main-params-dtype",
+    "exp_avg_dtype": "--exp-avg-dtype", "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
+    "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
+    "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
+}
+"""TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
+Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
+has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by default)."""
 
 PARAM_BYTES: Final = 2.0
 """bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
@@ -47,6 +68,52 @@ def grad_bytes_per_param(precision: str) -> float:
     return FP16_GRAD_BYTES if precision == "fp16" else GRAD_BYTES
 
 
+def main_grad_bytes(training: TrainingSpec) -> float:
+    """Bytes per parameter of the DDP main-grad buffer (held and reduced in this dtype).
+
+    Mirrors ``megatron/training/arguments.py`` ``validate_args`` (bf16 branch): ``--grad-reduce-in-bf16``
+    sets ``accumulate_allreduce_grads_in_fp32 = False``, and so does ``--main-grads-dtype bf16`` (only
+    fp32 main grads switch fp32 accumulation on); ``training.py`` passes it as DDP's ``grad_reduce_in_fp32``
+    and ``distributed/param_and_grad_buffer.py`` ``group_params_for_buffers`` builds the buffer in
+    ``grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype``. fp16 keeps fp16 grads.
+    """
+    if training.precision == "fp16":
+        return FP16_GRAD_BYTES
+    bf16 = training.grad_reduce_in_bf16 or training.main_grads_dtype == "bf16"
+    return FP16_GRAD_BYTES if bf16 else GRAD_BYTES
+
+
+def optimizer_bytes_per_param(training: TrainingSpec) -> float:
+    """Adam state on the GPU per parameter of the optimizer shard (master weights + m + v [+ fp16 main grad]).
+
+    Mirrors Megatron-LM ``megatron/core/optimizer/__init__.py`` (``_get_megatron_optimizer_based_on_param_groups``)
+    and ``optimizer/distrib_optimizer.py`` (``_build_model_and_main_param_groups``):
+    - default: fp32 main params (``shard_model_param.clone().float()``) + fp32 exp_avg, exp_avg_sq = 12 B;
+      fp16 adds the fp32 main gradient (4 B, ``shard_model_grad.float()``).
+    - ``--use-precision-aware-optimizer``: TE FusedAdam holds exp_avg/exp_avg_sq in their dtypes; when
+      ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` (``optimizer_config.py``: main params not fp32, or
+      no FP8 / delayed scaling, or CPU offload) it also holds the master weights in ``main_params_dtype``,
+      fp32 ones as 16-bit remainders of bf16 params (``store_param_remainders``); otherwise MCore keeps fp32
+      main params. Main grads are ``decoupled_grad`` views of the grad buffer (no copy).
+    - ``--optimizer-cpu-offload``: ``HybridDeviceOptimizer`` (``optimizer/cpu_offloading/hybrid_optimizer.py``,
+      ``_get_sub_optimizer_param_groups``) moves ``offload_fraction`` of the parameters to the host; the rest
+      get fp32 copies (``param_update_in_fp32=True``) and a plain Adam (fp32 m, v): 12 x (1 - fraction) B.
+    """
+    if training.optimizer_cpu_offload:
+        return OPTIMIZER_BYTES * (1.0 - float(training.optimizer_offload_fraction))
+    if not training.use_precision_aware_optimizer:
+        return OPTIMIZER_BYTES + (FP16_MAIN_GRAD_BYTES if training.precision == "fp16" else 0.0)
+    moments = DTYPE_BYTES[training.exp_avg_dtype] + DTYPE_BYTES[training.exp_avg_sq_dtype]
+    te_master = (training.main_params_dtype != "fp32" or training.precision != "fp8"
+                 or training.fp8_recipe == "delayed")
+    if not te_master:
+        return DTYPE_BYTES["fp32"] + moments
+    remainders = (training.store_param_remainders and training.main_params_dtype == "fp32"
+                  and training.precision in ("bf16", "fp8") and not training.fp8_param_gather)
+    master = FP16_GRAD_BYTES if remainders else DTYPE_BYTES[training.main_params_dtype]
+    return master + moments
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSpec:
     """What one training step processes."""
@@ -64,6 +131,29 @@ class TrainingSpec:
     attention_backend: Literal["flash", "unfused"] = "flash"
     """flash/fused attention keeps no s^2 tensors; unfused (Megatron ``--attention-backend
     unfused``/local) keeps softmax output and dropout tensors of a*s^2*b elements."""
+    grad_reduce_in_bf16: bool = False
+    """``--grad-reduce-in-bf16``: the main-grad buffer (and its reduce) is bf16, 2 B/param instead of 4."""
+    use_precision_aware_optimizer: bool = False
+    """``--use-precision-aware-optimizer``: TE FusedAdam holds master weights and moments in the dtypes below."""
+    main_grads_dtype: MainGradsDtype = "fp32"
+    """``--main-grads-dtype``; bf16 also leaves the grad buffer in bf16 (arguments.py, validate_args)."""
+    main_params_dtype: MainParamsDtype = "fp32"
+    """``--main-params-dtype`` (master weights, precision-aware optimizer only)."""
+    exp_avg_dtype: MomentDtype = "fp32"
+    """``--exp-avg-dtype`` (Adam m, precision-aware optimizer only)."""
+    exp_avg_sq_dtype: MomentDtype = "fp32"
+    """``--exp-avg-sq-dtype`` (Adam v, precision-aware optimizer only)."""
+    store_param_remainders: bool = True
+    """fp32 master weights of bf16 parameters kept as their low 16 bits (``OptimizerConfig.store_param_remainders``,
+    default True; no Megatron-LM flag)."""
+    fp8_recipe: Fp8Recipe = "delayed"
+    """``--fp8-recipe`` (FP8 only): the scaling state kept with each FP8 weight copy."""
+    fp8_param_gather: bool = False
+    """``--fp8-param-gather`` (FP8 only): weights are kept in FP8 only, no bf16 copy."""
+    optimizer_cpu_offload: bool = False
+    """``--optimizer-cpu-offload`` (needs the precision-aware optimizer, as in Megatron)."""
+    optimizer_offload_fraction: float = 1.0
+    """``--optimizer-offload-fraction``: share of the optimizer's parameters whose state lives on the host."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -79,8 +169,39 @@ class TrainingSpec:
             raise SpecError(f"attention_backend must be flash or unfused, got {brief(self.attention_backend)}")
         if self.precision not in PRECISIONS:
             raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {brief(self.precision)}")
+        self._check_knobs()
+
+    def _check_knobs(self) -> None:
+        for fname, choices in DTYPE_CHOICES.items():
+            if getattr(self, fname) not in choices:
+                raise SpecError(f"{fname} must be one of {', '.join(choices)}, got {brief(getattr(self, fname))}")
+        for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
+                      "fp8_param_gather", "optimizer_cpu_offload"):
+            if not isinstance(getattr(self, fname), bool):
+                raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
+        frac = self.optimizer_offload_fraction
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+            raise SpecError(f"optimizer_offload_fraction must be a number from 0 to 1, got {brief(frac)}")
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise SpecError("fp8_param_gather (--fp8-param-gather) needs precision fp8")
+        if self.optimizer_cpu_offload and not self.use_precision_aware_optimizer:
+            raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
+                            "(--use-precision-aware-optimizer), as in Megatron-LM")
 
     @property
     def tokens_per_step(self) -> int:
         """Tokens per global batch."""
         return self.seq_len * self.global_batch_size
+
+
+def training_dict(training: TrainingSpec) -> dict[str, Any]:
+    """A training spec as plain data, the memory knobs only where they differ from Megatron's defaults (so that
+    ids made from it, e.g. ``launch.render.candidate_id``, stay the same for specs without knobs)."""
+    out = asdict(training)
+    for f in fields(TrainingSpec):
+        if f.name in _KNOB_FIELDS and out[f.name] == f.default:
+            del out[f.name]
+    return out
+
+
+_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders"}

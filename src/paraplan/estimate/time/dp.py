@@ -16,13 +16,14 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.layouts import StepLayout
+from paraplan.estimate.memory import weight_bytes_per_param
 from paraplan.estimate.params import ParamTerms, StageLayers, param_terms, stage_params
 from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.num import Int, Num
-from paraplan.specs.training import grad_bytes_per_param
+from paraplan.specs.training import TrainingSpec, main_grad_bytes
 
 DDP_BUCKET_PARAMS: Final = 40_000_000
 """Megatron DDP bucket size (parameters) for gradient reduce-scatter (ddp_config.bucket_size)."""
@@ -65,13 +66,15 @@ def dp_groups(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, max_po
 
 
 def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: StageLayers,
-             groups: DpGroups, max_positions: int, precision: str) -> tuple[Num, Num, Num]:
+             groups: DpGroups, max_positions: int, training: TrainingSpec) -> tuple[Num, Num, Num]:
     """(gradient reduce, parameter gather, local optimizer params) for one stage, link time.
 
     Reduce: reduce-scatter (distributed optimizer) or all-reduce (DDP) of the stage's gradients
-    (``grad_bytes_per_param``); gather: all-gather of its bf16 parameters (distributed optimizer
-    only); one latency term per ``DDP_BUCKET_PARAMS`` bucket; dense and expert groups in turn."""
-    gb = grad_bytes_per_param(precision)
+    (``main_grad_bytes``: bf16 with ``--grad-reduce-in-bf16``); gather: all-gather of its bf16 parameters, FP8
+    ones with ``--fp8-param-gather`` (``memory.weight_bytes_per_param``; distributed optimizer only); one latency
+    term per ``DDP_BUCKET_PARAMS`` bucket; dense and expert groups in turn."""
+    gb = main_grad_bytes(training)
+    pb = weight_bytes_per_param(training) if training.fp8_param_gather else PARAM_GATHER_BYTES_PER_PARAM
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                      max_positions=max_positions, terms=groups.params)
     n_dense, n_exp, bw_d, bw_e = groups.n_dense, groups.n_exp, groups.bw_d, groups.bw_e
@@ -79,8 +82,8 @@ def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: 
     buckets_e = np.ceil(p.expert / DDP_BUCKET_PARAMS)
     rs = (comm.reduce_scatter_s(gb * p.dense, n_dense, bw_d, groups.alpha_d * buckets_d)
           + comm.reduce_scatter_s(gb * p.expert, n_exp, bw_e, groups.alpha_e * buckets_e))
-    ag = (comm.all_gather_s(PARAM_GATHER_BYTES_PER_PARAM * p.dense, n_dense, bw_d, groups.alpha_d * buckets_d)
-          + comm.all_gather_s(PARAM_GATHER_BYTES_PER_PARAM * p.expert, n_exp, bw_e, groups.alpha_e * buckets_e))
+    ag = (comm.all_gather_s(pb * p.dense, n_dense, bw_d, groups.alpha_d * buckets_d)
+          + comm.all_gather_s(pb * p.expert, n_exp, bw_e, groups.alpha_e * buckets_e))
     ar = (comm.all_reduce_s(gb * p.dense, n_dense, bw_d, groups.alpha_d * buckets_d)
           + comm.all_reduce_s(gb * p.expert, n_exp, bw_e, groups.alpha_e * buckets_e))
     grad = np.where(layout.dist_opt, rs, ar)
