@@ -8,8 +8,18 @@ from enum import StrEnum
 
 import typer
 
+from paraplan.api import (
+    CheckpointArgs,
+    Estimate,
+    LaunchSpec,
+    advise,
+    candidate_id,
+    load_site,
+    memory_knobs_of,
+    render_files,
+    write_files,
+)
 from paraplan.api import estimate as run_estimate
-from paraplan.checkpoint import advise
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
@@ -30,10 +40,6 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.estimator import Estimate, memory_knobs_of
-from paraplan.launch.megatron import CheckpointArgs
-from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
-from paraplan.launch.site import load_site
 from paraplan.units import GIB
 
 
@@ -53,7 +59,7 @@ class Target(StrEnum):
 
 def _from_plan(path: str, rank: int) -> tuple[LaunchSpec, Estimate]:
     """The rank-th layout (1 = best) of a saved plan.json, re-estimated."""
-    from paraplan.serialize import load_plan
+    from paraplan.api import load_plan
 
     loaded = load_plan(path)
     if not 1 <= rank <= len(loaded.layouts):
@@ -105,7 +111,7 @@ def launch(
     --cp 2 --seq-len 8192 --gbs 512 --target slurm --out runs/llama70b --site site.yaml
     """
     if print_site_template:
-        from paraplan.launch.site import SITE_TEMPLATE
+        from paraplan.api import SITE_TEMPLATE
 
         typer.echo(SITE_TEMPLATE, nl=False)
         return
