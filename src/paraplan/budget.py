@@ -254,7 +254,7 @@ def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec)
                        f"GiB usable{margin} on {n} x {gpu.name}")
     if rej.get("GBS_NOT_DIVISIBLE"):
         return "GBS_NOT_DIVISIBLE", (f"GBS {gbs} cannot be split over the data-parallel ranks of any layout on "
-                                     f"{n} GPUs (batch too small per DP rank): raise --gbs/--max-gbs")
+                                     f"{n} GPUs (batch too small per DP rank): raise gbs/max_gbs")
     top = max(rej, key=lambda k: rej[k]) if rej else "NO_LAYOUT"
     return top, f"no valid layout on {n} x {gpu.name} (most rejected: {top})"
 

@@ -298,7 +298,7 @@ class CheckpointAdvice:
         else:
             mode = "synchronous save: host RAM per node unknown (site host_memory_gb_per_node)"
         return (f"{self.size.ckpt_format} {format_decimal_bytes(self.size.total_bytes)}, save {t.save_s:,.1f} s; "
-                f"Young/Daly sqrt(2 x {g.save_blocking_s:,.1f} s x {mtbf}) -> every {g.save_interval_iters} "
+                f"Daly interval ({g.save_blocking_s:,.1f} s blocking, {mtbf}) -> every {g.save_interval_iters} "
                 f"iterations ({g.interval_s:,.0f} s); goodput {g.goodput:.1%}; {mode}")
 
     def as_dict(self) -> dict[str, Any]:

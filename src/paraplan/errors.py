@@ -19,8 +19,31 @@ class PlannerError(Exception):
     """Base class for errors paraplan raises deliberately."""
 
 
+class Field(str):
+    """An input field's name inside a ``SpecError.naming`` message (``str``: the library's wording of it)."""
+
+    __slots__ = ()
+
+
 class SpecError(PlannerError, ValueError):
     """Invalid input: a model, cluster, training or layout field has a value we cannot accept."""
+
+    parts: tuple[str, ...] = ()
+    """The message in pieces, the input fields it names as ``Field``s (``naming``); empty for a plain message."""
+
+    @classmethod
+    def naming(cls, *parts: str) -> SpecError:
+        """The error whose message is ``parts`` joined, each ``Field`` among them worded as its field name; a
+        caller words the fields in its own terms with ``worded`` (the CLI: as its flags)."""
+        err = cls("".join(parts))
+        err.parts = parts
+        return err
+
+    def worded(self, words: Mapping[str, str]) -> str:
+        """The message with each field it names worded as ``words[field]`` (others as their field name)."""
+        if not self.parts:
+            return str(self)
+        return "".join(words.get(p, p) if isinstance(p, Field) else p for p in self.parts)
 
 
 class LayoutError(SpecError):

@@ -13,16 +13,22 @@ The rate is per GPU-hour so it scales with the job: MTBF = 1 / (rate x GPUs). Ov
 ``failure_rate_per_gpu_hour`` in the site file.
 
 Per failure the job loses the restart (``restart_s`` = job requeue ``requeue_s`` + checkpoint load) and, on
-average, half a checkpoint period of work. With tau the training time between two saves, delta the training time
-one save blocks, M the MTBF and R the restart time, a period lasts T = tau + delta of wall time and
+average, half a checkpoint period of work. With ``--async-save`` a checkpoint only counts once its background write
+has finished (Megatron-LM megatron/training/checkpointing.py: ``save_checkpoint`` hands the write to
+``schedule_async_save``, and ``maybe_finalize_async_save`` finalizes it, writing the tracker file
+latest_checkpointed_iteration.txt, only after the write completed). A failure inside the write window
+w = save_s - delta (the part of the save that overlaps training) restarts from the checkpoint before, one period
+further back, so on average a failure loses T / 2 + w of work (w = 0 for a synchronous save). With tau the
+training time between two saves, delta the training time one save blocks, M the MTBF and R the restart time, a
+period lasts T = tau + delta of wall time and
 
-    goodput = useful / wall = tau / T x (1 - (R + T / 2) / M)        (clamped to [0, 1])
+    goodput = useful / wall = tau / T x (1 - (R + w + T / 2) / M)        (clamped to [0, 1])
 
-(Young 1974, "A first order approximation to the optimum checkpoint interval", CACM 17(9); Daly 2006, "A higher
-order estimate of the optimum checkpoint interval for restart dumps", FGCS 22(3)). To first order in delta / M it
-is largest at the Young/Daly interval
+It is largest near Daly's higher-order optimum (Daly 2006, "A higher order estimate of the optimum checkpoint
+interval for restart dumps", FGCS 22(3), eq. 37; Young 1974, CACM 17(9), is its first-order term sqrt(2 delta M)):
 
-    tau_opt = sqrt(2 x delta x M).
+    tau_opt = sqrt(2 delta M) x [1 + (1/3) sqrt(delta / (2 M)) + delta / (18 M)] - delta    for delta < 2 M,
+    tau_opt = M                                                                               otherwise.
 
 An asynchronous save cannot start before the previous one has finished writing, so the interval is at least the
 full save time. All functions are pure; times in seconds, rates per GPU-hour.
@@ -74,20 +80,28 @@ def mtbf_s(failure_rate_per_gpu_hour: float, num_gpus: int) -> float:
     return math.inf if rate_per_s == 0 else 1.0 / rate_per_s
 
 
-def young_daly_interval_s(save_blocking_s: float, mtbf_seconds: float) -> float:
-    """Checkpoint interval (training time between saves) that maximises goodput: sqrt(2 x delta x M)."""
-    if save_blocking_s < 0 or mtbf_seconds <= 0:
-        raise SpecError(f"young_daly_interval_s: save time must be >= 0 and MTBF > 0, got {save_blocking_s}, "
+def daly_interval_s(save_blocking_s: float, mtbf_seconds: float) -> float:
+    """Daly's (2006) checkpoint interval (training time between saves) that maximises goodput:
+    sqrt(2 delta M) x [1 + sqrt(delta / (2 M)) / 3 + delta / (18 M)] - delta for delta < 2 M, else M."""
+    if not (save_blocking_s >= 0 and mtbf_seconds > 0) or math.isnan(save_blocking_s):
+        raise SpecError(f"daly_interval_s: save time must be >= 0 and MTBF > 0, got {save_blocking_s}, "
                         f"{mtbf_seconds}")
-    return math.sqrt(2.0 * save_blocking_s * mtbf_seconds)
+    delta, m = save_blocking_s, mtbf_seconds
+    if math.isinf(m):
+        return math.inf
+    if delta >= 2.0 * m:
+        return m
+    return math.sqrt(2.0 * delta * m) * (1.0 + math.sqrt(delta / (2.0 * m)) / 3.0 + delta / (18.0 * m)) - delta
 
 
-def goodput_fraction(interval_s: float, save_blocking_s: float, restart_s: float, mtbf_seconds: float) -> float:
-    """Useful / wall time: tau / (tau + delta) x (1 - (R + (tau + delta) / 2) / M), clamped to [0, 1]."""
-    if interval_s <= 0 or save_blocking_s < 0 or restart_s < 0 or mtbf_seconds <= 0:
-        raise SpecError("goodput_fraction: interval must be > 0, save and restart times >= 0, MTBF > 0")
+def goodput_fraction(interval_s: float, save_blocking_s: float, restart_s: float, mtbf_seconds: float,
+                     write_window_s: float = 0.0) -> float:
+    """Useful / wall time: tau / (tau + delta) x (1 - (R + w + (tau + delta) / 2) / M), clamped to [0, 1];
+    ``write_window_s`` w is the part of an async save that runs behind training (0 for a synchronous save)."""
+    if interval_s <= 0 or save_blocking_s < 0 or restart_s < 0 or mtbf_seconds <= 0 or not write_window_s >= 0:
+        raise SpecError("goodput_fraction: interval must be > 0, save, restart and write times >= 0, MTBF > 0")
     period_s = interval_s + save_blocking_s
-    lost_per_failure_s = restart_s + period_s / 2.0
+    lost_per_failure_s = restart_s + write_window_s + period_s / 2.0
     survive = 1.0 if math.isinf(mtbf_seconds) else 1.0 - lost_per_failure_s / mtbf_seconds
     return min(1.0, max(0.0, interval_s / period_s * survive))
 
@@ -105,26 +119,30 @@ class GoodputPlan:
     restart_s: float
     """Requeue + checkpoint load."""
     lost_per_failure_s: float
-    """Restart + half a checkpoint period."""
+    """Restart + the async write window + half a checkpoint period."""
     save_blocking_s: float
+    write_window_s: float = 0.0
+    """The part of an async save that runs behind training (save time - blocking time; 0 when synchronous)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (an infinite MTBF as None)."""
         return {"goodput": self.goodput, "save_interval_iters": self.save_interval_iters,
                 "interval_s": self.interval_s, "mtbf_s": None if math.isinf(self.mtbf_s) else self.mtbf_s,
                 "failures_per_day": self.failures_per_day, "restart_s": self.restart_s,
-                "lost_per_failure_s": self.lost_per_failure_s, "save_blocking_s": self.save_blocking_s}
+                "lost_per_failure_s": self.lost_per_failure_s, "save_blocking_s": self.save_blocking_s,
+                "write_window_s": self.write_window_s}
 
 
 def plan_checkpoints(*, step_s: float, num_gpus: int, save_blocking_s: float, save_s: float, load_s: float,
                      failures: FailureSpec, train_iters: int | None = None) -> GoodputPlan:
-    """The Young/Daly interval in whole iterations (at least one; at least one full save time, since an async
+    """Daly's interval in whole iterations (at least one; at least one full save time, since an async
     save must finish before the next; at most the run) and the goodput it gives."""
     if step_s <= 0:
         raise SpecError(f"step time must be > 0, got {step_s}")
     m = mtbf_s(failures.failure_rate_per_gpu_hour, num_gpus)
     restart = failures.requeue_s + load_s
-    tau = math.inf if math.isinf(m) else young_daly_interval_s(save_blocking_s, m)
+    window = max(0.0, save_s - save_blocking_s)
+    tau = daly_interval_s(save_blocking_s, m)
     tau = max(tau, save_s)
     iters = max(1, math.ceil(save_s / step_s), round(tau / step_s) if math.isfinite(tau) else 1)
     if train_iters is not None:
@@ -132,8 +150,9 @@ def plan_checkpoints(*, step_s: float, num_gpus: int, save_blocking_s: float, sa
     elif not math.isfinite(tau):
         iters = max(iters, round(SECONDS_PER_DAY / step_s))  # no failures: one save a day
     interval = iters * step_s
-    return GoodputPlan(goodput=goodput_fraction(interval, save_blocking_s, restart, m), save_interval_iters=iters,
+    return GoodputPlan(goodput=goodput_fraction(interval, save_blocking_s, restart, m, window),
+                       save_interval_iters=iters,
                        interval_s=interval, mtbf_s=m,
                        failures_per_day=failures_per_day(failures.failure_rate_per_gpu_hour, num_gpus),
-                       restart_s=restart, lost_per_failure_s=restart + (interval + save_blocking_s) / 2.0,
-                       save_blocking_s=save_blocking_s)
+                       restart_s=restart, lost_per_failure_s=restart + window + (interval + save_blocking_s) / 2.0,
+                       save_blocking_s=save_blocking_s, write_window_s=window)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from paraplan.errors import LayoutError, NoFeasiblePlanError, SpecError
+from paraplan.errors import Field, LayoutError, NoFeasiblePlanError, SpecError
 from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
 from paraplan.estimate.params import ParamTerms, param_terms
@@ -108,12 +108,12 @@ def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     world = cluster.num_gpus
     schedule_named(space.schedule)  # SpecError naming the schedules
     if space.schedule == "combined_1f1b" and not model.is_moe:
-        raise SpecError(f"--schedule combined_1f1b: overlap_moe_expert_parallel_comm is only supported with expert "
-                        f"model parallelism, and {model.name} has no experts")
+        raise SpecError.naming(Field("schedule"), " combined_1f1b: overlap_moe_expert_parallel_comm is only supported "
+                               f"with expert model parallelism, and {model.name} has no experts")
     if model.num_layers > MAX_LAYERS:
         raise SpecError(f"num_layers: at most {MAX_LAYERS:,} for the search, got {model.num_layers:,}")
     if world > MAX_WORLD:
-        raise SpecError(f"--num-gpus: at most {MAX_WORLD:,} (2^40) GPUs for the search, got {world:,}")
+        raise SpecError.naming(Field("num_gpus"), f": at most {MAX_WORLD:,} (2^40) GPUs for the search, got {world:,}")
     mbs_hi = max(training.global_batch_size, 64)
     bounds = {"tp": (1, None, ""), "pp": (1, None, ""), "cp": (1, None, ""),
               "ep": (1, world, "the number of GPUs"), "etp": (0, world, "the number of GPUs; 0 = TP"),
@@ -125,13 +125,13 @@ def _check_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                or v < lo or (hi is not None and v > hi)]
         if bad:
             allowed = f"allowed {lo} to {hi:,} ({what})" if hi is not None else f"allowed {lo} or more"
-            raise SpecError(f"--{name}: {bad[0]} is out of range; {allowed}")
+            raise SpecError.naming(Field(name), f": {bad[0]} is out of range; {allowed}")
     if mbs_hi * world >= 2**63:  # micro-batch x DP in int64
-        raise SpecError(f"--gbs: {training.global_batch_size:,} on {world:,} GPUs is too large for the search "
-                        "(GBS x GPUs must stay below 2^63)")
+        raise SpecError.naming(Field("global_batch_size"), f": {training.global_batch_size:,} on {world:,} GPUs is too "
+                               "large for the search (GBS x GPUs must stay below 2^63)")
     if space.max_pp is not None and (isinstance(space.max_pp, bool) or not isinstance(space.max_pp, int | np.integer)
                                      or space.max_pp < 1):
-        raise SpecError(f"--max-pp: expected a positive integer, got {space.max_pp!r}")
+        raise SpecError.naming(Field("max_pp"), f": expected a positive integer, got {space.max_pp!r}")
 
 
 def _unique(values: Iterable[Any]) -> list[Any]:
@@ -434,15 +434,18 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     cluster.gpu.peak_flops_per_s(training.precision)
     if (training.precision == "fp8" and cluster.gpu.arch != "blackwell" and "selective" in space.recompute
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
-        raise SpecError("--recompute-modules: Delayed scaling does not support moe_act and layernorm recompute "
-                        "for fp8.")
+        raise SpecError.naming(Field("recompute_modules"), ": Delayed scaling does not support moe_act and layernorm "
+                               "recompute for fp8.")
     _check_space(model, cluster, training, space)
     table = candidate_table(model, cluster, training, space)
     n_total = len(table)
     if n_total == 0:
-        given = [f"--{k} {','.join(map(str, getattr(space, k)))}" for k in ("tp", "pp", "cp") if getattr(space, k)]
-        raise SpecError(f"no layout to search: {' '.join(given) or 'the search flags'} leaves no TP x PP x CP "
-                        f"that divides the {cluster.num_gpus} GPUs (world size must be TP x PP x CP x DP)")
+        given: list[str] = []  # the axes given, each as its field and values ("tp 3 pp 2,4")
+        for k in ("tp", "pp", "cp"):
+            if getattr(space, k):
+                given += [" "] * bool(given) + [Field(k), f" {','.join(map(str, getattr(space, k)))}"]
+        raise SpecError.naming("no layout to search: ", *(given or [Field("space")]), " leaves no TP x PP x CP "
+                               f"that divides the {cluster.num_gpus} GPUs (world size must be TP x PP x CP x DP)")
     ctx = RuleContext(model=model, training=training, cluster=cluster, layout=table)
     alive = np.ones(n_total, dtype=bool)
     rejections: dict[str, int] = {}

@@ -172,7 +172,8 @@ class _Alarm:
         if self.interrupt_after_s is not None and not self.interrupted:
             self.interrupted = True
             signal.setitimer(signal.ITIMER_REAL, max(CALL_LIMIT_S - (time.monotonic() - self.start), 1e-4))
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C: whatever handler main() installed runs
+            return
         # again every 0.5 s until the call is over: a raise inside a finalizer or gc callback is swallowed
         signal.setitimer(signal.ITIMER_REAL, 0.5)
         raise CallTimeout(f"still running after {CALL_LIMIT_S:g} s")

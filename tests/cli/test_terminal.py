@@ -196,15 +196,39 @@ def test_plan_notes_are_whole_sentences(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_ctrl_c_exits_130_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import paraplan.specs.presets.index
+    import paraplan.api
 
     def interrupted(kind: str) -> list[str]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(paraplan.specs.presets.index, "preset_rows", interrupted)
+    monkeypatch.setattr(paraplan.api, "preset_rows", interrupted)  # the CLI takes it from the API
     code, _, err = run(["gpus"], capsys)
     assert code == 130
     assert err.strip() == "interrupted"
+
+
+def test_a_ctrl_c_swallowed_by_a_finalizer_still_exits_130(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Python drops a KeyboardInterrupt raised inside a finalizer; the command then finishes, but the run was
+    interrupted: main() still exits 130 with one line."""
+    import signal
+
+    import paraplan.api
+
+    real = paraplan.api.preset_rows
+
+    def swallowed(kind: str) -> list[dict[str, object]]:
+        try:
+            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, as the terminal sends it
+        except KeyboardInterrupt:
+            pass  # what happens when it lands in a __del__ or a gc callback
+        return real(kind)  # type: ignore[return-value]
+
+    monkeypatch.setattr(paraplan.api, "preset_rows", swallowed)
+    code, _, err = run(["gpus"], capsys)
+    assert code == 130
+    assert err.strip() == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")

@@ -1,4 +1,5 @@
-"""Failure and goodput model: Young/Daly at hand-computed points, goodput monotone in failure rate and save time."""
+"""Failure and goodput model: Daly's interval at hand-computed points, goodput monotone in failure rate and save
+time."""
 
 from __future__ import annotations
 
@@ -12,22 +13,33 @@ from paraplan.errors import SpecError
 from paraplan.goodput import (
     DEFAULT_FAILURE_RATE_PER_GPU_HOUR,
     FailureSpec,
+    daly_interval_s,
     failures_per_day,
     goodput_fraction,
     mtbf_s,
     plan_checkpoints,
-    young_daly_interval_s,
 )
 
 
 @pytest.mark.parametrize(("save_s", "mtbf", "expected"), [
-    (50.0, 4 * 3600.0, 1200.0),   # sqrt(2 x 50 x 14,400) = sqrt(1,440,000)
-    (8.0, 3600.0, 240.0),         # sqrt(57,600)
-    (60.0, 10_800.0, 1138.42),    # sqrt(1,296,000) = 1138.4199...
+    # sqrt(2 x 50 x 14,400) = 1200; sqrt(50 / 28,800) = 1/24; 50 / (18 x 14,400) = 1/5184:
+    # 1200 x (1 + 1/72 + 1/5184) - 50 = 1200 + 16.6667 + 0.2315 - 50 = 1166.8981
+    (50.0, 4 * 3600.0, 1166.8981),
+    # sqrt(57,600) = 240; sqrt(8 / 7200) = 1/30; 8 / 64,800 = 1/8100: 240 x (1 + 1/90 + 1/8100) - 8 = 234.6963
+    (8.0, 3600.0, 234.6963),
     (0.0, 3600.0, 0.0),
+    (100.0, 40.0, 40.0),   # delta >= 2 M: the interval is M
+    (80.0, 40.0, 40.0),    # delta = 2 M exactly
 ])
-def test_young_daly_interval_at_hand_computed_points(save_s: float, mtbf: float, expected: float) -> None:
-    assert young_daly_interval_s(save_s, mtbf) == pytest.approx(expected, abs=0.01)
+def test_daly_interval_at_hand_computed_points(save_s: float, mtbf: float, expected: float) -> None:
+    assert daly_interval_s(save_s, mtbf) == pytest.approx(expected, abs=1e-3)
+
+
+def test_daly_interval_is_youngs_to_first_order() -> None:
+    # delta << M: the correction terms vanish and Daly's interval tends to Young's sqrt(2 delta M) - delta
+    delta, m = 1.0, 1e8
+    assert daly_interval_s(delta, m) == pytest.approx(math.sqrt(2 * delta * m) - delta, rel=1e-4)
+    assert daly_interval_s(delta, math.inf) == math.inf
 
 
 def test_default_rate_is_llama3_unexpected_interruptions_per_gpu_hour() -> None:
@@ -45,16 +57,32 @@ def test_goodput_at_a_hand_computed_point() -> None:
     assert goodput_fraction(100.0, 10.0, 1e6, 3600.0) == 0.0  # restarts longer than the MTBF: clamped
 
 
-def test_young_daly_interval_is_near_the_best_interval() -> None:
+def test_daly_interval_is_nearer_the_best_interval_than_youngs() -> None:
     delta, restart, m = 30.0, 600.0, 4 * 3600.0
-    tau = young_daly_interval_s(delta, m)
+    tau = daly_interval_s(delta, m)
+    young = math.sqrt(2 * delta * m)  # 929.5 s
     best_goodput, best_tau = max((goodput_fraction(t, delta, restart, m), t) for t in range(50, 10_000))
-    # first order in delta / M: the exact optimum (880 s here) sits a little below sqrt(2 delta M) = 929.5 s,
-    # and the goodput lost by using the first-order interval is second order (< 0.01 points here)
-    assert best_tau < tau < 1.1 * best_tau
+    # the exact optimum of this goodput (880 s here) sits below Daly's 909.6 s, which sits below Young's
+    assert best_tau < tau < young
+    assert tau == pytest.approx(909.62, abs=0.01)
     assert best_goodput - goodput_fraction(tau, delta, restart, m) < 1e-4
+    assert goodput_fraction(tau, delta, restart, m) >= goodput_fraction(young, delta, restart, m)
     assert goodput_fraction(tau, delta, restart, m) >= goodput_fraction(tau / 2, delta, restart, m)
     assert goodput_fraction(tau, delta, restart, m) >= goodput_fraction(tau * 2, delta, restart, m)
+
+
+def test_async_write_window_is_lost_work_per_failure() -> None:
+    # tau 1200 s, delta 5 s, R 600 s, w 45 s, M 14,400 s: 1200/1205 x (1 - (600 + 45 + 602.5)/14,400)
+    assert goodput_fraction(1200.0, 5.0, 600.0, 14_400.0, 45.0) == pytest.approx(
+        1200 / 1205 * (1 - 1247.5 / 14_400), abs=1e-9)
+    assert goodput_fraction(1200.0, 5.0, 600.0, 14_400.0, 45.0) < goodput_fraction(1200.0, 5.0, 600.0, 14_400.0)
+    fail = FailureSpec(failure_rate_per_gpu_hour=1 / (1024 * 4), requeue_s=300.0)
+    g = plan_checkpoints(step_s=7.0, num_gpus=1024, save_blocking_s=5.0, save_s=500.0, load_s=40.0, failures=fail)
+    assert g.write_window_s == 495.0
+    assert g.lost_per_failure_s == pytest.approx(340.0 + 495.0 + (g.interval_s + 5.0) / 2)
+    assert g.goodput == pytest.approx(goodput_fraction(g.interval_s, 5.0, 340.0, 14_400.0, 495.0))
+    with pytest.raises(SpecError):
+        goodput_fraction(1200.0, 5.0, 600.0, 14_400.0, -1.0)
 
 
 positive = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False)
@@ -65,7 +93,7 @@ positive = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infin
 def test_goodput_falls_with_failure_rate(save_s: float, restart: float, rate: float, gpus: int, more: float) -> None:
     def at(r: float) -> float:
         m = mtbf_s(r, gpus)
-        return goodput_fraction(young_daly_interval_s(save_s, m), save_s, restart, m)
+        return goodput_fraction(daly_interval_s(save_s, m), save_s, restart, m)
 
     assert at(rate * more) <= at(rate)
     m = mtbf_s(rate, gpus)  # also at a fixed interval
@@ -78,7 +106,7 @@ def test_goodput_falls_with_save_time(save_s: float, restart: float, rate: float
     m = mtbf_s(rate, gpus)
 
     def at(s: float) -> float:
-        return goodput_fraction(young_daly_interval_s(s, m), s, restart, m)
+        return goodput_fraction(daly_interval_s(s, m), s, restart, m)
 
     assert at(save_s * more) <= at(save_s)
     assert goodput_fraction(600.0, save_s * more, restart, m) <= goodput_fraction(600.0, save_s, restart, m)
@@ -88,10 +116,10 @@ def test_plan_rounds_to_iterations_and_respects_the_save_time() -> None:
     fail = FailureSpec(failure_rate_per_gpu_hour=1 / (1024 * 4), requeue_s=300.0)  # MTBF 4 h on 1,024 GPUs
     g = plan_checkpoints(step_s=7.0, num_gpus=1024, save_blocking_s=50.0, save_s=50.0, load_s=40.0, failures=fail)
     assert g.mtbf_s == pytest.approx(14_400.0)
-    assert g.save_interval_iters == round(1200.0 / 7.0) == 171
-    assert g.restart_s == 340.0
-    assert g.goodput == pytest.approx(goodput_fraction(171 * 7.0, 50.0, 340.0, 14_400.0))
-    # async: 5 s blocking would give sqrt(2 x 5 x 14,400) = 379 s, but the 500 s write must finish first
+    assert g.save_interval_iters == round(1166.8981 / 7.0) == 167
+    assert g.restart_s == 340.0 and g.write_window_s == 0.0
+    assert g.goodput == pytest.approx(goodput_fraction(167 * 7.0, 50.0, 340.0, 14_400.0))
+    # async: 5 s blocking would give Daly's 376 s, but the 500 s write must finish first
     g = plan_checkpoints(step_s=7.0, num_gpus=1024, save_blocking_s=5.0, save_s=500.0, load_s=40.0, failures=fail)
     assert g.save_interval_iters == math.ceil(500.0 / 7.0) == 72
     g = plan_checkpoints(step_s=7.0, num_gpus=1024, save_blocking_s=50.0, save_s=50.0, load_s=40.0, failures=fail,

@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 
 from paraplan.errors import SpecError
-from paraplan.launch.bridge import BASE_RECIPES, RUNTIME_FIELDS, Recipe, choose_recipe, overrides, perf_table
+from paraplan.launch.bridge import (
+    BASE_RECIPES,
+    RUNTIME_FIELDS,
+    EnvValue,
+    Recipe,
+    choose_recipe,
+    overrides,
+    perf_table,
+)
 from paraplan.launch.render import render_files
 
 from .cases import llama70b_spec
@@ -93,7 +101,9 @@ def test_recipe_file_is_literals_and_compiles() -> None:
     source = files["bridge_recipe.py"]
     compile(source, "bridge_recipe.py", "exec")
     tables = literal_tables(source)
-    assert tables["OVERRIDES"] == dict(overrides(spec, choose_recipe(spec)))
+    items = dict(overrides(spec, choose_recipe(spec)))
+    assert tables["OVERRIDES"] == {k: v for k, v in items.items() if not isinstance(v, EnvValue)}
+    assert tables["ENV_OVERRIDES"] == {k: (v.env, v.default) for k, v in items.items() if isinstance(v, EnvValue)}
     assert tables["TP_COMM_OVERLAP"] is True and tables["ENV"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     imports = [n for n in ast.parse(source).body if isinstance(n, ast.ImportFrom)]
     assert imports[0].module == "megatron.bridge.perf_recipes.llama.h100.llama3"
@@ -101,7 +111,7 @@ def test_recipe_file_is_literals_and_compiles() -> None:
     body = [line for line in lines if not line.startswith("#")]
     assert "model.tensor_model_parallel_size=8" in body and "model.tp_comm_overlap=true" in body
     assert "model.virtual_pipeline_model_parallel_size=null" in body
-    assert len(body) == len(tables["OVERRIDES"])
+    assert len(body) == len(items) + 1  # + dataset.blend=null before dataset.data_path
 
 
 def test_shipped_recipe_table_is_the_reference_table() -> None:
@@ -117,7 +127,8 @@ def test_shipped_recipe_table_is_the_reference_table() -> None:
 
 SECTIONS = {"model": ["GPTModelProvider", "MLAModelProvider"], "ddp": ["DistributedDataParallelConfig"],
             "train": ["TrainingConfig"], "dataset": ["GPTDatasetConfig"], "checkpoint": ["CheckpointConfig"],
-            "tokenizer": ["TokenizerConfig"], "comm_overlap": ["CommOverlapConfig"], "": ["ConfigContainer"]}
+            "tokenizer": ["TokenizerConfig"], "comm_overlap": ["CommOverlapConfig"], "optimizer": ["OptimizerConfig"],
+            "scheduler": ["SchedulerConfig"], "": ["ConfigContainer"]}
 
 
 def _sources() -> tuple[Path, Path]:
@@ -134,6 +145,7 @@ def _python_files(bridge: Path, mlm: Path) -> Iterator[Path]:
     for d in ("src/megatron/bridge/training", "src/megatron/bridge/models"):
         yield from (bridge / d).rglob("*.py")
     for d in ("megatron/core/transformer", "megatron/core/distributed", "megatron/core/datasets",
+              "megatron/core/optimizer",
               "megatron/training/config"):
         yield from (mlm / d).rglob("*.py")
     yield mlm / "megatron/core/model_parallel_config.py"
@@ -203,3 +215,82 @@ def test_cli_all_notes_a_target_the_model_lacks(tmp_path: Path, capsys: pytest.C
     assert (tmp_path / "all/trainjob.yaml").exists() and not (tmp_path / "all/bridge_recipe.py").exists()
     assert main([*args, "--target", "bridge", "--out", str(tmp_path / "bridge")]) == 1
     assert not (tmp_path / "bridge").exists()  # nothing written
+
+
+def test_perf_recipe_launch_trains_the_run_and_saves_checkpoints() -> None:
+    # _benchmark_common sets train_iters = 50 and checkpoint.save = load = None; async_save without save is refused
+    # by CheckpointConfig.finalize: both files set them, from the same placeholders as the Megatron-LM launch
+    spec = plan_spec("deepseek-v3-gb200-fp8")
+    assert choose_recipe(spec).kind == "perf"
+    files = render_files(spec, ["bridge"])
+    body = [line for line in files["bridge_overrides.txt"].splitlines() if not line.startswith("#")]
+    assert "train.train_iters='${oc.decode:${oc.env:TRAIN_ITERS,1000}}'" in body
+    assert """checkpoint.save='${oc.env:CHECKPOINT_DIR,"checkpoints"}'""" in body
+    assert """checkpoint.load='${oc.env:CHECKPOINT_DIR,"checkpoints"}'""" in body
+    assert "dataset.data_path='${oc.env:DATA_PATH}'" in body
+    assert "tokenizer.tokenizer_model='${oc.env:TOKENIZER_MODEL}'" in body
+    assert body.index("dataset.blend=null") == body.index("dataset.data_path='${oc.env:DATA_PATH}'") - 1
+    # benchmark-only knobs the plan did not model are reset, with the reason in the recipe file
+    assert 'model.cuda_graph_impl="none"' in body and "model.cuda_graph_scope=[]" in body
+    assert "optimizer.overlap_param_gather_with_optimizer_step=false" in body
+    assert "scheduler.lr_decay_iters=null" in body
+    assert "the plan's step time and memory do not model them" in files["bridge_recipe.py"]
+    tables = literal_tables(files["bridge_recipe.py"])
+    assert tables["ENV_OVERRIDES"]["train.train_iters"] == ("TRAIN_ITERS", 1000)
+    assert tables["ENV_OVERRIDES"]["checkpoint.save"] == ("CHECKPOINT_DIR", "checkpoints")
+    base = plan_spec("llama2-7b-a100-tp2")  # a base recipe keeps its own settings
+    assert "model.cuda_graph_impl" not in dict(overrides(base, choose_recipe(base)))
+    assert "train.train_iters" in dict(overrides(base, choose_recipe(base)))
+
+
+def test_async_save_override_comes_with_a_save_directory() -> None:
+    from dataclasses import replace
+
+    from paraplan.launch.megatron import CheckpointArgs
+
+    spec = replace(plan_spec("llama3-70b-tp8-overlap"),
+                   checkpoint=CheckpointArgs(save_interval_iters=5000, ckpt_format="torch_dist", async_save=True,
+                                             reason="test"))
+    items = dict(overrides(spec, choose_recipe(spec)))
+    assert items["checkpoint.async_save"] is True and isinstance(items["checkpoint.save"], EnvValue)
+    assert items["checkpoint.save_interval"] == 1000  # capped at the TRAIN_ITERS default: 5000 is never reached
+    assert "SAVE_INTERVAL=5000" in render_files(spec, ["megatron"])["megatron_args.sh"]
+
+
+def test_mixtral_note_says_which_bridge_modules_were_checked() -> None:
+    with pytest.raises(SpecError, match=r"no Mixtral recipe module in megatron\.bridge\.recipes and no Mixtral model "
+                       r"provider in megatron\.bridge\.models"):
+        choose_recipe(plan_spec("mixtral-8x7b-ep8"))
+
+
+def test_override_list_parses_and_resolves_as_bridge_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bridge: parse_hydra_overrides (Hydra's override parser) on an OmegaConf config, then
+    # OmegaConf.to_container(resolve=True) (training/utils/omegaconf_utils.py); optional: needs hydra-core
+    pytest.importorskip("hydra")
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    spec = plan_spec("deepseek-v3-gb200-fp8")
+    text = render_files(spec, ["bridge"])["bridge_overrides.txt"]
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    tree: dict[str, object] = {}
+    for line in lines:  # the recipe's config, as a tree of the overridden keys
+        section, _, name = line.split("=", 1)[0].rpartition(".")
+        (tree.setdefault(section, {}) if section else tree)[name] = None  # type: ignore[index]
+    cfg = OmegaConf.create(tree)
+    OmegaConf.set_struct(cfg, True)
+    ConfigLoaderImpl._apply_overrides_to_config(overrides=OverridesParser.create().parse_overrides(lines), cfg=cfg)
+    monkeypatch.setenv("DATA_PATH", "/data/pile_text_document")
+    monkeypatch.setenv("TOKENIZER_MODEL", "deepseek-ai/DeepSeek-V3")
+    monkeypatch.delenv("TRAIN_ITERS", raising=False)
+    monkeypatch.delenv("CHECKPOINT_DIR", raising=False)
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    assert out["train"]["train_iters"] == 1000 and out["checkpoint"]["save"] == "checkpoints"
+    assert out["dataset"]["data_path"] == "/data/pile_text_document" and out["dataset"]["blend"] is None
+    assert out["model"]["cuda_graph_impl"] == "none" and out["model"]["cuda_graph_scope"] == []
+    assert out["model"]["tensor_model_parallel_size"] == dict(overrides(spec, choose_recipe(spec)))[
+        "model.tensor_model_parallel_size"]
+    monkeypatch.setenv("TRAIN_ITERS", "250000")
+    assert OmegaConf.to_container(cfg, resolve=True)["train"]["train_iters"] == 250000  # type: ignore[index]

@@ -62,8 +62,9 @@ def stub_bin(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def run_everything(out: Path, tmp_path: Path) -> list[str]:
-    """bash -n, shellcheck, source the sourced files, run the scripts: in an empty HOME and cwd."""
+def run_everything(out: Path, tmp_path: Path, unset: tuple[str, ...] = ()) -> list[str]:
+    """bash -n, shellcheck, source the sourced files, run the scripts: in an empty HOME and cwd (without the
+    variables ``unset``: a site default yields to the user's environment)."""
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
@@ -71,6 +72,7 @@ def run_everything(out: Path, tmp_path: Path) -> list[str]:
     env = {"PATH": f"{stub_bin(tmp_path)}:/usr/bin:/bin", "HOME": str(home), "STUB_LOG": str(log),
            "TOKENIZER_MODEL": "t", "DATA_PATH": "/d", "MASTER_ADDR": "node-0", "SLURM_SUBMIT_DIR": str(out),
            "SLURM_NNODES": "8", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node-a"}
+    env = {k: v for k, v in env.items() if k not in unset}
     shell_files = [n for n in ("env.sh", "megatron_args.sh", "torchrun.sh", "job.sbatch") if (out / n).exists()]
     for name in shell_files:
         subprocess.run(["bash", "-n", str(out / name)], check=True, env=env)
@@ -176,7 +178,7 @@ def test_hostile_site_values_are_quoted(case: str, tmp_path: Path) -> None:
                            "modules": [value], "container_mounts": [value], "namespace": value,
                            "image_pull_secret": value})
     write_files(render_files(llama70b_spec(site), ["all"]), tmp_path / "launch")
-    args = run_everything(tmp_path / "launch", tmp_path)
+    args = run_everything(tmp_path / "launch", tmp_path, unset=("DATA_PATH",))
     assert args[args.index("--data-path") + 1] == value  # one word, exactly the value
     stub_words = (tmp_path / "stub.log").read_text(encoding="utf-8").split("\0")
     i = stub_words.index("module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -64,7 +65,7 @@ def test_every_template_value_goes_through_a_quoting_or_checking_filter() -> Non
     import re
     from importlib import resources
 
-    allowed = {"sh", "shword", "sh_comment", "yaml", "name", "integer", "in_dquotes"}
+    allowed = {"sh", "shword", "sh_comment", "yaml", "name", "integer", "in_dquotes", "env_default(name)"}
     templates = resources.files("paraplan.launch").joinpath("templates")
     seen = 0
     for item in templates.iterdir():
@@ -75,3 +76,20 @@ def test_every_template_value_goes_through_a_quoting_or_checking_filter() -> Non
             assert last in allowed, f"{item.name}: {{{{{expr}}}}} is interpolated without a quoting filter"
             seen += 1
     assert seen > 50
+
+
+@pytest.mark.parametrize("value", ["/lustre/data", "a b", "x$HOME", "it's", 'q"uote', "back\\slash", "br}ace", "`id`"])
+def test_site_env_default_yields_to_the_users_environment(value: str, tmp_path: Path) -> None:
+    from paraplan.launch.render import _env_default
+
+    line = _env_default(value, "DATA_PATH")
+    script = tmp_path / "env.sh"
+    script.write_text(line + "\n", encoding="utf-8")
+    show = f'source {script} && printf "%s" "$DATA_PATH"'
+    base = {"PATH": "/usr/bin:/bin"}
+    assert subprocess.run(["bash", "-c", show], env=base, capture_output=True, text=True,
+                          check=True).stdout == value
+    assert subprocess.run(["bash", "-c", show], env={**base, "DATA_PATH": "/mine"}, capture_output=True, text=True,
+                          check=True).stdout == "/mine"
+    if not set(value) & set("$`\"\\}'"):
+        assert line == f'export DATA_PATH="${{DATA_PATH:-{value}}}"'

@@ -59,7 +59,7 @@ def test_sbatch_from_another_directory_finds_its_files(tmp_path: Path, launch_di
     elsewhere.mkdir(parents=True)
     (tmp_path / "spool").mkdir()
     env = {"PATH": f"{stubs(tmp_path)}:/usr/bin:/bin", "SPOOL": str(tmp_path / "spool"),
-           "STUB_LOG": str(tmp_path / "stub.log"), "DATA_PATH": "/d", "TOKENIZER_MODEL": "t", "HOME": str(elsewhere)}
+           "STUB_LOG": str(tmp_path / "stub.log"), "TOKENIZER_MODEL": "t", "HOME": str(elsewhere)}
     if launch_dir_env:  # a LAUNCH_DIR that points elsewhere (another launch) is passed over: wrong candidate
         other = tmp_path / "other"
         write_files(render_files(plan_spec("llama3-8b-dp8"), ["slurm"]), other)
@@ -95,7 +95,9 @@ def test_site_values_in_job_sbatch() -> None:
                  "--container-mounts=/lustre:/lustre"):
         assert line in text
     env = render_files(llama70b_spec(site), ["slurm"])["env.sh"]
-    assert "export NCCL_IB_HCA=mlx5" in env and "export UCX_NET_DEVICES=mlx5_0:1" in env
+    # site values are defaults: a value already in the user's environment wins
+    assert 'export NCCL_IB_HCA="${NCCL_IB_HCA:-mlx5}"' in env
+    assert 'export UCX_NET_DEVICES="${UCX_NET_DEVICES:-mlx5_0:1}"' in env
     gb200 = render_files(plan_spec("llama3.1-405b-gb200"), ["slurm"])["job.sbatch"]
     assert "#SBATCH --segment=16" in gb200  # NVL72: 64-GPU segments of 4-GPU trays
 
@@ -103,8 +105,9 @@ def test_site_values_in_job_sbatch() -> None:
 def test_checkpoint_dir_is_the_default_of_every_target() -> None:
     site = site_from_dict({"checkpoint_dir": "/lustre/ckpt/"})
     files = render_files(llama70b_spec(site), ["all"])
-    assert "export CHECKPOINT_DIR=/lustre/ckpt" in files["env.sh"]
-    assert "os.environ.get('CHECKPOINT_DIR', '/lustre/ckpt')" in files["bridge_recipe.py"]
+    assert 'export CHECKPOINT_DIR="${CHECKPOINT_DIR:-/lustre/ckpt}"' in files["env.sh"]
+    assert "'checkpoint.save': ('CHECKPOINT_DIR', '/lustre/ckpt')," in files["bridge_recipe.py"]
+    assert """checkpoint.load='${oc.env:CHECKPOINT_DIR,"/lustre/ckpt"}'""" in files["bridge_overrides.txt"]
     assert "- name: CHECKPOINT_DIR\n      value: /lustre/ckpt" in files["trainjob.yaml"]
     assert "PLACEHOLDER: CHECKPOINT_DIR is '/lustre/ckpt' inside the container and no volume" in files["trainjob.yaml"]
     with pytest.raises(Exception, match=r"site\.checkpoint_dir: expected an absolute path"):

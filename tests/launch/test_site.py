@@ -108,3 +108,28 @@ def test_site_max_connections_1_with_fsdp_is_an_error() -> None:
     doc = yaml.safe_load(render_files(good, ["k8s"])["pytorchjob.yaml"])
     env = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "32"} in env  # a string, as Kubernetes requires
+
+
+def test_every_error_of_a_site_file_is_reported_in_one_line(tmp_path: Path) -> None:
+    from paraplan.cli import main
+
+    path = tmp_path / "site.yaml"
+    path.write_text("partition: 'a b'\ncolour: blue\nstorage_gbps: -1\nkubernetes:\n  queue: Team_A\n"
+                    "  shm_size: lots\nenv:\n  NCCL_IB_SL: true\n", encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_site(path)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("site.yaml: 6 errors: ")
+    for part in ("site.partition:", "site: unknown key 'colour'", "site.storage_gbps:", "site.kubernetes.queue:",
+                 "site.kubernetes.shm_size:", "site.env.NCCL_IB_SL:"):
+        assert text.count(part) == 1, part
+    assert len(text.split("; site")) == 6  # joined with "; ", one entry each
+    args = ["launch", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+            "--gbs", "64", "--site", str(path), "--out", str(tmp_path / "out")]
+    assert main(args) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_single_site_error_reads_as_itself() -> None:
+    with pytest.raises(SpecError, match=r"^site\.storage_gbps: expected a number"):
+        site_from_dict({"storage_gbps": -1})

@@ -9,6 +9,7 @@ with kubeflow/trainer master 8c0f5059b of 2026-08-21, API trainer.kubeflow.org/v
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import replace
@@ -203,3 +204,44 @@ def test_files_validate_against_the_trainer_crd_schemas(case: str) -> None:
     broken["spec"]["trainer"]["numNodes"] = "eight"  # the schema check can fail
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, _crd_schema(Path(root), "trainjobs"))
+
+
+@pytest.mark.parametrize(("plan", "product", "contradicts"), [
+    ("llama3.1-405b-gb200", "NVIDIA-H100-80GB-HBM3", True),
+    ("llama3.1-405b-gb200", "NVIDIA-GB200", False),
+    ("llama70b", "NVIDIA-H100-80GB-HBM3", False),
+    ("llama70b", "NVIDIA-GB200", True),
+])
+def test_node_selector_naming_another_gpu_is_a_warning(plan: str, product: str, contradicts: bool) -> None:
+    site = site_from_dict({"kubernetes": {"node_selector": {"nvidia.com/gpu.product": product}}})
+    spec = llama70b_spec(site) if plan == "llama70b" else replace(plan_spec(plan), site=site)
+    manifest = json.loads(render_files(spec, ["trainjob"])["manifest.json"])
+    if contradicts:
+        (warning,) = manifest["warnings"]
+        assert f"'{product}' is not the plan's GPU ({spec.cluster.gpu.name})" in warning
+    else:
+        assert "warnings" not in manifest
+
+
+def test_b200_is_not_read_as_gb200_and_affinity_is_checked() -> None:
+    from paraplan.launch.kubernetes import gpu_product_warnings
+
+    b200 = site_from_dict({"kubernetes": {"node_selector": {"nvidia.com/gpu.product": "NVIDIA-GB200"},
+                                          "node_affinity": {"nvidia.com/gpu.product": ["NVIDIA-B200", "NVIDIA-H200"]}}})
+    (warning,) = gpu_product_warnings(b200, "b200")  # the affinity allows a B200: only the selector contradicts
+    assert warning.startswith("site.kubernetes.node_selector nvidia.com/gpu.product: 'NVIDIA-GB200'")
+    assert len(gpu_product_warnings(b200, "gb300")) == 2
+
+
+def test_launch_prints_the_gpu_product_warning_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    site = tmp_path / "site.yaml"
+    site.write_text("kubernetes:\n  node_selector:\n    nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3\n",
+                    encoding="utf-8")
+    args = ["launch", "--model", "llama3-8b", "--gpu", "gb200", "--num-gpus", "8", "--seq-len", "4096", "--gbs", "64",
+            "--target", "trainjob", "--site", str(site), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert lines == ["warning: site.kubernetes.node_selector nvidia.com/gpu.product: 'NVIDIA-H100-80GB-HBM3' is not "
+                     "the plan's GPU (gb200)"]

@@ -150,3 +150,53 @@ def test_doc_example_runs(index: int) -> None:
     with contextlib.redirect_stdout(out):
         exec(compile(block, f"docs/api.md block {index + 1}", "exec"), {"__name__": "__doc_example__"})
     assert out.getvalue().strip(), "each example prints what it shows"
+
+
+# ----------------------------------------------------------------------------- the CLI's door
+def _type_checking_imports() -> dict[str, str]:
+    """name -> module of each ``from M import N as N`` under ``if TYPE_CHECKING:`` in api.py (what mypy sees)."""
+    import ast
+
+    tree = ast.parse((Path(paraplan.__file__).parent / "api.py").read_text(encoding="utf-8"))
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.module
+                found.update({a.asname or a.name: imp.module for a in imp.names})
+    return found
+
+
+def test_each_reexport_is_its_modules_object_with_a_line_and_typed_alike() -> None:
+    import importlib
+
+    import paraplan.api as api
+
+    typed = _type_checking_imports()
+    for name, (module, line) in api.REEXPORTS.items():
+        assert getattr(api, name) is getattr(importlib.import_module(module), name), name
+        assert typed.get(name) == module, f"{name}: the TYPE_CHECKING import differs from REEXPORTS"
+        assert line.endswith(".") and "\n" not in line and len(line) <= 100, name
+    assert set(typed) - set(api.REEXPORTS) == {"Objective"}  # only the annotations' own names besides
+    assert set(api.REEXPORTS) <= set(api.__all__) and len(set(api.__all__)) == len(api.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        _ = api.nonexistent
+
+
+def test_import_paraplan_api_stays_light() -> None:
+    """The API module imports the library only when a function runs or a re-exported name is first asked for:
+    ``paraplan models`` takes ``preset_rows`` through it without numpy, pydantic or yaml."""
+    code = ("import sys, paraplan.api as api; heavy = ('numpy', 'pydantic', 'yaml'); "
+            "before = sorted(set(heavy) & set(sys.modules)); api.preset_rows; "
+            "after = sorted(set(heavy) & set(sys.modules)); api.Estimate; "
+            "print(before, after, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "[]", "True"]
+
+
+def test_the_docs_list_every_reexport() -> None:
+    import paraplan.api as api
+
+    text = DOC.read_text(encoding="utf-8")
+    missing = [name for name in api.REEXPORTS if f"`{name}`" not in text]
+    assert not missing, f"docs/api.md does not list {', '.join(missing)}"

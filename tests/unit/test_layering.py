@@ -168,6 +168,36 @@ def test_cycle_check_would_fail_on_a_cycle() -> None:
 COMPUTE_ENTRY_POINTS = {("paraplan.estimator", "estimate"), ("paraplan.search", "plan")}
 """The library functions the public API wraps: the CLI reaches them through ``paraplan.api``."""
 
+CLI_MAY_IMPORT = ("paraplan.api", "paraplan.cli", "paraplan.errors", "paraplan.units", "paraplan._version")
+"""The paraplan modules (and packages) a CLI module may import at run time: the API is the CLI's one door to the
+library; besides it only the CLI itself, the error types, the units and the version."""
+
+
+def cli_library_imports(module: str, path: Path) -> list[str]:
+    """``module:line imports NAME`` for each run-time import in ``module`` (a CLI module) of a paraplan module
+    outside ``CLI_MAY_IMPORT``, at module level or inside a function (``if TYPE_CHECKING:`` imports never run)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            named = [(alias.name, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            named = [(source, f"{source}.{alias.name}") for alias in node.names]
+        else:
+            continue
+        for source, name in named:
+            if source.split(".")[0] != "paraplan":
+                continue
+            # ``from paraplan import __version__``, ``from paraplan import api``: judge the name, not the root
+            target = name if source == "paraplan" else source
+            if not any(target == ok or target.startswith(ok + ".") for ok in CLI_MAY_IMPORT):
+                found.append(f"{module}:{node.lineno} imports {name}")
+    return found
+
 
 def test_the_cli_computes_only_through_the_api() -> None:
     found = []
@@ -179,3 +209,31 @@ def test_the_cli_computes_only_through_the_api() -> None:
                 found += [f"{module}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
                           if (node.module, a.name) in COMPUTE_ENTRY_POINTS]
     assert not found, "use paraplan.api: " + "; ".join(found)
+
+
+def test_the_cli_imports_the_library_only_through_the_api() -> None:
+    found = [line for module, path in all_modules().items() if layer_of(module) == len(LAYERS) - 1
+             for line in cli_library_imports(module, path)]
+    assert not found, "the CLI reaches the library through paraplan.api: " + "; ".join(found)
+
+
+CLI_IMPORT_CASES = {
+    "from paraplan.api import plan\nfrom paraplan.errors import SpecError\nimport paraplan.units\n": [],
+    "from paraplan._version import __version__\nfrom . import render\nfrom .options import x\n": [],
+    "if TYPE_CHECKING:\n    from paraplan.search import Plan\n": [],
+    "from paraplan.search import SearchSpace\n": ["paraplan.cli.x:1 imports paraplan.search.SearchSpace"],
+    "def f():\n    import paraplan.tune\n": ["paraplan.cli.x:2 imports paraplan.tune"],
+    "def f():\n    from ..serialize import dumps_json\n": ["paraplan.cli.x:2 imports paraplan.serialize.dumps_json"],
+    "from paraplan import __version__, plan\n": ["paraplan.cli.x:1 imports paraplan.__version__",
+                                                   "paraplan.cli.x:1 imports paraplan.plan"],
+    "if TYPE_CHECKING:\n    pass\nelse:\n    from paraplan.fileio import clip\n":
+        ["paraplan.cli.x:4 imports paraplan.fileio.clip"],
+}
+"""A CLI module's source -> what the check reports (it names the offending import, lazy and relative ones too)."""
+
+
+@pytest.mark.parametrize("source", CLI_IMPORT_CASES)
+def test_the_cli_import_check_names_each_offending_import(source: str, tmp_path: Path) -> None:
+    path = tmp_path / "x.py"
+    path.write_text(source, encoding="utf-8")
+    assert cli_library_imports("paraplan.cli.x", path) == CLI_IMPORT_CASES[source]

@@ -36,21 +36,31 @@ def test_a_world_of_two_billion_gpus_is_answered_quickly() -> None:
     assert time.perf_counter() - t0 < 10  # it enumerated 2^31 integers before (minutes)
 
 
-@pytest.mark.parametrize(("space", "flag"), [
-    (SearchSpace(vp=(1, 999_999_999_999)), "--vp: 999999999999 is out of range; allowed 1 to 32"),
-    (SearchSpace(pp=(10**30,)), "no layout to search: --pp 1000000000000000000000000000000 leaves no TP x PP x CP"),
+@pytest.mark.parametrize(("space", "field", "flag"), [
+    (SearchSpace(vp=(1, 999_999_999_999)), "vp: 999999999999 is out of range; allowed 1 to 32",
+     "--vp: 999999999999 is out of range; allowed 1 to 32"),
+    (SearchSpace(pp=(10**30,)), "no layout to search: pp 1000000000000000000000000000000 leaves no TP x PP x CP",
+     "no layout to search: --pp 1000000000000000000000000000000 leaves no TP x PP x CP"),
     (SearchSpace(tp=(4, 2**70), cp=(2**63,)),
+     "no layout to search: tp 4,1180591620717411303424 cp 9223372036854775808 leaves",
      "no layout to search: --tp 4,1180591620717411303424 --cp 9223372036854775808 leaves"),
-    (SearchSpace(tp=(0,)), "--tp: 0 is out of range; allowed 1 or more"),
-    (SearchSpace(mbs=(1, 513)), "--mbs: 513 is out of range; allowed 1 to 512"),
-    (SearchSpace(ep=(2**63,)), "--ep: 9223372036854775808 is out of range; allowed 1 to 64"),
-    (SearchSpace(max_pp=0), "--max-pp: expected a positive integer"),
+    (SearchSpace(tp=(0,)), "tp: 0 is out of range; allowed 1 or more", "--tp: 0 is out of range; allowed 1 or more"),
+    (SearchSpace(mbs=(1, 513)), "mbs: 513 is out of range; allowed 1 to 512",
+     "--mbs: 513 is out of range; allowed 1 to 512"),
+    (SearchSpace(ep=(2**63,)), "ep: 9223372036854775808 is out of range; allowed 1 to 64",
+     "--ep: 9223372036854775808 is out of range; allowed 1 to 64"),
+    (SearchSpace(max_pp=0), "max_pp: expected a positive integer", "--max-pp: expected a positive integer"),
 ])
-def test_values_no_layout_can_use_are_one_line_errors_naming_the_flag(space: SearchSpace, flag: str) -> None:
+def test_values_no_layout_can_use_are_one_line_errors_naming_the_field(space: SearchSpace, field: str,
+                                                                       flag: str) -> None:
+    """The library names the SearchSpace field; the CLI words the same error with its flag."""
+    from paraplan.cli.render import error_line
+
     with pytest.raises(SpecError) as exc:
         plan(load_model("llama3-8b"), make_cluster(GPU, 64), TrainingSpec(seq_len=4096, global_batch_size=512),
              space=space)
-    assert str(exc.value).startswith(flag) and "\n" not in str(exc.value)
+    assert str(exc.value).startswith(field) and "\n" not in str(exc.value)
+    assert error_line(exc.value).startswith(flag) and "\n" not in error_line(exc.value)
 
 
 def test_a_world_too_large_to_factorise_quickly_is_refused() -> None:
@@ -165,5 +175,8 @@ def test_a_model_with_hundreds_of_millions_of_layers_is_a_one_line_error() -> No
 
 def test_batch_times_world_beyond_int64_is_a_one_line_error() -> None:
     # the largest GBS the training spec takes (2^24) on the largest world the search takes (2^40)
-    with pytest.raises(SpecError, match=r"^--gbs: 16,777,216 on 1,099,511,627,776 GPUs is too large"):
+    from paraplan.cli.render import error_line
+
+    with pytest.raises(SpecError, match=r"^global_batch_size: 16,777,216 on 1,099,511,627,776 GPUs is too") as exc:
         plan(load_model("llama3-8b"), make_cluster(GPU, 2**40), TrainingSpec(seq_len=4096, global_batch_size=2**24))
+    assert error_line(exc.value).startswith("--gbs: 16,777,216 on 1,099,511,627,776 GPUs is too large")

@@ -12,14 +12,17 @@ margin is a warning, exit 0), 130 interrupted (Ctrl-C); an output that cannot be
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import typer
 
-from paraplan import __version__
+from paraplan._version import __version__
 from paraplan.cli._app import COMMANDS, app, load_command_modules, plain, state
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 
@@ -32,18 +35,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.remove("--debug")
     if not args:  # bare `paraplan`: the help, exit 0
         args = ["--help"]
-    try:
-        code = _run(args)
-        sys.stdout.flush()
-    except KeyboardInterrupt:
+    with _ctrl_c_seen() as seen:
+        try:
+            code = _run(args)
+            sys.stdout.flush()
+        except KeyboardInterrupt:
+            _err("interrupted")
+            return 130
+        except OSError as err:
+            if state.debug:
+                raise
+            _stdout_gone(err)
+            return 1
+    if seen and code != 130:  # a Ctrl-C whose KeyboardInterrupt a finalizer swallowed ("Exception ignored in ...")
         _err("interrupted")
         return 130
-    except OSError as err:
-        if state.debug:
-            raise
-        _stdout_gone(err)
-        return 1
     return code
+
+
+@contextlib.contextmanager
+def _ctrl_c_seen() -> Iterator[list[bool]]:
+    """While the block runs, SIGINT records itself (the yielded list becomes ``[True]``) and then raises
+    KeyboardInterrupt as Python's default handler does. Python drops an exception raised inside a finalizer or a
+    gc callback, so without the record a Ctrl-C landing there would let the command finish and exit 0. Only
+    where Python's default handler is installed, in the main thread (in-process callers keep theirs)."""
+    seen: list[bool] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield seen
+        return
+
+    def _handler(signum: int, frame: object) -> None:
+        seen.append(True)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, _handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 _FAST_FORMATS = ("table", "json", "csv")
@@ -91,7 +121,9 @@ def _run(args: list[str]) -> int:
     except PlannerError as err:
         if state.debug:
             raise
-        _err(f"error: {err}")
+        from paraplan.cli.render import error_line
+
+        _err(f"error: {error_line(err)}")
         return 1
     except typer.Exit as err:
         return int(getattr(err, "exit_code", 0))

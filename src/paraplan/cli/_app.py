@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from paraplan import __version__
+from paraplan._version import __version__
 
 
 @dataclass

@@ -14,17 +14,25 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from paraplan.budget import BudgetResult, BudgetRow, budget, parse_prices, parse_token_count
-from paraplan.checkpoint import format_decimal_bytes
+from paraplan.api import (
+    BudgetResult,
+    BudgetRow,
+    GpuSpec,
+    SearchSpace,
+    budget,
+    dumps_json,
+    format_decimal_bytes,
+    gpu_preset_names,
+    load_gpu,
+    load_model,
+    load_site,
+    parse_prices,
+    parse_token_count,
+)
 from paraplan.cli._app import app
 from paraplan.cli.options import MODEL_HELP, ForceOpt, HeadroomOpt, PrecisionChoice, PrecisionOpt, positive
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.launch.site import load_site
-from paraplan.search import SearchSpace
-from paraplan.serialize import dumps_json
-from paraplan.specs.cluster import GpuSpec
-from paraplan.specs.load import gpu_preset_names, load_gpu, load_model
 from paraplan.units import format_count
 
 DEFAULT_GPUS = "h100-80gb,h200-141gb,b200"
@@ -275,7 +283,7 @@ def budget_cmd(
     Example: paraplan budget --model llama3-70b --tokens 15T --days 60 --gpu h100-80gb,b200
     --price-per-gpu-hour h100-80gb=2.5,b200=4.5
     """
-    from paraplan.headroom import parse_headroom
+    from paraplan.api import parse_headroom
 
     margin = parse_headroom(headroom)
     n_tokens = parse_token_count(tokens, "--tokens")
@@ -289,7 +297,7 @@ def budget_cmd(
     site_profile = load_site(site)
     model_spec = load_model(model)
     if html is not None:
-        from paraplan.fileio import check_output_file
+        from paraplan.api import check_output_file
 
         check_output_file(html, "--html", force=force)
     gpu_specs = load_gpus(gpu)
@@ -303,7 +311,7 @@ def budget_cmd(
                      space=SearchSpace(allow_cross_node=allow_cross_node), storage=site_profile.storage(),
                      failures=site_profile.failures(), headroom=margin)
     if html:
-        from paraplan.fileio import write_text_atomic
+        from paraplan.api import write_text_atomic
 
         write_text_atomic(html, budget_html(res), option="--html", force=force)
     if fmt == BudgetFormat.json:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from paraplan.calibrate import (
+from paraplan.api import (
     DEFAULT_PARAMS,
     PARAM_BOUNDS,
     ErrorStats,
     FitResult,
+    GpuSpec,
     Run,
+    dumps_json,
     error_stats,
     fit_profile,
+    load_gpu,
     predict_step_s,
     profile_document,
     read_pair,
@@ -23,9 +26,6 @@ from paraplan.cli._app import app
 from paraplan.cli.options import ForceOpt, FormatOpt, OutputFormat
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.serialize import dumps_json
-from paraplan.specs.cluster import GpuSpec
-from paraplan.specs.load import load_gpu
 
 
 def split_pair(text: str) -> tuple[str, list[str]]:
@@ -114,7 +114,7 @@ def calibrate(
     """
     if not runs and not pair:
         raise SpecError("calibrate: give --runs runs.csv or at least one --pair manifest.json:log.txt")
-    from paraplan.fileio import check_output_file
+    from paraplan.api import check_output_file
 
     check_output_file(out, "--out", force=force)
     names = _params(params)

@@ -7,6 +7,7 @@ import sys
 import typer
 from rich.markup import escape
 
+from paraplan.api import CheckResult, check_parsed, dumps_json, parse_file, parse_headroom, suggest_alternative
 from paraplan.cli._app import app, state
 from paraplan.cli.options import (
     GPU_HELP,
@@ -19,10 +20,6 @@ from paraplan.cli.options import (
     resolve_gpu,
 )
 from paraplan.cli.render import console, render_estimate, safe
-from paraplan.headroom import parse_headroom
-from paraplan.launch.check import CheckResult, check_parsed, suggest_alternative
-from paraplan.launch.parse import parse_file
-from paraplan.serialize import dumps_json
 
 DEFAULT_GPU = "h100-80gb"
 

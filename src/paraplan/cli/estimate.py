@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from paraplan.api import RECOMPUTE_MODULES, Estimate, Headroom, MemoryOptions, dumps_json, parse_headroom
 from paraplan.api import estimate as run_estimate
 from paraplan.cli._app import app, state
 from paraplan.cli.options import (
@@ -40,11 +41,6 @@ from paraplan.cli.options import (
 from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
-from paraplan.estimate.memory import MemoryOptions
-from paraplan.estimator import Estimate
-from paraplan.headroom import Headroom, parse_headroom
-from paraplan.layout import RECOMPUTE_MODULES
-from paraplan.serialize import dumps_json
 
 
 @app.command("estimate")
@@ -126,7 +122,7 @@ def estimate(
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                             profile=profile, attention_backend=attention_backend.value, knobs=knob)
     layout, notes = flags.layout(num_gpus, inputs.model)
-    from paraplan.launch.megatron import launch_violations
+    from paraplan.api import launch_violations
 
     broken = launch_violations(inputs.model, layout, inputs.training, inputs.cluster.gpu.arch)
     if broken:  # the flag-level rules launch and Megatron apply (layout rules run in estimate)
@@ -166,9 +162,7 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
                  attention_backend: AttentionChoice, flags: LayoutFlags, gpu_set: list[str] | None,
                  profile: str | None, mfu_peak: str, options: MemoryOptions) -> tuple[Estimate, dict[str, Any]]:
     """Estimate a recipe with the flags given beside it winning over its own values; the JSON ``recipe`` block."""
-    from paraplan.recipes.catalogue import find_recipe
-    from paraplan.recipes.knobs import estimate_run, recipe_run, run_dict
-    from paraplan.recipes.user import catalogue
+    from paraplan.api import catalogue, estimate_run, find_recipe, recipe_run, run_dict
 
     for flag, value in (("num-gpus", num_gpus), ("gpus-per-node", gpus_per_node), ("seq-len", seq_len),
                         ("gbs", gbs)):
@@ -203,10 +197,7 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,
                         gpu_set: list[str] | None, profile: str | None, headroom: Headroom) -> Estimate:
     """Estimate the layout a Megatron command line describes; its first broken rule is the error."""
-    from paraplan.fileio import read_input_text
-    from paraplan.launch.check import check_parsed
-    from paraplan.launch.megatron import MEGATRON_COMMIT
-    from paraplan.launch.parse import parse_script
+    from paraplan.api import MEGATRON_COMMIT, check_parsed, parse_script, read_input_text
 
     if text.startswith("@"):
         text = read_input_text(text[1:], "--megatron-args")

@@ -61,7 +61,7 @@ def models(fmt: ListFormat = _FORMAT) -> None:
 
     Example: paraplan models --format json
     """
-    from paraplan.specs.presets.index import preset_rows
+    from paraplan.api import preset_rows
     from paraplan.units import format_count
 
     rows = preset_rows("models")
@@ -89,7 +89,7 @@ def gpus(fmt: ListFormat = _FORMAT) -> None:
 
     Example: paraplan gpus
     """
-    from paraplan.specs.presets.index import preset_rows
+    from paraplan.api import preset_rows
 
     rows = preset_rows("gpus")
     if fmt == ListFormat.json:

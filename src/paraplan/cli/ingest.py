@@ -15,10 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from paraplan.api import MAX_LINE_BYTES, RunLog, read_logs
 from paraplan.cli._app import app
 from paraplan.cli.render import safe
-from paraplan.ingest import RunLog, read_logs
-from paraplan.ingest.source import MAX_LINE_BYTES
 from paraplan.units import GIB, MIB, MS
 
 _MAX_RANK_ROWS = 16

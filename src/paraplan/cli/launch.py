@@ -8,8 +8,18 @@ from enum import StrEnum
 
 import typer
 
+from paraplan.api import (
+    CheckpointArgs,
+    Estimate,
+    LaunchSpec,
+    advise,
+    candidate_id,
+    load_site,
+    memory_knobs_of,
+    render_files,
+    write_files,
+)
 from paraplan.api import estimate as run_estimate
-from paraplan.checkpoint import advise
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
@@ -30,10 +40,6 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.estimator import Estimate, memory_knobs_of
-from paraplan.launch.megatron import CheckpointArgs
-from paraplan.launch.render import LaunchSpec, candidate_id, render_files, write_files
-from paraplan.launch.site import load_site
 from paraplan.units import GIB
 
 
@@ -53,7 +59,7 @@ class Target(StrEnum):
 
 def _from_plan(path: str, rank: int) -> tuple[LaunchSpec, Estimate]:
     """The rank-th layout (1 = best) of a saved plan.json, re-estimated."""
-    from paraplan.serialize import load_plan
+    from paraplan.api import load_plan
 
     loaded = load_plan(path)
     if not 1 <= rank <= len(loaded.layouts):
@@ -105,7 +111,7 @@ def launch(
     --cp 2 --seq-len 8192 --gbs 512 --target slurm --out runs/llama70b --site site.yaml
     """
     if print_site_template:
-        from paraplan.launch.site import SITE_TEMPLATE
+        from paraplan.api import SITE_TEMPLATE
 
         typer.echo(SITE_TEMPLATE, nl=False)
         return
@@ -144,8 +150,11 @@ def launch(
     con.print(f"checkpoint: --save-interval {ckpt.save_interval_iters} ({advice.reason()})", soft_wrap=True)
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
-    for target_name, reason in json.loads(files["manifest.json"]).get("skipped_targets", {}).items():
+    written = json.loads(files["manifest.json"])
+    for target_name, reason in written.get("skipped_targets", {}).items():
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
+    for warning in written.get("warnings", []):
+        con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
     if "bridge_overrides.txt" in files and memory_knobs_of(spec.training):
         con.print("note: bridge_overrides.txt does not carry the memory knobs yet (megatron_args.sh does): "
                   "set them in the Bridge recipe's mixed_precision and optimizer configs", soft_wrap=True)

@@ -12,13 +12,21 @@ from typing import Any
 
 import typer
 
+from paraplan.api import (
+    RECOMPUTE_MODULES,
+    ClusterSpec,
+    GpuSpec,
+    MemoryOptions,
+    ModelSpec,
+    ParallelLayout,
+    TrainingSpec,
+    layout_for_world,
+    load_gpu,
+    load_model,
+    make_cluster,
+    override_gpu,
+)
 from paraplan.errors import SpecError
-from paraplan.estimate.memory import MemoryOptions
-from paraplan.layout import RECOMPUTE_MODULES, ParallelLayout, layout_for_world
-from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
-from paraplan.specs.load import load_gpu, load_model, override_gpu
-from paraplan.specs.model import ModelSpec
-from paraplan.specs.training import TrainingSpec
 from paraplan.units import GIB
 
 
@@ -69,9 +77,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     """``--gpu-set key=value`` pairs (values parsed as YAML scalars; efficiency.x for nested)."""
     from dataclasses import fields
 
-    from paraplan.fileio import brief, clip, load_yaml_text
-    from paraplan.specs.cluster import EfficiencySpec
-    from paraplan.specs.load import gpu_override_keys
+    from paraplan.api import EfficiencySpec, brief, clip, gpu_override_keys, load_yaml_text
 
     out: dict[str, Any] = {}
     keys, eff_keys = gpu_override_keys(), [f"efficiency.{f.name}" for f in fields(EfficiencySpec)]
@@ -124,7 +130,7 @@ def resolve_inputs(
 
 def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     """``--knob NAME[=VALUE]`` items (Megatron flag names without the dashes) -> TrainingSpec knob fields."""
-    from paraplan.specs.megatron_flags import memory_knobs_from_words
+    from paraplan.api import memory_knobs_from_words
 
     words: list[str] = []
     for item in knobs or ():
@@ -137,7 +143,7 @@ def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> Gpu
     """The GPU preset or file, with a calibrated profile's efficiencies, then --gpu-set overrides."""
     gpu_spec = load_gpu(gpu)
     if profile:
-        from paraplan.specs.profile import profile_overrides
+        from paraplan.api import profile_overrides
 
         gpu_spec = override_gpu(gpu_spec, profile_overrides(profile, gpu_spec.name))
     return override_gpu(gpu_spec, parse_overrides(gpu_set))
@@ -200,7 +206,7 @@ def apply_pipeline_split(model: ModelSpec, layout: ParallelLayout, split: str) -
     balanced first/last-stage split (``--decoder-first/last-pipeline-num-layers``)."""
     from dataclasses import replace
 
-    from paraplan.estimate.pipeline import auto_uneven_split, pipeline_layout_string
+    from paraplan.api import auto_uneven_split, pipeline_layout_string
 
     notes: list[str] = []
     if split != "auto" or layout.first_stage_layers or layout.last_stage_layers or layout.pipeline_layout:

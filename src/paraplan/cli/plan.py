@@ -15,7 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from paraplan.checkpoint import CheckpointAdvice, advise, format_decimal_bytes
+from paraplan.api import (
+    CKPT_BLOCKING_FLAG,
+    RECOMPUTE_MODULES,
+    SCHEDULE_NAMES,
+    CheckpointAdvice,
+    Estimate,
+    Plan,
+    SearchSpace,
+    SiteProfile,
+    advise,
+    dumps_json,
+    format_decimal_bytes,
+    load_site,
+    parse_headroom,
+)
+from paraplan.api import explain as explain_plan
 from paraplan.cli._app import app, plain, state
 from paraplan.cli.options import (
     AttentionChoice,
@@ -41,15 +56,6 @@ from paraplan.cli.options import (
 from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import console, fit_table, no_fit_line, safe
 from paraplan.errors import NoFeasiblePlanError, SpecError
-from paraplan.estimator import Estimate
-from paraplan.explain import CKPT_BLOCKING_FLAG
-from paraplan.explain import explain as explain_plan
-from paraplan.headroom import parse_headroom
-from paraplan.launch.site import SiteProfile, load_site
-from paraplan.layout import RECOMPUTE_MODULES
-from paraplan.schedules import SCHEDULE_NAMES
-from paraplan.search import Plan, SearchSpace
-from paraplan.serialize import dumps_json
 from paraplan.units import GIB
 
 if TYPE_CHECKING:
@@ -384,7 +390,7 @@ def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: st
     """What plan and explain do with their request: search, save plan.json, print."""
     site_profile = load_site(site)
     if save is not None:
-        from paraplan.fileio import check_output_file
+        from paraplan.api import check_output_file
 
         check_output_file(save, "--save", force=force)
     try:
@@ -397,11 +403,10 @@ def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: st
         state.exit_code = 3
         return
     if save:
-        from paraplan.serialize import save_plan
+        from paraplan.api import save_plan
 
         save_plan(p, save, option="--save", force=force)
-    from paraplan.recipes.compare import compare_with_plan
-    from paraplan.recipes.user import catalogue
+    from paraplan.api import catalogue, compare_with_plan
 
     recipe = compare_with_plan(p, memory_options(req.workspace_gib, req.fragmentation), catalogue(recipes_file))
     emit(p, fmt, explain, site_profile, recipe=recipe)

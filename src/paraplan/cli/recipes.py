@@ -43,7 +43,7 @@ def select(recipes: tuple[Recipe, ...], model: str | None, gpu: str | None, ever
 
 def knobs_summary(r: Recipe) -> str:
     """The recipe's recompute and memory/overlap knobs in a few words (``paraplan recipes``' knobs column)."""
-    from paraplan.recipes.catalogue import cell_text
+    from paraplan.api import cell_text
 
     gran = r.get("recompute_granularity")
     parts = [f"recompute {gran}" + (f" {cell_text(r.get('recompute_modules'))}" if gran == "selective" else "")
@@ -107,7 +107,7 @@ def recipes_cmd(
 
     Example: paraplan recipes --model llama3-70b --gpu h100
     """
-    from paraplan.recipes.user import catalogue
+    from paraplan.api import catalogue
 
     everyone = catalogue(recipes_file)
     for flag, value, column, preset in (("--model", model, "model", "model_preset"),
@@ -118,7 +118,7 @@ def recipes_cmd(
             raise SpecError(f"{flag}: no recipe for '{value}' (recipes exist for: {', '.join(sorted(names))})")
     chosen = select(everyone, model, gpu, everything)
     if fmt == RecipeFormat.json:
-        from paraplan.serialize import dumps_json
+        from paraplan.api import dumps_json
 
         print(dumps_json([r.as_dict() for r in chosen]))
         return

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from paraplan.cli._app import plain
+from paraplan.errors import PlannerError, SpecError
 from paraplan.units import GIB, format_count, format_seconds
 
 if TYPE_CHECKING:
@@ -40,11 +41,22 @@ def fit_tip_flags(tip: FitTip) -> str:
     return tip.describe()  # a GPU with more memory: no flag to name
 
 
+FIELD_FLAGS = {"tp": "--tp", "pp": "--pp", "cp": "--cp", "ep": "--ep", "etp": "--etp", "vp": "--vp", "mbs": "--mbs",
+               "max_pp": "--max-pp", "recompute_modules": "--recompute-modules", "schedule": "--schedule",
+               "num_gpus": "--num-gpus", "global_batch_size": "--gbs", "space": "the search flags"}
+"""The CLI's words for the input fields a library message names (``SpecError.naming``): its flags."""
+
+
+def error_line(err: PlannerError) -> str:
+    """A library error's message for the terminal: the fields it names worded as the CLI's flags."""
+    return err.worded(FIELD_FLAGS) if isinstance(err, SpecError) else str(err)
+
+
 def no_fit_line(err: NoFeasiblePlanError) -> str:
     """The one line ``paraplan`` prints when no layout fits: the search's summary and its advice in flags."""
     if not err.advice:
         return str(err)
-    from paraplan.search import advice_text
+    from paraplan.api import advice_text
 
     return f"{err.summary}; {advice_text(cast('tuple[FitTip, ...]', err.advice), fit_tip_flags)}"
 
@@ -98,8 +110,7 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
 
 def knob_words(training: TrainingSpec) -> str:
     """The memory knobs away from Megatron's defaults, as the Megatron flags that set them."""
-    from paraplan.estimator import memory_knobs_of
-    from paraplan.specs.training import KNOB_FLAGS
+    from paraplan.api import KNOB_FLAGS, memory_knobs_of
 
     words = []
     for key, value in memory_knobs_of(training).items():

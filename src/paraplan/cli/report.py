@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from paraplan.api import Headroom, Plan, SearchSpace, parse_headroom
 from paraplan.cli._app import app
 from paraplan.cli.options import GPU_HELP, MODEL_HELP, ForceOpt, GpuSetOpt, HeadroomOpt, PrecisionChoice, ProfileOpt
 from paraplan.cli.plan import (
@@ -34,8 +35,6 @@ from paraplan.cli.plan import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.headroom import Headroom, parse_headroom
-from paraplan.search import Plan, SearchSpace
 
 PROGRESS_DELAY_S = 0.4
 """The progress bar appears only when the work takes longer than this."""
@@ -84,8 +83,7 @@ def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpa
     """Re-run the search from plan.json's resolved inputs and its search space (unless search flags are
     given here; plan.json keeps only the top layouts) and put plan.json's own layouts, re-estimated,
     first."""
-    from paraplan.api import estimate, plan
-    from paraplan.serialize import load_plan, search_space_from
+    from paraplan.api import estimate, load_plan, plan, search_space_from
 
     loaded = load_plan(path)
     saved = search_space_from(loaded.document)
@@ -141,11 +139,16 @@ def report_cmd(
 
     Example: paraplan report --plan plan.json --log train.log -o report.html
     """
-    from paraplan.calibrate import RunInputs
+    from paraplan.api import (
+        RunInputs,
+        build_context,
+        charts,
+        check_output_file,
+        explain,
+        render_html,
+        write_text_atomic,
+    )
     from paraplan.cli.tune import _refs
-    from paraplan.explain import explain
-    from paraplan.fileio import check_output_file, write_text_atomic
-    from paraplan.report import build_context, charts, render_html
 
     check_output_file(output, "--output", force=force)
     if top < 1:
@@ -161,7 +164,7 @@ def report_cmd(
         step("reading logs")
         runlog = None
         if log:
-            from paraplan.ingest import read_logs
+            from paraplan.api import read_logs
 
             runlog = read_logs(list(log))
         step("searching layouts")

@@ -9,8 +9,23 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from paraplan.api import estimate
-from paraplan.calibrate import RunInputs, read_manifest
+from paraplan.api import (
+    Comparison,
+    Metric,
+    RunInputs,
+    RunLog,
+    compare,
+    diagnose,
+    dumps_json,
+    estimate,
+    gpu_preset_names,
+    load_plan,
+    make_cluster,
+    model_preset_names,
+    override_gpu,
+    read_logs,
+    read_manifest,
+)
 from paraplan.cli._app import app
 from paraplan.cli.options import (
     NO_FLAGS,
@@ -32,11 +47,6 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import IngestError, SpecError
-from paraplan.ingest import RunLog, read_logs
-from paraplan.serialize import dumps_json, load_plan
-from paraplan.specs.cluster import make_cluster
-from paraplan.specs.load import gpu_preset_names, model_preset_names, override_gpu
-from paraplan.tune import Comparison, Metric, compare, diagnose
 from paraplan.units import GIB
 
 
@@ -51,7 +61,7 @@ def _from_plan(path: str, rank: int) -> RunInputs:
 def _with_profile(inp: RunInputs, profile: str | None) -> RunInputs:
     if not profile:
         return inp
-    from paraplan.specs.profile import profile_overrides
+    from paraplan.api import profile_overrides
 
     gpu = override_gpu(inp.cluster.gpu, profile_overrides(profile, inp.cluster.gpu.name))
     return replace(inp, cluster=make_cluster(gpu, inp.cluster.num_gpus, inp.cluster.gpus_per_node))
@@ -117,10 +127,8 @@ def _from_log_arguments(run_log: RunLog, gpu: str | None, gpus_per_node: int | N
     dump), on the GPU given with --gpu (a log does not name its GPU type)."""
     import shlex
 
+    from paraplan.api import argv_from_dump, check_parsed, parse_script
     from paraplan.cli.options import resolve_gpu
-    from paraplan.launch.check import check_parsed
-    from paraplan.launch.parse import parse_script
-    from paraplan.specs.megatron_flags import argv_from_dump
 
     config = run_log.run_config
     if config is None or not config.arguments:

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Final
 from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.estimate.pipeline import pipeline_layout_string
-from paraplan.launch.megatron import BLACKWELL_ARCHS, as_launched, environment
+from paraplan.launch.megatron import (
+    BLACKWELL_ARCHS,
+    TRAIN_ITERS_DEFAULT,
+    as_launched,
+    environment,
+    save_interval_default,
+)
 from paraplan.launch.quoting import one_line
 
 if TYPE_CHECKING:
@@ -59,7 +65,44 @@ _WORD: Final = re.compile(r"[A-Za-z0-9_.:/+-]+")
 _LAYOUT: Final = re.compile(r"[EtmL|]+")
 
 Scalar = int | float | bool | str | None
-Value = Scalar | list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class EnvValue:
+    """A value read from the environment at run time, as the Megatron-LM launch's placeholders: ``default`` None
+    means required. bridge_recipe.py reads ``os.environ``; bridge_overrides.txt an OmegaConf ``oc.env``
+    interpolation (Bridge resolves the overrides with ``OmegaConf.to_container(resolve=True)``)."""
+
+    env: str
+    default: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if not _IDENT.fullmatch(self.env) or (isinstance(self.default, str) and not _WORD.fullmatch(self.default)):
+            raise SpecError(f"bridge environment value {self.env!r}: not a plain name and default")
+
+
+Value = Scalar | list[str] | EnvValue
+
+NO_RECIPE_CHECKED: Final = ("megatron.bridge.recipes", "megatron.bridge.models")
+"""Where choose_recipe's note says it looked when Bridge has no recipe for a model family."""
+NO_FAMILY: Final = {
+    "mixtral": "no Mixtral recipe module in megatron.bridge.recipes and no Mixtral model provider in "
+               "megatron.bridge.models (megatron.bridge.models.mistral holds the dense MistralModelProvider only), "
+               "so there is no base recipe to fall back to",
+}
+"""Model families Bridge has neither a recipe nor a provider for (checked at BRIDGE_COMMIT)."""
+PLANNED_OFF: Final[tuple[tuple[str, Scalar | list[str], str], ...]] = (
+    ("model.cuda_graph_impl", "none", "CUDA graphs: the plan's step time and memory do not model them"),
+    ("model.cuda_graph_scope", [], "CUDA graphs: the plan's step time and memory do not model them"),
+    ("optimizer.overlap_param_gather_with_optimizer_step", False,
+     "the plan overlaps the param all-gather with the forward pass, not the optimizer step"),
+    ("scheduler.lr_decay_iters", None, "_benchmark_common decays the LR over its 50 iterations; None: train_iters"),
+)
+"""Benchmark-only settings of a performance recipe (``_benchmark_common`` and the recipe itself) that the plan
+did not model, reset to what the plan assumes. Kept as the recipe sets them (stated in bridge_recipe.py):
+``train.manual_gc``, ``train.eval_iters = 0``, ``logger.log_interval = 1``, the NaN / large-gradient checks off,
+the fused kernels (``apply_rope_fusion``, ``cross_entropy_fusion_impl``): throughput settings that do not change
+the layout the plan priced; re-enable the checks for a long run if you want them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +171,10 @@ def choose_recipe(spec: LaunchSpec) -> Recipe:
         return Recipe(m.group(1).replace("/", "."), m.group(2), "perf")
     if model in BASE_RECIPES:
         return Recipe(*BASE_RECIPES[model], "base")
-    raise SpecError(f"--target bridge: Megatron-Bridge has no recipe for model '{model}' (recipes exist for: "
-                    f"{', '.join(sorted(BASE_RECIPES))})")
+    family = re.split(r"[-.0-9]", model, maxsplit=1)[0] or model
+    why = NO_FAMILY.get(family, f"no recipe function for this model in {NO_RECIPE_CHECKED[0]}")
+    raise SpecError(f"--target bridge: Megatron-Bridge has no recipe for model '{model}' (Megatron-Bridge "
+                    f"{BRIDGE_COMMIT}: {why}; paraplan maps recipes for: {', '.join(sorted(BASE_RECIPES))})")
 
 
 def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
@@ -170,8 +215,16 @@ def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
         out.append(("mixed_precision", preset))
     if lay.fsdp:  # the Megatron-FSDP guide's flags (FSDP_REQUIRED_FLAGS), as Bridge fields
         out += [("model.gradient_accumulation_fusion", False)]
+    out += [("train.train_iters", EnvValue("TRAIN_ITERS", TRAIN_ITERS_DEFAULT)),
+            ("dataset.data_path", EnvValue("DATA_PATH")),
+            ("tokenizer.tokenizer_type", EnvValue("TOKENIZER_TYPE", "HuggingFaceTokenizer")),
+            ("tokenizer.tokenizer_model", EnvValue("TOKENIZER_MODEL")),
+            ("checkpoint.save", EnvValue("CHECKPOINT_DIR", spec.site.checkpoint_dir or "checkpoints")),
+            ("checkpoint.load", EnvValue("CHECKPOINT_DIR", spec.site.checkpoint_dir or "checkpoints"))]
+    if recipe.kind == "perf":
+        out += [(k, v) for k, v, _ in PLANNED_OFF]
     if spec.checkpoint is not None:
-        out += [("checkpoint.save_interval", spec.checkpoint.save_interval_iters),
+        out += [("checkpoint.save_interval", save_interval_default(spec.checkpoint)),
                 ("checkpoint.ckpt_format", spec.checkpoint.ckpt_format),
                 ("checkpoint.async_save", spec.checkpoint.async_save)]
     elif lay.fsdp:
@@ -187,7 +240,7 @@ def _field(path: str) -> str:
 
 def _checked(path: str, value: object) -> Value:
     """``value`` when it is an int, float, bool, None, a plain word, or a list of plain words."""
-    if value is None or isinstance(value, bool | int | float):
+    if value is None or isinstance(value, bool | int | float | EnvValue):
         return value
     if isinstance(value, str) and (_WORD.fullmatch(value) or _LAYOUT.fullmatch(value)):
         return value
@@ -206,6 +259,12 @@ def hydra_value(value: Value) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ",".join(value) + "]"
+    if isinstance(value, EnvValue):  # quoted: Hydra's override grammar reads a nested interpolation only quoted
+        if value.default is None:
+            return f"'${{oc.env:{value.env}}}'"
+        if isinstance(value.default, int):  # oc.env returns a string; oc.decode reads it back as an int
+            return f"'${{oc.decode:${{oc.env:{value.env},{value.default}}}}}'"
+        return f"'${{oc.env:{value.env},{json.dumps(value.default)}}}'"
     return json.dumps(value)
 
 
@@ -216,7 +275,10 @@ def _env(spec: LaunchSpec) -> dict[str, str]:
 def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[str, Value]]) -> str:
     """bridge_recipe.py: imports the recipe function, applies ``OVERRIDES``, runs Bridge's pretrain."""
     env = _env(spec)
-    ckpt_default = spec.site.checkpoint_dir or "checkpoints"
+    fixed = [(k, v) for k, v in items if not isinstance(v, EnvValue)]
+    from_env = [(k, (v.env, v.default)) for k, v in items if isinstance(v, EnvValue)]
+    reset = [line for k, v, why in PLANNED_OFF for line in (f"#   {k} = {v!r}", f"#     ({why})")] \
+        if recipe.kind == "perf" else []
     lines = [
         f"# Megatron-Bridge recipe, generated by paraplan {one_line(__version__)} (candidate {one_line(cid)}).",
         f"# {one_line(spec.model.name)} on {spec.cluster.num_nodes} node(s) x {spec.cluster.gpus_per_node} GPUs "
@@ -226,8 +288,16 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         f"#   {recipe.module}",
         f"#   .{recipe.function}",
         "# Run on every node: torchrun --nnodes=N --nproc-per-node=G ... bridge_recipe.py",
-        "# Reads DATA_PATH (else the recipe's data), TOKENIZER_MODEL / TOKENIZER_TYPE and CHECKPOINT_DIR from the",
-        "# environment. The same settings for scripts/training/run_recipe.py: bridge_overrides.txt.",
+        "# Reads DATA_PATH, TOKENIZER_MODEL (both required), TOKENIZER_TYPE, TRAIN_ITERS and CHECKPOINT_DIR from the",
+        "# environment (ENV_OVERRIDES), as the Megatron-LM launch does. The same settings for",
+        "# scripts/training/run_recipe.py: bridge_overrides.txt.",
+        *(["# A performance recipe is a benchmark (_benchmark_common: 50 iterations, no checkpoints); paraplan sets",
+           "# train_iters and checkpoints (ENV_OVERRIDES) and resets the benchmark-only settings the plan did not",
+           "# model:",
+           *reset,
+           "# and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused",
+           "# kernels as the recipe sets them (throughput settings that do not change the planned layout)."]
+          if recipe.kind == "perf" else []),
         '"""paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""',
         "",
         "import os",
@@ -240,25 +310,43 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "from megatron.bridge.training.pretrain import pretrain",
         "",
         "OVERRIDES = {",
-        *[f"    {k!r}: {v!r}," for k, v in items],
+        *[f"    {k!r}: {v!r}," for k, v in fixed],
+        "}",
+        "ENV_OVERRIDES = {  # field path: (environment variable, default; None = required)",
+        *[f"    {k!r}: {v!r}," for k, v in from_env],
         "}",
         "ENV = {",
         *[f"    {k!r}: {v!r}," for k, v in env.items()],
         "}",
         f"UNSET_ENV = {(['CUDA_DEVICE_MAX_CONNECTIONS'] if spec.layout.fsdp else [])!r}",
         f"TP_COMM_OVERLAP = {spec.layout.tp_comm_overlap!r}",
-        f"CHECKPOINT_DIR = os.environ.get('CHECKPOINT_DIR', {ckpt_default!r})",
+        "",
+        "",
+        "def _set(cfg, path, value):",
+        "    target, _, name = path.rpartition('.')",
+        "    obj = getattr(cfg, target) if target else cfg",
+        "    if not hasattr(obj, name):",
+        "        raise AttributeError(f'{path}: not a field of the recipe')",
+        "    setattr(obj, name, value)",
+        "",
+        "",
+        "def _from_env(name, default):",
+        "    value = os.environ.get(name, '')",
+        "    if not value:",
+        "        if default is None:",
+        "            raise SystemExit(f'set {name}: bridge_recipe.py reads it from the environment')",
+        "        return default",
+        "    return int(value) if isinstance(default, int) else value",
         "",
         "",
         "def recipe():",
         '    """The base recipe with paraplan\'s layout applied (AttributeError for a field the recipe lacks)."""',
         "    cfg = base_recipe()",
         "    for path, value in OVERRIDES.items():",
-        "        target, _, name = path.rpartition('.')",
-        "        obj = getattr(cfg, target) if target else cfg",
-        "        if not hasattr(obj, name):",
-        "            raise AttributeError(f'{path}: not a field of the recipe')",
-        "        setattr(obj, name, value)",
+        "        _set(cfg, path, value)",
+        "    cfg.dataset.blend = None  # dataset.data_path below becomes the blend (GPTDatasetConfig.finalize)",
+        "    for path, (name, default) in ENV_OVERRIDES.items():",
+        "        _set(cfg, path, _from_env(name, default))",
         "    if TP_COMM_OVERLAP and cfg.comm_overlap is None:",
         "        cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)",
         "    elif cfg.comm_overlap is not None:",
@@ -267,13 +355,6 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "    for name in UNSET_ENV:",
         "        cfg.env_vars.pop(name, None)",
         "        os.environ.pop(name, None)",
-        "    if os.environ.get('DATA_PATH'):",
-        "        cfg.dataset.blend = ([os.environ['DATA_PATH']], None)",
-        "    if os.environ.get('TOKENIZER_MODEL'):",
-        "        cfg.tokenizer.tokenizer_type = os.environ.get('TOKENIZER_TYPE', 'HuggingFaceTokenizer')",
-        "        cfg.tokenizer.tokenizer_model = os.environ['TOKENIZER_MODEL']",
-        "    cfg.checkpoint.save = CHECKPOINT_DIR",
-        "    cfg.checkpoint.load = CHECKPOINT_DIR",
         "    return cfg",
         "",
         "",
@@ -283,8 +364,7 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
     return "\n".join(lines) + "\n"
 
 
-RUNTIME_FIELDS: Final = ("dataset.blend", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model", "checkpoint.save",
-                         "checkpoint.load", "comm_overlap.tp_comm_overlap", "env_vars")
+RUNTIME_FIELDS: Final = ("dataset.blend", "comm_overlap.tp_comm_overlap", "env_vars")
 """ConfigContainer fields bridge_recipe.py sets besides ``OVERRIDES`` (checked against Bridge's source too)."""
 
 
@@ -293,8 +373,17 @@ def overrides_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple
     head = [f"# Megatron-Bridge ConfigContainer overrides, generated by paraplan {one_line(__version__)} "
             f"(candidate {one_line(cid)}); one KEY=VALUE per line.",
             f"# Use: python scripts/training/run_recipe.py --recipe {recipe.function} --mode pretrain "
-            "$(grep -v '^#' bridge_overrides.txt)"]
-    return "\n".join([*head, *[f"{k}={hydra_value(v)}" for k, v in items]]) + "\n"
+            "$(grep -v '^#' bridge_overrides.txt)",
+            "# ${oc.env:NAME} values read the environment when Bridge resolves the overrides: set DATA_PATH and",
+            "# TOKENIZER_MODEL (required); TRAIN_ITERS, TOKENIZER_TYPE and CHECKPOINT_DIR have defaults.",
+            *(["# Performance recipe: the benchmark-only settings the plan did not model are reset (see",
+               "# bridge_recipe.py); manual GC, eval_iters = 0 and the NaN checks off are kept as the recipe sets",
+               "# them."]
+              if recipe.kind == "perf" else [])]
+    lines = [f"{k}={hydra_value(v)}" for k, v in items]
+    data = next(i for i, (k, _) in enumerate(items) if k == "dataset.data_path")
+    lines.insert(data, "dataset.blend=null")  # dataset.data_path becomes the blend (GPTDatasetConfig.finalize)
+    return "\n".join([*head, *lines]) + "\n"
 
 
 def bridge_files(spec: LaunchSpec, cid: str) -> dict[str, str]:

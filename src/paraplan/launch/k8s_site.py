@@ -147,27 +147,40 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+class SiteErrors(SpecError):
+    """Several site-file errors, each one path-qualified line; printed joined in ONE line
+    (``site.yaml: 3 errors: a: ...; b: ...; c: ...``) so that a user can fix them at once."""
+
+    def __init__(self, messages: list[str], source: str = "site") -> None:
+        self.messages = list(messages)
+        text = self.messages[0] if len(self.messages) == 1 else \
+            f"{source}: {len(self.messages)} errors: " + "; ".join(self.messages)
+        super().__init__(text)
+
+
+def _message(error: Any) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    msg = error["msg"]
+    if error["type"] == "extra_forbidden":
+        fields = KubernetesSite.model_fields if len(loc) == 1 else None
+        allowed = f" (allowed: {', '.join(fields)})" if fields else ""
+        msg = f"unknown key{allowed}"
+    elif error["type"] == "string_pattern_mismatch":
+        pattern = str(error.get("ctx", {}).get("pattern", ""))
+        kind = next((d for p, d in _PATTERN_WORDS.items() if pattern == f"^{p}$"), "a valid value")
+        msg = f"{error['input']!r} is not {kind}"
+    return re.sub(r"\s+", " ", f"{_where(loc)}: {msg}")
+
+
 def kubernetes_site(data: Any) -> KubernetesSite:
-    """The ``kubernetes:`` mapping validated; SpecError naming the first bad field, in one line."""
+    """The ``kubernetes:`` mapping validated; SiteErrors naming every bad field, one line each."""
     if not isinstance(data, dict):
         raise SpecError(f"site.kubernetes: expected a mapping of keys ({', '.join(KubernetesSite.model_fields)}), "
                         f"got {data!r}")
     try:
         return KubernetesSite.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        msg = first["msg"]
-        if first["type"] == "extra_forbidden":
-            fields = KubernetesSite.model_fields if len(loc) == 1 else None
-            allowed = f" (allowed: {', '.join(fields)})" if fields else ""
-            msg = f"unknown key{allowed}"
-        elif first["type"] == "string_pattern_mismatch":
-            pattern = str(first.get("ctx", {}).get("pattern", ""))
-            kind = next((d for p, d in _PATTERN_WORDS.items() if pattern == f"^{p}$"), "a valid value")
-            msg = f"{first['input']!r} is not {kind}"
-        text = re.sub(r"\s+", " ", f"{_where(loc)}: {msg}")
-        raise SpecError(text) from None
+        raise SiteErrors([_message(e) for e in err.errors()]) from None
 
 
-__all__ = ["KubernetesSite", "Toleration", "Volume", "kubernetes_site"]
+__all__ = ["KubernetesSite", "SiteErrors", "Toleration", "Volume", "kubernetes_site"]

@@ -49,6 +49,35 @@ def k8s_literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+"""The node label NVIDIA GPU Feature Discovery sets to the GPU's product name (e.g. NVIDIA-H100-80GB-HBM3)."""
+GPU_PRODUCT_TOKENS: Final = {"a100-40gb": "A100", "a100-80gb": "A100", "h100-80gb": "H100", "h200-141gb": "H200",
+                             "b200": "B200", "b300": "B300", "gb200": "GB200", "gb300": "GB300", "mi300x": "MI300X"}
+"""paraplan GPU -> the word of the product label that names it (the label's words are split at '-' and '_', so
+B200 does not match NVIDIA-GB200)."""
+
+
+def _names_gpu(product: str, gpu_name: str) -> bool:
+    token = GPU_PRODUCT_TOKENS.get(gpu_name)
+    return token is None or token in product.upper().replace("_", "-").split("-")
+
+
+def gpu_product_warnings(site: SiteProfile, gpu_name: str) -> list[str]:
+    """One line for each site node selector / required node affinity on ``nvidia.com/gpu.product`` that names
+    another GPU than the plan's (the pods would land on GPUs the plan did not price, or never schedule)."""
+    k = site.kubernetes
+    out: list[str] = []
+    product = k.node_selector.get(GPU_PRODUCT_LABEL)
+    if product is not None and not _names_gpu(product, gpu_name):
+        out.append(f"site.kubernetes.node_selector {GPU_PRODUCT_LABEL}: {product!r} is not the plan's GPU "
+                   f"({gpu_name})")
+    allowed = k.node_affinity.get(GPU_PRODUCT_LABEL)
+    if allowed and not any(_names_gpu(v, gpu_name) for v in allowed):
+        out.append(f"site.kubernetes.node_affinity {GPU_PRODUCT_LABEL}: {', '.join(allowed)} do not include the "
+                   f"plan's GPU ({gpu_name})")
+    return [one_line(w) for w in out]
+
+
 def needs_compute_domain(cluster: ClusterSpec) -> bool:
     """Whether the job spans several nodes of one multi-node NVLink domain (GB200/GB300 NVL72): the pods then
     need an IMEX channel from a ComputeDomain to use NVLink across nodes (EP/TP groups over MNNVL)."""

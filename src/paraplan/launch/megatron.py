@@ -113,6 +113,24 @@ class CheckpointArgs:
             raise LayoutError("checkpoint reason: expected a single line", reason="BAD_CKPT_REASON")
 
 
+TRAIN_ITERS_DEFAULT: Final = 1000
+"""Default of the ``TRAIN_ITERS`` placeholder (``--train-iters``; ``train.train_iters`` for Bridge)."""
+
+
+def save_interval_default(ckpt: CheckpointArgs | None) -> int:
+    """The ``--save-interval`` default: the recommendation, capped at the ``TRAIN_ITERS`` default (a run of
+    TRAIN_ITERS_DEFAULT iterations would otherwise never reach it); 1000 without a recommendation."""
+    return TRAIN_ITERS_DEFAULT if ckpt is None else min(ckpt.save_interval_iters, TRAIN_ITERS_DEFAULT)
+
+
+def save_interval_note(ckpt: CheckpointArgs) -> str:
+    """What the comment says about the cap (empty when the recommendation is below it)."""
+    if ckpt.save_interval_iters <= TRAIN_ITERS_DEFAULT:
+        return ""
+    return (f"; capped at the TRAIN_ITERS default {TRAIN_ITERS_DEFAULT}: with a longer run set "
+            f"SAVE_INTERVAL={ckpt.save_interval_iters}")
+
+
 BLACKWELL_ARCHS: Final = ("blackwell",)
 """Architectures where Megatron no longer needs CUDA_DEVICE_MAX_CONNECTIONS=1 (arch >= 10)."""
 
@@ -239,6 +257,13 @@ def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
     if spec.site.checkpoint_dir is not None and "CHECKPOINT_DIR" not in dict(spec.site.env):
         site.append(("CHECKPOINT_DIR", spec.site.checkpoint_dir, "from the site profile (checkpoint_dir)"))
     return site + required
+
+
+def forced_env_names(spec: LaunchSpec) -> frozenset[str]:
+    """The variables of ``environment`` that paraplan must force (what Megatron requires for the layout); the
+    others are site defaults that a value already in the user's environment overrides."""
+    site = {name for name, _ in spec.site.env} | ({"CHECKPOINT_DIR"} if spec.site.checkpoint_dir else set())
+    return frozenset(name for name, _, _ in environment(spec) if name not in site or name == MAX_CONNECTIONS)
 
 
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
@@ -494,7 +519,7 @@ def _placeholders(lay: ParallelLayout, ckpt: CheckpointArgs | None = None) -> tu
         _a("--tokenizer-model", Placeholder("TOKENIZER_MODEL", "tokenizer path or HF model name")),
     ))
     optim = ArgGroup("optimizer and schedule (PLACEHOLDER defaults, override through the env)", (
-        _a("--train-iters", Placeholder("TRAIN_ITERS", "", "1000")),
+        _a("--train-iters", Placeholder("TRAIN_ITERS", "", str(TRAIN_ITERS_DEFAULT))),
         _a("--lr", Placeholder("LR", "", "3.0e-4")),
         _a("--min-lr", Placeholder("MIN_LR", "", "3.0e-5")),
         _a("--lr-decay-style", "cosine"),
@@ -502,7 +527,7 @@ def _placeholders(lay: ParallelLayout, ckpt: CheckpointArgs | None = None) -> tu
         _a("--weight-decay", "0.1"), _a("--adam-beta1", "0.9"), _a("--adam-beta2", "0.95"),
         _a("--clip-grad", "1.0"), _a("--init-method-std", "0.02"),
     ))
-    interval = "1000" if ckpt is None else str(ckpt.save_interval_iters)
+    interval = str(save_interval_default(ckpt))
     args = [_a("--save", Placeholder("CHECKPOINT_DIR", "", "checkpoints")),
             _a("--load", Placeholder("CHECKPOINT_DIR", "", "checkpoints")),
             _a("--save-interval", Placeholder("SAVE_INTERVAL", "", interval))]
@@ -518,7 +543,8 @@ def _placeholders(lay: ParallelLayout, ckpt: CheckpointArgs | None = None) -> tu
     args += [_a("--log-interval", "1"), _a("--log-throughput"), _a("--eval-interval", "1000"),
              _a("--eval-iters", "10")]
     title = "checkpoints and logging (PLACEHOLDER defaults)" if ckpt is None else \
-        f"checkpoints and logging (--save-interval {ckpt.save_interval_iters}: {ckpt.reason})"
+        f"checkpoints and logging (--save-interval {ckpt.save_interval_iters}: {ckpt.reason}" \
+        f"{save_interval_note(ckpt)})"
     return data, optim, ArgGroup(title, tuple(args))
 
 

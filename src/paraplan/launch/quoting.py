@@ -21,8 +21,9 @@ from typing import Final
 import yaml
 
 _PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
-_DQUOTE_UNSAFE: Final = frozenset('"$`\\}')
-"""Characters that would end or expand a ``"${VAR:-word}"`` word early."""
+_DQUOTE_UNSAFE: Final = frozenset('"$`\\}\'')
+"""Characters that would end or expand a ``"${VAR:-word}"`` word early (bash reads a single quote inside
+``"${VAR:-word}"`` as a quote too)."""
 
 
 def _escape_char(c: str) -> str:
@@ -50,7 +51,7 @@ def yaml_scalar(value: object) -> str:
 
 
 def in_dquotes(value: object) -> str:
-    """``value`` when it can stand inside a double-quoted shell word unchanged (no ``" $ ` \\ }``,
+    """``value`` when it can stand inside a double-quoted shell word unchanged (no ``" $ ` \\ } '``,
     printable, one line); ValueError otherwise."""
     text = str(value)
     if _DQUOTE_UNSAFE & set(text) or one_line(text) != text:

@@ -36,7 +36,7 @@ from paraplan._version import __version__
 from paraplan.errors import SpecError
 from paraplan.fileio import check_output_file
 from paraplan.launch.bridge import bridge_files
-from paraplan.launch.kubernetes import pytorchjob_file, trainjob_files
+from paraplan.launch.kubernetes import gpu_product_warnings, pytorchjob_file, trainjob_files
 from paraplan.launch.megatron import (
     MEGATRON_COMMIT,
     ArgGroup,
@@ -46,6 +46,7 @@ from paraplan.launch.megatron import (
     argv,
     as_launched,
     environment,
+    forced_env_names,
     layout_dict,
     megatron_args,
 )
@@ -121,6 +122,18 @@ def _shword(value: Value) -> str:
     return f"'{value}'" if quoted == value and "," in value else quoted
 
 
+def _env_default(value: object, name: str) -> str:
+    """``NAME`` exported with ``value`` as its default: a value the user already set in the environment wins
+    (``export NAME="${NAME:-value}"``; a value that cannot stand in double quotes is assigned shell-quoted
+    when ``NAME`` is unset or empty)."""
+    plain_name(name)
+    try:
+        return f'export {name}="${{{name}:-{in_dquotes(value)}}}"'
+    except ValueError:
+        return (f"# shellcheck disable=SC2089,SC2090  # the quoted value is literal on purpose\n"
+                f'{{ [[ -n "${{{name}:-}}" ]] || {name}={sh(value)}; export {name}; }}')
+
+
 def template_env() -> jinja2.Environment:
     """The jinja2 environment: StrictUndefined, kept trailing newline, the quoting filters."""
     env = jinja2.Environment(
@@ -135,6 +148,7 @@ def template_env() -> jinja2.Environment:
     env.filters["name"] = plain_name
     env.filters["integer"] = integer
     env.filters["in_dquotes"] = in_dquotes
+    env.filters["env_default"] = _env_default
     return env
 
 
@@ -162,6 +176,7 @@ def _context(spec: LaunchSpec, cid: str, groups: tuple[ArgGroup, ...]) -> dict[s
         "model_name": spec.model.name, "gpu_name": c.gpu.name, "num_gpus": c.num_gpus,
         "num_nodes": c.num_nodes, "gpus_per_node": min(c.gpus_per_node, c.num_gpus),
         "layout_short": spec.layout.short(), "groups": groups, "env": env,
+        "forced_env": forced_env_names(spec),
         "unset_max_connections": spec.layout.fsdp, "site": spec.site,
         "job_name": f"paraplan-{cid}", "rdzv_port": RDZV_PORT,
         "segment": slurm_segment(c), "segment_missing": _segment_missing(c),
@@ -228,6 +243,9 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     doc = manifest(spec, cid, groups, [*names, "manifest.json"], chosen)
     if skipped:
         doc["skipped_targets"] = skipped
+    warnings = gpu_product_warnings(spec.site, spec.cluster.gpu.name) if {"k8s", "trainjob"} & set(chosen) else []
+    if warnings:
+        doc["warnings"] = warnings
     files["manifest.json"] = json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"
     return files
 

@@ -42,7 +42,7 @@ from paraplan.checkpoint import StorageSpec
 from paraplan.errors import SpecError
 from paraplan.fileio import read_yaml
 from paraplan.goodput import FailureSpec
-from paraplan.launch.k8s_site import KubernetesSite, kubernetes_site
+from paraplan.launch.k8s_site import KubernetesSite, SiteErrors, kubernetes_site
 from paraplan.units import GB
 
 DEFAULT_MEGATRON_PATH: Final = "/opt/megatron-lm"
@@ -159,35 +159,50 @@ def _path(key: str, value: Any) -> str:
     return text.rstrip("/") or "/"
 
 
-def site_from_dict(data: dict[str, Any]) -> SiteProfile:
-    """Validate a site mapping (unknown keys: one line naming the key)."""
-    for key in data:
-        if key not in SITE_KEYS:
-            raise SpecError(f"site: unknown key '{key}' (allowed: {', '.join(SITE_KEYS)})")
+def site_from_dict(data: dict[str, Any], source: str = "site") -> SiteProfile:
+    """Validate a site mapping: every error found, each one line naming its key, raised together as one
+    SiteErrors (``<source>: N errors: a: ...; b: ...``; a single error reads as itself)."""
+    errors: list[str] = []
     kw: dict[str, Any] = {}
     for key, value in data.items():
+        if key not in SITE_KEYS:
+            errors.append(f"site: unknown key '{key}' (allowed: {', '.join(SITE_KEYS)})")
+            continue
         if value is None:
             continue
-        if key == "time" and isinstance(value, int) and not isinstance(value, bool):
-            raise SpecError('site.time: quote the time limit, e.g. time: "04:00:00" (YAML reads '
-                            "04:00:00 unquoted as a number of seconds)")
-        if key in ("partition", "account", "time", "qos"):
-            kw[key] = _text(key, value, _SLURM_VALUE)
-        elif key in ("container_mounts", "modules"):
-            kw[key] = _list(key, value)
-        elif key == "extra_sbatch":
-            kw[key] = tuple(_sbatch_option(v) for v in _list(key, value))
-        elif key == "env":
-            kw[key] = _env(value)
-        elif key in NUMBER_KEYS:
-            kw[key] = _number(key, value)
-        elif key in ("megatron_path", "checkpoint_dir"):
-            kw[key] = _path(key, value)
-        elif key == "kubernetes":
-            kw[key] = kubernetes_site(value)
-        else:
-            kw[key] = _text(key, value)
-    return SiteProfile(**kw)
+        try:
+            kw[key] = _site_value(key, value)
+        except SiteErrors as err:
+            errors += err.messages
+        except SpecError as err:
+            errors.append(str(err))
+    if not errors:
+        try:
+            return SiteProfile(**kw)
+        except SpecError as err:
+            errors.append(str(err))
+    raise SiteErrors(errors, source)
+
+
+def _site_value(key: str, value: Any) -> Any:
+    if key == "time" and isinstance(value, int) and not isinstance(value, bool):
+        raise SpecError('site.time: quote the time limit, e.g. time: "04:00:00" (YAML reads '
+                        "04:00:00 unquoted as a number of seconds)")
+    if key in ("partition", "account", "time", "qos"):
+        return _text(key, value, _SLURM_VALUE)
+    if key in ("container_mounts", "modules"):
+        return _list(key, value)
+    if key == "extra_sbatch":
+        return tuple(_sbatch_option(v) for v in _list(key, value))
+    if key == "env":
+        return _env(value)
+    if key in NUMBER_KEYS:
+        return _number(key, value)
+    if key in ("megatron_path", "checkpoint_dir"):
+        return _path(key, value)
+    if key == "kubernetes":
+        return kubernetes_site(value)
+    return _text(key, value)
 
 
 GEOMETRY_SBATCH: Final = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--ntasks-per-gpu",
@@ -261,7 +276,7 @@ def load_site(path: str | Path | None) -> SiteProfile:
         return SiteProfile()
     if not isinstance(data, dict):
         raise SpecError(f"site: '{path}' must hold a mapping of keys ({', '.join(SITE_KEYS)})")
-    return site_from_dict(data)
+    return site_from_dict(data, Path(path).name or "site")
 
 
 SITE_TEMPLATE: Final = '''\

@@ -4,8 +4,22 @@
 #   megatron.bridge.perf_recipes.deepseek.gb200.deepseek_v3
 #   .deepseek_v3_pretrain_256gpu_gb200_fp8mx_config
 # Run on every node: torchrun --nnodes=N --nproc-per-node=G ... bridge_recipe.py
-# Reads DATA_PATH (else the recipe's data), TOKENIZER_MODEL / TOKENIZER_TYPE and CHECKPOINT_DIR from the
-# environment. The same settings for scripts/training/run_recipe.py: bridge_overrides.txt.
+# Reads DATA_PATH, TOKENIZER_MODEL (both required), TOKENIZER_TYPE, TRAIN_ITERS and CHECKPOINT_DIR from the
+# environment (ENV_OVERRIDES), as the Megatron-LM launch does. The same settings for
+# scripts/training/run_recipe.py: bridge_overrides.txt.
+# A performance recipe is a benchmark (_benchmark_common: 50 iterations, no checkpoints); paraplan sets
+# train_iters and checkpoints (ENV_OVERRIDES) and resets the benchmark-only settings the plan did not
+# model:
+#   model.cuda_graph_impl = 'none'
+#     (CUDA graphs: the plan's step time and memory do not model them)
+#   model.cuda_graph_scope = []
+#     (CUDA graphs: the plan's step time and memory do not model them)
+#   optimizer.overlap_param_gather_with_optimizer_step = False
+#     (the plan overlaps the param all-gather with the forward pass, not the optimizer step)
+#   scheduler.lr_decay_iters = None
+#     (_benchmark_common decays the LR over its 50 iterations; None: train_iters)
+# and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused
+# kernels as the recipe sets them (throughput settings that do not change the planned layout).
 """paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""
 
 import os
@@ -44,6 +58,18 @@ OVERRIDES = {
     'ddp.data_parallel_sharding_strategy': 'no_shard',
     'ddp.overlap_grad_reduce': True,
     'ddp.overlap_param_gather': True,
+    'model.cuda_graph_impl': 'none',
+    'model.cuda_graph_scope': [],
+    'optimizer.overlap_param_gather_with_optimizer_step': False,
+    'scheduler.lr_decay_iters': None,
+}
+ENV_OVERRIDES = {  # field path: (environment variable, default; None = required)
+    'train.train_iters': ('TRAIN_ITERS', 1000),
+    'dataset.data_path': ('DATA_PATH', None),
+    'tokenizer.tokenizer_type': ('TOKENIZER_TYPE', 'HuggingFaceTokenizer'),
+    'tokenizer.tokenizer_model': ('TOKENIZER_MODEL', None),
+    'checkpoint.save': ('CHECKPOINT_DIR', '/lustre/checkpoints'),
+    'checkpoint.load': ('CHECKPOINT_DIR', '/lustre/checkpoints'),
 }
 ENV = {
     'NCCL_IB_SL': '1',
@@ -52,18 +78,33 @@ ENV = {
 }
 UNSET_ENV = []
 TP_COMM_OVERLAP = False
-CHECKPOINT_DIR = os.environ.get('CHECKPOINT_DIR', '/lustre/checkpoints')
+
+
+def _set(cfg, path, value):
+    target, _, name = path.rpartition('.')
+    obj = getattr(cfg, target) if target else cfg
+    if not hasattr(obj, name):
+        raise AttributeError(f'{path}: not a field of the recipe')
+    setattr(obj, name, value)
+
+
+def _from_env(name, default):
+    value = os.environ.get(name, '')
+    if not value:
+        if default is None:
+            raise SystemExit(f'set {name}: bridge_recipe.py reads it from the environment')
+        return default
+    return int(value) if isinstance(default, int) else value
 
 
 def recipe():
     """The base recipe with paraplan's layout applied (AttributeError for a field the recipe lacks)."""
     cfg = base_recipe()
     for path, value in OVERRIDES.items():
-        target, _, name = path.rpartition('.')
-        obj = getattr(cfg, target) if target else cfg
-        if not hasattr(obj, name):
-            raise AttributeError(f'{path}: not a field of the recipe')
-        setattr(obj, name, value)
+        _set(cfg, path, value)
+    cfg.dataset.blend = None  # dataset.data_path below becomes the blend (GPTDatasetConfig.finalize)
+    for path, (name, default) in ENV_OVERRIDES.items():
+        _set(cfg, path, _from_env(name, default))
     if TP_COMM_OVERLAP and cfg.comm_overlap is None:
         cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)
     elif cfg.comm_overlap is not None:
@@ -72,13 +113,6 @@ def recipe():
     for name in UNSET_ENV:
         cfg.env_vars.pop(name, None)
         os.environ.pop(name, None)
-    if os.environ.get('DATA_PATH'):
-        cfg.dataset.blend = ([os.environ['DATA_PATH']], None)
-    if os.environ.get('TOKENIZER_MODEL'):
-        cfg.tokenizer.tokenizer_type = os.environ.get('TOKENIZER_TYPE', 'HuggingFaceTokenizer')
-        cfg.tokenizer.tokenizer_model = os.environ['TOKENIZER_MODEL']
-    cfg.checkpoint.save = CHECKPOINT_DIR
-    cfg.checkpoint.load = CHECKPOINT_DIR
     return cfg
 
 

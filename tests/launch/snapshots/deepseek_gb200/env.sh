@@ -3,7 +3,7 @@
 # Sourced by torchrun.sh and job.sbatch.
 export MEGATRON_PATH="${MEGATRON_PATH:-/opt/megatron-lm}"
 # from the site profile
-export NCCL_IB_SL=1
-export DATA_PATH=/lustre/data/pile_text_document
+export NCCL_IB_SL="${NCCL_IB_SL:-1}"
+export DATA_PATH="${DATA_PATH:-/lustre/data/pile_text_document}"
 # from the site profile (checkpoint_dir)
-export CHECKPOINT_DIR=/lustre/checkpoints
+export CHECKPOINT_DIR="${CHECKPOINT_DIR:-/lustre/checkpoints}"

@@ -3,7 +3,7 @@
 # Sourced by torchrun.sh and job.sbatch.
 export MEGATRON_PATH="${MEGATRON_PATH:-/opt/megatron-lm}"
 # from the site profile
-export NCCL_IB_SL=1
-export DATA_PATH=/lustre/data/pile_text_document
+export NCCL_IB_SL="${NCCL_IB_SL:-1}"
+export DATA_PATH="${DATA_PATH:-/lustre/data/pile_text_document}"
 # Megatron: 'Using tensor model parallelism or context parallelism require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1'
 export CUDA_DEVICE_MAX_CONNECTIONS=1
