@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from paraplan.launch.site import load_site as load_site
     from paraplan.layout import RECOMPUTE_MODULES as RECOMPUTE_MODULES
     from paraplan.layout import ParallelLayout as ParallelLayout
+    from paraplan.layout import check_layout_sizes as check_layout_sizes
     from paraplan.layout import layout_for_world as layout_for_world
     from paraplan.recipes.catalogue import Recipe as Recipe
     from paraplan.recipes.catalogue import cell_text as cell_text
@@ -146,6 +147,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),
     "RECOMPUTE_MODULES": ("paraplan.layout", "The module names Megatron's ``--recompute-modules`` accepts."),
+    "check_layout_sizes": ("paraplan.layout", "SpecError for a layout flag that sizes a list above num_layers."),
     "layout_for_world": ("paraplan.layout", "A layout with DP = GPUs / (TP x PP x CP) (SpecError if not whole)."),
     "MemoryOptions": ("paraplan.estimate.memory", "Memory allowances not derived from the model."),
     "auto_uneven_split": ("paraplan.estimate.pipeline", "The split used when layers do not divide over PP x VP."),

@@ -317,7 +317,7 @@ class LayoutFlags:
 
     def layout(self, num_gpus: int, model: ModelSpec) -> tuple[ParallelLayout, list[str]]:
         """The ParallelLayout the flags describe for ``num_gpus`` (with --pipeline-split applied)."""
-        from paraplan.layout import check_layout_sizes
+        from paraplan.api import check_layout_sizes
 
         check_layout_sizes(model.num_layers, model.name, pp=self.pp, vp=self.vp,
                            decoder_first_pipeline_num_layers=self.first_stage_layers,
