@@ -19,10 +19,10 @@ from paraplan.schedules.base import (
     VP_WITHOUT_PP,
     Count,
     Frac,
+    MegatronChunks,
     Op,
     Schedule,
     ScheduleRule,
-    megatron_chunk_stage,
 )
 from paraplan.schedules.combined_1f1b import Combined1F1B
 from paraplan.schedules.dualpipe_v import DualPipeV
@@ -51,7 +51,7 @@ _ONE: Final = OneFOneB()
 _INTER: Final = Interleaved()
 
 
-class MegatronChoice:
+class MegatronChoice(MegatronChunks):
     """What Megatron-LM runs without a schedule flag: 1F1B at VP 1, interleaved 1F1B at VP > 1
     (``get_forward_backward_func``), row by row."""
 
@@ -79,33 +79,9 @@ class MegatronChoice:
         return np.where(vp > 1, _INTER.first_chunk_in_flight(pp=pp, vp=vp, num_microbatches=num_microbatches),
                         _ONE.first_chunk_in_flight(pp=pp, vp=vp, num_microbatches=num_microbatches))
 
-    def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 v m sends."""
-        return 2 * vp * num_microbatches
-
-    def p2p_exposed_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 (v m + p - 1)."""
-        return 2 * (vp * num_microbatches + pp - 1)
-
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """1 interleaved, 0.5 for 1F1B."""
         return np.where(vp > 1, 1.0, 0.5)
-
-    def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
-        """No expert-parallel overlap: 1."""
-        return 1.0
-
-    def output_rank(self, pp: Count) -> Count:
-        """The last rank."""
-        return pp - 1
-
-    def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
-        """chunk * PP + rank."""
-        return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
-
-    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
-        """No overlapped pairs in the timeline."""
-        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """1F1B's order at VP 1, interleaved's above."""

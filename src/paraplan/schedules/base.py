@@ -234,3 +234,34 @@ def pp_rules(name: str, *, min_microbatches_per_rank: int) -> tuple[ScheduleRule
                                 f"(PP {int(_lay(c, 'pp'))}, m {int(_ints(c.num_microbatches))})"),
                      f"paraplan.schedules: {name}"),
     )
+
+
+class MegatronChunks:
+    """What most schedules share, as defaults a schedule class inherits (and overrides where it differs): Megatron's
+    chunk placement (virtual stage = chunk x PP + rank, the output layer on the last rank), one send forward and
+    one back per micro-batch and chunk, 2 (v m + p - 1) of them on the critical path, no expert-parallel overlap
+    and no overlapped pairs in the timeline."""
+
+    def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
+        """2 v m sends: activations forward and gradients backward, per micro-batch and chunk."""
+        return 2 * vp * num_microbatches
+
+    def p2p_exposed_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
+        """2 (v m + p - 1): a send per chunk pass of the first rank plus the (p - 1) fill and drain hops."""
+        return 2 * (vp * num_microbatches + pp - 1)
+
+    def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
+        """No expert-parallel overlap: 1."""
+        return 1.0
+
+    def output_rank(self, pp: Count) -> Count:
+        """The last rank (its last chunk is the last virtual stage)."""
+        return pp - 1
+
+    def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
+        """chunk * PP + rank."""
+        return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
+
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """No overlapped pairs in the timeline."""
+        return frozenset()

@@ -38,10 +38,10 @@ from paraplan.schedules.base import (
     VP_WITHOUT_PP,
     Count,
     Frac,
+    MegatronChunks,
     Op,
     RuleView,
     ScheduleRule,
-    megatron_chunk_stage,
     one_f_one_b_order,
 )
 from paraplan.schedules.interleaved import interleaved_order
@@ -74,7 +74,7 @@ COMBINED_RULES: Final[tuple[ScheduleRule, ...]] = (
 )
 
 
-class Combined1F1B:
+class Combined1F1B(MegatronChunks):
     """Megatron's combined 1F1B (EP all-to-all overlapped with another micro-batch's compute)."""
 
     name: Final = "combined_1f1b"
@@ -105,14 +105,6 @@ class Combined1F1B:
         """min(2p, m) (one more than interleaved's 2p - 1, the extra warm-up forward)."""
         return np.minimum(2 * pp, num_microbatches)
 
-    def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 v m sends."""
-        return 2 * vp * num_microbatches
-
-    def p2p_exposed_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 (v m + p - 1)."""
-        return 2 * (vp * num_microbatches + pp - 1)
-
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """As interleaved (1) when VP > 1; PP = 1 has no sends."""
         return 1.0
@@ -120,18 +112,6 @@ class Combined1F1B:
     def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
         """w / (m v): the unpaired warm-up forwards (and as many cool-down backwards) of rank 0."""
         return self._warmup0(pp=pp, vp=vp, num_microbatches=num_microbatches) / (vp * num_microbatches)
-
-    def output_rank(self, pp: Count) -> Count:
-        """The last rank."""
-        return pp - 1
-
-    def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
-        """chunk * PP + rank."""
-        return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
-
-    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
-        """No overlapped pairs in the timeline."""
-        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """Interleaved order with one more warm-up chunk-forward; PP = 1: F0, then (F i+1, B i) pairs."""

@@ -36,6 +36,7 @@ from paraplan.schedules.base import (
     WGRAD_SHARE_OF_BACKWARD,
     Count,
     Frac,
+    MegatronChunks,
     Op,
     ScheduleRule,
     needs_vp,
@@ -48,7 +49,7 @@ HOP_SHARE: Final = (FORWARD_SHARE + 2.0 * _B - 3.0 * _W) / 2.0
 """(F&B + B - 3W) of a chunk relative to a micro-batch's time on a rank (1/3)."""
 
 
-class DualPipeV:
+class DualPipeV(MegatronChunks):
     """DualPipe-V: the V-shaped, cut-in-half DualPipe (what-if)."""
 
     name: Final = "dualpipe-v"
@@ -77,14 +78,6 @@ class DualPipeV:
         """min(2p, m): rank 0 runs 2p - 1 chunk-0 forwards in steps 1-2 and one more in the first F&B
         before its first chunk-0 backward."""
         return np.minimum(2 * pp, num_microbatches)
-
-    def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 v m sends (the V's turn on the last rank is local, counted anyway: an upper bound)."""
-        return 2 * vp * num_microbatches
-
-    def p2p_exposed_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 (v m + p - 1)."""
-        return 2 * (vp * num_microbatches + pp - 1)
 
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """As interleaved (DualPipe overlaps sends with the paired chunk)."""

@@ -26,9 +26,9 @@ from paraplan.schedules.base import (
     VP_WITHOUT_PP,
     Count,
     Frac,
+    MegatronChunks,
     Op,
     ScheduleRule,
-    megatron_chunk_stage,
     needs_vp,
     one_f_one_b_order,
 )
@@ -60,7 +60,7 @@ def interleaved_order(*, rank: int, pp: int, vp: int, num_microbatches: int, gro
     return one_f_one_b_order(warmup=warm, forwards=fwd, backwards=bwd)
 
 
-class Interleaved:
+class Interleaved(MegatronChunks):
     """Megatron's interleaved 1F1B."""
 
     name: Final = "interleaved"
@@ -88,37 +88,13 @@ class Interleaved:
         """min(2p - 1, m)."""
         return np.minimum(2 * pp - 1, num_microbatches)
 
-    def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 v m sends."""
-        return 2 * vp * num_microbatches
-
-    def p2p_exposed_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 (v m + p - 1)."""
-        return 2 * (vp * num_microbatches + pp - 1)
-
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """The cluster's ``pp_overlap_frac`` as calibrated (it describes this schedule)."""
         return 1.0
 
-    def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
-        """No expert-parallel overlap: 1."""
-        return 1.0
-
-    def output_rank(self, pp: Count) -> Count:
-        """The last rank (its last chunk is the last virtual stage)."""
-        return pp - 1
-
-    def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
-        """chunk * PP + rank."""
-        return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
-
     def warmup(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> int:
         """Warm-up chunk-forwards (group size p)."""
         return interleaved_warmup(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches)
-
-    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
-        """No overlapped pairs in the timeline."""
-        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """Megatron's interleaved order (group size p)."""

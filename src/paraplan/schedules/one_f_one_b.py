@@ -21,15 +21,15 @@ import numpy as np
 from paraplan.schedules.base import (
     Count,
     Frac,
+    MegatronChunks,
     Op,
     ScheduleRule,
-    megatron_chunk_stage,
     needs_vp,
     one_f_one_b_order,
 )
 
 
-class OneFOneB:
+class OneFOneB(MegatronChunks):
     """Megatron's non-interleaved 1F1B."""
 
     name: Final = "1f1b"
@@ -54,37 +54,13 @@ class OneFOneB:
         """min(p, m)."""
         return np.minimum(pp, num_microbatches)
 
-    def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 v m sends (v = 1): activations forward and gradients backward, per micro-batch and chunk."""
-        return 2 * vp * num_microbatches
-
-    def p2p_exposed_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 (v m + p - 1): a send per chunk pass of the first rank plus the (p - 1) fill and drain hops."""
-        return 2 * (vp * num_microbatches + pp - 1)
-
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """Half the interleaved schedule's hidden share (warm-up and cool-down sends block)."""
         return 0.5
 
-    def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
-        """No expert-parallel overlap: 1."""
-        return 1.0
-
-    def output_rank(self, pp: Count) -> Count:
-        """The last rank."""
-        return pp - 1
-
-    def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
-        """chunk * PP + rank."""
-        return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
-
     def warmup(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> int:
         """Forwards before the first backward: min(p - r - 1, m)."""
         return min(pp - rank - 1, num_microbatches)
-
-    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
-        """No overlapped pairs in the timeline."""
-        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """Warm-up forwards, 1F1B, cool-down backwards."""

@@ -31,9 +31,9 @@ from paraplan.schedules.base import (
     WGRAD_SHARE_OF_BACKWARD,
     Count,
     Frac,
+    MegatronChunks,
     Op,
     ScheduleRule,
-    megatron_chunk_stage,
     needs_vp,
     pp_rules,
 )
@@ -44,7 +44,7 @@ HOP_SHARE: Final = FORWARD_SHARE + _B - 2.0 * _W
 """(F + B - 2W) / (F + B): one fill / drain hop of ZB-H1 relative to a micro-batch's time (1/3)."""
 
 
-class ZeroBubbleH1:
+class ZeroBubbleH1(MegatronChunks):
     """ZB-H1: 1F1B with the weight-gradient passes deferred into the bubbles (what-if)."""
 
     name: Final = "zb-h1"
@@ -72,33 +72,9 @@ class ZeroBubbleH1:
         """min(p, m)."""
         return np.minimum(pp, num_microbatches)
 
-    def p2p_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 m sends, as 1F1B (W sends nothing)."""
-        return 2 * vp * num_microbatches
-
-    def p2p_exposed_transfers(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """2 (m + p - 1), as 1F1B."""
-        return 2 * (vp * num_microbatches + pp - 1)
-
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """As 1F1B."""
         return 0.5
-
-    def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
-        """No expert-parallel overlap: 1."""
-        return 1.0
-
-    def output_rank(self, pp: Count) -> Count:
-        """The last rank."""
-        return pp - 1
-
-    def virtual_stage(self, *, rank: int, chunk: int, pp: int) -> int:
-        """chunk * PP + rank (one chunk)."""
-        return megatron_chunk_stage(rank=rank, chunk=chunk, pp=pp)
-
-    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
-        """No overlapped pairs in the timeline."""
-        return frozenset()
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """1F1B's warm-up and steady state with B split into I (input gradient) and W (weight gradient)."""
