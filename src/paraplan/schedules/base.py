@@ -52,6 +52,11 @@ layer with N parameters are 2N forward, 2N input gradient and 2N weight gradient
 2021, arXiv:2104.04473, section 3.5), so W = B_input = F; Qi et al. 2024 (arXiv:2401.10241, section
 2) assume T_F = T_B = T_W likewise. Attention's score GEMMs have no weights, so this is an upper bound."""
 
+BACKWARD_SHARE: Final = 1.0 - FORWARD_SHARE
+"""Whole-backward share of a layer's forward + backward time (2/3)."""
+WGRAD_SHARE: Final = BACKWARD_SHARE * WGRAD_SHARE_OF_BACKWARD
+"""Weight-gradient share of a layer's forward + backward time (1/3): what zero-bubble schedules defer."""
+
 
 class RuleView(Protocol):
     """What a schedule rule reads: ``paraplan.rules.RuleContext`` satisfies it."""

@@ -31,9 +31,10 @@ from typing import Final
 import numpy as np
 
 from paraplan.schedules.base import (
+    BACKWARD_SHARE,
     FORWARD_SHARE,
     LAYERS_NOT_DIVISIBLE_BY_VP,
-    WGRAD_SHARE_OF_BACKWARD,
+    WGRAD_SHARE,
     Count,
     Frac,
     MegatronChunks,
@@ -43,8 +44,8 @@ from paraplan.schedules.base import (
     pp_rules,
 )
 
-_B: Final = 1.0 - FORWARD_SHARE
-_W: Final = _B * WGRAD_SHARE_OF_BACKWARD
+_B: Final = BACKWARD_SHARE
+_W: Final = WGRAD_SHARE
 HOP_SHARE: Final = (FORWARD_SHARE + 2.0 * _B - 3.0 * _W) / 2.0
 """(F&B + B - 3W) of a chunk relative to a micro-batch's time on a rank (1/3)."""
 

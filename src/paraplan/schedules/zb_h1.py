@@ -27,8 +27,9 @@ from typing import Final
 import numpy as np
 
 from paraplan.schedules.base import (
+    BACKWARD_SHARE,
     FORWARD_SHARE,
-    WGRAD_SHARE_OF_BACKWARD,
+    WGRAD_SHARE,
     Count,
     Frac,
     MegatronChunks,
@@ -38,8 +39,8 @@ from paraplan.schedules.base import (
     pp_rules,
 )
 
-_B: Final = 1.0 - FORWARD_SHARE
-_W: Final = _B * WGRAD_SHARE_OF_BACKWARD
+_B: Final = BACKWARD_SHARE
+_W: Final = WGRAD_SHARE
 HOP_SHARE: Final = FORWARD_SHARE + _B - 2.0 * _W
 """(F + B - 2W) / (F + B): one fill / drain hop of ZB-H1 relative to a micro-batch's time (1/3)."""
 
