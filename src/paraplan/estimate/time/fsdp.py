@@ -56,16 +56,18 @@ def exposed_per_microbatch_s(gather_s: Num, grad_s: Num, forward_window_s: Num, 
     backward window ``wb = backward_window_s / units`` (the compute that can run beside a collective)::
 
         forward  = c x g + (u - c) x max(g - wf, 0)
-        backward = c x g + (u - c) x max(g + r - wb, 0)
+        backward = c x g + (u - c) x max(g + r - wb, 0) + c x max(r - wb, 0)
 
     ``c = min(chunks, units)``: the first unit of every chunk waits for its own gather in each pass; each later
-    unit's gather (and, backward, the previous unit's reduce-scatter) hides behind one unit's compute only
-    (megatron_fsdp.py pre-forward / pre-backward hooks, see the module docstring)."""
+    unit's gather (and, backward, the previous unit's reduce-scatter) hides behind one unit's compute only; the
+    reduce-scatter of a chunk's last unit hides behind the next unit's compute alone (megatron_fsdp.py pre-forward
+    / pre-backward hooks, see the module docstring)."""
     u = np.maximum(units, 1.0)
     c = np.minimum(chunks, u)
     g, r = gather_s / u, grad_s / u
     forward = c * g + (u - c) * np.maximum(g - forward_window_s / u, 0.0)
-    backward = c * g + (u - c) * np.maximum(g + r - backward_window_s / u, 0.0)
+    backward = (c * g + (u - c) * np.maximum(g + r - backward_window_s / u, 0.0)
+                + c * np.maximum(r - backward_window_s / u, 0.0))
     out: Num = forward + backward
     return out
 
