@@ -139,3 +139,23 @@ def test_dp_variant_fsdp_on_the_cli_searches_it_everywhere(capsys: pytest.Captur
     assert main([*job, "--dp-variant", "zero3"]) == 1  # one line naming the allowed values
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "distopt" in err and "fsdp" in err and "ddp" in err
+
+
+def test_explain_says_what_fsdp_costs_and_what_was_left_out() -> None:
+    from paraplan.explain import explain
+
+    model, tr = load_model("llama3-8b"), TrainingSpec(seq_len=4096, global_batch_size=64)
+    p = plan(model, make_cluster(load_gpu("h100-80gb"), 8), tr, top_k=2)
+    found = [f for f in explain(p) if f.code == "MEGATRON_FSDP"]
+    assert len(found) == 1
+    f = found[0]
+    assert f.numbers["left_out"] == p.rejections["FSDP_NOT_BENCHMARKED"] > 0
+    assert f"left out of {f.numbers['left_out']:,} layouts" in f.text and "--dp-variant fsdp" in f.text
+    best = p.candidates[0]
+    assert best.layout.fsdp and best.layout.pp == 1  # TP 1 DP 8 FSDP: within the scope; its traffic as estimated
+    assert f.numbers["link_s"] == pytest.approx(float(best.time.link_comm_s["dp"]))
+    assert f.numbers["exposed_s"] == pytest.approx(float(best.time.exposed_comm_s["dp"]))
+    assert f.numbers["num_microbatches"] == 64 // (best.layout.mbs * best.layout.dp)
+    wide = plan(model, make_cluster(load_gpu("h100-80gb"), 8), tr, top_k=2,
+                space=SearchSpace(dp_variants=("distopt",)))
+    assert [f for f in explain(wide) if f.code == "MEGATRON_FSDP"] == []  # no FSDP searched, none picked

@@ -383,7 +383,7 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--sequence-parallel"))
     if lay.distributed_optimizer:
         args.append(_a("--use-distributed-optimizer"))
-    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor is in the checkpoint group), as examples/megatron_fsdp
+    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor: checkpoint group), as examples/megatron_fsdp
         args += [_a("--use-megatron-fsdp"),
                  _a("--data-parallel-sharding-strategy", "optim_grads_params"),
                  _a("--no-gradient-accumulation-fusion")]

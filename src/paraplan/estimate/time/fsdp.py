@@ -92,7 +92,7 @@ FSDP_BLACKWELL_ARCHS: Final = ("blackwell",)
 FSDP_RECIPE_MAX_TP: Final = 2
 """Largest TP NVIDIA runs Megatron-FSDP with (Llama-3.1-405B on B300/GB300/VR200, bridge_perf_recipes.csv)."""
 FSDP_SCOPE: Final = ("PP 1, CP 1, TP 1 (TP up to 2 on Blackwell): where NVIDIA runs Megatron-FSDP "
-                     "(Megatron-Bridge perf recipes, Megatron-LM examples/megatron_fsdp; validate_args warns "
+                     "(Megatron-Bridge perf recipes, Megatron's examples/megatron_fsdp; validate_args warns "
                      "against TP or CP > 1 with Megatron-FSDP before Blackwell)")
 """The default search scope of Megatron-FSDP, in words (``benchmarked``)."""
 
