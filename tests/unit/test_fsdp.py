@@ -159,3 +159,72 @@ def test_explain_says_what_fsdp_costs_and_what_was_left_out() -> None:
     wide = plan(model, make_cluster(load_gpu("h100-80gb"), 8), tr, top_k=2,
                 space=SearchSpace(dp_variants=("distopt",)))
     assert [f for f in explain(wide) if f.code == "MEGATRON_FSDP"] == []  # no FSDP searched, none picked
+
+
+# --fsdp-double-buffer (TrainingSpec.fsdp_double_buffer) ------------------------------------------------------------
+
+def _8b_fsdp(**knobs: object) -> float:
+    model = load_model("llama3-8b")
+    est = estimate(model, make_cluster(load_gpu("h100-80gb"), 8),
+                   TrainingSpec(seq_len=4096, global_batch_size=64, **knobs),  # type: ignore[arg-type]
+                   layout_for_world(8, fsdp=True, distributed_optimizer=False))
+    return float(est.stages[0].other.fsdp_buffers_bytes)
+
+
+def test_double_buffer_holds_two_layers_by_hand() -> None:
+    unit = 218_112_000  # a Llama-3-8B layer at TP 1 (test_prefetch_holds_the_layers_up_to_500m_elements_by_hand)
+    assert _8b_fsdp(fsdp_double_buffer=True) == pytest.approx((2 * 2 + 2 * 4) * unit)  # 2 bf16 + 2 fp32 grad layers
+    assert _8b_fsdp() == pytest.approx((4 * 2 + 2 * 4) * unit)
+
+
+@pytest.mark.parametrize("num_gpus", [8, 16, 64])
+@pytest.mark.parametrize("model_name", ["llama3-8b", "llama3-70b", "qwen3-30b-a3b"])
+def test_double_buffer_never_raises_memory(model_name: str, num_gpus: int) -> None:
+    model, cluster = load_model(model_name), make_cluster(load_gpu("b200"), num_gpus)
+    lay = layout_for_world(num_gpus, fsdp=True, distributed_optimizer=False, recompute="full")
+    off = estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256), lay)
+    on = estimate(model, cluster, TrainingSpec(seq_len=4096, global_batch_size=256, fsdp_double_buffer=True), lay)
+    assert on.peak_bytes <= off.peak_bytes
+    assert float(on.time.step_s) == pytest.approx(float(off.time.step_s))  # prefetch is one layer ahead either way
+
+
+FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+         "--micro-batch-size 1 --global-batch-size 8 --bf16 --use-megatron-fsdp "
+         "--data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor").split()
+
+
+def test_double_buffer_read_from_megatron_args_and_written_back() -> None:
+    from paraplan.launch.megatron import argv, megatron_args
+    from paraplan.specs.megatron_flags import read_flags
+
+    assert "fsdp_double_buffer" not in read_flags(FLAGS).training_fields
+    for extra in (["--fsdp-double-buffer"], ["--use-nccl-ub"], ["--megatron-fsdp-max-pool-double-buffer"]):
+        assert read_flags([*FLAGS, *extra]).training_fields["fsdp_double_buffer"] is True, extra
+    no_fsdp = [f for f in FLAGS if f != "--use-megatron-fsdp"][:-4]
+    assert "fsdp_double_buffer" not in read_flags([*no_fsdp, "--use-nccl-ub"]).training_fields
+    model = load_model("llama3-8b")
+    lay = layout_for_world(8, fsdp=True, distributed_optimizer=False)
+    on = TrainingSpec(seq_len=4096, global_batch_size=64, fsdp_double_buffer=True)
+    words = argv(megatron_args(model, lay, on), resolve=True)
+    assert "--fsdp-double-buffer" in words
+    assert read_flags(words).training_fields["fsdp_double_buffer"] is True
+    off = argv(megatron_args(model, lay, TrainingSpec(seq_len=4096, global_batch_size=64)), resolve=True)
+    assert "--fsdp-double-buffer" not in off
+
+
+def test_double_buffer_from_the_cli_knob_and_the_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+    from paraplan.recipes.knobs import training_knobs
+
+    job = ["estimate", "-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "64", "--fsdp",
+           "--format", "json"]
+    assert main(job) == 0
+    base = json.loads(capsys.readouterr().out)["memory"]["per_stage"][0]
+    assert main([*job, "--knob", "fsdp-double-buffer"]) == 0
+    knob = json.loads(capsys.readouterr().out)["memory"]["per_stage"][0]
+    assert base["other_bytes"] - knob["other_bytes"] == pytest.approx(2 * 2 * 218_112_000)  # two bf16 layers fewer
+    recipe = find_recipe("llama3-70b-gb200-bf16-64", bridge_recipes())
+    assert recipe.get("use_megatron_fsdp") is True and recipe.get("fsdp_double_buffer") is True
+    assert training_knobs(recipe, "bf16")["fsdp_double_buffer"] is True
+    dsv3 = find_recipe("deepseek-v3-gb300-bf16-64-fsdp", bridge_recipes())
+    assert "fsdp_double_buffer" not in training_knobs(dsv3, "bf16")

@@ -47,8 +47,8 @@ being reduce-scattered (the guide: "at least two FSDP units worth of un-sharded 
 FSDP_AG_PREFETCH_PARAMS = 500_000_000
 """Megatron-FSDP prefetches the next units' weights until this many elements are gathered beyond the current
 unit: ``suggested_AG_prefetch_size = max(1e9, 2 x mean unit) // 2`` (megatron_fsdp.py ``__init__``: the "cap to
-1B elements" is a floor), consumed by ``all_gather_params`` in param_and_grad_buffer.py (without
---fsdp-double-buffer, which the search does not set)."""
+1B elements" is a floor), consumed by ``all_gather_params`` in param_and_grad_buffer.py; with
+--fsdp-double-buffer (``TrainingSpec.fsdp_double_buffer``) ``need_skip_prefetch`` stops at two units."""
 
 
 def fsdp_weight_units_in_flight(unit_params: Num, units_per_chunk: Num) -> Num:
@@ -277,7 +277,8 @@ def stage_other_bytes(
     logits = np.where(stage.has_output, heads * la.output, 0.0)
     layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
-    weight_units = fsdp_weight_units_in_flight(per_layer_params, layers_on_stage / np.maximum(layout.vp, 1))
+    weight_units = (FSDP_LAYERS_IN_FLIGHT if training.fsdp_double_buffer else
+                    fsdp_weight_units_in_flight(per_layer_params, layers_on_stage / np.maximum(layout.vp, 1)))
     fsdp_buffers = np.where(layout.fsdp, (weight_units * weight_bytes_per_param(training)
                                           + FSDP_LAYERS_IN_FLIGHT * main_grad_bytes(training)) * per_layer_params, 0.0)
     # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
