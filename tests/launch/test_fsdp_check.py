@@ -54,3 +54,19 @@ def test_with_the_guides_flags_nothing_is_missing(tmp_path: Path, capsys: pytest
     code, found = _check(tmp_path, "--data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor",
                          capsys)
     assert found == [] and code == 0
+
+
+def test_fsdp_outside_nvidias_combinations_is_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok = "--data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor"
+    script = tmp_path / "fsdp.sh"
+    tp2 = SCRIPT.format(extra=ok).replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+    script.write_text(tp2, encoding="utf-8")
+    for gpu, warned in (("h100-80gb", True), ("b200", False)):
+        assert main(["check", str(script), "--gpu", gpu, "--format", "json"]) == 0
+        notes = json.loads(capsys.readouterr().out)["estimate"]["notes"]
+        found = [n for n in notes if "outside the combinations NVIDIA runs" in n]
+        assert len(found) == int(warned)  # TP 2 is what NVIDIA runs on Blackwell
+        assert all("Megatron warns" in n for n in found)
+    script.write_text(SCRIPT.format(extra=ok), encoding="utf-8")
+    assert main(["check", str(script), "--gpu", "h100-80gb", "--format", "json"]) == 0
+    assert not any("outside the combinations" in n for n in json.loads(capsys.readouterr().out)["estimate"]["notes"])

@@ -110,3 +110,15 @@ def benchmarked(tp: Int, pp: Int, cp: Int, arch: str) -> np.bool_ | np.ndarray:
     tp_ok = (np.asarray(tp) == 1) | (blackwell & (np.asarray(tp) <= FSDP_RECIPE_MAX_TP))
     out: np.bool_ | np.ndarray = (np.asarray(pp) == 1) & (np.asarray(cp) == 1) & tp_ok
     return out
+
+
+def scope_note(tp: int, pp: int, cp: int, arch: str) -> str | None:
+    """A note for a Megatron-FSDP layout outside ``benchmarked`` (None inside): Megatron's own warning for TP or CP
+    before Blackwell, and that NVIDIA runs no such combination."""
+    if bool(benchmarked(tp, pp, cp, arch)):
+        return None
+    warn = (" (Megatron warns: 'Using tensor model parallelism or context parallelism with Megatron-FSDP together. "
+            "Try not to using them together since they require different CUDA_MAX_CONNECTIONS settings')"
+            if (tp > 1 or cp > 1) and arch not in FSDP_BLACKWELL_ARCHS else "")
+    return (f"Megatron-FSDP at TP {tp}, PP {pp}, CP {cp} on {arch or 'this GPU'} is outside the combinations NVIDIA "
+            f"runs ({FSDP_SCOPE}){warn}")
