@@ -14,8 +14,9 @@ every steady 1F1B pair is independent; without a pipeline (PP = 1) the first for
 - timeline: Megatron's interleaved order with the extra warm-up forward; a combined pair is drawn as
   its forward then its backward (its all-to-all overlap shows in the step time, not in the drawing);
 - EP all-to-all: the unpaired passes, warm-up forwards and cool-down backwards, leave theirs
-  exposed: w / (m v) of it with w rank 0's warm-up (PP = 1: 1 / m); the paired passes hide theirs
-  behind the other micro-batch's compute (``ep_exposed_frac``).
+  exposed: w / (m v) of it with w rank 0's warm-up (PP = 1: 1 / m) (``ep_exposed_frac``); the paired
+  passes hide each dispatch / combine behind the other micro-batch's sub-module it runs beside, with
+  and without ``--delay-wgrad-compute`` (``paraplan.estimate.time.ep.paired_exposed_s``, the one formula).
 
 Validity (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``):
 EP > 1; VP set when PP > 1; no full recompute; ``moe`` not in ``--recompute-modules``; at most one MTP
@@ -80,7 +81,8 @@ class Combined1F1B(MegatronChunks):
     name: Final = "combined_1f1b"
     title: Final = "combined 1F1B (EP overlap)"
     megatron: Final = True
-    launch_flags: Final[tuple[str, ...]] = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
+    launch_flags: Final[tuple[str, ...]] = ("--overlap-moe-expert-parallel-comm",)
+    """``--delay-wgrad-compute`` is the training spec's knob (``TrainingSpec.delay_wgrad_compute``)."""
     rules: Final[tuple[ScheduleRule, ...]] = COMBINED_RULES
 
     def _warmup0(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:

@@ -490,6 +490,9 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
     out = {"seq_len": seq, "global_batch_size": gbs, "precision": precision,
            "attention_backend": "unfused" if backend in ("unfused", "local") else "flash"}
     out.update(_memory_knobs(r, precision))
+    if model.is_moe and "moe_token_dispatcher_type" not in out:  # TC: moe_token_dispatcher_type = "allgather"
+        out["moe_token_dispatcher_type"] = "allgather"
+        r.default("--moe-token-dispatcher-type", "allgather", "Megatron-LM's default")
     return out
 
 
@@ -504,12 +507,19 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
             out[key] = raw
-        elif key == "optimizer_offload_fraction":
+        elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor"):
             raw = r.text(flag) or ""
             try:
                 out[key] = float(raw)
             except ValueError:
                 raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+            if key == "moe_expert_capacity_factor" and out[key] < 0:  # TC: __post_init__ (negative = dropless)
+                out[key] = None
+        elif key == "moe_hybridep_num_sms":
+            raw = r.text(flag) or ""
+            if not raw.isdigit():
+                raise SpecError(f"{flag} must be a positive integer, got {brief(raw)}")
+            out[key] = int(raw)
         else:
             out[key] = True
     if precision != "fp8":
@@ -519,6 +529,10 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
     _knob_problems(r, out)
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
+    if out.get("moe_token_dispatcher_type", "alltoall") != "flex":
+        for key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms"):
+            if out.pop(key, None) is not None:
+                r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --moe-token-dispatcher-type flex")
     return out
 
 

@@ -195,25 +195,44 @@ def unpaired_exposed_s(ep_s: Num, shared_fwd_s: Num, *, shared_overlap: bool) ->
             + DISPATCH_PASSES_PER_DIRECTION * np.maximum(a - BWD_OVER_FWD * fwd, 0.0))
 
 
+PAIRED_STEADY_LAYERS: Final = 4
+"""Layers simulated to reach the steady period of ``paired_exposed_s`` (the period of layers K+1..2K)."""
+
+
 def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: bool) -> Num:
     """EP time a MoE layer leaves exposed per micro-batch when its forward runs paired with another
-    micro-batch's backward (``model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run``): four
-    phases, each a communication on the comm stream beside a computation on the compute stream,
+    micro-batch's backward (``model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run``): a compute
+    stream and a communication stream, each in program order, with the data dependencies of the layer,
 
-        combine bwd  | attention fwd          (+ attention wgrad of the layer before, delayed)
-        dispatch fwd | MLP bwd (dgrad + wgrad; dgrad only when delayed)
-        dispatch bwd | MLP fwd                (+ MLP wgrad, delayed: ``--delay-wgrad-compute``)
-        combine fwd  | attention bwd          (dgrad only when delayed)
+        comm:    combine bwd(b)   dispatch fwd(f)   dispatch bwd(b)          combine fwd(f)
+        compute: attention fwd(f) MLP bwd(b)        [MLP wgrad(b)] MLP fwd(f) attention bwd(b) [attention wgrad(b)]
 
-    each exposing max(a - W, 0), a = ep_s / 4; M = the MLP forward GEMMs, A = (compute - 3 M) / 3 the
-    attention half's forward (backward = 2x, ``GEMM_FWD_BWD_FACTOR``): windows [A, 2M, M, 2A], delayed
-    [2A, M, 2M, A]."""
-    a = ep_s / EP_ALL_TO_ALLS_PER_LAYER
-    m = mlp_fwd_s
-    att = np.maximum(compute_s - GEMM_FWD_BWD_FACTOR * m, 0.0) / GEMM_FWD_BWD_FACTOR
-    windows = ((BWD_OVER_FWD * att, m, BWD_OVER_FWD * m, att) if delay_wgrad
-               else (att, BWD_OVER_FWD * m, m, BWD_OVER_FWD * att))
-    out: Num = sum(np.maximum(a - w, 0.0) for w in windows)
+    dispatch fwd after the attention forward, the MLP backward after the combine backward, the dispatch
+    backward after the MLP dgrad, the MLP forward after the dispatch forward, the combine forward after the
+    MLP forward, the attention backward after the dispatch backward; the next layer's combine backward after
+    this attention dgrad and its attention forward after this combine forward. ``--delay-wgrad-compute``
+    splits the weight gradients off (``backward_dw``), so the dispatch backward starts after the MLP dgrad
+    and the attention wgrad runs beside the next combine backward. Each pass takes a = ep_s / 4; M = the MLP
+    forward GEMMs, A = (compute - 3 M) / 3 the attention half's forward (backward = 2x,
+    ``GEMM_FWD_BWD_FACTOR``). Exposed = the steady per-layer period (``PAIRED_STEADY_LAYERS``) - 3 (A + M)."""
+    a = np.asarray(ep_s, dtype=float) / EP_ALL_TO_ALLS_PER_LAYER
+    m = np.asarray(mlp_fwd_s, dtype=float)
+    att = np.maximum(np.asarray(compute_s, dtype=float) - GEMM_FWD_BWD_FACTOR * m, 0.0) / GEMM_FWD_BWD_FACTOR
+    comp = comm = grad_ready = fwd_ready = np.zeros(np.broadcast(a, m, att).shape)
+    ends = []
+    for _ in range(2 * PAIRED_STEADY_LAYERS):
+        k1 = np.maximum(comm, grad_ready) + a                       # combine backward
+        c1 = np.maximum(comp, fwd_ready) + att                      # attention forward
+        k2 = np.maximum(k1, c1) + a                                 # dispatch forward
+        dgrad = np.maximum(c1, k1) + (m if delay_wgrad else BWD_OVER_FWD * m)
+        k3 = np.maximum(k2, dgrad) + a                              # dispatch backward
+        c3 = np.maximum(dgrad + (m if delay_wgrad else 0.0), k2) + m  # [MLP wgrad], MLP forward
+        k4 = np.maximum(k3, c3) + a                                 # combine forward
+        c4 = np.maximum(c3, k3) + (att if delay_wgrad else BWD_OVER_FWD * att)  # attention dgrad [+ wgrad]
+        comp, comm, grad_ready, fwd_ready = c4 + (att if delay_wgrad else 0.0), k4, c4, k4
+        ends.append(np.maximum(comp, comm))
+    period = (ends[-1] - ends[PAIRED_STEADY_LAYERS - 1]) / PAIRED_STEADY_LAYERS
+    out: Num = np.maximum(period - GEMM_FWD_BWD_FACTOR * (att + m), 0.0)
     return out
 
 
