@@ -507,19 +507,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
             out[key] = raw
-        elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor"):
-            raw = r.text(flag) or ""
-            try:
-                out[key] = float(raw)
-            except ValueError:
-                raise SpecError(f"{flag} {brief(raw)} is not a number") from None
-            if key == "moe_expert_capacity_factor" and out[key] < 0:  # TC: __post_init__ (negative = dropless)
-                out[key] = None
-        elif key == "moe_hybridep_num_sms":
-            raw = r.text(flag) or ""
-            if not raw.isdigit():
-                raise SpecError(f"{flag} must be a positive integer, got {brief(raw)}")
-            out[key] = int(raw)
+        elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms"):
+            out[key] = _number_knob(r, key, flag)
         else:
             out[key] = True
     if precision != "fp8":
@@ -534,6 +523,20 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if out.pop(key, None) is not None:
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --moe-token-dispatcher-type flex")
     return out
+
+
+def _number_knob(r: _Reader, key: str, flag: str) -> float | int | None:
+    """A numeric knob's value: the SMs an integer; a negative capacity factor is dropless (TC: __post_init__)."""
+    raw = r.text(flag) or ""
+    if key == "moe_hybridep_num_sms":
+        if not raw.isdigit():
+            raise SpecError(f"{flag} must be a positive integer, got {brief(raw)}")
+        return int(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+    return None if key == "moe_expert_capacity_factor" and value < 0 else value
 
 
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:

@@ -196,7 +196,9 @@ def unpaired_exposed_s(ep_s: Num, shared_fwd_s: Num, *, shared_overlap: bool) ->
 
 
 PAIRED_STEADY_LAYERS: Final = 4
-"""Layers simulated to reach the steady period of ``paired_exposed_s`` (the period of layers K+1..2K)."""
+"""Layers after which ``paired_exposed_s`` reads the steady period (that of the next as many layers)."""
+PAIRED_SIMULATED_LAYERS: Final = 2 * PAIRED_STEADY_LAYERS
+"""Layers ``paired_exposed_s`` simulates: the warm-up ``PAIRED_STEADY_LAYERS``, then as many timed ones."""
 
 
 def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: bool) -> Num:
@@ -220,7 +222,7 @@ def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: 
     att = np.maximum(np.asarray(compute_s, dtype=float) - GEMM_FWD_BWD_FACTOR * m, 0.0) / GEMM_FWD_BWD_FACTOR
     comp = comm = grad_ready = fwd_ready = np.zeros(np.broadcast(a, m, att).shape)
     ends = []
-    for _ in range(2 * PAIRED_STEADY_LAYERS):
+    for _ in range(PAIRED_SIMULATED_LAYERS):
         k1 = np.maximum(comm, grad_ready) + a                       # combine backward
         c1 = np.maximum(comp, fwd_ready) + att                      # attention forward
         k2 = np.maximum(k1, c1) + a                                 # dispatch forward

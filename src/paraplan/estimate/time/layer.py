@@ -159,8 +159,8 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
                     elementwise_s=elem, overhead_s=compute.block_overhead_s(eff), host_sync_s=eff.moe_layer_overhead_s,
                     tp_link_s=ep.etp_link_s(cluster, grid.etp_group, te, h),
-                    ep_link_s=ep.dispatcher_link_s(cluster, model, training, grid.ep_group, tp_ep, te, h), cp_link_s=0.0,
-                    mlp_gemm_fwd_s=routed)
+                    ep_link_s=ep.dispatcher_link_s(cluster, model, training, grid.ep_group, tp_ep, te, h),
+                    cp_link_s=0.0, mlp_gemm_fwd_s=routed)
     if model.shared_ffn:
         sh_t = dense_mlp_time(model, cluster, training, layout, ffn=model.shared_ffn)
         sh_t = replace(sh_t, shared_fwd_s=sh_t.gemm_fwd_s)
