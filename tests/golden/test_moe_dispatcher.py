@@ -262,3 +262,48 @@ def test_launch_refuses_delay_wgrad_without_ep_overlap() -> None:
     lay = replace(LAYOUT, schedule="combined_1f1b", recompute_modules=("mla_up_proj",))
     codes = [c for c, _ in launch_violations(DSV3, lay, _t(moe_shared_expert_overlap=True))]
     assert "SHARED_EXPERT_OVERLAP_WITH_EP_OVERLAP" in codes
+
+
+def test_recipe_moe_knobs_go_into_the_estimate() -> None:
+    from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+    from paraplan.recipes.knobs import estimate_recipe, moe_knobs, not_modelled, recipe_run, training_knobs
+
+    h100 = find_recipe("deepseek-v3-h100-bf16-1024", bridge_recipes())
+    assert moe_knobs(h100) == {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep",
+                               "moe_hybridep_num_sms": 32, "delay_wgrad_compute": False, "moe_permute_fusion": True,
+                               "moe_shared_expert_overlap": False}
+    assert set(moe_knobs(h100).items()) <= set(training_knobs(h100, "bf16").items())
+    assert not any(x.startswith(("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_permute_fusion",
+                                 "moe_a2a_overlap", "delay_wgrad_compute")) for x in not_modelled(h100))
+    est = estimate_recipe(h100)
+    alltoall = replace(h100, fields={**h100.fields, "moe_token_dispatcher_type": "alltoall"})
+    assert float(estimate_recipe(alltoall).time.exposed_comm_s["ep"]) > 1.5 * float(est.time.exposed_comm_s["ep"])
+    # Bridge's moe_a2a_overlap is Megatron's combined 1F1B
+    overlap = next(r for r in bridge_recipes() if r.runnable and r.get("moe_a2a_overlap") is True
+                   and r.get("delay_wgrad_compute") is True)
+    run = recipe_run(overlap)
+    assert run.layout.schedule == "combined_1f1b"
+    assert training_knobs(overlap, run.job.precision)["delay_wgrad_compute"] is True
+    # an unresolved cell keeps paraplan's default and is listed
+    unknown = replace(h100, fields={**h100.fields, "moe_flex_dispatcher_backend": "?"})
+    assert "moe_flex_dispatcher_backend" not in moe_knobs(unknown)
+    assert any(x.startswith("moe_flex_dispatcher_backend=?") for x in not_modelled(unknown))
+    dense = find_recipe("llama3-70b-h100-fp8cs-64", bridge_recipes())
+    assert moe_knobs(dense) == {}
+
+
+def test_explain_says_why_the_smaller_ep_wins() -> None:
+    from paraplan.explain import ep_findings
+    from paraplan.search import SearchSpace, plan
+
+    model = load_model("qwen3-30b-a3b")
+    cluster = make_cluster(load_gpu("h100-80gb"), 32)
+    training = TrainingSpec(seq_len=4096, global_batch_size=256)
+    p = plan(model, cluster, training, space=SearchSpace(tp=(1,), pp=(1,), cp=(1,), ep=(8, 16, 32)), top_k=2)
+    best = p.candidates[0]
+    found = ep_findings(p, best)
+    assert [f.code for f in found] == ["EP_SIZE"]
+    f = found[0]
+    assert best.layout.ep == 8 and f.numbers["gain_frac"] < 0  # EP 16/32 cross the network with alltoall
+    assert "across NVLink domains (network)" in f.text and "inside one NVLink domain" in f.text
+    assert "ep comm" in f.text and "moe-token-dispatcher-type=flex" in f.text
