@@ -307,3 +307,19 @@ def test_explain_says_why_the_smaller_ep_wins() -> None:
     assert best.layout.ep == 8 and f.numbers["gain_frac"] < 0  # EP 16/32 cross the network with alltoall
     assert "across NVLink domains (network)" in f.text and "inside one NVLink domain" in f.text
     assert "ep comm" in f.text and "moe-token-dispatcher-type=flex" in f.text
+
+
+def test_capacity_padding_scales_the_routed_activations() -> None:
+    from paraplan.estimate import activations as act
+    from paraplan.estimate.memory import activation_context
+
+    lay = replace(LAYOUT, recompute="none", recompute_modules=())
+    base = activation_context(DSV3, _t(), lay)
+    pad = activation_context(DSV3, _t(moe_expert_capacity_factor=1.5, moe_pad_expert_input_to_capacity=True), lay)
+    assert pad.routed_load == 1.5 and base.routed_load == 1.0
+    te = 4096 * 8 * 1 / 2  # T k ETP / TP routed copies per rank
+    fe, h = DSV3.moe_ffn, DSV3.hidden_size
+    assert DSV3.swiglu
+    routed = 2 * te * h + 2 * te * fe * 2 + 2 * te * fe + 2 * te * h  # fc1 in, act in (SwiGLU), fc2 in, output
+    diff = float(act.moe_mlp_bytes(DSV3, pad) - act.moe_mlp_bytes(DSV3, base))
+    assert diff == pytest.approx(0.5 * routed, rel=1e-12)
