@@ -137,7 +137,8 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     """MoE half of a layer: norm, router (fp32 logits and probabilities), routed experts, shared.
 
     Routed token copies per GPU: Te = s*b*k*etp/(t*c) (balanced dispatch over EP, each copy
-    processed by the ETP group), times ``routed_load`` (capacity factor, padding). Saved per copy: fc1 input h, activation input f_e*(2|1)/etp,
+    processed by the ETP group), times ``routed_load`` (capacity factor, padding). Saved per copy:
+    fc1 input h, activation input f_e*(2|1)/etp,
     fc2 input f_e/etp, expert output h (for the probability-weighted combine).
     """
     assert model.num_experts is not None
