@@ -187,13 +187,15 @@ def activation_context(
 ) -> act.ActivationContext:
     """The activation-formula inputs for a layout (or a table of layouts). Head dims that are not
     multiples of 8 run unfused attention whatever the backend (flops.attention_heads_tensor_core_aligned)."""
+    from paraplan.estimate.time.ep import routed_load_factor  # local: time imports memory's neighbours
+
     flash = training.attention_backend == "flash" and attention_heads_tensor_core_aligned(model)
     return act.ActivationContext(
         seq_len=training.seq_len, mbs=layout.mbs, tp=layout.tp, cp=layout.cp, sp=layout.sp,
         ep=layout.ep, etp=layout.etp, recompute_code=layout.recompute_code,
         recompute_modules=tuple(layout.recompute_modules),
         recompute_num_layers=int(layout.recompute_num_layers),
-        fp8=training.precision == "fp8", flash=flash,
+        fp8=training.precision == "fp8", flash=flash, routed_load=routed_load_factor(training),
     )
 
 
