@@ -15,7 +15,7 @@ Vectorised over candidates like the rest of ``estimate``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -93,12 +93,14 @@ class OtherBytes:
     fsdp_buffers_bytes: Num
     workspace_bytes: Num
     fragmentation_bytes: Num
+    cuda_graph_bytes: Num = 0.0
+    """Static input/output buffers of the CUDA graphs (``cuda_graph_pool_bytes``)."""
 
     @property
     def total(self) -> Num:
         """other_bytes of the stage."""
         return (self.logits_bytes + self.fp8_weight_cache_bytes + self.fsdp_buffers_bytes
-                + self.workspace_bytes + self.fragmentation_bytes)
+                + self.workspace_bytes + self.fragmentation_bytes + self.cuda_graph_bytes)
 
     def as_dict(self) -> dict[str, float]:
         """Scalar parts."""
@@ -274,6 +276,47 @@ def stage_other_bytes(
                       workspace_bytes=options.workspace_bytes, fragmentation_bytes=options.fragmentation_frac * dynamic)
 
 
+CUDA_GRAPH_INPUT_BYTES_PER_ELEMENT = 2.0
+"""The static hidden-state input of a captured layer is bf16 (megatron/core/transformer/module.py
+``GraphableMegatronModule.get_layer_static_inputs``: ``dtype=torch.bfloat16``)."""
+CUDA_GRAPH_MASK_BYTES_PER_ELEMENT = 1.0
+"""The static causal mask of a layer whose attention is captured by TE is a bool tensor (1 B per element)."""
+
+
+def cuda_graph_pool_bytes(model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers,
+                          units: Num) -> Num:
+    """Static buffers the CUDA graphs of one pipeline rank keep beyond the eager activations (which the graph pool
+    holds instead of the caching allocator, already counted), for ``units`` chunk micro-batches in flight
+    (``Schedule.in_flight_units``: one with PP 1, more with PP > 1, each in-flight micro-batch replaying its own
+    graph with its own static inputs).
+
+    transformer_engine (megatron/core/transformer/cuda_graphs.py ``TECudaGraphHelper``): one graph per captured
+    layer and micro-batch (one micro-batch without PP); ``_get_sample_arguments`` reuses a static input set only
+    once that micro-batch's backward is done, so each captured layer holds ``units / vp`` sets, each
+    a bf16 hidden state s/(c t_sp) x b x h (module.py ``get_layer_static_inputs``) and, when its attention is
+    captured, a bool causal mask b x s/c x s (transformer_layer.py ``get_layer_static_inputs``); TE keeps one static
+    output gradient per shape (graph.py ``make_graphed_callables``, ``_reuse_graph_input_output_buffers``).
+    local (``CudaGraphManager``): a graph's input is cloned into the pool unless it is the output of the graph before
+    it (``create_fwd_graph`` buffer reuse), so the whole-layer scope keeps one hidden state per chunk micro-batch in
+    flight and a partial scope one per captured layer and micro-batch. full_iteration: the batch only (nothing
+    counted). Captured layers: all with the whole-layer scope or ``attn``; dense ones with ``mlp``; MoE ones with
+    ``moe`` / ``moe_router`` / ``moe_preprocess`` (``_get_submodules_under_cudagraphs``)."""
+    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    if impl in ("none", "full_iteration"):
+        return 0.0
+    tokens = training.seq_len / layout.cp * layout.mbs
+    hidden = CUDA_GRAPH_INPUT_BYTES_PER_ELEMENT * tokens / np.where(layout.sp, layout.tp, 1) * model.hidden_size
+    whole = not mods
+    attn = whole or "attn" in mods
+    moe = whole or attn or bool({"moe", "moe_router", "moe_preprocess"} & set(mods))
+    captured = (stage.num_dense_layers * (attn or "mlp" in mods) + stage.num_moe_layers * moe
+                + np.asarray(stage.num_mtp_layers) * attn)
+    if impl == "local":
+        return np.where(captured > 0, units * hidden, 0.0) if whole else units / layout.vp * captured * hidden
+    mask = CUDA_GRAPH_MASK_BYTES_PER_ELEMENT * tokens * training.seq_len if attn else 0.0
+    return np.where(captured > 0, units / layout.vp * captured * (hidden + mask) + hidden, 0.0)
+
+
 def stage_memory(
     model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, *,
     rank: Int, num_microbatches: Int, max_positions: int, options: MemoryOptions | None = None,
@@ -293,6 +336,8 @@ def stage_memory(
     )
     other = stage_other_bytes(model, training, layout, stage, params, activations, options=options,
                               per_layer=per_layer)
+    if training.cuda_graph_impl != "none":
+        other = replace(other, cuda_graph_bytes=cuda_graph_pool_bytes(model, training, layout, stage, units))
     return StageMemory(
         memory=MemoryBreakdown(weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
                                activations_bytes=activations, other_bytes=other.total),

@@ -209,6 +209,10 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
             continue
         if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
             continue
+        if key == "cuda_graph_modules":  # validated names (CUDA_GRAPH_MODULES), one word each
+            if training.cuda_graph_impl not in ("none", "full_iteration"):
+                args.append(_a(flag, *value))
+            continue
         args.append(_a(flag) if isinstance(value, bool) else _a(flag, value))
     return args
 
@@ -266,6 +270,26 @@ def forced_env_names(spec: LaunchSpec) -> frozenset[str]:
     return frozenset(name for name, _, _ in environment(spec) if name not in site or name == MAX_CONNECTIONS)
 
 
+def cuda_graph_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """TransformerConfig.__post_init__'s CUDA graph rules that need the model or the layout
+    (megatron/core/transformer/transformer_config.py), with its words."""
+    out: list[tuple[str, str]] = []
+    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    if impl == "none":
+        return out
+    if impl != "full_iteration":
+        if not model.is_moe and ({"moe", "moe_router"} & set(mods)):
+            out.append(("CUDA_GRAPH_MOE_NEEDS_MOE", "moe cuda graph is only supported for MoE."))
+        if model.is_moe and "mlp" in mods and all(model.moe_layer_pattern()):
+            out.append(("CUDA_GRAPH_MLP_NEEDS_DENSE", "mlp cuda graph is only supported for dense layers, but not "
+                        "found in the model."))
+        if model.is_moe and "moe" in mods:
+            out.append(("CUDA_GRAPH_MOE_NEEDS_DROP_PAD", "moe cuda graph is only supported with drop-padding MoE."))
+    if layout.recompute == "full" and impl != "full_iteration":
+        out.append(("CUDA_GRAPH_FULL_RECOMPUTE", "full recompute is only supported with full iteration CUDA graph."))
+    return out
+
+
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
                       arch: str = "hopper") -> list[tuple[str, str]]:
     """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
@@ -293,6 +317,8 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
             and training.fp8_recipe != "delayed":
         out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
+    if training is not None:
+        out += cuda_graph_violations(model, layout, training)
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))

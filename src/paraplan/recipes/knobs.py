@@ -11,9 +11,10 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     (bf16; every FP8 recipe as paraplan's FP8);
   * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
     (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 parameter gather, the
-    precision-aware optimizer with ``optimizer_state_dtypes``, optimizer CPU offload;
+    precision-aware optimizer with ``optimizer_state_dtypes``, optimizer CPU offload, CUDA graphs
+    (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel launches in time);
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, activation offloading, CUDA graphs, the MoE
+    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, activation offloading, the MoE
     dispatcher and its overlap, the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
@@ -77,8 +78,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "cpu_offloading_weights": ((), _on("cpu_offloading", True)),
     "fine_grained_activation_offloading": ((False,), None),
     "offload_modules": ((), _on("fine_grained_activation_offloading", True)),
-    "cuda_graph_impl": (("none",), None),
-    "cuda_graph_scope": ((), _off("cuda_graph_impl", "none")),
     "moe_token_dispatcher_type": (("alltoall", ""), None),
     "moe_flex_dispatcher_backend": ((), _on("moe_token_dispatcher_type", "flex", "?")),
     "moe_hybridep_num_sms": ((), _on("moe_flex_dispatcher_backend", "hybridep")),
@@ -108,7 +107,7 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
 Adam, all-to-all dispatch without overlap, grouped GEMMs, fp32 router, balanced dropless routing, the native
-cross entropy (fp32 logits copy), no offloading, no CUDA graphs, no environment effects, full training."""
+cross entropy (fp32 logits copy), no offloading, no environment effects, full training."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -121,7 +120,8 @@ APPLIED: Final = (
 """Columns that go into the estimate (``tp_comm_overlap_cfg`` names the userbuffer settings behind
 ``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
-                         "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction")
+                         "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
+                         "cuda_graph_impl", "cuda_graph_scope")
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -150,7 +150,26 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
         if isinstance(frac, bool) or not isinstance(frac, (int, float)):
             raise bad(r, "optimizer_offload_fraction", "a number from 0 to 1")
         out.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(frac))
+    out.update(_cuda_graphs(r))
     return out
+
+
+def _cuda_graphs(r: Recipe) -> dict[str, Any]:
+    """``cuda_graph_impl`` and ``cuda_graph_scope`` as TrainingSpec fields, as Megatron-Core reads them
+    (transformer/cuda_graph_config.py): the deprecated scope ``full_iteration`` is ``cuda_graph_impl=full_iteration``
+    and ``full`` the whole layer (no modules); impl none clears the scope (Bridge perf_recipes/_common.py)."""
+    from paraplan.specs.training import CUDA_GRAPH_IMPLS, CUDA_GRAPH_MODULES
+
+    impl = _choice(r, "cuda_graph_impl", CUDA_GRAPH_IMPLS)
+    scope = r.get("cuda_graph_scope")
+    scope = [] if scope in (None, "") else scope
+    if not isinstance(scope, list) or any(m not in (*CUDA_GRAPH_MODULES, "full", "full_iteration") for m in scope):
+        raise bad(r, "cuda_graph_scope", "a list of " + ", ".join(CUDA_GRAPH_MODULES) + " or [full_iteration]")
+    if impl == "none":
+        return {}
+    if "full_iteration" in scope:
+        return {"cuda_graph_impl": "full_iteration"}
+    return {"cuda_graph_impl": impl, "cuda_graph_modules": tuple(m for m in scope if m != "full")}
 
 
 def _where(r: Recipe) -> str:

@@ -504,6 +504,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
             out[key] = raw
+        elif key == "cuda_graph_modules":
+            continue  # _cuda_graph_knobs
         elif key == "optimizer_offload_fraction":
             raw = r.text(flag) or ""
             try:
@@ -516,9 +518,51 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         for key in ("fp8_recipe", "fp8_param_gather"):
             if out.pop(key, None) is not None:
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format")
+    out.update(_cuda_graph_knobs(r, out.get("cuda_graph_impl", "none")))
     _knob_problems(r, out)
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
+    return out
+
+
+def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
+    """``--cuda-graph-impl`` / ``--cuda-graph-modules`` as Megatron-LM reads them (arguments.py ``validate_args``,
+    transformer/cuda_graph_config.py): ``--enable-cuda-graph`` is local and ``--external-cuda-graph``
+    transformer_engine (deprecated); ``--cuda-graph-scope`` is the deprecated name of ``--cuda-graph-modules``; the
+    module ``full`` is the whole layer and ``full_iteration`` means ``--cuda-graph-impl full_iteration``."""
+    from paraplan.specs.training import CUDA_GRAPH_MODULES
+
+    out: dict[str, Any] = {}
+    for flag, value in (("--enable-cuda-graph", "local"), ("--external-cuda-graph", "transformer_engine")):
+        if r.has(flag):
+            if r.has("--cuda-graph-impl"):  # A: validate_args
+                raise SpecError(f"Do not use --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl "
+                                f"(got {flag})")
+            impl = out["cuda_graph_impl"] = value
+    modules_flag = "--cuda-graph-modules"
+    if r.has("--cuda-graph-scope"):
+        if r.has(modules_flag):  # A: validate_args
+            raise SpecError("--cuda-graph-scope and --cuda-graph-modules cannot be used together.")
+        modules_flag = "--cuda-graph-scope"
+    if not r.has(modules_flag):
+        return out
+    words = [w for word in r.v[modules_flag] for w in word.split(",") if w]
+    for w in words:
+        if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
+            raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
+                            f"got {brief(w)}")
+    if "full" in words and words != ["full"]:
+        raise SpecError(f"{modules_flag}: full scope cannot be used with other scopes.")
+    if "full_iteration" in words:
+        if len(set(words)) > 1 or impl not in ("none", "local", "full_iteration"):
+            raise SpecError(f"{modules_flag} full_iteration cannot be combined with other modules or with "
+                            f"--cuda-graph-impl {impl}")
+        out["cuda_graph_impl"] = "full_iteration"
+        return out
+    if impl == "none":
+        r.notes.append(f"{modules_flag} has no effect without --cuda-graph-impl")
+        return out
+    out["cuda_graph_modules"] = tuple(dict.fromkeys(w for w in words if w != "full"))
     return out
 
 
@@ -526,7 +570,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
     Megatron rejects (its assert's words) and FP8 knobs without FP8."""
     values, unknown, _ = split_flags(words)
-    allowed = set(KNOB_FLAGS.values())
+    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope"}
     for flag in [*unknown, *values]:
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "

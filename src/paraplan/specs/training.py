@@ -19,12 +19,18 @@ Precision = Literal["bf16", "fp8", "fp16"]
 PRECISIONS: Final = ("bf16", "fp8", "fp16")
 Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 FP8_RECIPES: Final = ("delayed", "tensorwise", "mxfp8", "blockwise")
+CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
+CUDA_GRAPH_IMPLS: Final = ("none", "local", "transformer_engine", "full_iteration")
+"""``--cuda-graph-impl`` choices (megatron/training/arguments.py; TransformerConfig.cuda_graph_impl)."""
+CUDA_GRAPH_MODULES: Final = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+"""``--cuda-graph-modules`` values (megatron/core/transformer/enums.py ``CudaGraphModule``); none = the whole layer."""
 MainGradsDtype = Literal["fp32", "bf16"]
 MainParamsDtype = Literal["fp32", "fp16"]
 MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
-                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES}
+                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES,
+                        "cuda_graph_impl": CUDA_GRAPH_IMPLS}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 DTYPE_BYTES: Final = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 KNOB_FLAGS: Final = {
@@ -34,6 +40,7 @@ KNOB_FLAGS: Final = {
     "exp_avg_dtype": "--exp-avg-dtype", "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
     "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    "cuda_graph_impl": "--cuda-graph-impl", "cuda_graph_modules": "--cuda-graph-modules",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -154,6 +161,12 @@ class TrainingSpec:
     """``--optimizer-cpu-offload`` (needs the precision-aware optimizer, as in Megatron)."""
     optimizer_offload_fraction: float = 1.0
     """``--optimizer-offload-fraction``: share of the optimizer's parameters whose state lives on the host."""
+    cuda_graph_impl: CudaGraphImpl = "none"
+    """``--cuda-graph-impl``: per-layer CUDA graphs (``local``: MCore's CudaGraphManager; ``transformer_engine``:
+    TE ``make_graphed_callables``) or one graph of the whole forward-backward (``full_iteration``)."""
+    cuda_graph_modules: tuple[str, ...] = ()
+    """``--cuda-graph-modules`` (``--cuda-graph-scope`` before): the parts of each layer captured (``CUDA_GRAPH_MODULES``);
+    empty = the whole layer (TransformerConfig.cuda_graph_modules "full"). No effect with ``cuda_graph_impl`` none."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -184,9 +197,25 @@ class TrainingSpec:
             raise SpecError(f"optimizer_offload_fraction must be a number from 0 to 1, got {brief(frac)}")
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("fp8_param_gather (--fp8-param-gather) needs precision fp8")
+        self._check_cuda_graphs()
         if self.optimizer_cpu_offload and not self.use_precision_aware_optimizer:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
+
+    def _check_cuda_graphs(self) -> None:
+        """TransformerConfig.__post_init__'s rules on the CUDA graph knobs (megatron/core/transformer/
+        transformer_config.py); the model-dependent ones (moe needs MoE layers, full recompute needs
+        full_iteration) are ``cuda_graph_problems``'."""
+        mods = self.cuda_graph_modules
+        if not isinstance(mods, tuple) or any(m not in CUDA_GRAPH_MODULES for m in mods):
+            raise SpecError(f"cuda_graph_modules must be a list of {', '.join(CUDA_GRAPH_MODULES)} (none: the whole "
+                            f"layer), got {brief(mods)}")
+        if self.cuda_graph_impl == "full_iteration" and mods:
+            raise SpecError('cuda_graph_modules must be empty when cuda_graph_impl="full_iteration"')
+        if "moe" in mods and "moe_router" in mods:
+            raise SpecError("cuda_graph_modules must not contain both moe and moe_router")
+        if self.cuda_graph_impl == "transformer_engine" and "moe_preprocess" in mods and "moe_router" not in mods:
+            raise SpecError("moe_preprocess cuda graph is only supported with moe_router cuda graph")
 
     @property
     def tokens_per_step(self) -> int:

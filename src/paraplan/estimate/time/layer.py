@@ -26,6 +26,11 @@ ELEMENTWISE_FWD_BWD_RATIO: Final = 3.0
 output gradient and writes the input gradient, twice the forward's bytes."""
 SWIGLU_FC1_FACTOR: Final = 2
 """SwiGLU's fc1 produces the gate and the up projection: 2 f output columns (GeLU: f)."""
+MOE_ROUTER_LAUNCH_FRAC: Final = 0.5
+"""Share of an MoE block's kernel issue (``block_overhead_s``) in its router and token preprocessing (the
+``moe_router`` / ``moe_preprocess`` CUDA graph modules: gating GEMM, top-k, softmax, aux-loss and permutation
+metadata kernels) against dispatch, expert GEMMs, activation and combine. Assumed (an even split of the MoE
+block's launches; not derived from a kernel count, not fitted): docs/model.md section 4."""
 SELECTIVE_ELEMENTWISE_DIVISOR: Final = 6.0
 """Selective recompute of ``layernorm`` (or ``moe_act``) re-runs half of the forward element-wise
 traffic (1 / (``ELEMENTWISE_FWD_BWD_RATIO`` x 2) of the layer's): a modelling share, not measured."""
@@ -64,6 +69,35 @@ class LayerTime:
         """Forward + backward compute: the GPU's time, or the host's kernel-issue time when that
         is longer (a launch-bound layer: the GPU waits for the CPU)."""
         return np.maximum(self.gpu_s, self.overhead_s) + self.host_sync_s
+
+
+def graph_captured_frac(training: TrainingSpec, block: str) -> float:
+    """Share of one half-layer's kernel issue that a CUDA graph replays instead of the host launching each kernel
+    (``block``: "attn", "mlp" for a dense MLP, "moe" for an MoE block). A replayed graph costs one
+    ``cudaGraphLaunch`` per capture instead of one launch per kernel (taken as free).
+
+    Mirrors Megatron-Core: ``cuda_graph_impl`` none captures nothing; ``full_iteration`` captures the whole
+    forward-backward (megatron/core/full_cuda_graph.py); the per-layer ``local`` / ``transformer_engine`` graphs
+    capture the whole layer when ``cuda_graph_modules`` is empty, else the submodules listed
+    (transformer_layer.py ``_get_submodules_under_cudagraphs``: attn = input norm + self-attention; mlp = a dense
+    layer's MLP; moe = an MoE layer's whole MoE block; moe_router [+ moe_preprocess] = its router and
+    preprocessing, ``MOE_ROUTER_LAUNCH_FRAC`` of its launches; local capture adds moe_preprocess to moe_router
+    and back, transformer_config.py ``__post_init__``)."""
+    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    if impl == "none":
+        return 0.0
+    if impl == "full_iteration" or not mods:
+        return 1.0
+    if block == "moe":
+        if "moe" in mods:
+            return 1.0
+        return MOE_ROUTER_LAUNCH_FRAC if "moe_router" in mods or "moe_preprocess" in mods else 0.0
+    return 1.0 if block in mods else 0.0
+
+
+def _issue_s(eff: EfficiencySpec, training: TrainingSpec, block: str) -> float:
+    """Host issue time of one half-layer: ``block_overhead_s`` less what CUDA graphs replay."""
+    return compute.block_overhead_s(eff) * (1.0 - graph_captured_frac(training, block))
 
 
 def fc1_width_factor(model: ModelSpec) -> int:
@@ -110,7 +144,7 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=compute.block_elementwise_s(cluster, T, h, sh),
-                     overhead_s=compute.block_overhead_s(eff), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
+                     overhead_s=_issue_s(eff, training, "attn"), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
                      ep_link_s=0.0,
                      cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)))
 
@@ -127,7 +161,7 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t) / compute.hbm_rate(cluster)
     tp_link = tp.block_link_s(cluster, Grid.inner(layout).tp_group, T, h)
-    return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=compute.block_overhead_s(eff),
+    return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=_issue_s(eff, training, "mlp"),
                      tp_link_s=tp_link, ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
 
 
@@ -152,7 +186,7 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * te * h) / hbm
     grid = Grid.inner(layout)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
-                    elementwise_s=elem, overhead_s=compute.block_overhead_s(eff), host_sync_s=eff.moe_layer_overhead_s,
+                    elementwise_s=elem, overhead_s=_issue_s(eff, training, "moe"), host_sync_s=eff.moe_layer_overhead_s,
                     tp_link_s=ep.etp_link_s(cluster, grid.etp_group, te, h),
                     ep_link_s=ep.all_to_all_link_s(cluster, grid.ep_group, te, h), cp_link_s=0.0, mlp_gemm_fwd_s=routed)
     if model.shared_ffn:
