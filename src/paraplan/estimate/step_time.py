@@ -216,7 +216,9 @@ def step_time_from_stages(
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training) for st in stages]
     grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
-    dp_exposed, dp_link = dp.exposed_and_link_s(layout, grad, gather, eff.dp_overlap_frac * t_stage, m)
+    optimizer = optimizer_s(cluster, local)
+    dp_exposed, dp_link = dp.exposed_and_link_s(layout, grad, gather, eff.dp_overlap_frac * t_stage, m,
+                                                dp.gather_behind_optimizer_s(layout, gather, optimizer, training))
     grid = Grid.of(layout)
     p2p = pp.p2p_time_s(cluster, grid.pp_group, pp.p2p_bytes(training.seq_len, layout.mbs, layout.cp,
                                                               model.hidden_size, np.where(layout.sp, layout.tp, 1)))
@@ -238,7 +240,6 @@ def step_time_from_stages(
     }
     compute_s = m * pick([st.compute_s for st in times])
     recompute = m * pick([st.recompute_s for st in times])
-    optimizer = optimizer_s(cluster, local)
     overhead = eff.step_overhead_s
     step = compute_s + recompute + bubble + optimizer + overhead + sum(exposed.values())
     return StepTime(step_s=step, compute_s=compute_s, recompute_s=recompute, bubble_s=bubble,

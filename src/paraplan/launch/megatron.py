@@ -290,6 +290,19 @@ def cuda_graph_violations(model: ModelSpec, layout: ParallelLayout, training: Tr
     return out
 
 
+def gather_with_optimizer_violations(layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """``--overlap-param-gather-with-optimizer-step``'s asserts (arguments.py ``validate_args``), with their words."""
+    if not training.overlap_param_gather_with_optimizer_step:
+        return []
+    rules = ((layout.dist_opt, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_DIST_OPT",
+              "--overlap-param-gather-with-optimizer-step only supported with distributed optimizer"),
+             (layout.overlap_param_gather, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_OVERLAP",
+              "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather"),
+             (layout.vp > 1, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_VP",
+              "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism"))
+    return [(code, message) for ok, code, message in rules if not ok]
+
+
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
                       arch: str = "hopper") -> list[tuple[str, str]]:
     """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
@@ -319,6 +332,8 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
     if training is not None:
         out += cuda_graph_violations(model, layout, training)
+    if training is not None:
+        out += gather_with_optimizer_violations(layout, training)
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))
@@ -590,6 +605,10 @@ def megatron_args(
     if broken:
         code, message = broken[0]
         raise LayoutError(message, reason=code)
+    if training.overlap_param_gather_with_optimizer_step:  # A: validate_args; launch writes torch_dist / fsdp_dtensor
+        raise LayoutError("--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing "
+                          "yet (Megatron-LM's launch files use --ckpt-format torch_dist; drop the knob to launch)",
+                          reason="OVERLAP_PARAM_GATHER_WITH_OPT_STEP_DIST_CKPT")
     m, lay = as_launched(model, layout, training)
     groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch), _recipe(m),
               _batch_precision(m, lay, training, arch), *_placeholders(lay, checkpoint))

@@ -71,7 +71,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "outer_dp_sharding_strategy": ((), _off("num_distributed_optimizer_instances", 1, "")),
     "data_parallel_sharding_strategy": (("optim_grads_params",), _on("use_megatron_fsdp", True)),
     "fsdp_double_buffer": ((False,), _on("use_megatron_fsdp", True)),
-    "overlap_param_gather_with_optimizer_step": ((False,), None),
     "cpu_offloading": ((False,), None),
     "cpu_offloading_num_layers": ((), _on("cpu_offloading", True)),
     "cpu_offloading_activations": ((), _on("cpu_offloading", True)),
@@ -121,7 +120,7 @@ APPLIED: Final = (
 ``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
                          "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
-                         "cuda_graph_impl", "cuda_graph_scope")
+                         "cuda_graph_impl", "cuda_graph_scope", "overlap_param_gather_with_optimizer_step")
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -151,6 +150,11 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
             raise bad(r, "optimizer_offload_fraction", "a number from 0 to 1")
         out.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(frac))
     out.update(_cuda_graphs(r))
+    # Megatron-Core overlaps the first chunk's gather with the optimizer only when the gather is asynchronous
+    # (--overlap-param-gather) and there are chunks (VP > 1); else the knob has no effect (Bridge sets it only then)
+    if _bool(r, "overlap_param_gather_with_optimizer_step") and _bool(r, "overlap_param_gather") \
+            and _bool(r, "use_distributed_optimizer") and (_int(r, "vp", optional=True) or 1) > 1:
+        out["overlap_param_gather_with_optimizer_step"] = True
     return out
 
 

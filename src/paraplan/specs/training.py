@@ -41,6 +41,7 @@ KNOB_FLAGS: Final = {
     "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
     "cuda_graph_impl": "--cuda-graph-impl", "cuda_graph_modules": "--cuda-graph-modules",
+    "overlap_param_gather_with_optimizer_step": "--overlap-param-gather-with-optimizer-step",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -165,8 +166,12 @@ class TrainingSpec:
     """``--cuda-graph-impl``: per-layer CUDA graphs (``local``: MCore's CudaGraphManager; ``transformer_engine``:
     TE ``make_graphed_callables``) or one graph of the whole forward-backward (``full_iteration``)."""
     cuda_graph_modules: tuple[str, ...] = ()
-    """``--cuda-graph-modules`` (``--cuda-graph-scope`` before): the parts of each layer captured (``CUDA_GRAPH_MODULES``);
-    empty = the whole layer (TransformerConfig.cuda_graph_modules "full"). No effect with ``cuda_graph_impl`` none."""
+    """``--cuda-graph-modules`` (``--cuda-graph-scope`` before): the parts of each layer captured
+    (``CUDA_GRAPH_MODULES``); empty = the whole layer (TransformerConfig.cuda_graph_modules "full"). No effect with ``cuda_graph_impl`` none."""
+    overlap_param_gather_with_optimizer_step: bool = False
+    """``--overlap-param-gather-with-optimizer-step``: the first model chunk's parameter all-gather starts right after
+    its optimizer step, behind the other chunks' steps (needs the distributed optimizer, --overlap-param-gather and
+    VP > 1; ``time.dp.exposed_and_link_s``)."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -189,7 +194,7 @@ class TrainingSpec:
             if getattr(self, fname) not in choices:
                 raise SpecError(f"{fname} must be one of {', '.join(choices)}, got {brief(getattr(self, fname))}")
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
-                      "fp8_param_gather", "optimizer_cpu_offload"):
+                      "fp8_param_gather", "optimizer_cpu_offload", "overlap_param_gather_with_optimizer_step"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction

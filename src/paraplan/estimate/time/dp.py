@@ -92,20 +92,37 @@ def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: 
     return grad, gather, local
 
 
+def gather_behind_optimizer_s(layout: StepLayout, gather_s: Num, optimizer_s: Num, training: TrainingSpec) -> Num:
+    """Parameter all-gather hidden behind the optimizer step by ``--overlap-param-gather-with-optimizer-step``:
+    min(gather / v, optimizer x (v - 1) / v).
+
+    Mirrors Megatron-Core: the first model chunk gets its own optimizer (optimizer/__init__.py, ``model_chunks[0]``
+    split out), which steps first; ``ChainedOptimizer._step`` (optimizer.py) then dispatches that chunk's parameter
+    all-gather (``start_param_sync(force_dispatch=True)``) while the other v - 1 chunks step. With an even split the
+    first chunk holds 1/v of the stage's parameters (and of its gather); only with the distributed optimizer,
+    --overlap-param-gather and VP > 1 (arguments.py ``validate_args``), else 0."""
+    if not training.overlap_param_gather_with_optimizer_step:
+        return 0.0
+    v = layout.vp
+    on = layout.overlap_param_gather & layout.dist_opt & (v > 1)
+    return np.where(on, np.minimum(gather_s / v, optimizer_s * (v - 1) / v), 0.0)
+
+
 def exposed_and_link_s(layout: StepLayout, grad_s: Num, gather_s: Num, hide_s: Num,
-                       num_microbatches: Num) -> tuple[Num, Num]:
+                       num_microbatches: Num, behind_optimizer_s: Num = 0.0) -> tuple[Num, Num]:
     """(exposed, link) DP time per step. ``hide_s``: ``dp_overlap_frac`` x the stage time.
 
     Distributed optimizer / DDP: one gradient reduce and one parameter gather per step, hidden
     (with --overlap-grad-reduce / --overlap-param-gather) behind the last micro-batch's backward
     (``BACKWARD_GEMMS`` / ``GEMM_FWD_BWD_FACTOR`` of it) and the first forward (1 /
-    ``GEMM_FWD_BWD_FACTOR``). FSDP: every micro-batch ``FSDP_GATHERS_PER_MICROBATCH`` gathers and
+    ``GEMM_FWD_BWD_FACTOR``), less ``behind_optimizer_s`` already hidden behind the optimizer step
+    (``gather_behind_optimizer_s``). FSDP: every micro-batch ``FSDP_GATHERS_PER_MICROBATCH`` gathers and
     a reduce-scatter, overlapped with its compute."""
     m = num_microbatches
     grad_exp = np.where(layout.overlap_grad_reduce,
                         np.maximum(grad_s - hide_s * BACKWARD_GEMMS / GEMM_FWD_BWD_FACTOR, 0.0), grad_s)
     gath_exp = np.where(layout.overlap_param_gather & layout.dist_opt,
-                        np.maximum(gather_s - hide_s / GEMM_FWD_BWD_FACTOR, 0.0), gather_s)
+                        np.maximum(gather_s - behind_optimizer_s - hide_s / GEMM_FWD_BWD_FACTOR, 0.0), gather_s)
     fsdp_link_mb = FSDP_GATHERS_PER_MICROBATCH * gather_s + grad_s
     fsdp_exposed = m * np.maximum(fsdp_link_mb - hide_s, 0.0)
     exposed = np.where(layout.fsdp, fsdp_exposed, grad_exp + gath_exp)

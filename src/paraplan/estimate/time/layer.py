@@ -144,7 +144,8 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=compute.block_elementwise_s(cluster, T, h, sh),
-                     overhead_s=_issue_s(eff, training, "attn"), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
+                     overhead_s=_issue_s(eff, training, "attn"),
+                     tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
                      ep_link_s=0.0,
                      cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)))
 

@@ -1,0 +1,99 @@
+"""Time knobs of NVIDIA's recipes, by hand from Megatron-LM d98e8a6: ``--overlap-param-gather-with-optimizer-step``
+(optimizer/__init__.py splits out the first model chunk; optimizer.py ``ChainedOptimizer._step`` dispatches its
+parameter all-gather right after its step, behind the other chunks' steps)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paraplan.errors import LayoutError
+from paraplan.estimate.time.dp import exposed_and_link_s, gather_behind_optimizer_s
+from paraplan.estimator import estimate
+from paraplan.launch.megatron import argv, launch_violations, megatron_args
+from paraplan.layout import ParallelLayout
+from paraplan.recipes.catalogue import bridge_recipes
+from paraplan.recipes.knobs import training_knobs
+from paraplan.specs.cluster import make_cluster
+from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.megatron_flags import memory_knobs_from_words, read_flags
+from paraplan.specs.training import TrainingSpec
+
+LLAMA = load_model("llama3-70b")
+H100 = load_gpu("h100-80gb")
+VP5 = ParallelLayout(tp=4, pp=8, vp=5, dp=2, mbs=1, recompute="none", sequence_parallel=True,
+                     distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True)
+ON = TrainingSpec(seq_len=8192, global_batch_size=256, overlap_param_gather_with_optimizer_step=True)
+OFF = replace(ON, overlap_param_gather_with_optimizer_step=False)
+
+
+@pytest.mark.parametrize(("gather", "opt", "hidden"), [
+    (1.0, 10.0, 1.0 / 5),      # the first chunk's gather (1/5) fits behind 4/5 of a long optimizer step
+    (1.0, 0.1, 0.1 * 4 / 5),   # a short step hides only 4/5 of itself
+    (0.0, 1.0, 0.0),
+])
+def test_gather_behind_optimizer_golden(gather: float, opt: float, hidden: float) -> None:
+    assert float(gather_behind_optimizer_s(VP5, gather, opt, ON)) == pytest.approx(hidden)
+    assert float(gather_behind_optimizer_s(VP5, gather, opt, OFF)) == 0.0
+
+
+@pytest.mark.parametrize("layout", [replace(VP5, vp=1), replace(VP5, overlap_param_gather=False),
+                                    replace(VP5, distributed_optimizer=False, overlap_param_gather=False)])
+def test_gather_behind_optimizer_needs_its_conditions(layout: ParallelLayout) -> None:
+    assert float(gather_behind_optimizer_s(layout, 1.0, 10.0, ON)) == 0.0
+
+
+def test_exposed_gather_shrinks_by_what_the_optimizer_hides() -> None:
+    # gather 1 s, hidden 0.3 s behind the first forward (hide 0.9 s / 3): exposed 0.7 s; 0.2 s more behind the step
+    base, _ = exposed_and_link_s(VP5, 0.0, 1.0, 0.9, 8)
+    knob, link = exposed_and_link_s(VP5, 0.0, 1.0, 0.9, 8, behind_optimizer_s=0.2)
+    assert (float(base), float(knob), float(link)) == pytest.approx((0.7, 0.5, 1.0))
+
+
+def test_step_faster_by_the_hidden_gather_when_it_is_exposed() -> None:
+    """Llama-3-8B on 64 H100, TP1 PP2 VP2 DP32, seq 1024, 2 micro-batches: the gather is exposed and longer than
+    the optimizer step, so the knob hides (v - 1) / v = 1/2 of the step's time more."""
+    cluster = make_cluster(H100, 64, 8)
+    lay = replace(VP5, tp=1, pp=2, vp=2, dp=32, sequence_parallel=False)
+    on = TrainingSpec(seq_len=1024, global_batch_size=64, overlap_param_gather_with_optimizer_step=True)
+    model = load_model("llama3-8b")
+    a = estimate(model, cluster, replace(on, overlap_param_gather_with_optimizer_step=False), lay).time
+    b = estimate(model, cluster, on, lay).time
+    assert float(a.exposed_comm_s["dp"]) > float(a.optimizer_s)
+    assert float(a.step_s - b.step_s) == pytest.approx(float(a.optimizer_s) / 2)
+    assert float(a.exposed_comm_s["dp"] - b.exposed_comm_s["dp"]) == pytest.approx(float(a.optimizer_s) / 2)
+
+
+FLAGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
+         "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+         "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+         "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2").split()
+
+
+def test_read_from_megatron_args_and_cli_words() -> None:
+    flags = read_flags([*FLAGS, "--overlap-param-gather-with-optimizer-step"])
+    assert flags.training_fields["overlap_param_gather_with_optimizer_step"] is True
+    assert "overlap_param_gather_with_optimizer_step" not in read_flags(FLAGS).training_fields
+    assert memory_knobs_from_words(["--overlap-param-gather-with-optimizer-step"], "bf16") == {
+        "overlap_param_gather_with_optimizer_step": True}
+
+
+def test_megatron_rules() -> None:
+    assert not [c for c, _ in launch_violations(LLAMA, VP5, ON) if c.startswith("OVERLAP_PARAM_GATHER_WITH")]
+    codes = {c for c, _ in launch_violations(LLAMA, replace(VP5, vp=1, overlap_param_gather=False), ON)}
+    assert {"OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_OVERLAP", "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_VP"} <= codes
+    # Megatron-LM refuses it with distributed checkpoints, the only formats launch writes
+    with pytest.raises(LayoutError) as err:
+        megatron_args(LLAMA, VP5, ON)
+    assert "not supported with distributed checkpointing" in str(err.value) and "\n" not in str(err.value)
+    assert "--overlap-param-gather-with-optimizer-step" not in argv(megatron_args(LLAMA, VP5, OFF), resolve=True)
+
+
+def test_recipe_column_applied_only_where_it_acts() -> None:
+    rows = [r for r in bridge_recipes() if r.get("overlap_param_gather_with_optimizer_step") is True]
+    on = [r for r in rows if r.get("overlap_param_gather") is True]
+    off = [r for r in rows if r.get("overlap_param_gather") is False]
+    assert on and off
+    assert training_knobs(on[0], "bf16").get("overlap_param_gather_with_optimizer_step") is True
+    assert "overlap_param_gather_with_optimizer_step" not in training_knobs(off[0], "bf16")
