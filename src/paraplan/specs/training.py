@@ -167,7 +167,8 @@ class TrainingSpec:
     TE ``make_graphed_callables``) or one graph of the whole forward-backward (``full_iteration``)."""
     cuda_graph_modules: tuple[str, ...] = ()
     """``--cuda-graph-modules`` (``--cuda-graph-scope`` before): the parts of each layer captured
-    (``CUDA_GRAPH_MODULES``); empty = the whole layer (TransformerConfig.cuda_graph_modules "full"). No effect with ``cuda_graph_impl`` none."""
+    (``CUDA_GRAPH_MODULES``); empty = the whole layer (TransformerConfig.cuda_graph_modules "full"). No effect
+    with ``cuda_graph_impl`` none."""
     overlap_param_gather_with_optimizer_step: bool = False
     """``--overlap-param-gather-with-optimizer-step``: the first model chunk's parameter all-gather starts right after
     its optimizer step, behind the other chunks' steps (needs the distributed optimizer, --overlap-param-gather and
