@@ -97,3 +97,42 @@ def test_recipe_column_applied_only_where_it_acts() -> None:
     assert on and off
     assert training_knobs(on[0], "bf16").get("overlap_param_gather_with_optimizer_step") is True
     assert "overlap_param_gather_with_optimizer_step" not in training_knobs(off[0], "bf16")
+
+
+# Selective recompute by layer kind (Megatron-Core): mla_up_proj re-runs MLA's q and kv up projections
+# (multi_latent_attention.py ``qkv_up_proj_and_rope_apply``), shared_experts the shared expert (moe_layer.py).
+DSV3 = load_model("deepseek-v3")
+
+
+def _dsv3_recompute(modules: tuple[str, ...], *, moe: bool) -> tuple[float, float, float]:
+    from paraplan.estimate.time.compute import gemm_s
+    from paraplan.estimate.time.layer import layer_time, recompute_s
+
+    cluster = make_cluster(H100, 64, 8)
+    lay = ParallelLayout(tp=2, pp=1, dp=32, ep=8, etp=1, mbs=1, recompute="selective", recompute_modules=modules,
+                         sequence_parallel=True)
+    t = TrainingSpec(seq_len=4096, global_batch_size=64)
+    lt = layer_time(DSV3, cluster, t, lay, moe=moe)
+    tokens, a = 4096.0, DSV3.num_attention_heads
+    # by hand: q up (T x 1536)(1536 x a*192/2) and kv up (T x 512)(512 x a*256/2), bf16, forward only
+    up = (gemm_s(cluster, False, tokens, a * (128 + 64) / 2, 1536)
+          + gemm_s(cluster, False, tokens, a * (128 + 128) / 2, 512))
+    # shared expert (SwiGLU, f = 2048): fc1 (T x 7168)(7168 x 2*2048/2), fc2 (T x 2048/2)(2048/2 x 7168)
+    shared = gemm_s(cluster, False, tokens, 2 * 2048 / 2, 7168) + gemm_s(cluster, False, tokens, 7168, 2048 / 2)
+    return float(recompute_s(lt, lay, modules, cluster.gpu.efficiency, moe=moe)), float(up), float(shared)
+
+
+def test_mla_up_proj_recompute_golden() -> None:
+    got, up, _ = _dsv3_recompute(("mla_up_proj",), moe=True)
+    assert got == pytest.approx(up) and up > 0
+    got_dense, _, _ = _dsv3_recompute(("mla_up_proj",), moe=False)  # every layer kind has MLA
+    assert got_dense == pytest.approx(up)
+
+
+def test_shared_experts_recompute_golden() -> None:
+    got, _, shared = _dsv3_recompute(("shared_experts",), moe=True)
+    assert got == pytest.approx(shared) and shared > 0
+    assert _dsv3_recompute(("shared_experts",), moe=False)[0] == 0.0  # dense layers have no shared expert
+    with_moe, _, _ = _dsv3_recompute(("moe", "shared_experts"), moe=True)
+    moe_only, _, _ = _dsv3_recompute(("moe",), moe=True)
+    assert with_moe == pytest.approx(moe_only)  # the moe module already re-runs the shared expert

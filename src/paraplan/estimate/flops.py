@@ -107,7 +107,7 @@ def recompute_flops_per_step(
 
     full: one extra forward of every layer = (model FLOPs of the layers) / 3.
     selective core_attn: the attention-score forward = 2*B*s^2*w*N (causal half);
-    selective mlp/moe/shared_experts: those blocks' forward GEMMs.
+    selective mlp/moe/shared_experts: those blocks' forward GEMMs; mla_up_proj: MLA's up projections.
     """
     h, s, b = model.hidden_size, seq_len, global_batch_size
     tokens = b * s
@@ -124,6 +124,11 @@ def recompute_flops_per_step(
     selective += dense_mlp * ("mlp" in recompute_modules)
     selective += (routed + shared) * ("moe" in recompute_modules)
     selective += shared * ("shared_experts" in recompute_modules and "moe" not in recompute_modules)
+    if model.multi_latent_attention and "mla_up_proj" in recompute_modules:  # q (up) and kv up projections
+        q_in = model.q_lora_rank if model.q_lora_rank is not None else h
+        up = (q_in * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+              + model.kv_lora_rank * (model.qk_head_dim + model.v_head_dim)) * model.num_attention_heads
+        selective += 2.0 * tokens * up * n_all
     return np.where(recompute_code == 2, full, np.where(recompute_code == 1, selective, 0.0))
 
 

@@ -3,7 +3,7 @@ as compute, host and link times (``LayerTime``), and what recomputing it costs."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Final
 
 import numpy as np
@@ -57,6 +57,10 @@ class LayerTime:
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+    mla_up_gemm_fwd_s: Num = 0.0
+    """Part of gemm_fwd_s in MLA's query and key-value up projections, for selective recompute of mla_up_proj."""
+    shared_gemm_fwd_s: Num = 0.0
+    """Part of gemm_fwd_s in the shared expert, for selective recompute of shared_experts."""
 
     @property
     def gpu_s(self) -> Num:
@@ -120,15 +124,21 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
     T, sh, t = _ctx(layout, training)
     h, a = model.hidden_size, model.num_attention_heads
     kv_width: Num = 0.0
+    up: Num = 0.0
     if model.multi_latent_attention:
         dq = model.qk_head_dim + model.qk_pos_emb_head_dim
         ckv, cq = model.kv_lora_rank, model.q_lora_rank
+        # the up projections (linear_q_up_proj, or linear_q_proj without q_lora_rank, and linear_kv_up_proj) are
+        # what mla_up_proj recomputes (multi_latent_attention.py ``qkv_up_proj_and_rope_apply``)
         if cq is None:
-            g = gemm_s(cluster, fp8, T, a * dq / t, h)
+            up = gemm_s(cluster, fp8, T, a * dq / t, h)
+            g = up
         else:
-            g = gemm_s(cluster, fp8, T, cq, h) + gemm_s(cluster, fp8, T, a * dq / t, cq)
-        g = g + gemm_s(cluster, fp8, T, ckv + model.qk_pos_emb_head_dim, h)
-        g = g + gemm_s(cluster, fp8, T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
+            up = gemm_s(cluster, fp8, T, a * dq / t, cq)
+            g = gemm_s(cluster, fp8, T, cq, h) + up
+        kv_up = gemm_s(cluster, fp8, T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
+        up = up + kv_up
+        g = g + gemm_s(cluster, fp8, T, ckv + model.qk_pos_emb_head_dim, h) + kv_up
         g = g + gemm_s(cluster, fp8, T, h, a * model.v_head_dim / t)
     else:
         kv_width = model.head_dim * np.maximum(model.query_groups, t)
@@ -147,7 +157,8 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                      overhead_s=_issue_s(eff, training, "attn"),
                      tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
                      ep_link_s=0.0,
-                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)))
+                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)),
+                     mla_up_gemm_fwd_s=up)
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
@@ -193,7 +204,8 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if model.shared_ffn:
         sh_t = dense_mlp_time(model, cluster, training, layout, ffn=model.shared_ffn)
         # the shared expert sits in the same MLP block: its norm/residual traffic is counted once
-        out = _add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh))
+        out = replace(_add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh)),
+                      shared_gemm_fwd_s=sh_t.gemm_fwd_s)
     return out
 
 
@@ -228,7 +240,9 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     of its kernel issue, host syncs and exposed TP / EP communication: ``FWD_BWD_HALVES``).
     Selective modules follow Megatron-Core's TransformerLayer/MoELayer: "mlp" recomputes dense
     MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
-    ``recompute_mlp``, moe/moe_layer.py)."""
+    ``recompute_mlp``, moe/moe_layer.py); "shared_experts" the shared expert's forward GEMMs of MoE layers
+    (moe_layer.py ``shared_experts_recompute``; inside "moe" when both are set); "mla_up_proj" MLA's query and
+    key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
             + lt.host_sync_s / FWD_BWD_HALVES)
@@ -236,6 +250,8 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
             + lt.ep_link_s / FWD_BWD_HALVES)
     sel = lt.attn_fwd_s * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
+    sel = sel + lt.mla_up_gemm_fwd_s * ("mla_up_proj" in modules)
+    sel = sel + lt.shared_gemm_fwd_s * (moe and "shared_experts" in modules and "moe" not in modules)
     sel = sel + lt.elementwise_s / SELECTIVE_ELEMENTWISE_DIVISOR * (("layernorm" in modules)
                                                                     or (moe and "moe_act" in modules))
     return np.where(layout.recompute_code == RECOMPUTE_CODES["full"], full,
