@@ -136,3 +136,68 @@ def test_shared_experts_recompute_golden() -> None:
     with_moe, _, _ = _dsv3_recompute(("moe", "shared_experts"), moe=True)
     moe_only, _, _ = _dsv3_recompute(("moe",), moe=True)
     assert with_moe == pytest.approx(moe_only)  # the moe module already re-runs the shared expert
+
+
+# Full recompute, block method (megatron/core/recompute.py ``checkpointed_forward``): in each model chunk only the
+# first recompute_num_layers layers are checkpointed (one input each) and re-run; the others keep their activations.
+FULL = ParallelLayout(tp=4, pp=8, vp=5, dp=2, mbs=1, recompute="full", sequence_parallel=True)
+
+
+def _full(method: str, n: int = 1):  # type: ignore[no-untyped-def]
+    return estimate(LLAMA, make_cluster(H100, 64, 8), OFF, replace(FULL, recompute_method=method,
+                                                                     recompute_num_layers=n))
+
+
+def test_block_recompute_memory_and_time_golden() -> None:
+    from paraplan.estimate import activations as act
+    from paraplan.estimate.memory import activation_context
+
+    uniform, block = _full("uniform"), _full("block")
+    ctx = activation_context(LLAMA, OFF, FULL)
+    one_input = float(act.layer_input_bytes(LLAMA, ctx))
+    kept = float(act.layer_bytes_no_full_recompute(LLAMA, ctx, moe=False))
+    # stage 0: 10 layers, 2 per chunk, 47 chunk micro-batches in flight; block N=1 keeps 1 input + 1 whole layer
+    # per chunk where uniform keeps 2 inputs
+    s_u, s_b = uniform.stages[0], block.stages[0]
+    assert int(s_b.in_flight) == 47
+    assert float(s_b.memory.activations_bytes - s_u.memory.activations_bytes) == pytest.approx(
+        47 * (kept - one_input), rel=1e-9)
+    # time: half of the layers re-run
+    assert float(block.time.recompute_s) == pytest.approx(float(uniform.time.recompute_s) / 2)
+    assert float(block.throughput.hfu) < float(uniform.throughput.hfu)
+
+
+def test_block_covering_the_chunk_is_uniform_one() -> None:
+    a, b = _full("uniform", 1), _full("block", 2)  # 2 layers per chunk: block 2 checkpoints every layer
+    assert float(b.peak_bytes) == pytest.approx(float(a.peak_bytes))
+    assert float(b.time.step_s) == pytest.approx(float(a.time.step_s))
+
+
+def test_block_method_read_written_and_from_recipes() -> None:
+    words = argv(megatron_args(LLAMA, replace(FULL, recompute_method="block", recompute_num_layers=2), OFF),
+                 resolve=True)
+    assert words[words.index("--recompute-method") + 1] == "block"
+    lay = read_flags(words).layout_fields
+    assert (lay["recompute_method"], lay["recompute_num_layers"]) == ("block", 2)
+    from paraplan.recipes.knobs import layout_fields
+
+    r = next(x for x in bridge_recipes() if x.get("recompute_method") == "block")
+    fields, notes = layout_fields(r)
+    assert fields["recompute_method"] == "block" and not any("block" in n for n in notes)
+
+
+def test_block_method_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+
+    base = ["estimate", "-m", "llama3-70b", "-g", "h100-80gb", "--num-gpus", "64", "--seq-len", "8192", "--gbs",
+            "256", "--tp", "4", "--pp", "8", "--vp", "5", "--format", "json"]
+    assert main([*base, "--recompute", "full", "--recompute-method", "block"]) == 0
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert (cfg["recompute_method"], cfg["recompute_num_layers"]) == ("block", 1)
+    assert main([*base, "--recompute", "selective", "--recompute-method", "block"]) == 1
+    err = capsys.readouterr().err
+    assert "--recompute-method and --recompute selective contradict" in err and err.count("\n") == 1
+    assert main([*base, "--recompute", "full", "--recompute-method", "blocks"]) == 1
+    assert "--recompute-method: expected one of uniform, block, got 'blocks'" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, StageParams, padded_vocab, stage_params
+from paraplan.layout import RECOMPUTE_CODES
 from paraplan.schedules import schedule_of
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.num import Int, Num
@@ -180,7 +181,8 @@ def activation_context(
         seq_len=training.seq_len, mbs=layout.mbs, tp=layout.tp, cp=layout.cp, sp=layout.sp,
         ep=layout.ep, etp=layout.etp, recompute_code=layout.recompute_code,
         recompute_modules=tuple(layout.recompute_modules),
-        recompute_num_layers=int(layout.recompute_num_layers),
+        # the block method checkpoints its layers one by one (megatron/core/recompute.py): one input each
+        recompute_num_layers=1 if layout.recompute_method == "block" else int(layout.recompute_num_layers),
         fp8=training.precision == "fp8", flash=flash,
     )
 
@@ -205,6 +207,10 @@ class LayerActivations:
     """One layer without full recompute, the model's main layer type (backward working set)."""
     output: Num
     """Final norms and logits of one micro-batch, one head (``act.output_bytes``)."""
+    dense_kept: Num = 0.0
+    """One dense layer that full recompute skips (block method beyond its first N layers per chunk)."""
+    moe_kept: Num = 0.0
+    """Same for one MoE layer."""
 
     def take(self, index: NDArray[np.int64]) -> LayerActivations:
         """Rows ``index`` of every array field."""
@@ -226,6 +232,10 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: LayerLay
         rebuilt=act.recompute_working_bytes(model, ctx, has_moe=model.is_moe),
         one_layer=act.layer_bytes_no_full_recompute(model, ctx, moe=model.is_moe),
         output=act.output_bytes(model, ctx, padded_vocab=padded_vocab(model, layout.tp)),
+        dense_kept=act.layer_bytes_no_full_recompute(model, ctx, moe=False) if layout.recompute_method == "block"
+        else 0.0,
+        moe_kept=act.layer_bytes_no_full_recompute(model, ctx, moe=True) if layout.recompute_method == "block"
+        and model.is_moe else 0.0,
     )
 
 
@@ -244,6 +254,10 @@ def stage_activation_bytes(
     per_mb = stage.num_dense_layers * la.dense
     if model.is_moe:
         per_mb = per_mb + stage.num_moe_layers * la.moe
+    if layout.recompute_method == "block":
+        kept = stage.num_dense_layers * la.dense_kept + (stage.num_moe_layers * la.moe_kept if model.is_moe else 0.0)
+        frac = block_recompute_frac(layout, stage)
+        per_mb = frac * per_mb + (1.0 - frac) * kept
     sched = schedule_of(layout)
     units = sched.in_flight_units(rank=rank, pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
     layers = units * per_mb / layout.vp
@@ -252,6 +266,19 @@ def stage_activation_bytes(
     working = options.backward_working_frac * la.one_layer
     mtp_layers = np.where(stage.num_mtp_layers > 0, stage.num_mtp_layers * la.mtp, 0.0)
     return layers + emb + la.rebuilt + working + mtp_layers, units
+
+
+def block_recompute_frac(layout: StepLayout, stage: StageLayers) -> Num:
+    """Share of a stage's decoder layers that full recompute re-runs: 1 with the uniform method; with the block
+    method min(N, L_chunk) / L_chunk, the first N = ``recompute_num_layers`` layers of each of its model chunks of
+    L_chunk = layers / v (megatron/core/recompute.py ``checkpointed_forward``: ``layer_idx <
+    recompute_num_layers``). The first-N layers' kind (dense or MoE) is taken in the stage's proportion."""
+    if layout.recompute_method != "block":
+        return 1.0
+    per_chunk = (stage.num_dense_layers + stage.num_moe_layers) / layout.vp
+    on = np.where(layout.recompute_code == RECOMPUTE_CODES["full"], 1.0, 0.0)
+    frac = np.minimum(layout.recompute_num_layers, per_chunk) / np.maximum(per_chunk, 1e-300)
+    return on * np.where(per_chunk > 0, frac, 1.0) + (1.0 - on)
 
 
 def stage_other_bytes(

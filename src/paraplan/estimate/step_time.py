@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
+from paraplan.estimate.memory import block_recompute_frac
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
 from paraplan.estimate.time import compute, cp, dp, ep, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
@@ -123,7 +124,7 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     )
 
 
-def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
+def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: StepLayout,
                stage: StageLayers, terms: StageTerms | None = None) -> StageTime:
     """Forward + backward of one micro-batch on one pipeline rank (all its chunks). ``terms``: the
     layout's ``stage_terms`` when already computed (the same for every stage)."""
@@ -136,7 +137,10 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
         counts.append(stage.num_mtp_layers)
     parts = list(zip(terms.parts, counts, strict=True))
     compute = sum(n * k.compute_s for k, n in parts)
-    recompute = sum(n * k.recompute_s for k, n in parts)
+    # the block method re-runs only the first recompute_num_layers decoder layers of each chunk (not MTP layers)
+    decoder = 1 + int(model.is_moe)
+    frac = block_recompute_frac(layout, stage)
+    recompute = sum((frac if i < decoder else 1.0) * n * k.recompute_s for i, (k, n) in enumerate(parts))
     links: dict[str, Num] = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
              "cp": sum(n * k.cp_link_s for k, n in parts)}
     attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * k.attn_fwd_s for k, n in parts)
@@ -294,10 +298,13 @@ def throughput(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     n = cluster.num_gpus
     model_flops = model_flops_per_step(model, seq_len=training.seq_len,
                                        global_batch_size=training.global_batch_size, tp=layout.tp)
+    per_chunk = model.num_layers / (layout.pp * layout.vp)
+    block = (np.minimum(layout.recompute_num_layers, per_chunk) / per_chunk
+             if layout.recompute_method == "block" else 1.0)
     extra = recompute_flops_per_step(model, seq_len=training.seq_len,
                                      global_batch_size=training.global_batch_size,
                                      recompute_code=layout.recompute_code,
-                                     recompute_modules=tuple(layout.recompute_modules))
+                                     recompute_modules=tuple(layout.recompute_modules), full_frac=block)
     peak = cluster.gpu.peak_flops_per_s(mfu_peak)
     model_rate = model_flops / (t.step_s * n)
     hw_rate = (model_flops + extra) / (t.step_s * n)

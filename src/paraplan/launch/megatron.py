@@ -352,10 +352,13 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
 
 
 def layout_dict(layout: ParallelLayout) -> dict[str, Any]:
-    """A layout as plain data; ``schedule`` only when one was chosen (ids of earlier layouts stay the same)."""
+    """A layout as plain data; ``schedule`` only when one was chosen and ``recompute_method`` only when block (ids of
+    earlier layouts stay the same)."""
     d = asdict(layout)
     if not d.get("schedule"):
         d.pop("schedule", None)
+    if d.get("recompute_method") == "uniform":
+        d.pop("recompute_method", None)
     return d
 
 
@@ -387,7 +390,7 @@ def as_launched(
     if lay.recompute != "selective":
         lay = replace(lay, recompute_modules=("core_attn",))
     if lay.recompute != "full":
-        lay = replace(lay, recompute_num_layers=1)
+        lay = replace(lay, recompute_num_layers=1, recompute_method="uniform")
     return m, lay
 
 
@@ -445,7 +448,7 @@ def _recompute(lay: ParallelLayout) -> ArgGroup:
         args = (_a("--recompute-granularity", "selective"),
                 _a("--recompute-modules", *lay.recompute_modules))
     elif lay.recompute == "full":
-        args = (_a("--recompute-granularity", "full"), _a("--recompute-method", "uniform"),
+        args = (_a("--recompute-granularity", "full"), _a("--recompute-method", lay.recompute_method),
                 _a("--recompute-num-layers", lay.recompute_num_layers))
     else:
         args = ()

@@ -5,7 +5,8 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
   * applied: ``seq_length``, ``global_batch_size``, ``micro_batch_size``, ``tp``, ``pp``, ``cp``, ``vp``, ``ep``,
     ``etp``, ``sequence_parallel``, ``pipeline_model_parallel_layout`` (MCore string notation, read as
     ``PipelineParallelLayerLayout`` does), the ``account_for_*`` pipeline-split flags, recompute granularity,
-    method ``uniform`` with ``recompute_num_layers`` and the selective ``recompute_modules`` paraplan models,
+    method ``uniform`` or ``block`` with ``recompute_num_layers`` and the selective ``recompute_modules`` paraplan
+    models,
     ``use_distributed_optimizer``, ``use_megatron_fsdp``, ``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``attention_backend``, ``mtp_num_layers`` (when the recipe sets it) and ``precision``
     (bf16; every FP8 recipe as paraplan's FP8);
@@ -277,8 +278,7 @@ def _recompute(r: Recipe, notes: list[str]) -> dict[str, Any]:
         out["recompute_modules"] = known or ("core_attn",)
     elif gran == "full":
         method = _choice(r, "recompute_method", {None: "uniform", "uniform": "uniform", "block": "block"})
-        if method == "block":
-            notes.append("recompute_method=block (estimated as uniform)")
+        out["recompute_method"] = method
         out["recompute_num_layers"] = _int(r, "recompute_num_layers", optional=True) or 1
     return out
 

@@ -380,7 +380,7 @@ def _recompute(r: _Reader, lay: dict[str, Any]) -> None:
             r.problems.append(("RECOMPUTE_METHOD", 'Using recompute_granularity: full so '
                                'recompute_method must be "block" or "uniform"'))
         elif method == "block":
-            r.notes.append("--recompute-method block is modelled as uniform")
+            lay["recompute_method"] = "block"
         lay["recompute_num_layers"] = r.int("--recompute-num-layers") or 1
         if not r.has("--recompute-num-layers"):  # TC: __post_init__ (range checked by launch rules)
             r.problems.append(("RECOMPUTE_NUM_LAYERS", "When using recompute_granularity: full "
