@@ -321,8 +321,11 @@ def cuda_graph_pool_bytes(model: ModelSpec, training: TrainingSpec, layout: Step
     layer and micro-batch (one micro-batch without PP); ``_get_sample_arguments`` reuses a static input set only
     once that micro-batch's backward is done, so each captured layer holds ``units / vp`` sets, each
     a bf16 hidden state s/(c t_sp) x b x h (module.py ``get_layer_static_inputs``) and, when its attention is
-    captured, a bool causal mask b x s/c x s (transformer_layer.py ``get_layer_static_inputs``); TE keeps one static
-    output gradient per shape (graph.py ``make_graphed_callables``, ``_reuse_graph_input_output_buffers``).
+    captured, a bool causal mask b x s/c x s (transformer_layer.py ``get_layer_static_inputs``). The static input
+    stands in for the layer input eager mode saves, but the graph's static output stays allocated in the pool
+    until that micro-batch's backward is captured (graph.py ``make_graphed_callables``: weak-referenced only then,
+    ``_reuse_graph_input_output_buffers``), so one hidden state per set is extra; TE keeps one static output
+    gradient per shape.
     local (``CudaGraphManager``): a graph's input is cloned into the pool unless it is the output of the graph before
     it (``create_fwd_graph`` buffer reuse), so the whole-layer scope keeps one hidden state per chunk micro-batch in
     flight and a partial scope one per captured layer and micro-batch. full_iteration: the batch only (nothing
