@@ -201,3 +201,42 @@ def test_block_method_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--recompute-method and --recompute selective contradict" in err and err.count("\n") == 1
     assert main([*base, "--recompute", "full", "--recompute-method", "blocks"]) == 1
     assert "--recompute-method: expected one of uniform, block, got 'blocks'" in capsys.readouterr().err
+
+
+# --no-gradient-accumulation-fusion (distributed_data_parallel.py ``_make_backward_post_hook``): the wgrad GEMMs
+# write a bf16 .grad (2 B) that ``main_grad.add_`` reads (2 B) with the fp32 main gradient read and written (4 + 4).
+def test_unfused_grad_accumulation_golden() -> None:
+    from paraplan.estimate.time.compute import hbm_rate
+
+    cluster = make_cluster(H100, 64, 8)
+    lay = replace(VP5, overlap_param_gather=False, overlap_grad_reduce=False)
+    fused = estimate(LLAMA, cluster, OFF, lay)
+    unfused = estimate(LLAMA, cluster, replace(OFF, gradient_accumulation_fusion=False), lay)
+    bf16 = estimate(LLAMA, cluster, replace(OFF, gradient_accumulation_fusion=False, grad_reduce_in_bf16=True), lay)
+    slow = int(fused.time.slowest_stage)
+    assert int(unfused.time.slowest_stage) == slow
+    params = float(fused.stages[slow].params.total)
+    m = 256 // (2 * 1)  # GBS / (DP x mbs)
+    per_mb = (2 + 2 + 4 + 4) * params / hbm_rate(cluster)
+    assert float(unfused.time.compute_s - fused.time.compute_s) == pytest.approx(m * per_mb)
+    assert float(unfused.time.step_s) > float(fused.time.step_s)
+    # bf16 main gradients: 2 + 2 + 2 + 2 bytes
+    assert float(bf16.time.compute_s - fused.time.compute_s) == pytest.approx(m * per_mb * 8 / 12, rel=1e-6)
+
+
+def test_grad_accumulation_fusion_read_written_and_from_recipes() -> None:
+    assert read_flags([*FLAGS, "--no-gradient-accumulation-fusion"]).training_fields[
+        "gradient_accumulation_fusion"] is False
+    assert "gradient_accumulation_fusion" not in read_flags(FLAGS).training_fields
+    assert memory_knobs_from_words(["--no-gradient-accumulation-fusion"], "bf16") == {
+        "gradient_accumulation_fusion": False}
+    t = replace(OFF, gradient_accumulation_fusion=False)
+    words = argv(megatron_args(LLAMA, VP5, t), resolve=True)
+    assert words.count("--no-gradient-accumulation-fusion") == 1
+    assert TrainingSpec(**read_flags(words).training_fields).gradient_accumulation_fusion is False
+    fsdp = ParallelLayout(tp=4, pp=1, dp=16, mbs=1, recompute="none", sequence_parallel=True, fsdp=True,
+                          distributed_optimizer=False)
+    assert argv(megatron_args(LLAMA, fsdp, t), resolve=True).count("--no-gradient-accumulation-fusion") == 1
+    assert "--no-gradient-accumulation-fusion" not in argv(megatron_args(LLAMA, VP5, OFF), resolve=True)
+    rows = [r for r in bridge_recipes() if r.get("gradient_accumulation_fusion") is False]
+    assert rows and training_knobs(rows[0], "bf16")["gradient_accumulation_fusion"] is False

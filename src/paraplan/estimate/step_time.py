@@ -24,11 +24,11 @@ from numpy.typing import NDArray
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.memory import block_recompute_frac
-from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
+from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
 from paraplan.estimate.time import compute, cp, dp, ep, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
-from paraplan.estimate.time.optimizer import optimizer_s
+from paraplan.estimate.time.optimizer import grad_accumulation_s, optimizer_s
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import schedule_of
 from paraplan.specs.cluster import ClusterSpec
@@ -149,6 +149,12 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
     compute = compute + np.where(stage.has_embedding, terms.embedding_s, 0.0)
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
+    if not training.gradient_accumulation_fusion:  # the unfused main-grad adds of each micro-batch's backward
+        from paraplan.estimate.positions import max_positions_for
+
+        held = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
+                            max_positions=max_positions_for(model, training)[0]).total
+        compute = compute + grad_accumulation_s(cluster, training, held)
     exposed = {
         "tp": terms.tp_exposed_frac * links["tp"],
         "ep": (1.0 - eff.ep_overlap_frac) * links["ep"],
@@ -197,6 +203,7 @@ def step_time_from_stages(
     m = num_microbatches
     terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
     times = [stage_time(model, cluster, training, layout, st, terms) for st in stages]
+    groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     totals = np.stack([np.broadcast_to(np.asarray(st.total_s, dtype=float), np.shape(times[0].total_s))
                        for st in times])
     slow = np.argmax(totals, axis=0)
@@ -217,7 +224,6 @@ def step_time_from_stages(
     bub_frac = sched.bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
-    groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training) for st in stages]
     grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
     optimizer = optimizer_s(cluster, local)

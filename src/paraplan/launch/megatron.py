@@ -550,7 +550,8 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
             _a("--fp16" if training.precision == "fp16" else "--bf16")]
     if training.precision == "fp8":
         args += fp8_args(arch, training.fp8_recipe)
-    args += memory_knob_args(training)
+    # Megatron-FSDP layouts already carry --no-gradient-accumulation-fusion (FSDP_REQUIRED_FLAGS)
+    args += [a for a in memory_knob_args(training) if not (lay.fsdp and a.flag == "--no-gradient-accumulation-fusion")]
     return ArgGroup("batch, sequence and precision", tuple(args))
 
 

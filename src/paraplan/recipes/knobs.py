@@ -95,7 +95,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "wgrad_deferral_limit": ((), _on("defer_embedding_wgrad_compute", True)),
     "nccl_ub": ((False,), None),
     "use_transformer_engine_op_fuser": ((False,), None),
-    "gradient_accumulation_fusion": ((True,), None),
     "cross_entropy_fusion_impl": (("native",), None),
     "manual_gc": ((False,), None),
     "manual_gc_interval": ((), _on("manual_gc", True)),
@@ -121,7 +120,8 @@ APPLIED: Final = (
 ``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
                          "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
-                         "cuda_graph_impl", "cuda_graph_scope", "overlap_param_gather_with_optimizer_step")
+                         "cuda_graph_impl", "cuda_graph_scope", "overlap_param_gather_with_optimizer_step",
+                         "gradient_accumulation_fusion")
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -156,6 +156,8 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     if _bool(r, "overlap_param_gather_with_optimizer_step") and _bool(r, "overlap_param_gather") \
             and _bool(r, "use_distributed_optimizer") and (_int(r, "vp", optional=True) or 1) > 1:
         out["overlap_param_gather_with_optimizer_step"] = True
+    if not _bool(r, "gradient_accumulation_fusion"):
+        out["gradient_accumulation_fusion"] = False
     return out
 
 

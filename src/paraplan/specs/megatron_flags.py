@@ -506,6 +506,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             out[key] = raw
         elif key == "cuda_graph_modules":
             continue  # _cuda_graph_knobs
+        elif key == "gradient_accumulation_fusion":
+            out[key] = False  # a StoreFalse flag
         elif key == "optimizer_offload_fraction":
             raw = r.text(flag) or ""
             try:

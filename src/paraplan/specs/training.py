@@ -42,6 +42,7 @@ KNOB_FLAGS: Final = {
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
     "cuda_graph_impl": "--cuda-graph-impl", "cuda_graph_modules": "--cuda-graph-modules",
     "overlap_param_gather_with_optimizer_step": "--overlap-param-gather-with-optimizer-step",
+    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -173,6 +174,9 @@ class TrainingSpec:
     """``--overlap-param-gather-with-optimizer-step``: the first model chunk's parameter all-gather starts right after
     its optimizer step, behind the other chunks' steps (needs the distributed optimizer, --overlap-param-gather and
     VP > 1; ``time.dp.exposed_and_link_s``)."""
+    gradient_accumulation_fusion: bool = True
+    """Megatron's default; ``--no-gradient-accumulation-fusion`` turns it off: the weight-gradient GEMMs then write
+    a bf16 ``.grad`` that DDP's hook adds into the main gradient (``time.optimizer.grad_accumulation_s``)."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -195,7 +199,8 @@ class TrainingSpec:
             if getattr(self, fname) not in choices:
                 raise SpecError(f"{fname} must be one of {', '.join(choices)}, got {brief(getattr(self, fname))}")
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
-                      "fp8_param_gather", "optimizer_cpu_offload", "overlap_param_gather_with_optimizer_step"):
+                      "fp8_param_gather", "optimizer_cpu_offload", "overlap_param_gather_with_optimizer_step",
+                      "gradient_accumulation_fusion"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
