@@ -507,6 +507,10 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         elif key == "cuda_graph_modules":
             continue  # _cuda_graph_knobs
         elif key == "gradient_accumulation_fusion":
+            if r.has("--use-megatron-fsdp"):  # one of FSDP's required flags (launch.megatron.FSDP_REQUIRED_FLAGS)
+                r.notes.append("--no-gradient-accumulation-fusion is read as Megatron-FSDP's required flag: "
+                               "Megatron-FSDP's gradient path is not charged the unfused main-grad adds")
+                continue
             out[key] = False  # a StoreFalse flag
         elif key == "optimizer_offload_fraction":
             raw = r.text(flag) or ""
