@@ -59,6 +59,7 @@ class PrecisionChoice(StrEnum):
     bf16 = "bf16"
     fp8 = "fp8"
     fp16 = "fp16"
+    fp4 = "fp4"
 
 
 ForceOpt = typer.Option(False, "--force", help="Replace the output file if it exists.")
@@ -254,7 +255,8 @@ KnobOpt = typer.Option(
     None, "--knob",
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
-         "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5.")
+         "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
+         "fp4-param-gather, first-last-layers-bf16, num-layers-at-end-in-bf16=4.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

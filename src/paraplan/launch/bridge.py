@@ -122,6 +122,8 @@ class Recipe:
 def bridge_precision(precision: str, arch: str) -> tuple[str, str]:
     """(the table's precision column, Bridge's mixed-precision preset) for paraplan's precision on ``arch``:
     FP8 is MXFP8 on Blackwell and delayed scaling before it, as in the Megatron-LM launch."""
+    if precision == "fp4":  # NVFP4 (Blackwell only: launch_violations)
+        return ("nvfp4", "bf16_with_nvfp4_mixed")
     if precision == "fp8":
         return ("fp8_mx", "bf16_with_mxfp8_mixed") if arch in BLACKWELL_ARCHS else \
             ("fp8_ds", "bf16_with_fp8_delayed_scaling_mixed")

@@ -82,34 +82,33 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                          layout: LayerLayout) -> LayerTime:
     """Attention half of a layer: projections, flash attention, its norm/elementwise, TP/CP comm."""
     eff = cluster.gpu.efficiency
-    fp8 = training.precision == "fp8"
+    fp8 = compute.gemm_precision(training)
     T, sh, t = _ctx(layout, training)
     h, a = model.hidden_size, model.num_attention_heads
     kv_width: Num = 0.0
+    shapes: list[tuple[Num, Num, Num]]
     if model.multi_latent_attention:
         dq = model.qk_head_dim + model.qk_pos_emb_head_dim
         ckv, cq = model.kv_lora_rank, model.q_lora_rank
-        if cq is None:
-            g = gemm_s(cluster, fp8, T, a * dq / t, h)
-        else:
-            g = gemm_s(cluster, fp8, T, cq, h) + gemm_s(cluster, fp8, T, a * dq / t, cq)
-        g = g + gemm_s(cluster, fp8, T, ckv + model.qk_pos_emb_head_dim, h)
-        g = g + gemm_s(cluster, fp8, T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
-        g = g + gemm_s(cluster, fp8, T, h, a * model.v_head_dim / t)
+        shapes = [(T, a * dq / t, h)] if cq is None else [(T, cq, h), (T, a * dq / t, cq)]
+        shapes += [(T, ckv + model.qk_pos_emb_head_dim, h), (T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv),
+                   (T, h, a * model.v_head_dim / t)]
     else:
         kv_width = model.head_dim * np.maximum(model.query_groups, t)
-        g = gemm_s(cluster, fp8, T, (model.query_width + cp.KV_TENSORS * kv_width) / t, h)
-        g = g + gemm_s(cluster, fp8, T, h, model.query_width / t)
+        shapes = [(T, (model.query_width + cp.KV_TENSORS * kv_width) / t, h), (T, h, model.query_width / t)]
+    g: Num = sum(gemm_s(cluster, fp8, m, n, k) for m, n, k in shapes)
+    quant: Num = sum(compute.quantize_bytes(training, m, n, k) for m, n, k in shapes)
     score_flops = compute.attention_score_flops(layout.mbs, training.seq_len, attention_score_width(model),
                                                 layout.cp, t)
     aligned = attention_heads_tensor_core_aligned(model)
     if training.attention_backend == "flash" and aligned:
-        attn = compute.flash_attention_fwd_s(cluster, score_flops)
+        attn = compute.flash_attention_fwd_s(cluster, score_flops, fp8=training.fp8_dot_product_attention)
     else:
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
-    return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=compute.block_elementwise_s(cluster, T, h, sh),
+    elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster)
+    return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
                      overhead_s=compute.block_overhead_s(eff), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
                      ep_link_s=0.0,
                      cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)))
@@ -119,13 +118,14 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                    *, ffn: int) -> LayerTime:
     """Dense (or shared-expert) MLP: fc1 (T x h)(h x f*gate/t), fc2 (T x f/t)(f/t x h), TP comm."""
     eff = cluster.gpu.efficiency
-    fp8 = training.precision == "fp8"
+    fp8 = compute.gemm_precision(training)
     T, sh, t = _ctx(layout, training)
     h = model.hidden_size
     gate = fc1_width_factor(model)
     g = gemm_s(cluster, fp8, T, ffn * gate / t, h) + gemm_s(cluster, fp8, T, h, ffn / t)
+    quant = compute.quantize_bytes(training, T, ffn * gate / t, h) + compute.quantize_bytes(training, T, h, ffn / t)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
-            + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t) / compute.hbm_rate(cluster)
+            + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t + quant) / compute.hbm_rate(cluster)
     tp_link = tp.block_link_s(cluster, Grid.inner(layout).tp_group, T, h)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=compute.block_overhead_s(eff),
                      tp_link_s=tp_link, ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
@@ -136,7 +136,7 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     permutation traffic, EP all-to-all (dispatch + combine, forward + backward), shared expert."""
     assert model.num_experts is not None
     eff = cluster.gpu.efficiency
-    fp8 = training.precision == "fp8"
+    fp8 = compute.gemm_precision(training)
     T, sh, t = _ctx(layout, training)
     h, e, k, fe = model.hidden_size, model.num_experts, model.moe_router_topk, model.moe_ffn
     gate = fc1_width_factor(model)
@@ -149,7 +149,9 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     hbm = compute.hbm_rate(cluster)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
-            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * te * h) / hbm
+            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * te * h
+            + compute.quantize_bytes(training, m_e, fe * gate / layout.etp, h, local)
+            + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local)) / hbm
     grid = Grid.inner(layout)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
                     elementwise_s=elem, overhead_s=compute.block_overhead_s(eff), host_sync_s=eff.moe_layer_overhead_s,
