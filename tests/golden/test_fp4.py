@@ -238,3 +238,23 @@ def test_fp4_param_gather_and_bf16_ends_never_raise_memory(s: tuple, start: int,
 def test_fp4_gemm_never_slower_than_fp8_on_blackwell(gpu: str, m: int, n: int, k: int) -> None:
     cluster = make_cluster(load_gpu(gpu), 8)
     assert compute.gemm_s(cluster, "fp4", m, n, k) <= compute.gemm_s(cluster, "fp8", m, n, k)
+
+
+def test_first_last_layers_bf16_run_at_the_bf16_rate() -> None:
+    from paraplan.estimate.step_time import bf16_layers_extra_s, stage_terms
+    from paraplan.estimate.time.layer import layer_time
+
+    cluster = make_cluster(GB200, 8)
+    layout = ParallelLayout(mbs=1, recompute="none")
+    fp4 = _t(precision="fp4")
+    ends = replace(fp4, first_last_layers_bf16=True, num_layers_at_start_in_bf16=0, num_layers_at_end_in_bf16=4)
+    one = float(layer_time(LLAMA8, cluster, _t(), layout, moe=False).compute_s
+                - layer_time(LLAMA8, cluster, fp4, layout, moe=False).compute_s)
+    assert one > 0
+    assert bf16_layers_extra_s(LLAMA8, cluster, ends, layout) == (0.0, pytest.approx(4 * one))
+    assert bf16_layers_extra_s(LLAMA8, cluster, fp4, layout) == (0.0, 0.0)
+    assert stage_terms(LLAMA8, cluster, ends, layout).bf16_end_s == pytest.approx(4 * one)
+    slow = estimate(LLAMA8, make_cluster(GB200, 8), ends, ParallelLayout(dp=8, mbs=1, recompute="none"))
+    fast = estimate(LLAMA8, make_cluster(GB200, 8), fp4, ParallelLayout(dp=8, mbs=1, recompute="none"))
+    m = 256 // 8  # micro-batches per rank
+    assert float(slow.time.compute_s - fast.time.compute_s) == pytest.approx(m * 4 * one, rel=1e-9)
