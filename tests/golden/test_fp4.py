@@ -258,3 +258,22 @@ def test_first_last_layers_bf16_run_at_the_bf16_rate() -> None:
     fast = estimate(LLAMA8, make_cluster(GB200, 8), fp4, ParallelLayout(dp=8, mbs=1, recompute="none"))
     m = 256 // 8  # micro-batches per rank
     assert float(slow.time.compute_s - fast.time.compute_s) == pytest.approx(m * 4 * one, rel=1e-9)
+
+
+def test_fp4_param_gather_gathers_nvfp4_bytes() -> None:
+    from paraplan.estimate import comm
+    from paraplan.estimate.params import stage_params
+    from paraplan.estimate.stages import all_stage_layers
+    from paraplan.estimate.time import dp
+
+    layout = ParallelLayout(tp=4, pp=8, vp=5, dp=2, mbs=1, recompute="none", sequence_parallel=True,
+                            distributed_optimizer=True)
+    cluster = make_cluster(GB200, 64)
+    stage = all_stage_layers(LLAMA70, layout)[3]
+    groups = dp.dp_groups(LLAMA70, cluster, layout, 8192, None)
+    _, bf16, _ = dp.dp_times(LLAMA70, cluster, layout, stage, groups, 8192, _t(precision="fp4"))
+    _, fp4, _ = dp.dp_times(LLAMA70, cluster, layout, stage, groups, 8192, _t(precision="fp4", fp4_param_gather=True))
+    p = stage_params(LLAMA70, stage, tp=4, pp=8, ep=1, etp=0, max_positions=8192)
+    # the same buckets (latency terms), 2 - 0.5625 B/param fewer bytes over the DP ring
+    saved = comm.all_gather_s((2.0 - 0.5625) * float(p.dense), groups.n_dense, groups.bw_d, 0.0)
+    assert float(bf16 - fp4) == pytest.approx(float(saved))
