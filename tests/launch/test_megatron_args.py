@@ -338,3 +338,16 @@ def test_packaged_dest_table_is_the_tsv() -> None:
         if cols[2] != "Help":
             want.setdefault(cols[1], (cols[0].split("|")[0], cols[2]))
     assert {dest: (flag, action) for dest, (flag, action, _) in _dests().items()} == want
+
+
+@pytest.mark.parametrize(("precision", "recipe", "column"), [
+    ("fp8", "delayed", "fp8_ds"), ("fp8", "tensorwise", "fp8_cs"), ("fp8", "mxfp8", "fp8_mx"),
+    ("fp8", "blockwise", "fp8_sc"), ("fp4", "delayed", "nvfp4"), ("bf16", "delayed", "bf16"),
+])
+def test_bridge_precision_is_the_specs(precision: str, recipe: str, column: str) -> None:
+    from paraplan.launch.bridge import bridge_precision
+
+    assert bridge_precision(precision, "hopper", recipe)[0] == column
+    # Megatron's default on Blackwell picks NVIDIA's MXFP8 performance recipes (none is delayed scaling)
+    blackwell = "fp8_mx" if (precision, recipe) == ("fp8", "delayed") else column
+    assert bridge_precision(precision, "blackwell", recipe)[0] == blackwell

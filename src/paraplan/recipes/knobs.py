@@ -42,8 +42,6 @@ PRECISIONS: Final[dict[Cell, str]] = {
 """Recipe precision -> paraplan's GEMM precision. The FP8 recipes (current scaling, MXFP8, subchannel, delayed) run
 at paraplan's FP8 rate with their own scaling state and quantisation traffic (``FP8_RECIPE_OF``); NVFP4 is
 paraplan's fp4."""
-FP8_RECIPES: Final = {"fp8_cs": "tensorwise current scaling", "fp8_mx": "MXFP8", "fp8_sc": "blockwise subchannel",
-                      "fp8_ds": "delayed scaling"}
 RECOMPUTE: Final[dict[Cell, str]] = {None: "none", "selective": "selective", "full": "full"}
 ATTENTION: Final[dict[Cell, str]] = {None: "flash", "auto": "flash", "flash": "flash", "fused": "flash",
                                      "unfused": "unfused", "local": "unfused"}
