@@ -117,6 +117,7 @@ def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
     modules, eff = tuple(layout.recompute_modules), cluster.gpu.efficiency
 
     def extra(moe: bool) -> Num:
+        """One layer of this kind in BF16 less in the low precision (compute + recompute)."""
         lo = layer_time(model, cluster, training, layout, moe=moe)
         hi = layer_time(model, cluster, bf16, layout, moe=moe)
         return (hi.compute_s - lo.compute_s + recompute_s(hi, layout, modules, eff, moe=moe)
