@@ -66,7 +66,10 @@ def test_llama3_70b_fp4_copies_cover_the_layers_only() -> None:
         assert float(st0.other.fp8_weight_cache_bytes) == pytest.approx(1.125 * layers)
     gather = _stages(_t(precision="fp4", fp4_param_gather=True))[3]
     assert float(gather.other.fp8_weight_cache_bytes) == pytest.approx(0.5625 * float(gather.params.layers_dense))
-    assert float(gather.memory.weights_bytes) == pytest.approx(0.5625 * float(gather.params.total))
+    assert float(gather.memory.weights_bytes) == pytest.approx(0.5625 * float(gather.params.total))  # no embedding
+    first = _stages(_t(precision="fp4", fp4_param_gather=True))[0]  # the embedding stays a bf16 parameter
+    assert float(first.memory.weights_bytes) == pytest.approx(0.5625 * float(first.params.layers_dense)
+                                                              + 2.0 * float(first.params.embedding))
 
 
 def test_first_last_layers_bf16_keep_no_fp4_copies() -> None:

@@ -182,6 +182,9 @@ def model_state_bytes(params: StageParams, layout: StepLayout,
     state_shards_expert = np.where(layout.fsdp, expert_shards, 1)
     weights = weight_bytes_per_param(training) * (params.dense / state_shards_dense
                                                   + params.expert / state_shards_expert)
+    if training.fp4_param_gather:  # the embedding, output layer and MTP block are not TE linears: bf16 params
+        outside = params.embedding + params.output_layer + params.mtp
+        weights = weights + (PARAM_BYTES - weight_bytes_per_param(training)) * outside / state_shards_dense
     grad_bytes = main_grad_bytes(training)
     opt_bytes = optimizer_bytes_per_param(training)
     grads = grad_bytes * (params.dense / state_shards_dense + params.expert / state_shards_expert)
