@@ -141,11 +141,20 @@ def attention_score_flops(mbs: Num, seq_len: int, width: float, cp: Num, tp: Num
 
 def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num, *, fp8: bool = False) -> Num:
     """Flash-attention forward: its score FLOPs at ``attention_frac`` of the dense BF16 peak
-    (FA2 head dim 128 on H200: 329 of 989 TFLOP/s, ecosystem.md 4.4); with ``fp8`` (``fp8_dot_product_attention``:
-    cuDNN's FP8 fused attention, TE ``fp8_dpa``) at the same fraction of the dense FP8 peak (an assumption: the
-    softmax share is taken to shrink with the GEMMs)."""
-    peak = cluster.gpu.peak_flops_per_s("fp8") if fp8 else cluster.gpu.peak_bf16_flops_per_s
-    return score_flops / (peak * cluster.gpu.efficiency.attention_frac)
+    (FA2 head dim 128 on H200: 329 of 989 TFLOP/s, ecosystem.md 4.4).
+
+    ``fp8`` (``fp8_dot_product_attention``: cuDNN's FP8 fused attention, TE ``fp8_dpa``): the backward's score
+    GEMMs run at the same fraction of the dense FP8 peak, the forward stays at the BF16 rate, returned as the
+    forward time whose (1 + ``ATTENTION_BWD_FACTOR``) multiple is the forward + backward time. An assumption with
+    a reason: the forward computes one exponential per score element against 4 x head-dim MMA FLOPs (512 at head
+    dim 128), and on Blackwell the special-function units (16 per clock per SM, CUDA Programming Guide's
+    throughput table; not re-read for this repo) already issue them at about the BF16 MMA rate per element, so
+    FP8 MMAs do not shorten it; the backward (5 score-sized GEMMs, one exponential) is MMA-bound."""
+    t = score_flops / (cluster.gpu.peak_bf16_flops_per_s * cluster.gpu.efficiency.attention_frac)
+    if not fp8:
+        return t
+    ratio = cluster.gpu.peak_flops_per_s("fp8") / cluster.gpu.peak_bf16_flops_per_s
+    return t * (1.0 + ATTENTION_BWD_FACTOR / ratio) / (1.0 + ATTENTION_BWD_FACTOR)
 
 
 def unfused_attention_fwd_s(model: ModelSpec, cluster: ClusterSpec, seq_len: int, mbs: Num, cp: Num, tp: Num,
