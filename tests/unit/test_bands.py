@@ -12,8 +12,11 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from paraplan.bands import FAMILIES, QUANTITIES, Band, band_for, packaged, value_range
+from paraplan.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "calibration"
@@ -169,7 +172,7 @@ def test_default_margin_is_the_family_memory_band(model: str, family: str) -> No
     b = band_for("peak_bytes", family)  # type: ignore[arg-type]
     h = DEFAULT_HEADROOM.for_model(family == "moe")
     assert h == band_headroom(family) and not h.is_default
-    usable = 78.0 * 2**30
+    usable = 78.0 * GIB
     margin = h.margin_bytes(usable)
     # peak + margin <= usable  <=>  peak x hi_ratio + hi_offset <= usable
     assert (usable - margin) * b.hi_ratio + b.hi_offset == pytest.approx(usable)
@@ -184,15 +187,15 @@ def test_margin_by_hand() -> None:
     from paraplan.headroom import Headroom
 
     # band: measured <= predicted x 1.08 + 0.54 GiB -> margin = 78 x (1 - 1/1.08) + 0.54/1.08 = 5.7778 + 0.5 GiB
-    h = Headroom(frac=1 - 1 / 1.08, bytes_=0.54 / 1.08 * 2**30, source="test")
-    assert h.margin_bytes(78 * 2**30) / 2**30 == pytest.approx(6.2778, abs=1e-4)
-    assert h.describe(78 * 2**30) == "margin 6.3 GiB = 7.4% of usable + 0.50 GiB (test)"
+    h = Headroom(frac=1 - 1 / 1.08, bytes_=0.54 / 1.08 * GIB, source="test")
+    assert h.margin_bytes(78 * GIB) / GIB == pytest.approx(6.2778, abs=1e-4)
+    assert h.describe(78 * GIB) == "margin 6.3 GiB = 7.4% of usable + 0.50 GiB (test)"
 
 
 def test_unresolved_default_margin_is_the_larger_family_margin() -> None:
     from paraplan.headroom import DEFAULT_HEADROOM, band_headroom
 
-    usable = 180.0 * 2**30
+    usable = 180.0 * GIB
     both = [band_headroom(f).margin_bytes(usable) for f in FAMILIES]
     assert DEFAULT_HEADROOM.margin_bytes(usable) == max(both)
 
@@ -243,3 +246,17 @@ def test_leave_one_source_out_without_another_source_is_uncalibrated() -> None:
     groups = cv.groups_of(cases, "loso")
     assert sorted(i for idx in groups.values() for i in idx) == list(range(len(cases)))
     assert all(len({cases[i].source for i in idx}) == 1 for idx in groups.values())
+
+
+@given(value=st.floats(1e-3, 1e15), lo=st.floats(0.05, 1.0), hi=st.floats(1.0, 5.0),
+       lo_off=st.floats(0.0, 1e10), hi_off=st.floats(0.0, 1e10))
+def test_ranges_contain_the_prediction_and_inverse_inverts(value: float, lo: float, hi: float, lo_off: float,
+                                                           hi_off: float) -> None:
+    b = Band("peak_bytes", "dense", lo, hi, 0.8, 10, "test", lo_offset=lo_off, hi_offset=hi_off)
+    r_lo, r_hi = value_range(value, b)
+    assert 0.0 <= r_lo <= value <= r_hi
+    rel = Band("step_s", "dense", lo, hi, 0.8, 10, "test")
+    s_lo, s_hi = value_range(value, rel)
+    t_lo, t_hi = value_range(1.0 / value, rel, inverse=True)
+    assert t_lo <= 1.0 / value <= t_hi
+    assert t_lo == pytest.approx(1.0 / s_hi, rel=1e-12) and t_hi == pytest.approx(1.0 / s_lo, rel=1e-12)
