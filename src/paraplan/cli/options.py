@@ -254,7 +254,11 @@ KnobOpt = typer.Option(
     None, "--knob",
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
-         "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5.")
+         "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
+         "fsdp-double-buffer; "
+         "MoE: moe-token-dispatcher-type=alltoall|allgather|flex, moe-flex-dispatcher-backend=deepep|hybridep, "
+         "moe-hybridep-num-sms=32, delay-wgrad-compute, moe-permute-fusion, moe-shared-expert-overlap, "
+         "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

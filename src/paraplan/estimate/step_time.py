@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
-from paraplan.estimate.time import compute, cp, dp, ep, pp, tp
+from paraplan.estimate.time import compute, cp, dp, ep, fsdp, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import optimizer_s
@@ -50,6 +50,8 @@ class StageTime:
     recompute_s: Num
     link_s: dict[str, Num]
     exposed_s: dict[str, Num]
+    ep_paired_s: Num = 0.0
+    """EP time left exposed when every micro-batch pass is paired with another's (``ep.paired_exposed_s``)."""
 
     @property
     def total_s(self) -> Num:
@@ -67,6 +69,10 @@ class LayerKindTerms:
     ep_link_s: Num
     cp_link_s: Num
     attn_fwd_s: Num
+    ep_unpaired_s: Num = 0.0
+    """EP time exposed by a pass that runs alone (``ep.unpaired_exposed_s``, before ``ep_overlap_frac``)."""
+    ep_paired_s: Num = 0.0
+    """EP time exposed by a pass paired with another micro-batch's (``ep.paired_exposed_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +114,15 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     if model.mtp_num_layers:
         mtp_lt = kinds[-1][0] if model.mtp_layer_is_moe else dense
         kinds.append((mtp_lt, bool(model.is_moe and model.mtp_layer_is_moe)))
+    delay = training.delay_wgrad_compute
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
-                                 attn_fwd_s=lt.attn_fwd_s) for lt, m in kinds)
+                                 attn_fwd_s=lt.attn_fwd_s,
+                                 ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_fwd_s,
+                                                                     shared_overlap=training.moe_shared_expert_overlap),
+                                 ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
+                                                                 delay_wgrad=delay))
+                  for lt, m in kinds)
     tokens = training.seq_len * layout.mbs / layout.cp
     sh = np.where(layout.sp, layout.tp, 1)
     h = model.hidden_size
@@ -147,10 +159,11 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
     exposed = {
         "tp": terms.tp_exposed_frac * links["tp"],
-        "ep": (1.0 - eff.ep_overlap_frac) * links["ep"],
+        "ep": (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_unpaired_s for k, n in parts),
         "cp": cp.exposed_s(links["cp"], attn, eff),
     }
-    return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed)
+    paired = (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_paired_s for k, n in parts)
+    return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed, ep_paired_s=paired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +229,10 @@ def step_time_from_stages(
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training) for st in stages]
     grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
-    dp_exposed, dp_link = dp.exposed_and_link_s(layout, grad, gather, eff.dp_overlap_frac * t_stage, m)
+    dp_exposed, dp_link = dp.exposed_and_link_s(
+        layout, grad, gather, eff.dp_overlap_frac * t_stage, m,
+        recompute_hide_s=eff.dp_overlap_frac * pick([st.recompute_s for st in times]),
+        units=fsdp.units_per_rank(model.num_layers + model.mtp_num_layers, layout.pp))
     grid = Grid.of(layout)
     p2p = pp.p2p_time_s(cluster, grid.pp_group, pp.p2p_bytes(training.seq_len, layout.mbs, layout.cp,
                                                               model.hidden_size, np.where(layout.sp, layout.tp, 1)))
@@ -224,7 +240,7 @@ def step_time_from_stages(
         "tp": m * pick([st.exposed_s["tp"] for st in times]),
         "cp": m * pick([st.exposed_s["cp"] for st in times]),
         "ep": ep.exposed_s(sched, layout, m, pick([st.exposed_s["ep"] for st in times]),
-                           pick([st.compute_s for st in times])),
+                           pick([st.ep_paired_s for st in times])),
         "pp": pp.exposed_s(layout.pp, sched.p2p_exposed_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m),
                            p2p, eff.pp_overlap_frac * sched.p2p_overlap_scale(vp=layout.vp)),
         "dp": dp_exposed,

@@ -75,17 +75,16 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
 
 FSDP_REQUIRED_FLAGS: Final[tuple[tuple[str, str | None, str], ...]] = (
     ("--use-megatron-fsdp", None, "Megatron-FSDP guide (docs/user-guide/features/megatron_fsdp.md)"),
-    ("--data-parallel-sharding-strategy", None, "Megatron-FSDP guide: the sharding strategy"),
-    ("--use-distributed-optimizer", None, "Megatron-FSDP guide: 'Megatron-FSDP uses Megatron-Core's "
-     "DistributedOptimizer'; validate_args: 'Megatron-FSDP v1 is only compatible with --use-distributed-optimizer'"),
-    ("--no-gradient-accumulation-fusion", None, "NVIDIA's Megatron-FSDP scripts (examples/megatron_fsdp); "
-     "validate_args warns 'Verify that fused gradient accumulation is supported by TransformerEngine for "
-     "Megatron-FSDP'"),
-    ("--ckpt-format", "fsdp_dtensor", "validate_args: 'Megatron-FSDP requires the `fsdp_dtensor` "
-     "checkpointing format.'"),
+    ("--data-parallel-sharding-strategy", None, "Megatron-FSDP guide: 'use the following arguments'"),
+    ("--ckpt-format", "fsdp_dtensor", "Megatron-FSDP guide; validate_args: 'Megatron-FSDP requires the "
+     "`fsdp_dtensor` checkpointing format.'"),
 )
-"""(flag, required value or None, source) every Megatron-FSDP launch carries; ``check`` reports a missing one
-(code FSDP_REQUIRED_FLAG). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is the environment side (env.sh)."""
+"""(flag, required value or None, source): the flags the Megatron-FSDP guide lists to enable it in Megatron-LM;
+``check`` reports a missing one (code FSDP_REQUIRED_FLAG). Launch files also carry --use-distributed-optimizer
+(the guide: "Automatically set when using Megatron-FSDP", so not required) and --no-gradient-accumulation-fusion
+(Megatron-LM's examples/megatron_fsdp scripts; the guide: fusion is "Used by default", and NVIDIA's DeepSeek-V3
+and Llama-3.1-405B B300 FSDP recipes keep it, so not required either). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is
+the environment side (env.sh)."""
 
 CKPT_FORMATS: Final = ("torch_dist", "fsdp_dtensor")
 """``--ckpt-format`` values paraplan writes (Megatron's distributed checkpoint formats)."""
@@ -199,13 +198,17 @@ def fp8_args(arch: str, recipe: str = "delayed") -> tuple[Arg, ...]:
 
 
 def memory_knob_args(training: TrainingSpec) -> list[Arg]:
-    """The memory knobs of the training spec that differ from Megatron-LM's defaults, as Megatron flags
-    (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``)."""
+    """The knobs of the training spec that differ from Megatron-LM's defaults, as Megatron flags
+    (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``, ``--moe-token-dispatcher-type`` by ``_moe_mla``;
+    the flex backend and its SMs only with the flex dispatcher)."""
     defaults = TrainingSpec(seq_len=1, global_batch_size=1)
     args: list[Arg] = []
     for key, flag in KNOB_FLAGS.items():
         value = getattr(training, key)
-        if key == "fp8_recipe" or value == getattr(defaults, key):
+        if key in ("fp8_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) or value is None:
+            continue  # fp8_recipe: fp8_args; the dispatcher: _moe_mla
+        if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms") \
+                and training.moe_token_dispatcher_type != "flex":
             continue
         if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
             continue
@@ -293,6 +296,13 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
             and training.fp8_recipe != "delayed":
         out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
+    if training is not None and training.delay_wgrad_compute and layout.schedule != "combined_1f1b":  # TC
+        out.append(("DELAY_WGRAD_NEEDS_EP_OVERLAP", "overlap_moe_expert_parallel_comm must be enabled "
+                    "when enabling delay_wgrad_compute"))
+    if training is not None and model.is_moe and training.moe_shared_expert_overlap \
+            and layout.schedule == "combined_1f1b":  # TC: __post_init__
+        out.append(("SHARED_EXPERT_OVERLAP_WITH_EP_OVERLAP", "disable moe_shared_expert_overlap when enabling "
+                    "overlap_moe_expert_parallel_comm"))
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))
@@ -384,7 +394,7 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--sequence-parallel"))
     if lay.distributed_optimizer:
         args.append(_a("--use-distributed-optimizer"))
-    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor is in the checkpoint group)
+    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor: checkpoint group), as examples/megatron_fsdp
         args += [_a("--use-megatron-fsdp"),
                  _a("--data-parallel-sharding-strategy", "optim_grads_params"),
                  _a("--no-gradient-accumulation-fusion")]
@@ -471,7 +481,7 @@ def _recipe(m: ModelSpec) -> ArgGroup:
     return ArgGroup("recipe (RoPE, norm, router: what is trained, not its size)", tuple(args))
 
 
-def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
+def _moe_mla(m: ModelSpec, arch: str, training: TrainingSpec | None = None) -> ArgGroup:
     args: list[Arg] = []
     if m.is_moe:
         args += [_a("--num-experts", m.num_experts), _a("--moe-router-topk", m.moe_router_topk)]
@@ -485,7 +495,7 @@ def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
         args.append(_a("--moe-layer-freq", moe_layer_freq_string(m.moe_layer_freq)))
         if arch != "cdna3":  # grouped GEMM kernels need CUDA compute capability >= 8
             args.append(_a("--moe-grouped-gemm"))
-        args.append(_a("--moe-token-dispatcher-type", "alltoall"))
+        args.append(_a("--moe-token-dispatcher-type", training.moe_token_dispatcher_type if training else "alltoall"))
     if m.multi_latent_attention:
         args.append(_a("--multi-latent-attention"))
         if m.q_lora_rank is not None:
@@ -565,7 +575,7 @@ def megatron_args(
         code, message = broken[0]
         raise LayoutError(message, reason=code)
     m, lay = as_launched(model, layout, training)
-    groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch), _recipe(m),
+    groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch, training), _recipe(m),
               _batch_precision(m, lay, training, arch), *_placeholders(lay, checkpoint))
     return tuple(g for g in groups if g.args)
 

@@ -490,6 +490,9 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
     out = {"seq_len": seq, "global_batch_size": gbs, "precision": precision,
            "attention_backend": "unfused" if backend in ("unfused", "local") else "flash"}
     out.update(_memory_knobs(r, precision))
+    if model.is_moe and "moe_token_dispatcher_type" not in out:  # TC: moe_token_dispatcher_type = "allgather"
+        out["moe_token_dispatcher_type"] = "allgather"
+        r.default("--moe-token-dispatcher-type", "allgather", "Megatron-LM's default")
     return out
 
 
@@ -504,22 +507,38 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
             out[key] = raw
-        elif key == "optimizer_offload_fraction":
-            raw = r.text(flag) or ""
-            try:
-                out[key] = float(raw)
-            except ValueError:
-                raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+        elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms"):
+            out[key] = _number_knob(r, key, flag)
         else:
             out[key] = True
     if precision != "fp8":
         for key in ("fp8_recipe", "fp8_param_gather"):
             if out.pop(key, None) is not None:
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format")
+    if r.has("--use-megatron-fsdp") and (r.has("--use-nccl-ub") or r.has("--megatron-fsdp-max-pool-double-buffer")):
+        out["fsdp_double_buffer"] = True  # validate_args sets args.fsdp_double_buffer for both
     _knob_problems(r, out)
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
+    if out.get("moe_token_dispatcher_type", "alltoall") != "flex":
+        for key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms"):
+            if out.pop(key, None) is not None:
+                r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --moe-token-dispatcher-type flex")
     return out
+
+
+def _number_knob(r: _Reader, key: str, flag: str) -> float | int | None:
+    """A numeric knob's value: the SMs an integer; a negative capacity factor is dropless (TC: __post_init__)."""
+    raw = r.text(flag) or ""
+    if key == "moe_hybridep_num_sms":
+        if not raw.isdigit():
+            raise SpecError(f"{flag} must be a positive integer, got {brief(raw)}")
+        return int(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+    return None if key == "moe_expert_capacity_factor" and value < 0 else value
 
 
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:

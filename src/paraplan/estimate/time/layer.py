@@ -3,7 +3,7 @@ as compute, host and link times (``LayerTime``), and what recomputing it costs."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Final
 
 import numpy as np
@@ -14,7 +14,7 @@ from paraplan.estimate.time import compute, cp, ep, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
 from paraplan.layout import RECOMPUTE_CODES
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
-from paraplan.specs.grid import Grid
+from paraplan.specs.grid import Axis, Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.num import Int, Num
 from paraplan.specs.training import TrainingSpec
@@ -52,6 +52,9 @@ class LayerTime:
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+    shared_fwd_s: Num = 0.0
+    """Forward GEMMs of the MoE layer's shared expert (what ``--moe-shared-expert-overlap`` hides the
+    dispatch behind: ``ep.unpaired_exposed_s``)."""
 
     @property
     def gpu_s(self) -> Num:
@@ -132,15 +135,16 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
 
 def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> LayerTime:
-    """MoE MLP: router, routed experts as grouped GEMMs with m = tokens per local expert,
-    permutation traffic, EP all-to-all (dispatch + combine, forward + backward), shared expert."""
+    """MoE MLP: router, routed experts as grouped GEMMs with m = tokens per local expert (times the
+    capacity's ``ep.routed_load_factor``), permutation traffic (``ep.permute_copies``), the dispatcher's
+    dispatch + combine, forward + backward (``ep.dispatcher_link_s``), shared expert."""
     assert model.num_experts is not None
     eff = cluster.gpu.efficiency
     fp8 = training.precision == "fp8"
     T, sh, t = _ctx(layout, training)
     h, e, k, fe = model.hidden_size, model.num_experts, model.moe_router_topk, model.moe_ffn
     gate = fc1_width_factor(model)
-    te = T * k * layout.etp / t
+    te = T * k * layout.etp / t * ep.routed_load_factor(training)
     local = e / layout.ep
     m_e = te / local
     routed = (gemm_s(cluster, fp8, m_e, fe * gate / layout.etp, h, local)
@@ -149,14 +153,17 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     hbm = compute.hbm_rate(cluster)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
-            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * te * h) / hbm
+            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * ep.permute_copies(training) / ep.PERMUTE_COPIES * te * h) / hbm
     grid = Grid.inner(layout)
+    tp_ep = grid.group(Axis.TP, Axis.EP, expert=True)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
                     elementwise_s=elem, overhead_s=compute.block_overhead_s(eff), host_sync_s=eff.moe_layer_overhead_s,
                     tp_link_s=ep.etp_link_s(cluster, grid.etp_group, te, h),
-                    ep_link_s=ep.all_to_all_link_s(cluster, grid.ep_group, te, h), cp_link_s=0.0, mlp_gemm_fwd_s=routed)
+                    ep_link_s=ep.dispatcher_link_s(cluster, model, training, grid.ep_group, tp_ep, te, h),
+                    cp_link_s=0.0, mlp_gemm_fwd_s=routed)
     if model.shared_ffn:
         sh_t = dense_mlp_time(model, cluster, training, layout, ffn=model.shared_ffn)
+        sh_t = replace(sh_t, shared_fwd_s=sh_t.gemm_fwd_s)
         # the shared expert sits in the same MLP block: its norm/residual traffic is counted once
         out = _add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh))
     return out
