@@ -122,18 +122,20 @@ def test_no_top_pick_sits_inside_the_default_margin(problem: tuple[str, str, int
 
 
 def test_the_margin_moves_layouts_from_feasible_to_oom_margin() -> None:
-    model, cluster, training = _specs("qwen3-30b-a3b", "h100-80gb", 32, 4096, 256)  # bare pick: 77.8 of 78.1 GiB
+    model, cluster, training = _specs("llama3-70b", "h100-80gb", 64, 8192, 512)
     bare = plan(model, cluster, training, top_k=1, headroom=NO_HEADROOM)
-    kept = plan(model, cluster, training, top_k=1)
-    assert "OOM_MARGIN" not in bare.rejections
-    moved = kept.rejections["OOM_MARGIN"]
-    assert moved > 0 and kept.num_feasible == bare.num_feasible - moved
-    assert kept.rejections["OOM"] == bare.rejections["OOM"]
-    # without a margin the top pick sits inside it; with it, the pick leaves the margin free
-    margin = kept.headroom.margin_bytes(bare.usable_bytes)
+    for headroom in (None, parse_headroom("15%")):  # the default (the memory band) and one the bare pick sits in
+        kept = plan(model, cluster, training, top_k=1, headroom=headroom)
+        assert "OOM_MARGIN" not in bare.rejections
+        moved = kept.rejections["OOM_MARGIN"]
+        assert moved > 0 and kept.num_feasible == bare.num_feasible - moved
+        assert kept.rejections["OOM"] == bare.rejections["OOM"]
+        margin = kept.headroom.margin_bytes(bare.usable_bytes)
+        assert kept.candidates[0].peak_bytes <= kept.usable_bytes - margin
+        assert "inside the" in kept.rejection_examples["OOM_MARGIN"]
+    # without a margin the top pick sits inside the 15% one (66.4 of 78.1 GiB usable); with it, the pick leaves it free
     assert bare.candidates[0].peak_bytes > bare.usable_bytes - margin
-    assert kept.candidates[0].peak_bytes <= kept.usable_bytes - margin
-    assert "inside the" in kept.rejection_examples["OOM_MARGIN"]
+    assert kept.candidates[0].layout != bare.candidates[0].layout
 
 
 def test_a_fixed_margin_in_gib() -> None:
