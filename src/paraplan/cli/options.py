@@ -260,7 +260,7 @@ ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `pa
 HeadroomOpt = typer.Option(
     None, "--headroom",
     help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none); "
-         "default: the memory model's p80 under-prediction (benchmarks/memory.py).")
+         "default: the upper end of the memory model's measured error band for the model's family (paraplan.bands).")
 KnobOpt = typer.Option(
     None, "--knob",
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
