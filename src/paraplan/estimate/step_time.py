@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
-from paraplan.estimate.time import compute, cp, dp, ep, pp, tp
+from paraplan.estimate.time import compute, dp, ep, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import optimizer_s
@@ -67,6 +67,7 @@ class LayerKindTerms:
     ep_link_s: Num
     cp_link_s: Num
     attn_fwd_s: Num
+    cp_exposed_s: Num = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         kinds.append((mtp_lt, bool(model.is_moe and model.mtp_layer_is_moe)))
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
-                                 attn_fwd_s=lt.attn_fwd_s) for lt, m in kinds)
+                                 attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s) for lt, m in kinds)
     tokens = training.seq_len * layout.mbs / layout.cp
     sh = np.where(layout.sp, layout.tp, 1)
     h = model.hidden_size
@@ -139,16 +140,15 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     recompute = sum(n * k.recompute_s for k, n in parts)
     links: dict[str, Num] = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
              "cp": sum(n * k.cp_link_s for k, n in parts)}
-    attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * k.attn_fwd_s for k, n in parts)
     # logits and loss on the last stage (and per MTP head), embedding on the first
     heads = 1 + np.asarray(stage.num_mtp_layers)
     compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
     compute = compute + np.where(stage.has_embedding, terms.embedding_s, 0.0)
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
-    exposed = {
+    exposed: dict[str, Num] = {
         "tp": terms.tp_exposed_frac * links["tp"],
         "ep": (1.0 - eff.ep_overlap_frac) * links["ep"],
-        "cp": cp.exposed_s(links["cp"], attn, eff),
+        "cp": sum(n * k.cp_exposed_s for k, n in parts),
     }
     return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed)
 

@@ -22,9 +22,11 @@ FP8_RECIPES: Final = ("delayed", "tensorwise", "mxfp8", "blockwise")
 MainGradsDtype = Literal["fp32", "bf16"]
 MainParamsDtype = Literal["fp32", "fp16"]
 MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
+CpCommType = Literal["p2p", "a2a", "allgather"]
 DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
-                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES}
+                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES,
+                        "cp_comm_type": ("p2p", "a2a", "allgather")}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 DTYPE_BYTES: Final = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 KNOB_FLAGS: Final = {
@@ -34,6 +36,7 @@ KNOB_FLAGS: Final = {
     "exp_avg_dtype": "--exp-avg-dtype", "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
     "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    "cp_comm_type": "--cp-comm-type",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -154,6 +157,9 @@ class TrainingSpec:
     """``--optimizer-cpu-offload`` (needs the precision-aware optimizer, as in Megatron)."""
     optimizer_offload_fraction: float = 1.0
     """``--optimizer-offload-fraction``: share of the optimizer's parameters whose state lives on the host."""
+    cp_comm_type: CpCommType = "p2p"
+    """``--cp-comm-type`` (one value for every layer): how attention exchanges K,V under context parallelism
+    (``estimate/time/cp.py``); ``a2a+p2p`` is not modelled."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):

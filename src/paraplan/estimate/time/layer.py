@@ -52,6 +52,8 @@ class LayerTime:
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+    cp_exposed_s: Num = 0.0
+    """The part of ``cp_link_s`` attention does not hide (``time.cp``: per ring step for p2p)."""
 
     @property
     def gpu_s(self) -> Num:
@@ -109,10 +111,11 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
-    return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=compute.block_elementwise_s(cluster, T, h, sh),
+    cpt = cp.cp_times(cluster, grid.cp_group, training.cp_comm_type, model, T, t, kv_width, attn)
+    return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn,
+                     elementwise_s=compute.block_elementwise_s(cluster, T, h, sh) + cpt.merge_s,
                      overhead_s=compute.block_overhead_s(eff), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
-                     ep_link_s=0.0,
-                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)))
+                     ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s)
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
