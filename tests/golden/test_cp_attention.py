@@ -212,3 +212,31 @@ def test_merges_make_cp_cost_more_than_its_micro_batch_twin() -> None:
     twin = estimate(LLAMA2, cluster, training, ParallelLayout(tp=1, cp=2, dp=8, mbs=2, recompute="none"))
     assert float(twin.time.step_s) > float(base.time.step_s)
     assert np.isfinite(float(twin.time.step_s))
+
+
+def test_recompute_reruns_the_forward_exchange() -> None:
+    """Full and core_attn recompute re-run TE's CP attention forward: its exposed exchange (here all of the
+    a2a forward all-to-alls) is paid again; other selective modules do not re-run it."""
+    from dataclasses import replace
+
+    from paraplan.estimate.time.layer import attention_layer_time, recompute_s
+
+    cluster = make_cluster(H100, 64, 8)
+    training = TrainingSpec(seq_len=131072, global_batch_size=8, cp_comm_type="a2a")
+    layout = ParallelLayout(tp=2, cp=4, dp=8, mbs=1, recompute="none", sequence_parallel=True)
+    lt = attention_layer_time(LLAMA2, cluster, training, layout)
+    fwd = cp.a2a_times(cluster, Group(size=4, stride=2), cp.kv_block_bytes(LLAMA2, 32768, 2, 4096),
+                       cp.q_block_bytes(LLAMA2, 32768, 2), cp.o_block_bytes(LLAMA2, 32768, 2)).fwd_exposed_s
+    assert float(lt.cp_fwd_exposed_s) == pytest.approx(float(fwd)) and float(fwd) > 0.0
+    assert float(lt.cp_exposed_s) == pytest.approx(2 * float(fwd))
+    eff = cluster.gpu.efficiency
+    selective = replace(layout, recompute="selective")
+    core = recompute_s(lt, selective, ("core_attn",), eff, moe=False)
+    norm = recompute_s(lt, selective, ("layernorm",), eff, moe=False)
+    full_layout = replace(layout, recompute="full")
+    lt_full = attention_layer_time(LLAMA2, cluster, training, full_layout)
+    full = recompute_s(lt_full, full_layout, (), eff, moe=False)
+    without = recompute_s(replace(lt_full, cp_fwd_exposed_s=0.0), full_layout, (), eff, moe=False)
+    assert float(core) == pytest.approx(float(lt.attn_fwd_s) + float(fwd))
+    assert float(norm) < float(core)
+    assert float(full) - float(without) == pytest.approx(float(fwd))

@@ -70,6 +70,9 @@ class CpTimes:
     """The part not hidden behind attention."""
     merge_s: Num
     """HBM time of merging the per-step partial results (p2p only)."""
+    fwd_exposed_s: Num = 0.0
+    """The forward's part of ``exposed_s``: run again when the attention forward is recomputed (full
+    recompute, or selective ``core_attn``, which re-runs the whole CP attention function)."""
 
 
 def kv_block_bytes(model: ModelSpec, tokens: Num, tp: Int, kv_width: Num) -> Num:
@@ -131,14 +134,15 @@ def p2p_times(cluster: ClusterSpec, group: Group, kv_bytes: Num, q_bytes: Num, o
     a_f = attn_fwd_s / steps
     a_b = ATTENTION_BWD_FACTOR * a_f
     middle = np.maximum(c - P2P_BWD_SINGLE_SENDS, 0)
-    exposed = ((c - 1) * ring_step_exposed_s(x1, a_f, eff) + P2P_BWD_SINGLE_SENDS * ring_step_exposed_s(x1, a_b, eff)
-               + middle * ring_step_exposed_s(x2, a_b, eff))
+    fwd = (c - 1) * ring_step_exposed_s(x1, a_f, eff)
+    bwd = P2P_BWD_SINGLE_SENDS * ring_step_exposed_s(x1, a_b, eff) + middle * ring_step_exposed_s(x2, a_b, eff)
+    exposed = fwd + bwd
     link = (c - 1) * x1 + P2P_BWD_SINGLE_SENDS * x1 + middle * x2
     merged = (o_bytes + q_bytes + kv_bytes) / ACTIVATION_BYTES_PER_ELEMENT
     merge = ((c - 1) * MERGE_BYTES_PER_ELEMENT + MERGE_FIRST_BYTES_PER_ELEMENT) * merged / hbm_rate(cluster)
     on = c > 1
     return CpTimes(link_s=np.where(on, link, 0.0), exposed_s=np.where(on, exposed, 0.0),
-                   merge_s=np.where(on, merge, 0.0))
+                   merge_s=np.where(on, merge, 0.0), fwd_exposed_s=np.where(on, fwd, 0.0))
 
 
 def a2a_times(cluster: ClusterSpec, group: Group, kv_bytes: Num, q_bytes: Num, o_bytes: Num) -> CpTimes:
@@ -150,7 +154,7 @@ def a2a_times(cluster: ClusterSpec, group: Group, kv_bytes: Num, q_bytes: Num, o
     fwd = (comm.all_to_all_s(cluster, q_bytes + kv_bytes, group.size, group.stride, alpha)
            + comm.all_to_all_s(cluster, o_bytes, group.size, group.stride, alpha))
     link = FWD_BWD_SAME_BYTES * fwd
-    return CpTimes(link_s=link, exposed_s=link, merge_s=0.0)
+    return CpTimes(link_s=link, exposed_s=link, merge_s=0.0, fwd_exposed_s=fwd)
 
 
 def allgather_times(cluster: ClusterSpec, group: Group, kv_bytes: Num) -> CpTimes:
@@ -161,7 +165,7 @@ def allgather_times(cluster: ClusterSpec, group: Group, kv_bytes: Num) -> CpTime
     alpha = comm.tier_latency_s(cluster, group.span)
     ag = comm.all_gather_s(group.size * kv_bytes, group.size, busbw, alpha)
     link = (1.0 + AG_BWD_PASSES) * ag
-    return CpTimes(link_s=link, exposed_s=link, merge_s=0.0)
+    return CpTimes(link_s=link, exposed_s=link, merge_s=0.0, fwd_exposed_s=ag)
 
 
 def cp_times(cluster: ClusterSpec, group: Group, comm_type: str, model: ModelSpec, tokens: Num, tp: Int,

@@ -54,6 +54,8 @@ class LayerTime:
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
     cp_exposed_s: Num = 0.0
     """The part of ``cp_link_s`` attention does not hide (``time.cp``: per ring step for p2p)."""
+    cp_fwd_exposed_s: Num = 0.0
+    """The forward's part of ``cp_exposed_s`` (re-run by full and ``core_attn`` recompute)."""
 
     @property
     def gpu_s(self) -> Num:
@@ -115,7 +117,8 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn,
                      elementwise_s=compute.block_elementwise_s(cluster, T, h, sh) + cpt.merge_s,
                      overhead_s=compute.block_overhead_s(eff), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
-                     ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s)
+                     ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s,
+                     cp_fwd_exposed_s=cpt.fwd_exposed_s)
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
@@ -196,13 +199,14 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     of its kernel issue, host syncs and exposed TP / EP communication: ``FWD_BWD_HALVES``).
     Selective modules follow Megatron-Core's TransformerLayer/MoELayer: "mlp" recomputes dense
     MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
-    ``recompute_mlp``, moe/moe_layer.py)."""
+    ``recompute_mlp``, moe/moe_layer.py). Full and ``core_attn`` recompute re-run the CP attention forward with
+    its exposed exchange (``cp_fwd_exposed_s``: TE's CP attention function is what core_attn checkpoints)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
             + lt.host_sync_s / FWD_BWD_HALVES)
     full = (full + (1.0 - tp.overlap_frac(layout, eff)) * lt.tp_link_s / FWD_BWD_HALVES
-            + lt.ep_link_s / FWD_BWD_HALVES)
-    sel = lt.attn_fwd_s * ("core_attn" in modules)
+            + lt.ep_link_s / FWD_BWD_HALVES + lt.cp_fwd_exposed_s)
+    sel = (lt.attn_fwd_s + lt.cp_fwd_exposed_s) * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
     sel = sel + lt.elementwise_s / SELECTIVE_ELEMENTWISE_DIVISOR * (("layernorm" in modules)
                                                                     or (moe and "moe_act" in modules))
