@@ -255,7 +255,7 @@ KnobOpt = typer.Option(
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
          "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
-         "cp-comm-type=a2a (p2p, a2a, allgather).")
+         "cp-comm-type=a2a (p2p, a2a, allgather), fsdp-double-buffer.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------
