@@ -55,7 +55,7 @@ def predict(case: Case, gpu_override: Any = None) -> float | str:
         layout = ParallelLayout(**case.layout)
         layout, _ = apply_pipeline_split(model, layout, "auto")
         training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
-                                attention_backend=_backend(case))  # type: ignore[arg-type]
+                                attention_backend=_backend(case), fp8_recipe=case.fp8_recipe)  # type: ignore[arg-type]
         est = estimate(model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), training, layout)
     except SpecError as err:
         return str(err)

@@ -93,6 +93,11 @@ class StageTerms:
     """Embedding lookup on the first stage."""
     output_tp_link_s: Num
     """TP all-gathers around the output layer."""
+    bf16_start_s: Num = 0.0
+    """Extra compute + recompute of the first stage's ``num_layers_at_start_in_bf16`` BF16 layers
+    (``first_last_layers_bf16``; ``bf16_layers_extra_s``)."""
+    bf16_end_s: Num = 0.0
+    """Same for the last stage's ``num_layers_at_end_in_bf16`` layers."""
 
     def take(self, index: NDArray[np.int64]) -> StageTerms:
         """Rows ``index`` of every array field."""
@@ -102,7 +107,33 @@ class StageTerms:
 
         parts = tuple(LayerKindTerms(**{f.name: pick(getattr(k, f.name)) for f in fields(k)}) for k in self.parts)
         return StageTerms(parts=parts, tp_exposed_frac=pick(self.tp_exposed_frac), logits_s=pick(self.logits_s),
-                          embedding_s=pick(self.embedding_s), output_tp_link_s=pick(self.output_tp_link_s))
+                          embedding_s=pick(self.embedding_s), output_tp_link_s=pick(self.output_tp_link_s),
+                          bf16_start_s=pick(self.bf16_start_s), bf16_end_s=pick(self.bf16_end_s))
+
+
+def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                        layout: LayerLayout) -> tuple[Num, Num]:
+    """(first stage, last stage) extra compute + recompute per micro-batch of the layers ``--first-last-layers-bf16``
+    keeps out of the FP8/FP4 autocast (``fp8_utils.get_fp8_context`` / ``fp4_utils.get_fp4_context``: the first
+    ``num_layers_at_start_in_bf16`` and last ``num_layers_at_end_in_bf16`` layers run a ``nullcontext``): each such
+    layer's time in BF16 less its time in the low precision, for the kind (dense or MoE) of the model's first and
+    last layer. (0, 0) without the knob."""
+    if not (training.first_last_layers_bf16 and training.precision in ("fp8", "fp4")):
+        return 0.0, 0.0
+    bf16 = replace(training, precision="bf16", first_last_layers_bf16=False, fp8_param_gather=False,
+                   fp4_param_gather=False, fp8_dot_product_attention=False)
+    modules, eff = tuple(layout.recompute_modules), cluster.gpu.efficiency
+
+    def extra(moe: bool) -> Num:
+        """One layer of this kind in BF16 less in the low precision (compute + recompute)."""
+        lo = layer_time(model, cluster, training, layout, moe=moe)
+        hi = layer_time(model, cluster, bf16, layout, moe=moe)
+        return (hi.compute_s - lo.compute_s + recompute_s(hi, layout, modules, eff, moe=moe)
+                - recompute_s(lo, layout, modules, eff, moe=moe))
+
+    pattern = model.moe_layer_pattern()
+    return (training.num_layers_at_start_in_bf16 * extra(pattern[0]),
+            training.num_layers_at_end_in_bf16 * extra(pattern[-1]))
 
 
 def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> StageTerms:
@@ -129,7 +160,9 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     sh = np.where(layout.sp, layout.tp, 1)
     h = model.hidden_size
     tp_group = Grid.inner(layout).tp_group
+    bf16_start, bf16_end = bf16_layers_extra_s(model, cluster, training, layout)
     return StageTerms(
+        bf16_start_s=bf16_start, bf16_end_s=bf16_end,
         parts=parts, tp_exposed_frac=1.0 - tp.overlap_frac(layout, eff),
         logits_s=compute.logits_s(cluster, tokens, padded_vocab(model, layout.tp), layout.tp, h),
         embedding_s=compute.embedding_s(cluster, tokens, h, sh),
@@ -160,6 +193,8 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     heads = 1 + np.asarray(stage.num_mtp_layers)
     compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
     compute = compute + np.where(stage.has_embedding, terms.embedding_s, 0.0)
+    compute = compute + np.where(stage.has_embedding, terms.bf16_start_s, 0.0) \
+        + np.where(stage.has_output, terms.bf16_end_s, 0.0)
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
     if not training.gradient_accumulation_fusion:  # the unfused main-grad adds of each micro-batch's backward
         from paraplan.estimate.positions import max_positions_for
