@@ -25,7 +25,7 @@ from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_st
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.memory import block_recompute_frac
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
-from paraplan.estimate.time import compute, cp, dp, ep, fsdp, pp, tp
+from paraplan.estimate.time import compute, dp, ep, fsdp, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import grad_accumulation_s, optimizer_s
@@ -70,6 +70,7 @@ class LayerKindTerms:
     ep_link_s: Num
     cp_link_s: Num
     attn_fwd_s: Num
+    cp_exposed_s: Num = 0.0
     ep_unpaired_s: Num = 0.0
     """EP time exposed by a pass that runs alone (``ep.unpaired_exposed_s``, before ``ep_overlap_frac``)."""
     ep_paired_s: Num = 0.0
@@ -149,7 +150,7 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     delay = training.delay_wgrad_compute
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
-                                 attn_fwd_s=lt.attn_fwd_s,
+                                 attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s,
                                  ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_gemm_fwd_s,
                                                                      shared_overlap=training.moe_shared_expert_overlap),
                                  ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
@@ -188,7 +189,6 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     recompute = sum((frac if i < decoder else 1.0) * n * k.recompute_s for i, (k, n) in enumerate(parts))
     links: dict[str, Num] = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
              "cp": sum(n * k.cp_link_s for k, n in parts)}
-    attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * k.attn_fwd_s for k, n in parts)
     # logits and loss on the last stage (and per MTP head), embedding on the first
     heads = 1 + np.asarray(stage.num_mtp_layers)
     compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
@@ -202,10 +202,10 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
         held = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                             max_positions=max_positions_for(model, training)[0]).total
         compute = compute + grad_accumulation_s(cluster, training, held)
-    exposed = {
+    exposed: dict[str, Num] = {
         "tp": terms.tp_exposed_frac * links["tp"],
         "ep": (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_unpaired_s for k, n in parts),
-        "cp": cp.exposed_s(links["cp"], attn, eff),
+        "cp": sum(n * k.cp_exposed_s for k, n in parts),
     }
     paired = (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_paired_s for k, n in parts)
     return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed, ep_paired_s=paired)

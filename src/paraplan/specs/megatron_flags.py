@@ -507,7 +507,9 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
     for key, flag in KNOB_FLAGS.items():
         if not r.has(flag):
             continue
-        if key in DTYPE_CHOICES:
+        if key == "cp_comm_type":
+            out[key] = _cp_comm_type(r.v.get(flag) or ())
+        elif key in DTYPE_CHOICES:
             raw = r.text(flag)
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
@@ -613,6 +615,20 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
         return out
     out["cuda_graph_modules"] = tuple(dict.fromkeys(w for w in words if w != "full"))
     return out
+
+
+def _cp_comm_type(values: tuple[str, ...]) -> str:
+    """``--cp-comm-type`` (nargs '+': one value, or one per layer): the one value every layer uses; a2a+p2p
+    (hierarchical CP) and different values per layer are refused in one line (not modelled)."""
+    flag, choices = KNOB_FLAGS["cp_comm_type"], DTYPE_CHOICES["cp_comm_type"]
+    kinds = sorted(set(values))
+    if "a2a+p2p" in kinds:
+        raise SpecError(f"{flag} a2a+p2p (hierarchical context parallelism) is not modelled; use one of "
+                        f"{', '.join(choices)}")
+    if len(kinds) != 1 or kinds[0] not in choices:
+        got = " ".join(values) if values else "nothing"
+        raise SpecError(f"{flag} must be one of {', '.join(choices)} for every layer, got {brief(got)}")
+    return kinds[0]
 
 
 def _low_precision_knobs(r: _Reader, out: dict[str, Any], precision: str) -> None:

@@ -35,13 +35,15 @@ MainParamsDtype = Literal["fp32", "fp16"]
 MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 MoeDispatcher = Literal["alltoall", "allgather", "flex"]
 MoeFlexBackend = Literal["deepep", "hybridep"]
+CpCommType = Literal["p2p", "a2a", "allgather"]
 DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
                         "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES,
                         "moe_token_dispatcher_type": ("alltoall", "allgather", "flex"),
                         "moe_flex_dispatcher_backend": ("deepep", "hybridep"),
                         "cuda_graph_impl": CUDA_GRAPH_IMPLS,
-                        "fp4_recipe": FP4_RECIPES}
+                        "fp4_recipe": FP4_RECIPES,
+                        "cp_comm_type": ("p2p", "a2a", "allgather")}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 DTYPE_BYTES: Final = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 KNOB_FLAGS: Final = {
@@ -51,6 +53,7 @@ KNOB_FLAGS: Final = {
     "exp_avg_dtype": "--exp-avg-dtype", "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
     "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    "cp_comm_type": "--cp-comm-type",
     "fsdp_double_buffer": "--fsdp-double-buffer",
     "moe_token_dispatcher_type": "--moe-token-dispatcher-type",
     "moe_flex_dispatcher_backend": "--moe-flex-dispatcher-backend", "moe_hybridep_num_sms": "--moe-hybridep-num-sms",
@@ -190,6 +193,9 @@ class TrainingSpec:
     """``--optimizer-cpu-offload`` (needs the precision-aware optimizer, as in Megatron)."""
     optimizer_offload_fraction: float = 1.0
     """``--optimizer-offload-fraction``: share of the optimizer's parameters whose state lives on the host."""
+    cp_comm_type: CpCommType = "p2p"
+    """``--cp-comm-type`` (one value for every layer): how attention exchanges K,V under context parallelism
+    (``estimate/time/cp.py``); ``a2a+p2p`` is not modelled."""
     fsdp_double_buffer: bool = False
     """``--fsdp-double-buffer`` (Megatron-FSDP only; --use-nccl-ub and --megatron-fsdp-max-pool-double-buffer set
     it too): two persistent unit buffers, so no more than two layers' weights are gathered at once."""

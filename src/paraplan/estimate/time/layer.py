@@ -57,6 +57,10 @@ class LayerTime:
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+    cp_exposed_s: Num = 0.0
+    """The part of ``cp_link_s`` attention does not hide (``time.cp``: per ring step for p2p)."""
+    cp_fwd_exposed_s: Num = 0.0
+    """The forward's part of ``cp_exposed_s`` (re-run by full and ``core_attn`` recompute)."""
     mla_up_gemm_fwd_s: Num = 0.0
     """Part of gemm_fwd_s in MLA's query and key-value up projections, for selective recompute of mla_up_proj."""
     shared_gemm_fwd_s: Num = 0.0
@@ -153,13 +157,13 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
-    elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster)
+    cpt = cp.cp_times(cluster, grid.cp_group, training.cp_comm_type, model, T, t, kv_width, attn)
+    elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster) + cpt.merge_s
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
                      overhead_s=_issue_s(eff, training, "attn"),
                      tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
-                     ep_link_s=0.0,
-                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)),
-                     mla_up_gemm_fwd_s=up)
+                     ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s,
+                     cp_fwd_exposed_s=cpt.fwd_exposed_s, mla_up_gemm_fwd_s=up)
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
@@ -249,13 +253,15 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
     ``recompute_mlp``, moe/moe_layer.py); "shared_experts" the shared expert's forward GEMMs of MoE layers
     (moe_layer.py ``shared_experts_recompute``; inside "moe" when both are set); "mla_up_proj" MLA's query and
-    key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``)."""
+    key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``). Full and ``core_attn``
+    recompute re-run the CP attention forward with its exposed exchange (``cp_fwd_exposed_s``: TE's CP attention
+    function is what core_attn checkpoints)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
             + lt.host_sync_s / FWD_BWD_HALVES)
     full = (full + (1.0 - tp.overlap_frac(layout, eff)) * lt.tp_link_s / FWD_BWD_HALVES
-            + lt.ep_link_s / FWD_BWD_HALVES)
-    sel = lt.attn_fwd_s * ("core_attn" in modules)
+            + lt.ep_link_s / FWD_BWD_HALVES + lt.cp_fwd_exposed_s)
+    sel = (lt.attn_fwd_s + lt.cp_fwd_exposed_s) * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
     sel = sel + lt.mla_up_gemm_fwd_s * ("mla_up_proj" in modules)
     sel = sel + lt.shared_gemm_fwd_s * (moe and "shared_experts" in modules and "moe" not in modules)
