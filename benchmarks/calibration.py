@@ -57,6 +57,12 @@ def _backend(case: Case) -> str:
     return case.attention_backend if SOURCE_ATTENTION else "flash"
 
 
+def case_training(case: Case, backend: str) -> TrainingSpec:
+    """The TrainingSpec a calibration row runs with (its precision and FP8 recipe, ``backend`` attention)."""
+    return TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
+                        attention_backend=backend, fp8_recipe=case.fp8_recipe)  # type: ignore[arg-type]
+
+
 def predict(case: Case, gpu_override: Any = None) -> float | str:
     """Predicted tokens/s/GPU, or the reason the estimate was refused."""
     gpu = gpu_override or _GPUS.setdefault(case.gpu, load_gpu(case.gpu))
@@ -64,8 +70,7 @@ def predict(case: Case, gpu_override: Any = None) -> float | str:
         model = model_from_megatron_args(case.model, name=case.label)
         layout = ParallelLayout(**case.layout)
         layout, _ = apply_pipeline_split(model, layout, "auto")
-        training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
-                                attention_backend=_backend(case), fp8_recipe=case.fp8_recipe)  # type: ignore[arg-type]
+        training = case_training(case, _backend(case))
         est = estimate(model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), training, layout)
     except SpecError as err:
         return str(err)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from calibration import case_training
 from fit_efficiency import ARCH_GPUS, fit_arch, fitted_names
 from paraplan.cli.options import apply_pipeline_split
 from paraplan.errors import SpecError
@@ -83,8 +84,7 @@ def prepare(case: Case) -> Prepared | str:
     try:
         model = model_from_megatron_args(case.model, name=case.label)
         layout, _ = apply_pipeline_split(model, ParallelLayout(**case.layout), "auto")
-        training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
-                                attention_backend="flash")
+        training = case_training(case, "flash")
         cluster = make_cluster(gpu, case.num_gpus, case.gpus_per_node)
         out = Prepared(model, cluster, training, layout, layout.num_microbatches(case.gbs))
     except SpecError as err:
