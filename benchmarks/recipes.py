@@ -6,7 +6,8 @@ knobs (``paraplan estimate --recipe``) and plans the same job (model, GPU, count
 default search space, as ``paraplan plan`` runs it). Per recipe:
 
 - fits: the recipe's layout is predicted to fit in memory;
-- top tier: its layout (TP, PP, VP, CP, EP, ETP, micro-batch, recompute) is one of the plan's top ``TOP_K``;
+- top tier: the recipe, as estimated with its knobs, is in the pick's step-time tier (``paraplan.ranking``: its step
+  time within the tier tolerance of the fastest layout that fits, or faster);
 - within 10%: its predicted tokens/s/GPU is at least 90% of the top pick's.
 
 Recipes Megatron-Core itself rejects (bridge_perf_recipes.md's notes) and jobs where nothing fits are counted apart.
@@ -31,11 +32,11 @@ from dataclasses import dataclass
 
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 from paraplan.recipes.catalogue import Recipe, bridge_recipes
-from paraplan.recipes.compare import same_layout
+from paraplan.recipes.compare import job_recipe_layouts, same_layout
 from paraplan.recipes.knobs import estimate_recipe, recipe_run
 
-TOP_K = 5
-"""The plan's top tier: its first five layouts (``plan --top`` default)."""
+TOP_K = 1
+"""Layouts the plan lists (the benchmark needs the pick and its tier only)."""
 WITHIN = 0.10
 
 
@@ -57,7 +58,7 @@ class Row:
 
 def compare(r: Recipe) -> Row | str:
     """The Row of ``r``, or why it was skipped."""
-    from paraplan.search import plan
+    from paraplan.search import plan, rank_keys
     from paraplan.specs.cluster import make_cluster
     from paraplan.specs.load import load_gpu
     from paraplan.specs.training import TrainingSpec
@@ -67,15 +68,17 @@ def compare(r: Recipe) -> Row | str:
     except PlannerError as err:
         return f"recipe rejected ({getattr(err, 'reason', '') or type(err).__name__})"
     job = recipe_run(r).job
+    cluster = make_cluster(load_gpu(job.gpu), job.num_gpus)
+    training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
+                            attention_backend=job.attention_backend)  # type: ignore[arg-type]
     try:
-        p = plan(est.model, make_cluster(load_gpu(job.gpu), job.num_gpus),
-                 TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
-                              attention_backend=job.attention_backend),  # type: ignore[arg-type]
-                 top_k=TOP_K)
+        p = plan(est.model, cluster, training, top_k=TOP_K, recipes=job_recipe_layouts(est.model, cluster, training))
     except NoFeasiblePlanError:
         return "no layout fits the job"
     top = p.candidates[0]
-    return Row(alias=r.alias, fits=est.fits, top_tier=any(same_layout(est, c) for c in p.candidates),
+    keys = rank_keys(p, est.layout, est.peak_bytes, float(est.time.step_s))
+    in_tier = keys is not None and keys.tier == p.tiers[0]
+    return Row(alias=r.alias, fits=est.fits, top_tier=in_tier or same_layout(est, top),
                ratio=float(est.throughput.tokens_per_s_per_gpu) / float(top.throughput.tokens_per_s_per_gpu),
                pick=top.layout.short())
 

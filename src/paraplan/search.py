@@ -445,41 +445,19 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
             "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(grid.ep_group.span, block)}
 
 
-def recipe_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                   recipes: Sequence[Any] | None = None) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
-    """``ranking.RECIPE_FIELDS`` and aliases of the NVIDIA recipes for exactly this job (model and GPU preset, GPU
-    count, sequence, GBS; ``recipes``: the packaged library when None), for the ``nvidia_recipe`` rule."""
-    from paraplan.errors import PlannerError
-    from paraplan.recipes.catalogue import bridge_recipes
-    from paraplan.recipes.knobs import layout_fields
-
-    out: list[tuple[int, ...]] = []
-    names: list[str] = []
-    for r in recipes if recipes is not None else bridge_recipes():
-        if not (r.runnable and r.model_preset == model.name and r.gpu_preset == cluster.gpu.name
-                and r.get("num_gpus") == cluster.num_gpus and r.get("seq_length") == training.seq_len
-                and r.get("global_batch_size") == training.global_batch_size):
-            continue
-        try:
-            f, _ = layout_fields(r)
-        except PlannerError:
-            continue  # a malformed row: no layout to prefer
-        etp = f["etp"] or f["tp"]
-        out.append((f["tp"], f["pp"], f["vp"], f["cp"], f["ep"], etp if model.is_moe else f["tp"], f["mbs"],
-                    RECOMPUTE_CODES[f["recompute"]]))
-        names.append(r.alias)
-    return tuple(dict.fromkeys(out)), tuple(names)
+RecipeLayouts = tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]
+"""``ranking.RECIPE_FIELDS`` of the NVIDIA recipes for a job, and their names (``recipes.compare.job_recipe_layouts``
+makes them: the search layer does not read the recipe library)."""
 
 
 def rank_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, ev: Evaluated,
-                 options: MemoryOptions | None = None, recipes: Sequence[Any] | None = None) -> RankContext:
+                 options: MemoryOptions | None = None, recipes: RecipeLayouts = ((), ())) -> RankContext:
     """The ranking's context for the feasible rows ``ev``: the tier tolerance, the free-memory step, whether model
     state binds (``ranking.MODEL_STATE_BINDS_FRAC``, judged on the fastest distributed-optimizer layout of tier 1,
     estimated through the scalar path, only when tier 1 also has Megatron-FSDP layouts) and the recipe layouts."""
     tol = tier_tolerance(model)
     ctx = RankContext(tier_tolerance=tol, memory_step_bytes=memory_tie_step_bytes(float(cluster.gpu.usable_bytes)))
-    layouts, names = recipe_layouts(model, cluster, training, recipes)
-    ctx = replace(ctx, recipe_layouts=layouts, recipe_names=names)
+    ctx = replace(ctx, recipe_layouts=recipes[0], recipe_names=recipes[1])
     best = float(np.min(ev.step_s))
     tier1 = ev.step_s <= best * (1.0 + tol)
     dist = np.flatnonzero(tier1 & ~ev.table.fsdp & ev.table.distributed_optimizer)
@@ -495,12 +473,13 @@ def rank_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,
          objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None,
-         headroom: Headroom | None = None) -> Plan:
+         headroom: Headroom | None = None, recipes: RecipeLayouts = ((), ())) -> Plan:
     """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits.
 
     A layout fits when its peak plus the ``headroom`` margin (default: the memory model's error band,
     ``paraplan.headroom``) stays within usable memory; those that fit only inside the margin are
-    rejected as OOM_MARGIN, those above usable memory as OOM."""
+    rejected as OOM_MARGIN, those above usable memory as OOM. ``recipes``: the layouts of NVIDIA recipes for
+    this job, for the ranking's ``nvidia_recipe`` rule (``recipes.compare.job_recipe_layouts``)."""
     space = space or SearchSpace()
     headroom = headroom if headroom is not None else DEFAULT_HEADROOM
     cluster.gpu.peak_flops_per_s(training.precision)
@@ -560,15 +539,13 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
-    ranking = rank_context(model, cluster, training, feasible, options)
+    ranking = rank_context(model, cluster, training, feasible, options, recipes)
     picked, ties = _ranked_top(feasible, objective, cluster, top_k + 1, ranking)  # one more: what the last beat
     tiers, decided = ranking_of(feasible, picked, objective, cluster, ranking)
     picked, tiers, decided = picked[:top_k], tiers[:top_k], decided[:top_k]
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options, headroom=headroom)
            for i in picked]
     notes: tuple[str, ...] = ()
-    if objective == "throughput":
-        notes += (ranking.describe(),)
     if objective == "memory-headroom":
         best = float(np.min(feasible.step_s))
         notes += (f"memory-headroom: the most free memory among layouts within {100 * MEMORY_HEADROOM_MAX_LOSS:.0f}% "
@@ -581,6 +558,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     if not sched.megatron:
         notes += (f"schedule {sched.name}: {sched.title} is a what-if, {NOT_IN_MEGATRON}; the numbers say what it "
                   "would gain (launch refuses it)",)
+    if objective == "throughput":
+        notes += (ranking.describe(),)
     notes += (f"fit means peak + margin <= {usable / GIB:.1f} GiB usable; {headroom.describe(usable)}",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
@@ -742,6 +721,7 @@ def rank_keys(p: Plan, layout: Any, peak_bytes: float, step_s: float) -> RankKey
     if ev is None or ctx is None or not len(ev.step_s):
         return None
     table = LayoutTable.from_layouts([layout])
+    table.etp = np.where(table.etp == 0, table.tp, table.etp)  # 0 = TP, as the search's columns hold it
     custom = bool(layout.pipeline_layout or layout.first_stage_layers or layout.last_stage_layers
                   or layout.account_for_embedding or layout.account_for_loss)
     if custom:

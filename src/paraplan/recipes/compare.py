@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from paraplan.estimator import Estimate
     from paraplan.recipes.catalogue import Recipe
     from paraplan.recipes.knobs import RecipeRun
-    from paraplan.search import Plan
+    from paraplan.search import Plan, RecipeLayouts
+    from paraplan.specs.cluster import ClusterSpec
+    from paraplan.specs.model import ModelSpec
+    from paraplan.specs.training import TrainingSpec
 
 AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
@@ -81,6 +84,32 @@ def _estimate(run: RecipeRun, plan: Plan, num_gpus: int, options: MemoryOptions 
                        **training_knobs(run.recipe, run.job.precision))  # its memory knobs, as estimate --recipe
     notes = [f"recipe {run.recipe.alias}", *run.notes]
     return estimate(run.model, cluster, training, run.layout, memory_options=options, extra_notes=notes)
+
+
+def job_recipe_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                       recipes: tuple[Recipe, ...] | None = None) -> RecipeLayouts:
+    """``ranking.RECIPE_FIELDS`` and aliases of the NVIDIA recipes for exactly this job (model and GPU preset, GPU
+    count, sequence, GBS; ``recipes``: the packaged library when None), for the ``nvidia_recipe`` rule."""
+    from paraplan.layout import RECOMPUTE_CODES
+    from paraplan.recipes.catalogue import bridge_recipes
+    from paraplan.recipes.knobs import layout_fields
+
+    out: list[tuple[int, ...]] = []
+    names: list[str] = []
+    for r in recipes if recipes is not None else bridge_recipes():
+        if not (r.runnable and r.model_preset == model.name and r.gpu_preset == cluster.gpu.name
+                and r.get("num_gpus") == cluster.num_gpus and r.get("seq_length") == training.seq_len
+                and r.get("global_batch_size") == training.global_batch_size):
+            continue
+        try:
+            f, _ = layout_fields(r)
+        except PlannerError:
+            continue  # a malformed row: no layout to prefer
+        etp = f["etp"] or f["tp"]
+        out.append((f["tp"], f["pp"], f["vp"], f["cp"], f["ep"], etp if model.is_moe else f["tp"], f["mbs"],
+                    RECOMPUTE_CODES[f["recompute"]]))
+        names.append(r.alias)
+    return tuple(dict.fromkeys(out)), tuple(names)
 
 
 def compare_with_plan(plan: Plan, options: MemoryOptions | None = None,
@@ -235,6 +264,7 @@ def _tier_text(plan: Plan, rec: Estimate, pick: Estimate, nums: dict[str, Any]) 
     tol = plan.ranking.tier_tolerance
     nums.update(recipe_tier=b.tier, pick_tier=a.tier, in_tier=a.tier == b.tier)
     if b.step < 1.0:
+        nums.update(faster_than_search=True)
         return (f"; the recipe is faster than every layout of this search ({100 * (b.step - 1):+.1f}% step time): "
                 "what puts it outside the search (below) or its knobs make the difference")
     if a.tier != b.tier:
@@ -243,8 +273,10 @@ def _tier_text(plan: Plan, rec: Estimate, pick: Estimate, nums: dict[str, Any]) 
     rule = first_rule(plan, a, b)
     nums["decided_by"] = rule
     if not rule:
+        back = first_rule(plan, b, a)
+        nums["recipe_decided_by"] = back
         return (f"; the recipe is in the pick's tier {a.tier} (equivalent within the {100 * tol:.1f}% band) and "
-                "would rank before it: it is outside this plan's search or its knobs differ")
+                f"would rank before it by {rule_words(back)}, were its layout with these knobs among this search's")
     return (f"; the recipe is in the pick's tier {a.tier}: equivalent within the {100 * tol:.1f}% step-time band; "
             f"the pick comes first by {rule_words(rule)}")
 
@@ -280,10 +312,11 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[st
                     if lower else ""))
     if cmp.at != "this job":
         text += "; compare per GPU only (another job)"
-    elif same_layout(rec, pick):
-        text += "; the pick uses the same layout" + (" and agrees on speed" if abs(gain) <= AGREE_FRAC else
-                                                     " with other knobs")
+    elif same_layout(rec, pick) and abs(gain) <= AGREE_FRAC:
+        text += "; the pick uses the same layout and agrees on speed"
     else:
+        if same_layout(rec, pick):
+            text += "; the pick uses the same layout with other knobs or data-parallel variant"
         terms, pick_terms = _time_terms(rec), _time_terms(pick)
         diffs = {k: terms.get(k, 0.0) - pick_terms.get(k, 0.0) for k in dict.fromkeys([*terms, *pick_terms])}
         ranked = sorted(diffs, key=lambda k: -abs(diffs[k]))
