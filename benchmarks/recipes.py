@@ -50,6 +50,9 @@ class Row:
     ratio: float
     """Recipe tokens/s/GPU over the top pick's."""
     pick: str
+    tier_how: str = ""
+    """Why it is top tier: ``same layout`` as the pick, ``in the band`` of the fastest, ``faster`` than every
+    searched layout (its knobs are outside the search), or "" (not top tier)."""
 
     @property
     def within(self) -> bool:
@@ -78,9 +81,11 @@ def compare(r: Recipe) -> Row | str:
     top = p.candidates[0]
     keys = rank_keys(p, est.layout, est.peak_bytes, float(est.time.step_s))
     in_tier = keys is not None and keys.tier == p.tiers[0]
-    return Row(alias=r.alias, fits=est.fits, top_tier=in_tier or same_layout(est, top),
+    how = ("same layout" if same_layout(est, top) else "faster" if keys is not None and keys.step < 1.0
+           else "in the band" if in_tier else "")
+    return Row(alias=r.alias, fits=est.fits, top_tier=bool(how),
                ratio=float(est.throughput.tokens_per_s_per_gpu) / float(top.throughput.tokens_per_s_per_gpu),
-               pick=top.layout.short())
+               pick=top.layout.short(), tier_how=how)
 
 
 def summary(rows: list[Row], skipped: Counter[str]) -> str:
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(got)
         if args.rows:
-            print(f"  {got.alias:<42} {'fits' if got.fits else 'OOM ':<4} {'top' if got.top_tier else '   '} "
+            print(f"  {got.alias:<42} {'fits' if got.fits else 'OOM ':<4} {got.tier_how or '-':<11} "
                   f"{100 * got.ratio:5.1f}% of the pick ({got.pick})")
     per_model: dict[str, list[Row]] = {}
     for row in rows:
@@ -124,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<16} " + summary(group, Counter()).removeprefix("recipes: "))
     for reason, count in skipped.most_common():
         print(f"  skipped {count}: {reason}")
+    hows = Counter(r.tier_how for r in rows if r.top_tier)
+    print("  top tier: " + ", ".join(f"{hows[h]} {h}" for h in ("same layout", "in the band", "faster"))
+          + " (faster: predicted faster than every layout of the default search, its knobs are outside it)")
     print(summary(rows, skipped))
     return 0
 
