@@ -223,3 +223,12 @@ def test_a_layout_in_the_picks_tier_is_called_equivalent_with_the_rule_that_put_
         nums = {}
         assert f"tier {p.tiers[worse[0]]}" in _tier_text(p, p.candidates[worse[0]], p.candidates[0], nums)
         assert nums["in_tier"] is False
+
+
+def test_the_band_tolerance_comes_from_the_packaged_step_band() -> None:
+    from paraplan.bands import band_for
+
+    for name, family in (("llama3-8b", "dense"), ("deepseek-v3", "moe")):
+        band = band_for("step_s", family)  # type: ignore[arg-type]
+        assert ranking.band_tier_tolerance(load_model(name)) == pytest.approx((band.hi_ratio - band.lo_ratio) / 2)
+    assert ranking.tier_tolerance(load_model("llama3-8b")) == ranking.PROVISIONAL_TIER_TOLERANCE
