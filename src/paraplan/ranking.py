@@ -20,7 +20,8 @@ they do not depend on enumeration order:
 5. ``fewer_parallel_dims``: fewer of TP, PP, VP, CP, EP above 1;
 6. ``nvidia_recipe``: the layout of an NVIDIA recipe for the same job (model, GPU, GPU count, sequence, GBS);
 7. ``step_time``: the faster step time (rounded to 1e-9 relative: exact ties fall through);
-8. ``simpler``: smaller TP, PP, VP, CP, EP, ETP, then a larger micro-batch, lighter recompute, no FSDP, SP on.
+8. ``simpler``: smaller TP, PP, VP, CP, EP, ETP, then a larger micro-batch, lighter recompute, no FSDP, SP on,
+   the distributed optimizer over plain DDP.
 
 Rules 1 to 6 are small integers packed into one int64 ``coarse`` key, so a ranking is one ``np.lexsort`` over whole
 columns (and the search sorts only the rows whose coarse key is among the smallest).
@@ -240,7 +241,8 @@ def pack(cols: dict[str, NDArray[np.int64]]) -> NDArray[np.int64]:
 def simpler_columns(table: LayoutTable) -> list[NDArray[np.int64]]:
     """Rule 8's columns, most significant first."""
     return [table.tp, table.pp, table.vp, table.cp, table.ep, table.etp, -table.mbs, table.recompute_code,
-            table.fsdp.astype(np.int64), (~table.sequence_parallel).astype(np.int64)]
+            table.fsdp.astype(np.int64), (~table.sequence_parallel).astype(np.int64),
+            (~table.distributed_optimizer).astype(np.int64)]  # every searched column: a total order
 
 
 def rounded_step(step_s: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -124,15 +124,15 @@ def test_the_issue_case_of_a_larger_micro_batch_for_0_07_percent() -> None:
     assert order == [m4, m8] and decided[0] == "free_memory"
 
 
-def _space_plan() -> search.Plan:
+def _space_plan(*variants: str) -> search.Plan:
     return plan(load_model("llama3-8b"), make_cluster(H100, 32), TrainingSpec(seq_len=4096, global_batch_size=128),
-                top_k=10)
+                top_k=10, space=SearchSpace(dp_variants=variants or ("distopt", "fsdp")))
 
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), prefer_fsdp=st.booleans(), tol=st.sampled_from([0.0, 0.02, 0.05, 0.2]))
 def test_ranking_does_not_depend_on_the_order_of_the_candidates(seed: int, prefer_fsdp: bool, tol: float) -> None:
-    p = _PLAN
+    p = _PLAN_ALL  # with plain DDP too: rows that differ only in the data-parallel variant
     ev = p.feasible
     assert ev is not None
     recipe = tuple(int(getattr(ev.table, f)[7]) for f in ranking.RECIPE_FIELDS)
@@ -149,6 +149,7 @@ def test_ranking_does_not_depend_on_the_order_of_the_candidates(seed: int, prefe
 
 
 _PLAN = _space_plan()
+_PLAN_ALL = _space_plan("distopt", "fsdp", "ddp")
 
 
 def test_plan_json_says_the_tier_and_the_rule_of_every_layout() -> None:
