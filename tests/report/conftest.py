@@ -24,14 +24,15 @@ LOG = LOG_PATH.read_text(encoding="utf-8")
 
 @pytest.fixture(scope="session")
 def plan_8b() -> Plan:
-    """llama3-8b on 16 H100s, top 3, PP forced >= 2 somewhere in the top so a schedule is drawn (no memory
-    margin: the tests name these three layouts, which the default margin would change)."""
+    """llama3-8b on 16 H100s, top 3, PP 2 with VP 6 or 8, mbs 2, no recompute, so a schedule is drawn (no memory
+    margin: the tests name these three layouts, which the default margin would change): #1 tp1 pp2 vp8 dp8 fsdp,
+    #2 the same with vp6 (a custom pipeline layout), #3 vp8 with the distributed optimizer."""
     from paraplan.headroom import NO_HEADROOM
     from paraplan.search import SearchSpace
 
     return plan(load_model("llama3-8b"), make_cluster(load_gpu("h100-80gb"), 16),
-                TrainingSpec(seq_len=4096, global_batch_size=256), space=SearchSpace(pp=(2, 4)), top_k=3,
-                headroom=NO_HEADROOM)
+                TrainingSpec(seq_len=4096, global_batch_size=256),
+                space=SearchSpace(pp=(2,), vp=(6, 8), mbs=(2,), recompute=("none",)), top_k=3, headroom=NO_HEADROOM)
 
 
 @pytest.fixture(scope="session")
