@@ -174,6 +174,26 @@ def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     return out
 
 
+def fsdp_findings(plan: Plan, best: Estimate) -> list[Finding]:
+    """MEGATRON_FSDP: what the pick's Megatron-FSDP traffic costs (link and exposed, and why), and how many layouts
+    the default scope (``estimate.time.fsdp.benchmarked``) left out."""
+    left = plan.rejections.get("FSDP_NOT_BENCHMARKED", 0)
+    lay, parts = best.layout, []
+    numbers: dict[str, Any] = {"left_out": left}
+    if lay.fsdp:
+        link, exposed = float(best.time.link_comm_s["dp"]), float(best.time.exposed_comm_s["dp"])
+        m = best.training.global_batch_size // (lay.mbs * lay.dp)
+        parts.append(f"Megatron-FSDP moves {link:.2f} s per step over DP x CP {lay.dp * lay.cp} (2 parameter "
+                     f"all-gathers and 1 gradient reduce-scatter of the rank's weights per micro-batch, {m} "
+                     f"micro-batches), {exposed:.2f} s exposed: each layer's traffic hides behind one layer's "
+                     f"compute, the first layer of each of the {lay.vp} chunk(s) in each pass does not")
+        numbers.update(link_s=link, exposed_s=exposed, num_microbatches=m)
+    if left:
+        parts.append(f"Megatron-FSDP left out of {left:,} layouts (searched by default only at PP 1, CP 1, TP 1, or "
+                     "TP up to 2 on Blackwell, where NVIDIA runs it; `plan --dp-variant fsdp` searches it everywhere)")
+    return [Finding("MEGATRON_FSDP", "; ".join(parts), numbers)] if parts else []
+
+
 def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") -> list[Finding]:
     """Dominant time terms and the gap to the runner-up, term by term (``rule``: the ranking rule that put the
     best first, ``Plan.decided_by[0]``)."""
@@ -433,6 +453,7 @@ def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpe
     return (memory_findings(plan, best) + time_findings(best, runner, plan.decided_by[0] if plan.decided_by else "")
             + ranking_findings(plan) + rule_findings(plan, best)
             + schedule_findings(plan, best) + overlap_findings(plan) + recompute_module_findings(plan)
+            + fsdp_findings(plan, best)
             + recipe_findings(plan, recipe)
             + checkpoint_findings(best, storage, failures)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",

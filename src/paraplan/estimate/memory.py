@@ -42,9 +42,23 @@ FP8_SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "tensorwise": 0.0, "mxfp8": 1.0 /
 history) per tensor, negligible; MXFP8 one E8M0 byte per 32 elements; blockwise one fp32 scale per 128 x 128
 weight block (Transformer Engine ``MXFP8Tensor`` / ``Float8BlockwiseQTensor``)."""
 FSDP_LAYERS_IN_FLIGHT = 2
-"""Megatron-FSDP holds the gathered weights (and their unsharded gradients) of about two layers at a
-time: the one computing and the one prefetched (megatron_fsdp's all-gather / reduce-scatter
-pipelining); their FP8 copies, under FP8, are the only ones that exist."""
+"""Megatron-FSDP holds the unsharded gradients of about two layers at a time: the one computing and the one
+being reduce-scattered (the guide: "at least two FSDP units worth of un-sharded gradient memory")."""
+FSDP_AG_PREFETCH_PARAMS = 500_000_000
+"""Megatron-FSDP prefetches the next units' weights until this many elements are gathered beyond the current
+unit: ``suggested_AG_prefetch_size = max(1e9, 2 x mean unit) // 2`` (megatron_fsdp.py ``__init__``: the "cap to
+1B elements" is a floor), consumed by ``all_gather_params`` in param_and_grad_buffer.py; with
+--fsdp-double-buffer (``TrainingSpec.fsdp_double_buffer``) ``need_skip_prefetch`` stops at two units."""
+
+
+def fsdp_weight_units_in_flight(unit_params: Num, units_per_chunk: Num) -> Num:
+    """Units whose gathered weights Megatron-FSDP holds at once: the one computing plus the prefetched ones,
+    ``1 + min(ceil(max(FSDP_AG_PREFETCH_PARAMS, u) / u), units_per_chunk - 1)`` (``u``: one unit's parameters
+    on the rank; prefetch stops at the end of the chunk, which is its own FSDP instance). Their FP8 copies,
+    under FP8, are the only ones that exist."""
+    u = np.maximum(unit_params, 1.0)
+    prefetched = np.ceil(np.maximum(FSDP_AG_PREFETCH_PARAMS, u) / u)
+    return 1.0 + np.clip(np.minimum(prefetched, np.asarray(units_per_chunk, dtype=float) - 1.0), 0.0, None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,11 +277,13 @@ def stage_other_bytes(
     logits = np.where(stage.has_output, heads * la.output, 0.0)
     layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
-    fsdp_buffers = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * (weight_bytes_per_param(training)
-                                                                  + main_grad_bytes(training)) * per_layer_params, 0.0)
+    weight_units = (FSDP_LAYERS_IN_FLIGHT if training.fsdp_double_buffer else
+                    fsdp_weight_units_in_flight(per_layer_params, layers_on_stage / np.maximum(layout.vp, 1)))
+    fsdp_buffers = np.where(layout.fsdp, (weight_units * weight_bytes_per_param(training)
+                                          + FSDP_LAYERS_IN_FLIGHT * main_grad_bytes(training)) * per_layer_params, 0.0)
     # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
     # gathered for its GEMMs and released, so only the layers in flight carry FP8 copies
-    fp8_held = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * per_layer_params, params.total)
+    fp8_held = np.where(layout.fsdp, weight_units * per_layer_params, params.total)
     fp8_cache = fp8_cache_bytes_per_param(training) * fp8_held
     dynamic = activations_bytes + logits
     return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,

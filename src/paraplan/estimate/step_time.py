@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
-from paraplan.estimate.time import compute, cp, dp, ep, pp, tp
+from paraplan.estimate.time import compute, cp, dp, ep, fsdp, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import optimizer_s
@@ -216,7 +216,10 @@ def step_time_from_stages(
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training) for st in stages]
     grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
-    dp_exposed, dp_link = dp.exposed_and_link_s(layout, grad, gather, eff.dp_overlap_frac * t_stage, m)
+    dp_exposed, dp_link = dp.exposed_and_link_s(
+        layout, grad, gather, eff.dp_overlap_frac * t_stage, m,
+        recompute_hide_s=eff.dp_overlap_frac * pick([st.recompute_s for st in times]),
+        units=fsdp.units_per_rank(model.num_layers + model.mtp_num_layers, layout.pp))
     grid = Grid.of(layout)
     p2p = pp.p2p_time_s(cluster, grid.pp_group, pp.p2p_bytes(training.seq_len, layout.mbs, layout.cp,
                                                               model.hidden_size, np.where(layout.sp, layout.tp, 1)))

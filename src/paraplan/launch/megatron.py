@@ -75,17 +75,16 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
 
 FSDP_REQUIRED_FLAGS: Final[tuple[tuple[str, str | None, str], ...]] = (
     ("--use-megatron-fsdp", None, "Megatron-FSDP guide (docs/user-guide/features/megatron_fsdp.md)"),
-    ("--data-parallel-sharding-strategy", None, "Megatron-FSDP guide: the sharding strategy"),
-    ("--use-distributed-optimizer", None, "Megatron-FSDP guide: 'Megatron-FSDP uses Megatron-Core's "
-     "DistributedOptimizer'; validate_args: 'Megatron-FSDP v1 is only compatible with --use-distributed-optimizer'"),
-    ("--no-gradient-accumulation-fusion", None, "NVIDIA's Megatron-FSDP scripts (examples/megatron_fsdp); "
-     "validate_args warns 'Verify that fused gradient accumulation is supported by TransformerEngine for "
-     "Megatron-FSDP'"),
-    ("--ckpt-format", "fsdp_dtensor", "validate_args: 'Megatron-FSDP requires the `fsdp_dtensor` "
-     "checkpointing format.'"),
+    ("--data-parallel-sharding-strategy", None, "Megatron-FSDP guide: 'use the following arguments'"),
+    ("--ckpt-format", "fsdp_dtensor", "Megatron-FSDP guide; validate_args: 'Megatron-FSDP requires the "
+     "`fsdp_dtensor` checkpointing format.'"),
 )
-"""(flag, required value or None, source) every Megatron-FSDP launch carries; ``check`` reports a missing one
-(code FSDP_REQUIRED_FLAG). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is the environment side (env.sh)."""
+"""(flag, required value or None, source): the flags the Megatron-FSDP guide lists to enable it in Megatron-LM;
+``check`` reports a missing one (code FSDP_REQUIRED_FLAG). Launch files also carry --use-distributed-optimizer
+(the guide: "Automatically set when using Megatron-FSDP", so not required) and --no-gradient-accumulation-fusion
+(Megatron-LM's examples/megatron_fsdp scripts; the guide: fusion is "Used by default", and NVIDIA's DeepSeek-V3
+and Llama-3.1-405B B300 FSDP recipes keep it, so not required either). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is
+the environment side (env.sh)."""
 
 CKPT_FORMATS: Final = ("torch_dist", "fsdp_dtensor")
 """``--ckpt-format`` values paraplan writes (Megatron's distributed checkpoint formats)."""
@@ -384,7 +383,7 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--sequence-parallel"))
     if lay.distributed_optimizer:
         args.append(_a("--use-distributed-optimizer"))
-    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor is in the checkpoint group)
+    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor: checkpoint group), as examples/megatron_fsdp
         args += [_a("--use-megatron-fsdp"),
                  _a("--data-parallel-sharding-strategy", "optim_grads_params"),
                  _a("--no-gradient-accumulation-fusion")]

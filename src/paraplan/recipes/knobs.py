@@ -69,7 +69,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "num_distributed_optimizer_instances": ((1,), None),
     "outer_dp_sharding_strategy": ((), _off("num_distributed_optimizer_instances", 1, "")),
     "data_parallel_sharding_strategy": (("optim_grads_params",), _on("use_megatron_fsdp", True)),
-    "fsdp_double_buffer": ((False,), _on("use_megatron_fsdp", True)),
     "overlap_param_gather_with_optimizer_step": ((False,), None),
     "cpu_offloading": ((False,), None),
     "cpu_offloading_num_layers": ((), _on("cpu_offloading", True)),
@@ -121,7 +120,8 @@ APPLIED: Final = (
 """Columns that go into the estimate (``tp_comm_overlap_cfg`` names the userbuffer settings behind
 ``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
-                         "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction")
+                         "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
+                         "fsdp_double_buffer")
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -150,6 +150,8 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
         if isinstance(frac, bool) or not isinstance(frac, (int, float)):
             raise bad(r, "optimizer_offload_fraction", "a number from 0 to 1")
         out.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(frac))
+    if _bool(r, "use_megatron_fsdp") and _bool(r, "fsdp_double_buffer"):
+        out["fsdp_double_buffer"] = True
     return out
 
 

@@ -516,6 +516,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         for key in ("fp8_recipe", "fp8_param_gather"):
             if out.pop(key, None) is not None:
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format")
+    if r.has("--use-megatron-fsdp") and (r.has("--use-nccl-ub") or r.has("--megatron-fsdp-max-pool-double-buffer")):
+        out["fsdp_double_buffer"] = True  # validate_args sets args.fsdp_double_buffer for both
     _knob_problems(r, out)
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")

@@ -34,6 +34,7 @@ KNOB_FLAGS: Final = {
     "exp_avg_dtype": "--exp-avg-dtype", "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
     "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    "fsdp_double_buffer": "--fsdp-double-buffer",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -154,6 +155,9 @@ class TrainingSpec:
     """``--optimizer-cpu-offload`` (needs the precision-aware optimizer, as in Megatron)."""
     optimizer_offload_fraction: float = 1.0
     """``--optimizer-offload-fraction``: share of the optimizer's parameters whose state lives on the host."""
+    fsdp_double_buffer: bool = False
+    """``--fsdp-double-buffer`` (Megatron-FSDP only; --use-nccl-ub and --megatron-fsdp-max-pool-double-buffer set
+    it too): two persistent unit buffers, so no more than two layers' weights are gathered at once."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -176,7 +180,7 @@ class TrainingSpec:
             if getattr(self, fname) not in choices:
                 raise SpecError(f"{fname} must be one of {', '.join(choices)}, got {brief(getattr(self, fname))}")
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
-                      "fp8_param_gather", "optimizer_cpu_offload"):
+                      "fp8_param_gather", "optimizer_cpu_offload", "fsdp_double_buffer"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
