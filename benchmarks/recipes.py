@@ -2,8 +2,9 @@
 """Recipe benchmark: how paraplan sees NVIDIA's own Megatron-Bridge performance recipes.
 
 For every recipe of the packaged library whose model and GPU have presets, it estimates the recipe with all its
-knobs (``paraplan estimate --recipe``) and plans the same job (model, GPU, count, sequence, GBS, precision; the
-default search space, as ``paraplan plan`` runs it). Per recipe:
+knobs (``paraplan estimate --recipe``) and plans the same job (model, GPU, count, sequence, GBS, precision, and the
+recipe's MoE dispatcher knobs (``knobs.moe_knobs``: layouts are ranked at the dispatcher the job runs); the default
+search space, as ``paraplan plan`` runs it). Per recipe:
 
 - fits: the recipe's layout is predicted to fit in memory;
 - top tier: the recipe, as estimated with its knobs, is in the pick's step-time tier (``paraplan.ranking``: its step
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 from paraplan.recipes.catalogue import Recipe, bridge_recipes
 from paraplan.recipes.compare import job_recipe_layouts, same_layout
-from paraplan.recipes.knobs import estimate_recipe, recipe_run
+from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_run
 
 TOP_K = 1
 """Layouts the plan lists (the benchmark needs the pick and its tier only)."""
@@ -73,7 +74,7 @@ def compare(r: Recipe) -> Row | str:
     job = recipe_run(r).job
     cluster = make_cluster(load_gpu(job.gpu), job.num_gpus)
     training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
-                            attention_backend=job.attention_backend)  # type: ignore[arg-type]
+                            attention_backend=job.attention_backend, **moe_knobs(r))  # type: ignore[arg-type]
     try:
         p = plan(est.model, cluster, training, top_k=TOP_K, recipes=job_recipe_layouts(est.model, cluster, training))
     except NoFeasiblePlanError:
