@@ -109,12 +109,12 @@ def tier_tolerance(model: ModelSpec) -> float:
     return PROVISIONAL_TIER_TOLERANCE
 
 
-def memory_tie_step_bytes(usable_bytes: float) -> float:
-    """Free-memory step of the ``free_memory`` rule: the memory model's error band on this GPU (the default
-    headroom margin, ``paraplan.headroom.DEFAULT_HEADROOM``), at least ``MEMORY_STEP_MIN_BYTES``."""
+def memory_tie_step_bytes(usable_bytes: float, is_moe: bool = False) -> float:
+    """Free-memory step of the ``free_memory`` rule: the memory model's error band of the family on this GPU (the
+    default headroom margin, ``paraplan.headroom.DEFAULT_HEADROOM.for_model``), at least ``MEMORY_STEP_MIN_BYTES``."""
     from paraplan.headroom import DEFAULT_HEADROOM
 
-    return max(MEMORY_STEP_MIN_BYTES, DEFAULT_HEADROOM.margin_bytes(usable_bytes))
+    return max(MEMORY_STEP_MIN_BYTES, DEFAULT_HEADROOM.for_model(is_moe).margin_bytes(usable_bytes))
 
 
 def tier_uppers(step_s: NDArray[np.float64], tol: float, min_rows: int | None = None) -> NDArray[np.float64]:

@@ -460,7 +460,8 @@ def rank_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     state binds (``ranking.MODEL_STATE_BINDS_FRAC``, judged on the fastest distributed-optimizer layout of tier 1,
     estimated through the scalar path, only when tier 1 also has Megatron-FSDP layouts) and the recipe layouts."""
     tol = tier_tolerance(model)
-    ctx = RankContext(tier_tolerance=tol, memory_step_bytes=memory_tie_step_bytes(float(cluster.gpu.usable_bytes)))
+    ctx = RankContext(tier_tolerance=tol, memory_step_bytes=memory_tie_step_bytes(float(cluster.gpu.usable_bytes),
+                                                                                     model.is_moe))
     ctx = replace(ctx, recipe_layouts=recipes[0], recipe_names=recipes[1])
     best = float(np.min(ev.step_s))
     tier1 = ev.step_s <= best * (1.0 + tol)
@@ -485,9 +486,9 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     rejected as OOM_MARGIN, those above usable memory as OOM. ``recipes``: the layouts of NVIDIA recipes for
     this job, for the ranking's ``nvidia_recipe`` rule (``recipes.compare.job_recipe_layouts``)."""
     space = space or SearchSpace()
-    headroom = headroom if headroom is not None else DEFAULT_HEADROOM
+    headroom = (headroom if headroom is not None else DEFAULT_HEADROOM).for_model(model.is_moe)
     cluster.gpu.peak_flops_per_s(training.precision)
-    if (training.precision == "fp8" and cluster.gpu.arch != "blackwell" and "selective" in space.recompute
+    if (training.precision == "fp8" and training.fp8_recipe == "delayed" and "selective" in space.recompute
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
         raise SpecError.naming(Field("recompute_modules"), ": Delayed scaling does not support moe_act and layernorm "
                                "recompute for fp8.")
