@@ -1007,6 +1007,19 @@ def test_stdout_is_full(cmd: str, fuzz_env: FuzzEnv) -> None:
     assert o.rc != 0, f"{o.call!r}: exit 0 although nothing could be written"
 
 
+@pytest.fixture
+def terminal_sigint() -> Iterator[None]:
+    """Python's default SIGINT handler, as a program started from a terminal has it. A shell without job control
+    starts background jobs (``pytest ... &``) with SIGINT ignored; Python then keeps SIG_IGN, and the simulated
+    Ctrl-C would be dropped by the OS before any handler could see it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("terminal_sigint")
 @pytest.mark.parametrize("cmd", [pytest.param(c, marks=known(f"test_ctrl_c[{c}]")) for c in COMMAND_NAMES])
 def test_ctrl_c(cmd: str, fuzz_env: FuzzEnv) -> None:
     """Ctrl-C at several moments of a run: exit 130 with one line (or the run was already over: main() had

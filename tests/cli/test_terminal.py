@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -321,9 +323,14 @@ def test_shell_completion_completes_commands_and_options() -> None:
 
 
 def test_install_completion_writes_the_bash_script(tmp_path: Path) -> None:
-    env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
-    proc = subprocess.run([sys.executable, "-m", "paraplan", "--install-completion", "bash"], capture_output=True,
-                          text=True, env=env, timeout=120)
+    """``--install-completion`` (a flag) detects the shell from the parent processes (shellingham), as a user's
+    terminal has it: run it from bash, so the test does not depend on how pytest itself was started."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    env = {**os.environ, "HOME": str(tmp_path), "SHELL": bash}
+    cmd = f"{shlex.quote(sys.executable)} -m paraplan --install-completion; exit $?"
+    proc = subprocess.run([bash, "-c", cmd], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     script = tmp_path / ".bash_completions" / "paraplan.sh"
     assert "_PARAPLAN_COMPLETE" in script.read_text()
