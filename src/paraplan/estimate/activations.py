@@ -136,7 +136,10 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
 
     Routed token copies per GPU: Te = s*b*k*etp/(t*c) (balanced dispatch over EP, each copy
     processed by the ETP group). Saved per copy: fc1 input h, activation input f_e*(2|1)/etp,
-    fc2 input f_e/etp, expert output h (for the probability-weighted combine).
+    fc2 input f_e/etp and its fp32 routing probability (4 B). The probabilities are applied inside
+    the activation (``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward``,
+    ``bias_act_func``: ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``), so the
+    expert output is not kept for the combine: unpermute is an index scatter-add.
     """
     assert model.num_experts is not None
     T, t, sh, h = ctx.tokens, ctx.tp, ctx.seq_shard, model.hidden_size
@@ -148,7 +151,7 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     te = T * k * ctx.etp / t
     act_in = np.where(_mod(ctx, "moe_act"), 0.0, BF16_BYTES * te * fe * gate / ctx.etp)
     routed = ctx.gemm_input_bytes * te * h + act_in + ctx.gemm_input_bytes * te * fe / ctx.etp
-    routed = routed + BF16_BYTES * te * h
+    routed = routed + FP32_BYTES * te
     shared: Num = 0.0
     if model.shared_ffn:
         shared = dense_mlp_bytes(model, ctx, ffn=model.shared_ffn, with_norm=False)
