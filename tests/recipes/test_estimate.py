@@ -90,12 +90,14 @@ def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
     assert not any(s.startswith("cuda_graph") for s in not_modelled(off))
 
 
-def test_nvfp4_and_peft_are_said_to_be_approximations() -> None:
+def test_nvfp4_is_said_to_be_an_approximation_and_peft_is_modelled() -> None:
     nvfp4 = next(r for r in bridge_recipes() if r.runnable and r.get("precision") == "nvfp4")
     assert recipe_run(nvfp4).job.precision == "fp8"
     assert any(x.startswith("precision=nvfp4") for x in not_modelled(nvfp4))
     peft = next(r for r in bridge_recipes() if r.runnable and r.get("task") == "peft")
-    assert any(x.startswith("task=peft") for x in not_modelled(peft))
+    assert not any(x.startswith(("task=peft", "peft=")) for x in not_modelled(peft))  # modelled: frozen base
+    est = estimate_recipe(peft)
+    assert est.training.peft and all(float(s.memory.grads_bytes) == 0.0 for s in est.stages)
 
 
 def test_flags_beside_the_recipe_win(capsys: pytest.CaptureFixture[str]) -> None:

@@ -135,7 +135,7 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     words: list[str] = []
     for item in knobs or ():
         name, eq, value = item.partition("=")
-        words += [f"--{name.strip().lstrip('-')}", *([value.strip()] if eq else [])]
+        words += [f"--{name.strip().lstrip('-')}", *([v.strip() for v in value.split(",")] if eq else [])]
     return memory_knobs_from_words(words, precision) if words else {}
 
 
@@ -254,7 +254,8 @@ KnobOpt = typer.Option(
     None, "--knob",
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
-         "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5.")
+         "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
+         "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
-from paraplan.estimate.time import compute, cp, dp, ep, pp, tp
+from paraplan.estimate.time import compute, cp, dp, ep, offload, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import optimizer_s
@@ -236,9 +236,20 @@ def step_time_from_stages(
         "pp": pp.link_s(layout.pp, sched.p2p_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m), p2p),
         "dp": dp_link,
     }
+    if training.activation_offloading:  # host <-> device copies of offloaded activations (time.offload)
+        from paraplan.estimate.memory import layer_activations, stage_offloaded_bytes
+
+        la = layer_activations(model, training, layout)
+        moved = [stage_offloaded_bytes(model, training, st, la) for st in stages]
+        host = cluster.gpu.host_bytes_per_s
+        exposed["offload"] = m * pick([offload.activation_offload_exposed_s(b, host, t.compute_s)
+                                       for b, t in zip(moved, times, strict=True)])
+        links["offload"] = m * offload.activation_offload_link_s(pick(moved), host)
     compute_s = m * pick([st.compute_s for st in times])
     recompute = m * pick([st.recompute_s for st in times])
-    optimizer = optimizer_s(cluster, local)
+    gpu_share = 1.0 - float(training.optimizer_offload_fraction) if training.optimizer_cpu_offload else 1.0
+    optimizer = optimizer_s(cluster, gpu_share * local) + offload.optimizer_offload_s(
+        training, local, cluster.gpu.host_bytes_per_s)
     overhead = eff.step_overhead_s
     step = compute_s + recompute + bubble + optimizer + overhead + sum(exposed.values())
     return StepTime(step_s=step, compute_s=compute_s, recompute_s=recompute, bubble_s=bubble,

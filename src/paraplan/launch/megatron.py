@@ -209,7 +209,10 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
             continue
         if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
             continue
-        args.append(_a(flag) if isinstance(value, bool) else _a(flag, value))
+        if isinstance(value, tuple):
+            args.append(_a(flag, *value))
+        else:
+            args.append(_a(flag) if isinstance(value, bool) else _a(flag, value))
     return args
 
 

@@ -71,12 +71,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "data_parallel_sharding_strategy": (("optim_grads_params",), _on("use_megatron_fsdp", True)),
     "fsdp_double_buffer": ((False,), _on("use_megatron_fsdp", True)),
     "overlap_param_gather_with_optimizer_step": ((False,), None),
-    "cpu_offloading": ((False,), None),
-    "cpu_offloading_num_layers": ((), _on("cpu_offloading", True)),
-    "cpu_offloading_activations": ((), _on("cpu_offloading", True)),
-    "cpu_offloading_weights": ((), _on("cpu_offloading", True)),
-    "fine_grained_activation_offloading": ((False,), None),
-    "offload_modules": ((), _on("fine_grained_activation_offloading", True)),
+    "cpu_offloading_activations": ((True,), _on("cpu_offloading", True)),
+    "cpu_offloading_weights": ((False,), _on("cpu_offloading", True)),
     "cuda_graph_impl": (("none",), None),
     "cuda_graph_scope": ((), _off("cuda_graph_impl", "none")),
     "moe_token_dispatcher_type": (("alltoall", ""), None),
@@ -103,7 +99,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
     "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
     "other_env": (("",), None),
-    "peft": ((None, ""), None),
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
@@ -121,7 +116,9 @@ APPLIED: Final = (
 """Columns that go into the estimate (``tp_comm_overlap_cfg`` names the userbuffer settings behind
 ``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
-                         "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction")
+                         "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
+                         "cpu_offloading", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
+                         "offload_modules", "peft")
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -137,7 +134,9 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     if precision == "fp8" and prec in FP8_RECIPE_OF:
         out["fp8_recipe"] = FP8_RECIPE_OF[str(prec)]
         out["fp8_param_gather"] = _bool(r, "fp8_param_gather")
-    aware = _bool(r, "use_precision_aware_optimizer")
+    # the Bridge launcher (scripts/performance/run_script.py _run_training): "Preserve BF16 Adam precision-aware
+    # behavior": compute dtype bf16 with Adam sets use_precision_aware_optimizer=True, the recipe's dtypes kept
+    aware = _bool(r, "use_precision_aware_optimizer") or (prec == "bf16" and r.get("optimizer") == "adam")
     out["use_precision_aware_optimizer"] = aware
     if aware:
         text = r.get("optimizer_state_dtypes")
@@ -150,6 +149,25 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
         if isinstance(frac, bool) or not isinstance(frac, (int, float)):
             raise bad(r, "optimizer_offload_fraction", "a number from 0 to 1")
         out.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(frac))
+    out.update(_offload_knobs(r))
+    if r.get("task") == "peft":
+        out["peft"] = True
+    return out
+
+
+def _offload_knobs(r: Recipe) -> dict[str, Any]:
+    """Activation offloading of ``r``: layer-level (``cpu_offloading`` with ``cpu_offloading_num_layers``) or
+    fine-grained (``fine_grained_activation_offloading`` with ``offload_modules``)."""
+    from paraplan.specs.training import OFFLOAD_MODULES
+
+    out: dict[str, Any] = {}
+    if _bool(r, "cpu_offloading"):
+        out["cpu_offloading_num_layers"] = _int(r, "cpu_offloading_num_layers")
+    if _bool(r, "fine_grained_activation_offloading"):
+        mods = r.get("offload_modules")
+        if not isinstance(mods, list) or not mods or any(m not in OFFLOAD_MODULES for m in mods):
+            raise bad(r, "offload_modules", "a list of " + ", ".join(OFFLOAD_MODULES))
+        out.update(fine_grained_activation_offloading=True, offload_modules=tuple(str(m) for m in mods))
     return out
 
 
@@ -298,16 +316,12 @@ def not_modelled(r: Recipe) -> list[str]:
     elif prec in FP8_RECIPES:
         out.append(f"precision={prec} (the FP8 recipe, {FP8_RECIPES[str(prec)]}: its scaling state is in "
                    "the memory, but paraplan has one FP8 GEMM rate)")
-    if r.get("task") == "peft":
-        out.append("task=peft (estimated as full training: frozen weights keep no gradients or optimizer states)")
     for column, (assumed, applies) in ASSUMED.items():
         value = r.get(column)
         if applies is not None and not applies(r):
             continue
         if assumed and value in assumed:
             continue
-        if column == "peft":
-            continue  # said with task
         out.append(_shown(column, value))
     return out
 

@@ -19,7 +19,7 @@ from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import DTYPE_CHOICES, KNOB_FLAGS
+from paraplan.specs.training import DTYPE_CHOICES, KNOB_FLAGS, OFFLOAD_MODULES
 
 _DATA = Path(__file__).parent
 """Where ``megatron_flags.txt`` and ``megatron_dests.tsv`` lie (beside this module)."""
@@ -504,6 +504,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
             out[key] = raw
+        elif key in ("cpu_offloading_num_layers", "offload_modules"):
+            out[key] = _offload_value(r, flag)
         elif key == "optimizer_offload_fraction":
             raw = r.text(flag) or ""
             try:
@@ -517,9 +519,23 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if out.pop(key, None) is not None:
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format")
     _knob_problems(r, out)
+    if out.get("offload_modules") and not out.get("fine_grained_activation_offloading"):
+        r.notes.append("--offload-modules is ignored without --fine-grained-activation-offloading")
+        del out["offload_modules"]
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
     return out
+
+
+def _offload_value(r: _Reader, flag: str) -> int | tuple[str, ...] | None:
+    """``--cpu-offloading-num-layers N`` (an integer) or ``--offload-modules M ...`` (``OFFLOAD_MODULES``)."""
+    if flag == "--cpu-offloading-num-layers":
+        return r.int(flag)
+    mods = r.v.get(flag) or ()
+    bad_mods = [m for m in mods if m not in OFFLOAD_MODULES]
+    if bad_mods:
+        raise SpecError(f"{flag}: {brief(bad_mods[0])} is not one of {', '.join(OFFLOAD_MODULES)}")
+    return tuple(mods)
 
 
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
