@@ -158,7 +158,8 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     fc2 input f_e/etp and its fp32 routing probability (4 B); offloaded: ``mlp_norm`` the norm input,
     ``expert_fc1`` the fc1 input, ``moe_act`` the activation input, ``fused_group_mlp`` all three GEMM-side
     inputs. The probabilities are applied inside the activation
-    (``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward``, ``bias_act_func``: ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``), so the
+    (``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward``, ``bias_act_func``:
+    ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``), so the
     expert output is not kept for the combine: unpermute is an index scatter-add.
     """
     assert model.num_experts is not None
