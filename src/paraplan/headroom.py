@@ -20,9 +20,11 @@ MEMORY_UNDER_PREDICTION_QUANTILE = 0.8
 """The quantile of the signed memory error the default margin is (one-sided: the model's peak is at most
 that far below the measured one for 80% of the rows)."""
 
-MEMORY_UNDER_PREDICTION_P80 = 0.194
+MEMORY_UNDER_PREDICTION_P80 = 0.073
 """``measured / predicted - 1`` at the 80th percentile over the 567 Megatron-LM CI golden rows (437 dense,
-130 MoE; shared/calibration/megatron_golden.csv at Megatron-LM d98e8a6) that benchmarks/memory.py scores.
+130 MoE; shared/calibration/megatron_golden.csv at Megatron-LM d98e8a6) that benchmarks/memory.py scores
+(torch max allocated against the predicted live bytes, i.e. without the fragmentation allowance, which the
+fit check adds on top of this margin; session 6: was 0.194 when the allowance was counted as live).
 Regenerate with ``python benchmarks/memory.py --headroom`` (it prints this value and its 5-fold
 cross-validated held-out coverage); tests/unit/test_headroom.py checks the two agree."""
 
