@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,9 +48,44 @@ PARAMS = {
 }
 
 
-def main() -> int:
+def fit_arch(cases: list[Any], arch: str, names: list[str],
+             predictor: Callable[[Any, Any], float | str] = predict,
+             max_nfev: int = 200) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+    """The fit: soft-L1 least squares on log(predicted / measured tokens/s/GPU) over ``cases``, from the
+    preset's values of ``names`` (those of the architecture's first GPU), within ``PARAMS``' bounds.
+    ``predictor(case, gpu)`` is ``calibration.predict`` (or a faster equivalent). Returns the fitted values and
+    the log residuals before and after."""
     from scipy.optimize import least_squares
 
+    base = {g: load_gpu(g) for g in ARCH_GPUS[arch]}
+    x0 = np.array([getattr(base[ARCH_GPUS[arch][0]].efficiency, n) for n in names])
+    scale = np.array([PARAMS[n][1] for n in names])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        vals = dict(zip(names, x * scale, strict=True))
+        out = []
+        for c in cases:
+            gpu = base[c.gpu]
+            gpu = replace(gpu, efficiency=replace(gpu.efficiency, **vals))
+            p = predictor(c, gpu)
+            out.append(math.log(p / c.target_tokens_per_s_per_gpu) if isinstance(p, float) and p > 0 else 0.0)
+        return np.array(out)
+
+    lo = np.array([PARAMS[n][0] for n in names]) / scale
+    hi = np.array([PARAMS[n][1] for n in names]) / scale
+    r0 = residuals(x0 / scale)
+    fit = least_squares(residuals, np.clip(x0 / scale, lo, hi), bounds=(lo, hi), loss="soft_l1",
+                        f_scale=0.1, max_nfev=max_nfev, diff_step=0.02)
+    return dict(zip(names, (float(v) for v in fit.x * scale), strict=True)), r0, fit.fun
+
+
+def fitted_names(arch: str, fix: str) -> list[str]:
+    """The parameters fitted for ``arch`` with ``--fix`` = ``fix`` (comma-separated)."""
+    names = [p for p in PARAMS if p not in fix.split(",")]
+    return [p for p in names if p != "fp8_gemm_speedup"] if arch == "ampere" else names
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("arch", choices=sorted(ARCH_GPUS))
     ap.add_argument("--vtrain", type=int, default=0, help="add N evenly spaced vTrain rows (ampere)")
@@ -61,33 +98,12 @@ def main() -> int:
         vt, _ = load_cases("vtrain")
         step = max(1, len(vt) // args.vtrain)
         cases += vt[::step]
-    names = [p for p in PARAMS if p not in args.fix.split(",")]
-    if args.arch == "ampere":
-        names = [p for p in names if p != "fp8_gemm_speedup"]
-    base = {g: load_gpu(g) for g in ARCH_GPUS[args.arch]}
-    x0 = np.array([getattr(base[ARCH_GPUS[args.arch][0]].efficiency, n) for n in names])
-    scale = np.array([PARAMS[n][1] for n in names])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        vals = dict(zip(names, x * scale, strict=True))
-        out = []
-        for c in cases:
-            gpu = base[c.gpu]
-            gpu = replace(gpu, efficiency=replace(gpu.efficiency, **vals))
-            p = predict(c, gpu)
-            out.append(math.log(p / c.target_tokens_per_s_per_gpu) if isinstance(p, float) and p > 0 else 0.0)
-        return np.array(out)
-
-    lo = np.array([PARAMS[n][0] for n in names]) / scale
-    hi = np.array([PARAMS[n][1] for n in names]) / scale
-    r0 = residuals(x0 / scale)
-    fit = least_squares(residuals, np.clip(x0 / scale, lo, hi), bounds=(lo, hi), loss="soft_l1",
-                        f_scale=0.1, max_nfev=200, diff_step=0.02)
-    r1 = fit.fun
+    names = fitted_names(args.arch, args.fix)
+    fitted, r0, r1 = fit_arch(cases, args.arch, names)
     med = lambda r: float(np.median(np.abs(np.expm1(r))))  # noqa: E731
     print(f"{args.arch}: {len(cases)} rows; median APE before {100 * med(r0):.1f}% after {100 * med(r1):.1f}%")
     print("efficiency:")
-    for n, v in zip(names, fit.x * scale, strict=True):
+    for n, v in fitted.items():
         print(f"  {n}: {v:.4g}")
     _ = fields
     return 0
