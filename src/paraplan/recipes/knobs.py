@@ -11,9 +11,10 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     (bf16; every FP8 recipe as paraplan's FP8);
   * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
     (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 parameter gather, the
-    precision-aware optimizer with ``optimizer_state_dtypes``, optimizer CPU offload;
+    precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
+    for bf16 Adam), optimizer CPU offload, activation offloading (layer-level and fine-grained), PEFT (``task``);
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, activation offloading, CUDA graphs, the MoE
+    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, CUDA graphs, the MoE
     dispatcher and its overlap, the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
@@ -103,7 +104,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
 Adam, all-to-all dispatch without overlap, grouped GEMMs, fp32 router, balanced dropless routing, the native
-cross entropy (fp32 logits copy), no offloading, no CUDA graphs, no environment effects, full training."""
+cross entropy (fp32 logits copy), activation offloading of activations only (no weights), no CUDA graphs, no
+environment effects."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
