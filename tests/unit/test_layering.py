@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "the parallel layout and the pipeline schedules it names (each schedule's bubble, in-flight micro-batches "
      "and timeline read only the model spec)."),
     ("estimate", ("paraplan.estimate", "paraplan.estimator", "paraplan.rules", "paraplan.checkpoint",
-                  "paraplan.goodput", "paraplan.headroom"),
+                  "paraplan.goodput", "paraplan.headroom", "paraplan.bands"),
      "Formulas for one layout: Megatron's rules, memory, step time, checkpoint cost and goodput, and the memory "
      "margin a layout keeps free."),
     ("search", ("paraplan.search",),
