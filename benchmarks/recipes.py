@@ -2,8 +2,9 @@
 """Recipe benchmark: how paraplan sees NVIDIA's own Megatron-Bridge performance recipes.
 
 For every recipe of the packaged library whose model and GPU have presets, it estimates the recipe with all its
-knobs (``paraplan estimate --recipe``) and plans the same job (model, GPU, count, sequence, GBS, precision; the
-default search space, as ``paraplan plan`` runs it). Per recipe:
+knobs (``paraplan estimate --recipe``) and plans the same job (model, GPU, count, sequence, GBS, precision, and the
+recipe's MoE dispatcher knobs (``knobs.moe_knobs``: layouts are ranked at the dispatcher the job runs); the default
+search space, as ``paraplan plan`` runs it). Per recipe:
 
 - fits: the recipe's layout is predicted to fit in memory;
 - top tier: its layout (TP, PP, VP, CP, EP, ETP, micro-batch, recompute) is one of the plan's top ``TOP_K``;
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 from paraplan.recipes.catalogue import Recipe, bridge_recipes
 from paraplan.recipes.compare import same_layout
-from paraplan.recipes.knobs import estimate_recipe, recipe_run
+from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_run
 
 TOP_K = 5
 """The plan's top tier: its first five layouts (``plan --top`` default)."""
@@ -70,7 +71,7 @@ def compare(r: Recipe) -> Row | str:
     try:
         p = plan(est.model, make_cluster(load_gpu(job.gpu), job.num_gpus),
                  TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
-                              attention_backend=job.attention_backend),  # type: ignore[arg-type]
+                              attention_backend=job.attention_backend, **moe_knobs(r)),  # type: ignore[arg-type]
                  top_k=TOP_K)
     except NoFeasiblePlanError:
         return "no layout fits the job"

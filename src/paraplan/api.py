@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from paraplan.launch.site import SITE_TEMPLATE as SITE_TEMPLATE
     from paraplan.launch.site import SiteProfile as SiteProfile
     from paraplan.launch.site import load_site as load_site
+    from paraplan.layout import RECOMPUTE_METHODS as RECOMPUTE_METHODS
     from paraplan.layout import RECOMPUTE_MODULES as RECOMPUTE_MODULES
     from paraplan.layout import ParallelLayout as ParallelLayout
     from paraplan.layout import check_layout_sizes as check_layout_sizes
@@ -147,6 +148,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),
     "RECOMPUTE_MODULES": ("paraplan.layout", "The module names Megatron's ``--recompute-modules`` accepts."),
+    "RECOMPUTE_METHODS": ("paraplan.layout", "The methods Megatron's ``--recompute-method`` accepts."),
     "check_layout_sizes": ("paraplan.layout", "SpecError for a layout flag that sizes a list above num_layers."),
     "layout_for_world": ("paraplan.layout", "A layout with DP = GPUs / (TP x PP x CP) (SpecError if not whole)."),
     "MemoryOptions": ("paraplan.estimate.memory", "Memory allowances not derived from the model."),

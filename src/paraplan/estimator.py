@@ -154,6 +154,10 @@ def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches
         "gbs": training.global_batch_size, "num_microbatches": num_microbatches,
         "seq_len": training.seq_len, "recompute": layout.recompute,
         "recompute_modules": list(layout.recompute_modules),
+        # full recompute's group size and method, where they differ from Megatron's usual 1 / uniform
+        **({"recompute_num_layers": layout.recompute_num_layers, "recompute_method": layout.recompute_method}
+           if layout.recompute == "full" and (layout.recompute_num_layers, layout.recompute_method) != (1, "uniform")
+           else {}),
         "sequence_parallel": layout.sp, "distributed_optimizer": layout.distributed_optimizer,
         "fsdp": layout.fsdp, "overlap_grad_reduce": layout.overlap_grad_reduce,
         "overlap_param_gather": layout.overlap_param_gather, "tp_comm_overlap": layout.tp_comm_overlap,

@@ -174,6 +174,26 @@ def rule_findings(plan: Plan, best: Estimate) -> list[Finding]:
     return out
 
 
+def fsdp_findings(plan: Plan, best: Estimate) -> list[Finding]:
+    """MEGATRON_FSDP: what the pick's Megatron-FSDP traffic costs (link and exposed, and why), and how many layouts
+    the default scope (``estimate.time.fsdp.benchmarked``) left out."""
+    left = plan.rejections.get("FSDP_NOT_BENCHMARKED", 0)
+    lay, parts = best.layout, []
+    numbers: dict[str, Any] = {"left_out": left}
+    if lay.fsdp:
+        link, exposed = float(best.time.link_comm_s["dp"]), float(best.time.exposed_comm_s["dp"])
+        m = best.training.global_batch_size // (lay.mbs * lay.dp)
+        parts.append(f"Megatron-FSDP moves {link:.2f} s per step over DP x CP {lay.dp * lay.cp} (2 parameter "
+                     f"all-gathers and 1 gradient reduce-scatter of the rank's weights per micro-batch, {m} "
+                     f"micro-batches), {exposed:.2f} s exposed: each layer's traffic hides behind one layer's "
+                     f"compute, the first layer of each of the {lay.vp} chunk(s) in each pass does not")
+        numbers.update(link_s=link, exposed_s=exposed, num_microbatches=m)
+    if left:
+        parts.append(f"Megatron-FSDP left out of {left:,} layouts (searched by default only at PP 1, CP 1, TP 1, or "
+                     "TP up to 2 on Blackwell, where NVIDIA runs it; `plan --dp-variant fsdp` searches it everywhere)")
+    return [Finding("MEGATRON_FSDP", "; ".join(parts), numbers)] if parts else []
+
+
 def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
     """Dominant time terms and the gap to the runner-up, term by term."""
     terms = _time_terms(best)
@@ -246,6 +266,57 @@ def overlap_findings(plan: Plan) -> list[Finding]:
                     f"layout is {other.layout.short()} at {float(other.throughput.tokens_per_s_per_gpu):.0f} "
                     f"tokens/s/GPU ({100 * gain:+.1f}%): TP traffic then hides behind the GEMMs",
                     {"layout": other.layout.short(), "gain_frac": gain})]
+
+
+def _ep_span(est: Estimate) -> str:
+    """Where an estimate's EP group runs: inside one NVLink domain, or across the network."""
+    from paraplan.specs.grid import Grid
+    from paraplan.specs.topology import span_in_domain
+
+    span = int(Grid.of(est.layout).ep_group.span)
+    block = est.cluster.topology.nvlink.block_gpus
+    inside = bool(span_in_domain(span, block))
+    return f"EP {est.layout.ep} spans {span} ranks, {'inside one' if inside else 'across'} NVLink domain" \
+        + ("" if inside else "s (network)")
+
+
+def ep_findings(plan: Plan, best: Estimate) -> list[Finding]:
+    """EP_SIZE (MoE plans): the best layout with a larger expert-parallel size than the pick's (the EP sizes NVIDIA's
+    recipes use, 32/64, when the pick's is smaller), next to the pick, term by term: why the smaller EP wins (the
+    dispatch/combine on the network against the expert weights it shards), in numbers."""
+    if not plan.model.is_moe or plan.space is None or plan.model.num_experts is None:
+        return []
+    e, world = best.layout.ep, plan.cluster.num_gpus
+    larger = tuple(x for x in range(e + 1, min(plan.model.num_experts, world) + 1)
+                   if plan.model.num_experts % x == 0 and world % x == 0 and x & (x - 1) == 0
+                   and (plan.space.ep is None or x in plan.space.ep))
+    if not larger:
+        return []
+    found = _what_if(plan, ep=larger)
+    dispatcher: str = plan.training.moe_token_dispatcher_type
+    if dispatcher == "flex":
+        dispatcher += f" ({plan.training.moe_flex_dispatcher_backend})"
+    if found is None:
+        return [Finding("EP_SIZE", f"no layout with EP {', '.join(map(str, larger))} fits in memory "
+                        f"({dispatcher} dispatcher); the pick's EP {e} does", {"ep": e, "larger": list(larger)})]
+    other, gain = found
+    terms, alt = _time_terms(best), _time_terms(other)
+    diffs = {k: alt[k] - terms[k] for k in terms}
+    big = sorted(diffs, key=lambda k: -abs(diffs[k]))[:3]
+    step_gap = float(other.time.step_s) - float(best.time.step_s)
+    mem = (other.peak_bytes - best.peak_bytes) / GIB
+    verdict = "the pick's smaller EP wins" if gain <= 0 else "the larger EP is faster but not picked (tier rules)"
+    text = (f"best with a larger EP: {other.layout.short()} at {float(other.throughput.tokens_per_s_per_gpu):,.0f} "
+            f"tokens/s/GPU ({100 * gain:+.1f}%), {verdict}: step {step_gap:+.3f} s ("
+            + ", ".join(f"{k} {diffs[k]:+.3f} s" for k in big)
+            + f"), peak {mem:+.1f} GiB; EP link {float(other.time.link_comm_s['ep']):.2f} s vs "
+            f"{float(best.time.link_comm_s['ep']):.2f} s per step with the {dispatcher} dispatcher: "
+            f"{_ep_span(other)}, {_ep_span(best)}")
+    if dispatcher == "alltoall" and "across" in _ep_span(other):
+        text += "; DeepEP/HybridEP send a token once per remote node (--knob moe-token-dispatcher-type=flex)"
+    return [Finding("EP_SIZE", text, {"ep": e, "larger_layout": other.layout.short(), "gain_frac": gain,
+                                      "step_gap_s": step_gap, "peak_diff_bytes": other.peak_bytes - best.peak_bytes,
+                                      **{f"{k} diff_s": diffs[k] for k in big}})]
 
 
 def moe_recompute_modules(plan: Plan) -> tuple[str, ...]:
@@ -370,6 +441,8 @@ def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpe
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
     return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
             + schedule_findings(plan, best) + overlap_findings(plan) + recompute_module_findings(plan)
+            + fsdp_findings(plan, best)
+            + ep_findings(plan, best)
             + recipe_findings(plan, recipe)
             + checkpoint_findings(best, storage, failures)
             + [Finding("SEARCH", f"{plan.num_evaluated} layouts evaluated, {plan.num_feasible} fit; rejected: {rej}",

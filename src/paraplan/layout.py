@@ -23,6 +23,8 @@ from paraplan.schedules import schedule_named
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: Final[dict[str, int]] = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_METHODS: Final = ("uniform", "block")
+"""Megatron ``--recompute-method`` choices (full recompute)."""
 RECOMPUTE_MODULES: Final = (
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
 )
@@ -85,7 +87,10 @@ class ParallelLayout:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Modules recomputed with selective granularity (Megatron default: core_attn)."""
     recompute_num_layers: int = 1
-    """Layers per checkpoint with full recompute, uniform method (Megatron's typical 1)."""
+    """Layers per checkpoint with full recompute, uniform method (Megatron's typical 1); with the block method,
+    the layers of each model chunk recomputed (the first N; the others keep their activations)."""
+    recompute_method: str = "uniform"
+    """``--recompute-method`` with full recompute: uniform or block (megatron/core/recompute.py)."""
     sequence_parallel: bool = True
     """Shard norm/dropout activations along the sequence over TP (ignored at TP = 1)."""
     distributed_optimizer: bool = True
@@ -126,6 +131,9 @@ class ParallelLayout:
             object.__setattr__(self, "etp", self.tp)
         if self.recompute not in RECOMPUTE_CODES:
             raise SpecError(f"recompute must be one of none, selective, full; got {self.recompute!r}")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise SpecError(f"recompute_method must be one of {', '.join(RECOMPUTE_METHODS)}, got "
+                            f"{self.recompute_method!r}")
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown:
             raise SpecError(
@@ -204,8 +212,8 @@ def layout_for_world(num_gpus: int, **kwargs: object) -> ParallelLayout:
     return ParallelLayout(dp=num_gpus // model_size, **kwargs)  # type: ignore[arg-type]
 
 
-TABLE_OPTIONS: Final = ("recompute_modules", "recompute_num_layers", "first_stage_layers", "last_stage_layers",
-                        "account_for_embedding", "account_for_loss", "pipeline_layout", "schedule")
+TABLE_OPTIONS: Final = ("recompute_modules", "recompute_num_layers", "recompute_method", "first_stage_layers",
+                        "last_stage_layers", "account_for_embedding", "account_for_loss", "pipeline_layout", "schedule")
 """``ParallelLayout`` fields a ``LayoutTable`` holds once for all its rows (the search does not vary them)."""
 TABLE_COLUMNS: Final = tuple(f.name for f in fields(ParallelLayout) if f.name not in TABLE_OPTIONS)
 """``ParallelLayout`` fields a ``LayoutTable`` holds as a numpy column, one value per row: every other field.
@@ -243,6 +251,7 @@ class LayoutTable:
     tp_comm_overlap: BoolArray
     recompute_modules: tuple[str, ...] = ("core_attn",)
     recompute_num_layers: int = 1
+    recompute_method: str = "uniform"
     first_stage_layers: int = 0
     last_stage_layers: int = 0
     account_for_embedding: bool = False
@@ -340,6 +349,7 @@ class LayerKeyTable:
     tp_comm_overlap: BoolArray
     recompute_modules: tuple[str, ...]
     recompute_num_layers: int
+    recompute_method: str = "uniform"
 
     @property
     def sp(self) -> BoolArray:
@@ -395,6 +405,6 @@ def layer_key_table(table: LayoutTable) -> tuple[LayerKeyTable, IntArray]:
         tp=cols["tp"], cp=cols["cp"], ep=cols["ep"], etp=cols["etp"], mbs=cols["mbs"],
         recompute_code=cols["recompute_code"], sequence_parallel=cols["sequence_parallel"].astype(bool),
         tp_comm_overlap=cols["tp_comm_overlap"].astype(bool), recompute_modules=table.recompute_modules,
-        recompute_num_layers=table.recompute_num_layers,
+        recompute_num_layers=table.recompute_num_layers, recompute_method=table.recompute_method,
     )
     return keys, inverse

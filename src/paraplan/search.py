@@ -27,6 +27,7 @@ from paraplan.estimate.params import ParamTerms, param_terms
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
 from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
+from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.headroom import DEFAULT_HEADROOM, NO_HEADROOM, Headroom
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
@@ -67,6 +68,9 @@ class SearchSpace:
     """Modules the selective-recompute layouts recompute (Megatron's --recompute-modules)."""
     schedule: str = ""
     """Pipeline schedule of every layout (``paraplan.schedules``; "" = Megatron's choice from VP)."""
+    fsdp_everywhere: bool = False
+    """Search Megatron-FSDP on every layout; False keeps it to the combinations NVIDIA runs
+    (``estimate.time.fsdp.benchmarked``; the others are rejected as FSDP_NOT_BENCHMARKED)."""
 
 
 MAX_WORLD = MAX_NUM_GPUS
@@ -455,6 +459,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
         for r in rules_for(schedule_named(space.schedule))]
     masks += [(code, np.broadcast_to(np.asarray(mask, dtype=bool), (n_total,)), None)
               for code, mask in _placement_masks(cluster, table, space).items()]
+    if not space.fsdp_everywhere:
+        masks.append(("FSDP_NOT_BENCHMARKED",
+                      table.fsdp & ~fsdp.benchmarked(table.tp, table.pp, table.cp, cluster.gpu.arch),
+                      lambda c: f"{c.layout.short()}: Megatron-FSDP is searched by default only at {fsdp.FSDP_SCOPE}"))
     for code, mask, msg in masks:
         hit = alive & mask
         count = int(hit.sum())
@@ -504,6 +512,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     if not sched.megatron:
         notes += (f"schedule {sched.name}: {sched.title} is a what-if, {NOT_IN_MEGATRON}; the numbers say what it "
                   "would gain (launch refuses it)",)
+    if rejections.get("FSDP_NOT_BENCHMARKED"):
+        notes += (f"Megatron-FSDP left out of {rejections['FSDP_NOT_BENCHMARKED']:,} layouts: searched by default "
+                  f"only at {fsdp.FSDP_SCOPE}; `plan --dp-variant fsdp` (SearchSpace.fsdp_everywhere) searches "
+                  "it on every layout",)
     notes += (f"fit means peak + margin <= {usable / GIB:.1f} GiB usable; {headroom.describe(usable)}",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,

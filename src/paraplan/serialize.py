@@ -30,7 +30,7 @@ SCHEMA_VERSION = 1
 LAYOUT_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "recompute", "recompute_modules",
                "sequence_parallel", "distributed_optimizer", "fsdp", "overlap_grad_reduce",
                "overlap_param_gather", "tp_comm_overlap", "first_stage_layers", "last_stage_layers",
-               "pipeline_layout", "schedule")
+               "pipeline_layout", "schedule", "recompute_num_layers", "recompute_method")
 
 
 def inputs_dict(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> dict[str, Any]:

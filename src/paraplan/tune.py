@@ -376,7 +376,8 @@ def neighbourhood(cmp: Comparison) -> Plan | None:
 
     space = SearchSpace(tp=around(lay.tp, max(lay.tp, cl.nvlink_domain_size)), pp=around(lay.pp, n), cp=(lay.cp,),
                         ep=(lay.ep,) if est.model.is_moe else None, mbs=around(lay.mbs, 64),
-                        dp_variants=("fsdp",) if lay.fsdp else ("distopt",), allow_cross_node=True,
+                        dp_variants=("fsdp",) if lay.fsdp else ("distopt",), fsdp_everywhere=lay.fsdp,
+                        allow_cross_node=True,
                         tp_comm_overlap=lay.tp_comm_overlap)
     try:
         return plan(est.model, cl, est.training, space=space, top_k=12)

@@ -412,7 +412,8 @@ def test_other_memory_has_its_parts(capsys: pytest.CaptureFixture[str]) -> None:
     for stage in json.loads(out)["memory"]["per_stage"]:
         parts = stage["other_parts"]
         assert set(parts) == {"logits_bytes", "fp8_weight_cache_bytes", "fsdp_buffers_bytes", "workspace_bytes",
-                              "fragmentation_bytes"}
+                              "fragmentation_bytes", "cuda_graph_bytes"}
+        assert parts["cuda_graph_bytes"] == 0.0  # no --cuda-graph-impl
         assert sum(parts.values()) == pytest.approx(stage["other_bytes"])
         assert (parts["logits_bytes"] > 0) == (stage["stage"] == 3)  # logits live on the last of PP 4
 
@@ -452,4 +453,9 @@ def test_smallest_model_parallel_counts_cp_and_names_the_fastest(capsys: pytest.
                         "2048", "--gbs", "1536", "--format", "json"], capsys)
     assert code == 0
     f = next(x for x in json.loads(out)["explanation"] if x["code"] == "SMALLEST_MODEL_PARALLEL")
-    assert f["numbers"]["tp_x_pp_x_cp"] == 2 and "cp" not in f["text"].split("fastest of them ")[1].split(",")[0]
+    # 32: FSDP at TP 2 (which fits at 2) is outside Megatron-FSDP's default scope on A100 (TP 1, PP 1, CP 1)
+    assert f["numbers"]["tp_x_pp_x_cp"] == 32 and "cp" not in f["text"].split("fastest of them ")[1].split(",")[0]
+    code, out, _ = run(["explain", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "1024", "--seq-len",
+                        "2048", "--gbs", "1536", "--dp-variant", "distopt,fsdp", "--format", "json"], capsys)
+    f = next(x for x in json.loads(out)["explanation"] if x["code"] == "SMALLEST_MODEL_PARALLEL")
+    assert f["numbers"]["tp_x_pp_x_cp"] == 2 and "fsdp" in f["text"].split("fastest of them ")[1].split(",")[0]

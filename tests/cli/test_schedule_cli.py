@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,8 +86,11 @@ def test_combined_1f1b_writes_megatrons_flags_and_reads_back() -> None:
     training = TrainingSpec(seq_len=4096, global_batch_size=256)
     lay = ParallelLayout(pp=2, vp=2, ep=8, dp=32, schedule="combined_1f1b")
     words = argv(megatron_args(model, lay, training))
-    assert "--overlap-moe-expert-parallel-comm" in words and "--delay-wgrad-compute" in words
+    assert "--overlap-moe-expert-parallel-comm" in words and "--delay-wgrad-compute" not in words
     assert read_flags(words).layout_fields["schedule"] == "combined_1f1b"
+    delayed = argv(megatron_args(model, lay, replace(training, delay_wgrad_compute=True)))  # the knob, as modelled
+    assert "--overlap-moe-expert-parallel-comm" in delayed and "--delay-wgrad-compute" in delayed
+    assert read_flags(delayed).training_fields["delay_wgrad_compute"] is True
     plain = argv(megatron_args(model, ParallelLayout(pp=2, vp=2, ep=8, dp=32), training))
     assert "--overlap-moe-expert-parallel-comm" not in plain
 

@@ -121,10 +121,18 @@ def test_check_reports_a_missing_fsdp_flag(tmp_path: Path) -> None:
     ok = check_parsed(parse_file(out / "job.sbatch"), spec.cluster.gpu, num_gpus=16)
     assert ok.violations == ()
     args = (out / "megatron_args.sh").read_text(encoding="utf-8")
+    # the guide's list: one line per missing flag, naming the flag and the guide
+    for flag in ("--data-parallel-sharding-strategy",):
+        start = args.index(f"  {flag}")
+        line = args[start:args.index("\n", start) + 1]
+        (out / "megatron_args.sh").write_text(args.replace(line, ""), encoding="utf-8")
+        broken = check_parsed(parse_file(out / "job.sbatch"), spec.cluster.gpu, num_gpus=16)
+        assert [(c, "guide" in m) for c, m in broken.violations if flag in m] == [("FSDP_REQUIRED_FLAG", True)]
+    # Megatron sets the distributed optimizer itself and NVIDIA's own FSDP recipes keep gradient-accumulation
+    # fusion: neither is required
     for flag in ("--no-gradient-accumulation-fusion", "--use-distributed-optimizer"):
         (out / "megatron_args.sh").write_text(args.replace(f"  {flag}\n", ""), encoding="utf-8")
-        broken = check_parsed(parse_file(out / "job.sbatch"), spec.cluster.gpu, num_gpus=16)
-        assert [c for c, m in broken.violations if flag in m] == ["FSDP_REQUIRED_FLAG"], broken.violations
+        assert check_parsed(parse_file(out / "job.sbatch"), spec.cluster.gpu, num_gpus=16).violations == ()
     (out / "megatron_args.sh").write_text(args.replace("fsdp_dtensor", "torch_dist"), encoding="utf-8")
     broken = check_parsed(parse_file(out / "job.sbatch"), spec.cluster.gpu, num_gpus=16)
     assert any("--ckpt-format fsdp_dtensor" in m for _, m in broken.violations)

@@ -82,12 +82,16 @@ def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
     # the knobs move the estimate: flip them to Megatron's defaults and stage memory rises
     plain = replace(r, fields={**r.fields, "grad_reduce_in_fp32": True, "fp8_param_gather": False})
     assert estimate_recipe(plain).peak_bytes > est.peak_bytes
-    # a gated column (graph scope) is listed only when its gate is on
-    graphs = [x for x in bridge_recipes()
-              if x.get("cuda_graph_impl") == "transformer_engine" and x.get("cuda_graph_scope")]
-    assert any(s.startswith("cuda_graph_scope=") for s in not_modelled(graphs[0]))
-    off = replace(graphs[0], fields={**graphs[0].fields, "cuda_graph_impl": "none"})
-    assert not any(s.startswith("cuda_graph") for s in not_modelled(off))
+    # a gated column (the manual GC interval) is listed only when its gate is on
+    assert any(s.startswith("manual_gc_interval=") for s in nm)
+    off = replace(r, fields={**r.fields, "manual_gc": False})
+    assert not any(s.startswith("manual_gc") for s in not_modelled(off))
+    # CUDA graphs are modelled: applied to the TrainingSpec, not listed
+    graphs = [x for x in bridge_recipes() if x.runnable
+              and x.get("cuda_graph_impl") == "transformer_engine" and x.get("cuda_graph_scope")]
+    assert not any(s.startswith("cuda_graph") for s in not_modelled(graphs[0]))
+    t = estimate_recipe(graphs[0]).training
+    assert (t.cuda_graph_impl, list(t.cuda_graph_modules)) == ("transformer_engine", graphs[0].get("cuda_graph_scope"))
 
 
 def test_nvfp4_is_said_to_be_an_approximation_and_peft_is_modelled() -> None:

@@ -25,13 +25,23 @@ LOG = LOG_PATH.read_text(encoding="utf-8")
 @pytest.fixture(scope="session")
 def plan_8b() -> Plan:
     """llama3-8b on 16 H100s, top 3, PP forced >= 2 somewhere in the top so a schedule is drawn (no memory
-    margin: the tests name these three layouts, which the default margin would change)."""
+    margin: the tests name these layouts, which the default margin would change): #1 tp1 pp2 vp6 dp8 mbs2, #2 the
+    same with Megatron-FSDP (put there by hand: the tests compare a log with an FSDP layout of #1's sizes, which
+    the search no longer ranks second since FSDP gathers are hidden layer by layer), #3 the search's #2."""
+    import dataclasses
+
+    from paraplan.estimator import estimate
     from paraplan.headroom import NO_HEADROOM
     from paraplan.search import SearchSpace
 
-    return plan(load_model("llama3-8b"), make_cluster(load_gpu("h100-80gb"), 16),
-                TrainingSpec(seq_len=4096, global_batch_size=256), space=SearchSpace(pp=(2, 4)), top_k=3,
-                headroom=NO_HEADROOM)
+    p = plan(load_model("llama3-8b"), make_cluster(load_gpu("h100-80gb"), 16),
+             TrainingSpec(seq_len=4096, global_batch_size=256), space=SearchSpace(pp=(2, 4)), top_k=3,
+             headroom=NO_HEADROOM)
+    best = p.candidates[0]
+    fsdp = estimate(p.model, p.cluster, p.training, dataclasses.replace(best.layout, fsdp=True,
+                                                                         distributed_optimizer=False),
+                    headroom=NO_HEADROOM)
+    return dataclasses.replace(p, candidates=(best, fsdp, p.candidates[1]))
 
 
 @pytest.fixture(scope="session")

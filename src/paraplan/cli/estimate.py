@@ -139,6 +139,7 @@ _FLAG_FIELDS: dict[str, tuple[str, Any]] = {
     "recompute": ("recompute", lambda v: str(getattr(v, "value", v))),
     "recompute_modules": ("recompute_modules", lambda v: tuple(v) if v else ("core_attn",)),
     "recompute_num_layers": ("recompute_num_layers", lambda v: v or 1),
+    "recompute_method": ("recompute_method", lambda v: v or "uniform"),
     "no_sequence_parallel": ("sequence_parallel", lambda v: not v),
     "no_distributed_optimizer": ("distributed_optimizer", lambda v: not v), "fsdp": ("fsdp", bool),
     "no_overlap_grad_reduce": ("overlap_grad_reduce", lambda v: not v),

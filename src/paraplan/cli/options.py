@@ -152,6 +152,7 @@ def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> Gpu
 def build_layout(
     *, num_gpus: int, tp: int, pp: int, vp: int, cp: int, ep: int, etp: int | None, mbs: int,
     recompute: str, recompute_modules: list[str] | None, recompute_num_layers: int | None,
+    recompute_method: str | None = None,
     sequence_parallel: bool, distributed_optimizer: bool, fsdp: bool, overlap_grad_reduce: bool,
     overlap_param_gather: bool, tp_comm_overlap: bool, first_stage_layers: int | None,
     last_stage_layers: int | None, account_for_embedding: bool, account_for_loss: bool,
@@ -169,6 +170,14 @@ def build_layout(
     for name, value in (("tp", tp), ("pp", pp), ("vp", vp), ("cp", cp), ("ep", ep), ("etp", etp),
                         ("mbs", mbs), ("recompute-num-layers", recompute_num_layers)):
         positive(name, value)
+    from paraplan.api import RECOMPUTE_METHODS, brief
+
+    if recompute_method is not None and recompute != "full":  # A: validate_args / TC: __post_init__
+        raise SpecError(f"--recompute-method and --recompute {recompute} contradict: the method applies to "
+                        "--recompute full only")
+    if recompute_method is not None and recompute_method not in RECOMPUTE_METHODS:
+        raise SpecError(f"--recompute-method: expected one of {', '.join(RECOMPUTE_METHODS)}, got "
+                        f"{brief(recompute_method)}")
     if recompute == "selective" and recompute_num_layers is not None:  # TC: __post_init__
         raise SpecError("--recompute-num-layers: When using recompute_granularity: selective "
                         "recompute_num_layers must be None.")
@@ -183,6 +192,7 @@ def build_layout(
     return layout_for_world(
         num_gpus, tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp or 0, mbs=mbs, recompute=recompute,
         recompute_modules=modules, recompute_num_layers=recompute_num_layers or 1,
+        recompute_method=recompute_method or "uniform",
         # Megatron-FSDP shards the optimizer itself (and forces the distributed optimizer on): the
         # layout says fsdp, as the search does
         sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer and not fsdp, fsdp=fsdp,
@@ -255,7 +265,11 @@ KnobOpt = typer.Option(
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
          "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
-         "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj.")
+         "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj, "
+         "fsdp-double-buffer; "
+         "MoE: moe-token-dispatcher-type=alltoall|allgather|flex, moe-flex-dispatcher-backend=deepep|hybridep, "
+         "moe-hybridep-num-sms=32, delay-wgrad-compute, moe-permute-fusion, moe-shared-expert-overlap, "
+         "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------
@@ -276,6 +290,10 @@ RecomputeModulesOpt = typer.Option(None, "--recompute-modules",
                                    help="Selective recompute modules (repeat): core_attn, mlp, moe, ...")
 RecomputeNumLayersOpt = typer.Option(None, "--recompute-num-layers",
                                      help="Layers per checkpoint with --recompute full (default 1).")
+RecomputeMethodOpt = typer.Option(None, "--recompute-method",
+                                  help="With --recompute full: uniform (default; every layer, in groups of "
+                                       "--recompute-num-layers) or block (only the first --recompute-num-layers "
+                                       "layers of each model chunk).")
 NoSpOpt = typer.Option(False, "--no-sequence-parallel", help="Turn sequence parallel off.")
 NoDistOptOpt = typer.Option(False, "--no-distributed-optimizer", help="Replicate optimizer states (no ZeRO-1).")
 FsdpOpt = typer.Option(False, "--fsdp", help="Megatron-FSDP (parameters, grads and optimizer sharded).")
@@ -304,6 +322,7 @@ class LayoutFlags:
     recompute: str = "selective"
     recompute_modules: list[str] | None = None
     recompute_num_layers: int | None = None
+    recompute_method: str | None = None
     no_sequence_parallel: bool = False
     no_distributed_optimizer: bool = False
     fsdp: bool = False
@@ -327,6 +346,7 @@ class LayoutFlags:
             num_gpus=num_gpus, tp=self.tp, pp=self.pp, vp=self.vp, cp=self.cp, ep=self.ep, etp=self.etp,
             mbs=self.mbs, recompute=str(getattr(self.recompute, "value", self.recompute)),
             recompute_modules=self.recompute_modules, recompute_num_layers=self.recompute_num_layers,
+            recompute_method=self.recompute_method,
             sequence_parallel=not self.no_sequence_parallel,
             distributed_optimizer=not self.no_distributed_optimizer, fsdp=self.fsdp,
             overlap_grad_reduce=not self.no_overlap_grad_reduce,
@@ -350,7 +370,8 @@ LAYOUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("mbs", int, MbsOpt), ("tp", int, TpOpt), ("pp", int, PpOpt), ("vp", int, VpOpt), ("cp", int, CpOpt),
     ("ep", int, EpOpt), ("etp", int | None, EtpOpt), ("recompute", RecomputeChoice, RecomputeOpt),
     ("recompute_modules", list[str] | None, RecomputeModulesOpt),
-    ("recompute_num_layers", int | None, RecomputeNumLayersOpt), ("no_sequence_parallel", bool, NoSpOpt),
+    ("recompute_num_layers", int | None, RecomputeNumLayersOpt),
+    ("recompute_method", str | None, RecomputeMethodOpt), ("no_sequence_parallel", bool, NoSpOpt),
     ("no_distributed_optimizer", bool, NoDistOptOpt), ("fsdp", bool, FsdpOpt),
     ("no_overlap_grad_reduce", bool, NoOverlapGradOpt), ("no_overlap_param_gather", bool, NoOverlapParamOpt),
     ("tp_comm_overlap", bool, TpCommOverlapOpt), ("first_stage_layers", int | None, FirstStageOpt),

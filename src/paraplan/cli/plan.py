@@ -163,11 +163,12 @@ def search_space(*, tp: str | None = None, pp: str | None = None, vp: str | None
                  tp_comm_overlap: bool = False, recompute_modules: str | None = None,
                  schedule: str = "") -> SearchSpace:
     """The SearchSpace of the search flags (comma-separated lists; None keeps the default)."""
+    dp_variants = _strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp"))
     return SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
         recompute=_strs("recompute", recompute, RECOMPUTE_CHOICES, RECOMPUTE_CHOICES),
-        dp_variants=_strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp")),
+        dp_variants=dp_variants, fsdp_everywhere=dp_variant is not None and "fsdp" in dp_variants,
         allow_cross_node=allow_cross_node, tp_comm_overlap=tp_comm_overlap,
         recompute_modules=_strs("recompute-modules", recompute_modules, RECOMPUTE_MODULES, ("core_attn",)),
         schedule=schedule,
@@ -317,7 +318,9 @@ EpOpt = typer.Option(None, "--ep", help="Allowed EP sizes.")
 MbsOpt = typer.Option(None, "--mbs", help="Allowed micro-batch sizes (default 1,2,4,8).")
 MaxPpOpt = typer.Option(None, "--max-pp", help="Largest PP to consider.")
 RecOpt = typer.Option(None, "--recompute", help="Allowed recompute modes: none,selective,full.")
-DpOpt = typer.Option(None, "--dp-variant", help="Data-parallel variants: distopt,fsdp,ddp (default distopt,fsdp).")
+DpOpt = typer.Option(None, "--dp-variant", help="Data-parallel variants: distopt,fsdp,ddp (default distopt,fsdp; "
+                     "by default FSDP only at PP 1, CP 1, TP 1 or Blackwell TP <= 2, as NVIDIA runs it; naming "
+                     "fsdp searches it on every layout).")
 CrossOpt = typer.Option(True, "--allow-cross-node/--nvlink-only",
                         help="CP and EP groups may span NVLink domains (costed on the network), or must not.")
 TpOvOpt = typer.Option(False, "--tp-comm-overlap", help="Assume --tp-comm-overlap (TE userbuffers).")

@@ -56,6 +56,8 @@ class ActivationContext:
     offload_modules: tuple[str, ...] = ()
     """Modules whose inputs fine-grained activation offloading keeps on the host
     (``TrainingSpec.offloaded_modules``)."""
+    routed_load: float = 1.0
+    """Routed token copies over the dropless T k (``time.ep.routed_load_factor``: token drop / padding)."""
 
     @property
     def tokens(self) -> Num:
@@ -154,10 +156,10 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     """MoE half of a layer: norm, router (fp32 logits and probabilities), routed experts, shared.
 
     Routed token copies per GPU: Te = s*b*k*etp/(t*c) (balanced dispatch over EP, each copy
-    processed by the ETP group). Saved per copy: fc1 input h, activation input f_e*(2|1)/etp,
-    fc2 input f_e/etp and its fp32 routing probability (4 B); offloaded: ``mlp_norm`` the norm input,
-    ``expert_fc1`` the fc1 input, ``moe_act`` the activation input, ``fused_group_mlp`` all three GEMM-side
-    inputs. The probabilities are applied inside the activation
+    processed by the ETP group), times ``routed_load`` (capacity factor, padding). Saved per copy: fc1 input h,
+    activation input f_e*(2|1)/etp, fc2 input f_e/etp and its fp32 routing probability (4 B); offloaded:
+    ``mlp_norm`` the norm input, ``expert_fc1`` the fc1 input, ``moe_act`` the activation input,
+    ``fused_group_mlp`` all three GEMM-side inputs. The probabilities are applied inside the activation
     (``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward``, ``bias_act_func``:
     ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``), so the
     expert output is not kept for the combine: unpermute is an index scatter-add.
@@ -169,7 +171,7 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     norm_in = 0.0 if _off(ctx, "mlp_norm") else BF16_BYTES * T * h / sh
     norm_out = np.where(_mod(ctx, "layernorm"), 0.0, BF16_BYTES * T * h / sh)
     router = 2 * FP32_BYTES * T * model.num_experts / sh
-    te = T * k * ctx.etp / t
+    te = T * k * ctx.etp / t * ctx.routed_load
     act_in = np.where(_mod(ctx, "moe_act"), 0.0, BF16_BYTES * te * fe * gate / ctx.etp)
     fc1_in = ctx.gemm_input_bytes * te * h
     fc2_in = ctx.gemm_input_bytes * te * fe / ctx.etp
@@ -217,7 +219,7 @@ def recompute_working_bytes(model: ModelSpec, ctx: ActivationContext, *, has_moe
     none_ctx = ActivationContext(
         seq_len=ctx.seq_len, mbs=ctx.mbs, tp=ctx.tp, cp=ctx.cp, sp=ctx.sp, ep=ctx.ep,
         etp=ctx.etp, recompute_code=RECOMPUTE_CODES["none"], recompute_modules=(),
-        recompute_num_layers=1, fp8=ctx.fp8, flash=ctx.flash,
+        recompute_num_layers=1, fp8=ctx.fp8, flash=ctx.flash, routed_load=ctx.routed_load,
     )
     per_layer = layer_bytes_no_full_recompute(model, none_ctx, moe=False)
     if has_moe:

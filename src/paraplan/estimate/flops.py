@@ -101,13 +101,14 @@ def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: i
 
 def recompute_flops_per_step(
     model: ModelSpec, *, seq_len: int, global_batch_size: int, recompute_code: Num,
-    recompute_modules: tuple[str, ...],
+    recompute_modules: tuple[str, ...], full_frac: Num = 1.0,
 ) -> Num:
     """Forward FLOPs redone by activation recomputation (added to model FLOPs for HFU).
 
-    full: one extra forward of every layer = (model FLOPs of the layers) / 3.
+    full: one extra forward of every layer = (model FLOPs of the layers) / 3, times ``full_frac`` (the share of
+    layers the block method re-runs);
     selective core_attn: the attention-score forward = 2*B*s^2*w*N (causal half);
-    selective mlp/moe/shared_experts: those blocks' forward GEMMs.
+    selective mlp/moe/shared_experts: those blocks' forward GEMMs; mla_up_proj: MLA's up projections.
     """
     h, s, b = model.hidden_size, seq_len, global_batch_size
     tokens = b * s
@@ -119,11 +120,16 @@ def recompute_flops_per_step(
     dense_mlp = 2.0 * tokens * h * mu * model.ffn * n_dense
     routed = 2.0 * tokens * h * mu * model.moe_ffn * model.moe_router_topk * n_moe
     shared = 2.0 * tokens * h * mu * model.shared_ffn * n_moe
-    full = attn_proj + score + dense_mlp + routed + shared
+    full = (attn_proj + score + dense_mlp + routed + shared) * full_frac
     selective = score * ("core_attn" in recompute_modules)
     selective += dense_mlp * ("mlp" in recompute_modules)
     selective += (routed + shared) * ("moe" in recompute_modules)
     selective += shared * ("shared_experts" in recompute_modules and "moe" not in recompute_modules)
+    if model.multi_latent_attention and "mla_up_proj" in recompute_modules:  # q (up) and kv up projections
+        q_in = model.q_lora_rank if model.q_lora_rank is not None else h
+        up = (q_in * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+              + model.kv_lora_rank * (model.qk_head_dim + model.v_head_dim)) * model.num_attention_heads
+        selective += 2.0 * tokens * up * n_all
     return np.where(recompute_code == 2, full, np.where(recompute_code == 1, selective, 0.0))
 
 

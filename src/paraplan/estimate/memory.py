@@ -24,6 +24,7 @@ from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.params import ParamTerms, StageLayers, StageParams, padded_vocab, stage_params
+from paraplan.layout import RECOMPUTE_CODES
 from paraplan.schedules import schedule_of
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.num import Int, Num
@@ -42,9 +43,23 @@ FP8_SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "tensorwise": 0.0, "mxfp8": 1.0 /
 history) per tensor, negligible; MXFP8 one E8M0 byte per 32 elements; blockwise one fp32 scale per 128 x 128
 weight block (Transformer Engine ``MXFP8Tensor`` / ``Float8BlockwiseQTensor``)."""
 FSDP_LAYERS_IN_FLIGHT = 2
-"""Megatron-FSDP holds the gathered weights (and their unsharded gradients) of about two layers at a
-time: the one computing and the one prefetched (megatron_fsdp's all-gather / reduce-scatter
-pipelining); their FP8 copies, under FP8, are the only ones that exist."""
+"""Megatron-FSDP holds the unsharded gradients of about two layers at a time: the one computing and the one
+being reduce-scattered (the guide: "at least two FSDP units worth of un-sharded gradient memory")."""
+FSDP_AG_PREFETCH_PARAMS = 500_000_000
+"""Megatron-FSDP prefetches the next units' weights until this many elements are gathered beyond the current
+unit: ``suggested_AG_prefetch_size = max(1e9, 2 x mean unit) // 2`` (megatron_fsdp.py ``__init__``: the "cap to
+1B elements" is a floor), consumed by ``all_gather_params`` in param_and_grad_buffer.py; with
+--fsdp-double-buffer (``TrainingSpec.fsdp_double_buffer``) ``need_skip_prefetch`` stops at two units."""
+
+
+def fsdp_weight_units_in_flight(unit_params: Num, units_per_chunk: Num) -> Num:
+    """Units whose gathered weights Megatron-FSDP holds at once: the one computing plus the prefetched ones,
+    ``1 + min(ceil(max(FSDP_AG_PREFETCH_PARAMS, u) / u), units_per_chunk - 1)`` (``u``: one unit's parameters
+    on the rank; prefetch stops at the end of the chunk, which is its own FSDP instance). Their FP8 copies,
+    under FP8, are the only ones that exist."""
+    u = np.maximum(unit_params, 1.0)
+    prefetched = np.ceil(np.maximum(FSDP_AG_PREFETCH_PARAMS, u) / u)
+    return 1.0 + np.clip(np.minimum(prefetched, np.asarray(units_per_chunk, dtype=float) - 1.0), 0.0, None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,12 +108,14 @@ class OtherBytes:
     fsdp_buffers_bytes: Num
     workspace_bytes: Num
     fragmentation_bytes: Num
+    cuda_graph_bytes: Num = 0.0
+    """Static input/output buffers of the CUDA graphs (``cuda_graph_pool_bytes``)."""
 
     @property
     def total(self) -> Num:
         """other_bytes of the stage."""
         return (self.logits_bytes + self.fp8_weight_cache_bytes + self.fsdp_buffers_bytes
-                + self.workspace_bytes + self.fragmentation_bytes)
+                + self.workspace_bytes + self.fragmentation_bytes + self.cuda_graph_bytes)
 
     def as_dict(self) -> dict[str, float]:
         """Scalar parts."""
@@ -174,13 +191,17 @@ def activation_context(
 ) -> act.ActivationContext:
     """The activation-formula inputs for a layout (or a table of layouts). Head dims that are not
     multiples of 8 run unfused attention whatever the backend (flops.attention_heads_tensor_core_aligned)."""
+    from paraplan.estimate.time.ep import routed_load_factor  # local: time imports memory's neighbours
+
     flash = training.attention_backend == "flash" and attention_heads_tensor_core_aligned(model)
     return act.ActivationContext(
         seq_len=training.seq_len, mbs=layout.mbs, tp=layout.tp, cp=layout.cp, sp=layout.sp,
         ep=layout.ep, etp=layout.etp, recompute_code=layout.recompute_code,
         recompute_modules=tuple(layout.recompute_modules),
-        recompute_num_layers=int(layout.recompute_num_layers),
-        fp8=training.precision == "fp8", flash=flash, offload_modules=training.offloaded_modules,
+        # the block method checkpoints its layers one by one (megatron/core/recompute.py): one input each
+        recompute_num_layers=1 if layout.recompute_method == "block" else int(layout.recompute_num_layers),
+        fp8=training.precision == "fp8", flash=flash, routed_load=routed_load_factor(training),
+        offload_modules=training.offloaded_modules,
     )
 
 
@@ -207,6 +228,10 @@ class LayerActivations:
     offloaded_dense: Num = 0.0
     """Bytes of one dense layer, one micro-batch, that fine-grained activation offloading keeps on the host."""
     offloaded_moe: Num = 0.0
+    """Same for one MoE layer."""
+    dense_kept: Num = 0.0
+    """One dense layer that full recompute skips (block method beyond its first N layers per chunk)."""
+    moe_kept: Num = 0.0
     """Same for one MoE layer."""
 
     def take(self, index: NDArray[np.int64]) -> LayerActivations:
@@ -236,6 +261,10 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: LayerLay
         rebuilt=act.recompute_working_bytes(model, ctx, has_moe=model.is_moe),
         one_layer=act.layer_bytes_no_full_recompute(model, ctx, moe=model.is_moe),
         output=act.output_bytes(model, ctx, padded_vocab=padded_vocab(model, layout.tp)),
+        dense_kept=act.layer_bytes_no_full_recompute(model, ctx, moe=False) if layout.recompute_method == "block"
+        else 0.0,
+        moe_kept=act.layer_bytes_no_full_recompute(model, ctx, moe=True) if layout.recompute_method == "block"
+        and model.is_moe else 0.0,
     )
 
 
@@ -259,6 +288,10 @@ def stage_activation_bytes(
     per_mb = stage.num_dense_layers * la.dense
     if model.is_moe:
         per_mb = per_mb + stage.num_moe_layers * la.moe
+    if layout.recompute_method == "block":
+        kept = stage.num_dense_layers * la.dense_kept + (stage.num_moe_layers * la.moe_kept if model.is_moe else 0.0)
+        frac = block_recompute_frac(layout, stage)
+        per_mb = frac * per_mb + (1.0 - frac) * kept
     sched = schedule_of(layout)
     units = sched.in_flight_units(rank=rank, pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
     layers = units * per_mb / layout.vp
@@ -290,6 +323,19 @@ def stage_offloaded_bytes(model: ModelSpec, training: TrainingSpec, stage: Stage
     return stage.num_dense_layers * la.offloaded_dense + stage.num_moe_layers * la.offloaded_moe
 
 
+def block_recompute_frac(layout: StepLayout, stage: StageLayers) -> Num:
+    """Share of a stage's decoder layers that full recompute re-runs: 1 with the uniform method; with the block
+    method min(N, L_chunk) / L_chunk, the first N = ``recompute_num_layers`` layers of each of its model chunks of
+    L_chunk = layers / v (megatron/core/recompute.py ``checkpointed_forward``: ``layer_idx <
+    recompute_num_layers``). The first-N layers' kind (dense or MoE) is taken in the stage's proportion."""
+    if layout.recompute_method != "block":
+        return 1.0
+    per_chunk = (stage.num_dense_layers + stage.num_moe_layers) / layout.vp
+    on = np.where(layout.recompute_code == RECOMPUTE_CODES["full"], 1.0, 0.0)
+    frac = np.minimum(layout.recompute_num_layers, per_chunk) / np.maximum(per_chunk, 1e-300)
+    return on * np.where(per_chunk > 0, frac, 1.0) + (1.0 - on)
+
+
 def stage_other_bytes(
     model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, params: StageParams,
     activations_bytes: Num, *, options: MemoryOptions, per_layer: LayerActivations | None = None,
@@ -302,15 +348,61 @@ def stage_other_bytes(
     layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
     grad_b = 0.0 if training.peft else main_grad_bytes(training)
-    fsdp_buffers = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * (weight_bytes_per_param(training)
-                                                                  + grad_b) * per_layer_params, 0.0)
+    weight_units = (FSDP_LAYERS_IN_FLIGHT if training.fsdp_double_buffer else
+                    fsdp_weight_units_in_flight(per_layer_params, layers_on_stage / np.maximum(layout.vp, 1)))
+    fsdp_buffers = np.where(layout.fsdp, (weight_units * weight_bytes_per_param(training)
+                                          + FSDP_LAYERS_IN_FLIGHT * grad_b) * per_layer_params, 0.0)
     # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
     # gathered for its GEMMs and released, so only the layers in flight carry FP8 copies
-    fp8_held = np.where(layout.fsdp, FSDP_LAYERS_IN_FLIGHT * per_layer_params, params.total)
+    fp8_held = np.where(layout.fsdp, weight_units * per_layer_params, params.total)
     fp8_cache = fp8_cache_bytes_per_param(training) * fp8_held
     dynamic = activations_bytes + logits
     return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,
                       workspace_bytes=options.workspace_bytes, fragmentation_bytes=options.fragmentation_frac * dynamic)
+
+
+CUDA_GRAPH_INPUT_BYTES_PER_ELEMENT = 2.0
+"""The static hidden-state input of a captured layer is bf16 (megatron/core/transformer/module.py
+``GraphableMegatronModule.get_layer_static_inputs``: ``dtype=torch.bfloat16``)."""
+CUDA_GRAPH_MASK_BYTES_PER_ELEMENT = 1.0
+"""The static causal mask of a layer whose attention is captured by TE is a bool tensor (1 B per element)."""
+
+
+def cuda_graph_pool_bytes(model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers,
+                          units: Num) -> Num:
+    """Static buffers the CUDA graphs of one pipeline rank keep beyond the eager activations (which the graph pool
+    holds instead of the caching allocator, already counted), for ``units`` chunk micro-batches in flight
+    (``Schedule.in_flight_units``: one with PP 1, more with PP > 1, each in-flight micro-batch replaying its own
+    graph with its own static inputs).
+
+    transformer_engine (megatron/core/transformer/cuda_graphs.py ``TECudaGraphHelper``): one graph per captured
+    layer and micro-batch (one micro-batch without PP); ``_get_sample_arguments`` reuses a static input set only
+    once that micro-batch's backward is done, so each captured layer holds ``units / vp`` sets, each
+    a bf16 hidden state s/(c t_sp) x b x h (module.py ``get_layer_static_inputs``) and, when its attention is
+    captured, a bool causal mask b x s/c x s (transformer_layer.py ``get_layer_static_inputs``). The static input
+    stands in for the layer input eager mode saves, but the graph's static output stays allocated in the pool
+    until that micro-batch's backward is captured (graph.py ``make_graphed_callables``: weak-referenced only then,
+    ``_reuse_graph_input_output_buffers``), so one hidden state per set is extra; TE keeps one static output
+    gradient per shape.
+    local (``CudaGraphManager``): a graph's input is cloned into the pool unless it is the output of the graph before
+    it (``create_fwd_graph`` buffer reuse), so the whole-layer scope keeps one hidden state per chunk micro-batch in
+    flight and a partial scope one per captured layer and micro-batch. full_iteration: the batch only (nothing
+    counted). Captured layers: all with the whole-layer scope or ``attn``; dense ones with ``mlp``; MoE ones with
+    ``moe`` / ``moe_router`` / ``moe_preprocess`` (``_get_submodules_under_cudagraphs``)."""
+    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    if impl in ("none", "full_iteration"):
+        return 0.0
+    tokens = training.seq_len / layout.cp * layout.mbs
+    hidden = CUDA_GRAPH_INPUT_BYTES_PER_ELEMENT * tokens / np.where(layout.sp, layout.tp, 1) * model.hidden_size
+    whole = not mods
+    attn = whole or "attn" in mods
+    moe = whole or attn or bool({"moe", "moe_router", "moe_preprocess"} & set(mods))
+    captured = (stage.num_dense_layers * (attn or "mlp" in mods) + stage.num_moe_layers * moe
+                + np.asarray(stage.num_mtp_layers) * attn)
+    if impl == "local":
+        return np.where(captured > 0, units * hidden, 0.0) if whole else units / layout.vp * captured * hidden
+    mask = CUDA_GRAPH_MASK_BYTES_PER_ELEMENT * tokens * training.seq_len if attn else 0.0
+    return np.where(captured > 0, units / layout.vp * captured * (hidden + mask) + hidden, 0.0)
 
 
 def stage_memory(
@@ -332,6 +424,8 @@ def stage_memory(
     )
     other = stage_other_bytes(model, training, layout, stage, params, activations, options=options,
                               per_layer=per_layer)
+    if training.cuda_graph_impl != "none":
+        other = replace(other, cuda_graph_bytes=cuda_graph_pool_bytes(model, training, layout, stage, units))
     return StageMemory(
         memory=MemoryBreakdown(weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
                                activations_bytes=activations, other_bytes=other.total),

@@ -23,11 +23,12 @@ from numpy.typing import NDArray
 
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
-from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab
-from paraplan.estimate.time import compute, cp, dp, ep, offload, pp, tp
+from paraplan.estimate.memory import block_recompute_frac
+from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
+from paraplan.estimate.time import compute, cp, dp, ep, fsdp, offload, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
-from paraplan.estimate.time.optimizer import optimizer_s
+from paraplan.estimate.time.optimizer import grad_accumulation_s, optimizer_s
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import schedule_of
 from paraplan.specs.cluster import ClusterSpec
@@ -50,6 +51,8 @@ class StageTime:
     recompute_s: Num
     link_s: dict[str, Num]
     exposed_s: dict[str, Num]
+    ep_paired_s: Num = 0.0
+    """EP time left exposed when every micro-batch pass is paired with another's (``ep.paired_exposed_s``)."""
 
     @property
     def total_s(self) -> Num:
@@ -67,6 +70,10 @@ class LayerKindTerms:
     ep_link_s: Num
     cp_link_s: Num
     attn_fwd_s: Num
+    ep_unpaired_s: Num = 0.0
+    """EP time exposed by a pass that runs alone (``ep.unpaired_exposed_s``, before ``ep_overlap_frac``)."""
+    ep_paired_s: Num = 0.0
+    """EP time exposed by a pass paired with another micro-batch's (``ep.paired_exposed_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +115,15 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     if model.mtp_num_layers:
         mtp_lt = kinds[-1][0] if model.mtp_layer_is_moe else dense
         kinds.append((mtp_lt, bool(model.is_moe and model.mtp_layer_is_moe)))
+    delay = training.delay_wgrad_compute
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
-                                 attn_fwd_s=lt.attn_fwd_s) for lt, m in kinds)
+                                 attn_fwd_s=lt.attn_fwd_s,
+                                 ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_gemm_fwd_s,
+                                                                     shared_overlap=training.moe_shared_expert_overlap),
+                                 ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
+                                                                 delay_wgrad=delay))
+                  for lt, m in kinds)
     tokens = training.seq_len * layout.mbs / layout.cp
     sh = np.where(layout.sp, layout.tp, 1)
     h = model.hidden_size
@@ -123,7 +136,7 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     )
 
 
-def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
+def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: StepLayout,
                stage: StageLayers, terms: StageTerms | None = None) -> StageTime:
     """Forward + backward of one micro-batch on one pipeline rank (all its chunks). ``terms``: the
     layout's ``stage_terms`` when already computed (the same for every stage)."""
@@ -136,7 +149,10 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
         counts.append(stage.num_mtp_layers)
     parts = list(zip(terms.parts, counts, strict=True))
     compute = sum(n * k.compute_s for k, n in parts)
-    recompute = sum(n * k.recompute_s for k, n in parts)
+    # the block method re-runs only the first recompute_num_layers decoder layers of each chunk (not MTP layers)
+    decoder = 1 + int(model.is_moe)
+    frac = block_recompute_frac(layout, stage)
+    recompute = sum((frac if i < decoder else 1.0) * n * k.recompute_s for i, (k, n) in enumerate(parts))
     links: dict[str, Num] = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
              "cp": sum(n * k.cp_link_s for k, n in parts)}
     attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * k.attn_fwd_s for k, n in parts)
@@ -145,12 +161,19 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
     compute = compute + np.where(stage.has_embedding, terms.embedding_s, 0.0)
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
+    if not training.gradient_accumulation_fusion:  # the unfused main-grad adds of each micro-batch's backward
+        from paraplan.estimate.positions import max_positions_for
+
+        held = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
+                            max_positions=max_positions_for(model, training)[0]).total
+        compute = compute + grad_accumulation_s(cluster, training, held)
     exposed = {
         "tp": terms.tp_exposed_frac * links["tp"],
-        "ep": (1.0 - eff.ep_overlap_frac) * links["ep"],
+        "ep": (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_unpaired_s for k, n in parts),
         "cp": cp.exposed_s(links["cp"], attn, eff),
     }
-    return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed)
+    paired = (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_paired_s for k, n in parts)
+    return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed, ep_paired_s=paired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +216,7 @@ def step_time_from_stages(
     m = num_microbatches
     terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
     times = [stage_time(model, cluster, training, layout, st, terms) for st in stages]
+    groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     totals = np.stack([np.broadcast_to(np.asarray(st.total_s, dtype=float), np.shape(times[0].total_s))
                        for st in times])
     slow = np.argmax(totals, axis=0)
@@ -213,10 +237,16 @@ def step_time_from_stages(
     bub_frac = sched.bubble_frac(pp=layout.pp, vp=layout.vp, num_microbatches=m)
     bubble = bub_frac * m * t_stage
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
-    groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training) for st in stages]
     grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
-    dp_exposed, dp_link = dp.exposed_and_link_s(layout, grad, gather, eff.dp_overlap_frac * t_stage, m)
+    gpu_share = 1.0 - float(training.optimizer_offload_fraction) if training.optimizer_cpu_offload else 1.0
+    optimizer = optimizer_s(cluster, gpu_share * local) + offload.optimizer_offload_s(
+        training, local, cluster.gpu.host_bytes_per_s)
+    dp_exposed, dp_link = dp.exposed_and_link_s(
+        layout, grad, gather, eff.dp_overlap_frac * t_stage, m,
+        recompute_hide_s=eff.dp_overlap_frac * pick([st.recompute_s for st in times]),
+        units=fsdp.units_per_rank(model.num_layers + model.mtp_num_layers, layout.pp),
+        behind_optimizer_s=dp.gather_behind_optimizer_s(layout, gather, optimizer, training))
     grid = Grid.of(layout)
     p2p = pp.p2p_time_s(cluster, grid.pp_group, pp.p2p_bytes(training.seq_len, layout.mbs, layout.cp,
                                                               model.hidden_size, np.where(layout.sp, layout.tp, 1)))
@@ -224,7 +254,7 @@ def step_time_from_stages(
         "tp": m * pick([st.exposed_s["tp"] for st in times]),
         "cp": m * pick([st.exposed_s["cp"] for st in times]),
         "ep": ep.exposed_s(sched, layout, m, pick([st.exposed_s["ep"] for st in times]),
-                           pick([st.compute_s for st in times])),
+                           pick([st.ep_paired_s for st in times])),
         "pp": pp.exposed_s(layout.pp, sched.p2p_exposed_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m),
                            p2p, eff.pp_overlap_frac * sched.p2p_overlap_scale(vp=layout.vp)),
         "dp": dp_exposed,
@@ -247,9 +277,6 @@ def step_time_from_stages(
         links["offload"] = m * offload.activation_offload_link_s(pick(moved), host)
     compute_s = m * pick([st.compute_s for st in times])
     recompute = m * pick([st.recompute_s for st in times])
-    gpu_share = 1.0 - float(training.optimizer_offload_fraction) if training.optimizer_cpu_offload else 1.0
-    optimizer = optimizer_s(cluster, gpu_share * local) + offload.optimizer_offload_s(
-        training, local, cluster.gpu.host_bytes_per_s)
     overhead = eff.step_overhead_s
     step = compute_s + recompute + bubble + optimizer + overhead + sum(exposed.values())
     return StepTime(step_s=step, compute_s=compute_s, recompute_s=recompute, bubble_s=bubble,
@@ -304,10 +331,13 @@ def throughput(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     n = cluster.num_gpus
     model_flops = model_flops_per_step(model, seq_len=training.seq_len,
                                        global_batch_size=training.global_batch_size, tp=layout.tp)
+    per_chunk = model.num_layers / (layout.pp * layout.vp)
+    block = (np.minimum(layout.recompute_num_layers, per_chunk) / per_chunk
+             if layout.recompute_method == "block" else 1.0)
     extra = recompute_flops_per_step(model, seq_len=training.seq_len,
                                      global_batch_size=training.global_batch_size,
                                      recompute_code=layout.recompute_code,
-                                     recompute_modules=tuple(layout.recompute_modules))
+                                     recompute_modules=tuple(layout.recompute_modules), full_frac=block)
     peak = cluster.gpu.peak_flops_per_s(mfu_peak)
     model_rate = model_flops / (t.step_s * n)
     hw_rate = (model_flops + extra) / (t.step_s * n)

@@ -200,7 +200,7 @@ def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
         out += [("model.recompute_granularity", "selective"), ("model.recompute_modules", list(lay.recompute_modules)),
                 ("model.recompute_method", None), ("model.recompute_num_layers", None)]
     elif lay.recompute == "full":
-        out += [("model.recompute_granularity", "full"), ("model.recompute_method", "uniform"),
+        out += [("model.recompute_granularity", "full"), ("model.recompute_method", lay.recompute_method),
                 ("model.recompute_num_layers", lay.recompute_num_layers), ("model.recompute_modules", None)]
     else:
         out += [("model.recompute_granularity", None)]

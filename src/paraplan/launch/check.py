@@ -15,6 +15,7 @@ import numpy as np
 
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimate.pipeline import stage_assignment
+from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.headroom import Headroom
 from paraplan.launch.megatron import (
@@ -170,7 +171,9 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     found += [p for p in fsdp_flag_violations(parsed) if p[1] not in {m for _, m in found}]
     est = None
     if not found:
-        est = estimate(model, cluster, training, layout, extra_notes=list(parsed.flags.notes), headroom=headroom)
+        scope = fsdp.scope_note(layout.tp, layout.pp, layout.cp, gpu.arch) if layout.fsdp else None
+        est = estimate(model, cluster, training, layout, extra_notes=[*parsed.flags.notes, *([scope] if scope else [])],
+                       headroom=headroom)
     result = CheckResult(parsed=parsed, model=model, cluster=cluster, training=training,
                          layout=layout, violations=tuple(found), estimate=est)
     alternative = suggest_alternative(result, headroom)

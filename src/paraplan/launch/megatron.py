@@ -75,17 +75,16 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
 
 FSDP_REQUIRED_FLAGS: Final[tuple[tuple[str, str | None, str], ...]] = (
     ("--use-megatron-fsdp", None, "Megatron-FSDP guide (docs/user-guide/features/megatron_fsdp.md)"),
-    ("--data-parallel-sharding-strategy", None, "Megatron-FSDP guide: the sharding strategy"),
-    ("--use-distributed-optimizer", None, "Megatron-FSDP guide: 'Megatron-FSDP uses Megatron-Core's "
-     "DistributedOptimizer'; validate_args: 'Megatron-FSDP v1 is only compatible with --use-distributed-optimizer'"),
-    ("--no-gradient-accumulation-fusion", None, "NVIDIA's Megatron-FSDP scripts (examples/megatron_fsdp); "
-     "validate_args warns 'Verify that fused gradient accumulation is supported by TransformerEngine for "
-     "Megatron-FSDP'"),
-    ("--ckpt-format", "fsdp_dtensor", "validate_args: 'Megatron-FSDP requires the `fsdp_dtensor` "
-     "checkpointing format.'"),
+    ("--data-parallel-sharding-strategy", None, "Megatron-FSDP guide: 'use the following arguments'"),
+    ("--ckpt-format", "fsdp_dtensor", "Megatron-FSDP guide; validate_args: 'Megatron-FSDP requires the "
+     "`fsdp_dtensor` checkpointing format.'"),
 )
-"""(flag, required value or None, source) every Megatron-FSDP launch carries; ``check`` reports a missing one
-(code FSDP_REQUIRED_FLAG). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is the environment side (env.sh)."""
+"""(flag, required value or None, source): the flags the Megatron-FSDP guide lists to enable it in Megatron-LM;
+``check`` reports a missing one (code FSDP_REQUIRED_FLAG). Launch files also carry --use-distributed-optimizer
+(the guide: "Automatically set when using Megatron-FSDP", so not required) and --no-gradient-accumulation-fusion
+(Megatron-LM's examples/megatron_fsdp scripts; the guide: fusion is "Used by default", and NVIDIA's DeepSeek-V3
+and Llama-3.1-405B B300 FSDP recipes keep it, so not required either). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is
+the environment side (env.sh)."""
 
 CKPT_FORMATS: Final = ("torch_dist", "fsdp_dtensor")
 """``--ckpt-format`` values paraplan writes (Megatron's distributed checkpoint formats)."""
@@ -199,15 +198,23 @@ def fp8_args(arch: str, recipe: str = "delayed") -> tuple[Arg, ...]:
 
 
 def memory_knob_args(training: TrainingSpec) -> list[Arg]:
-    """The memory knobs of the training spec that differ from Megatron-LM's defaults, as Megatron flags
-    (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``)."""
+    """The knobs of the training spec that differ from Megatron-LM's defaults, as Megatron flags
+    (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``, ``--moe-token-dispatcher-type`` by ``_moe_mla``;
+    the flex backend and its SMs only with the flex dispatcher)."""
     defaults = TrainingSpec(seq_len=1, global_batch_size=1)
     args: list[Arg] = []
     for key, flag in KNOB_FLAGS.items():
         value = getattr(training, key)
-        if key == "fp8_recipe" or value == getattr(defaults, key):
+        if key in ("fp8_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) or value is None:
+            continue  # fp8_recipe: fp8_args; the dispatcher: _moe_mla
+        if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms") \
+                and training.moe_token_dispatcher_type != "flex":
             continue
         if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
+            continue
+        if key == "cuda_graph_modules":  # validated names (CUDA_GRAPH_MODULES), one word each
+            if training.cuda_graph_impl not in ("none", "full_iteration"):
+                args.append(_a(flag, *value))
             continue
         if isinstance(value, tuple):
             args.append(_a(flag, *value))
@@ -269,6 +276,51 @@ def forced_env_names(spec: LaunchSpec) -> frozenset[str]:
     return frozenset(name for name, _, _ in environment(spec) if name not in site or name == MAX_CONNECTIONS)
 
 
+def cuda_graph_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """TransformerConfig.__post_init__'s CUDA graph rules that need the model or the layout
+    (megatron/core/transformer/transformer_config.py), with its words."""
+    out: list[tuple[str, str]] = []
+    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    if impl == "none":
+        return out
+    if impl != "full_iteration":
+        if not model.is_moe and ({"moe", "moe_router"} & set(mods)):
+            out.append(("CUDA_GRAPH_MOE_NEEDS_MOE", "moe cuda graph is only supported for MoE."))
+        if model.is_moe and "mlp" in mods and all(model.moe_layer_pattern()):
+            out.append(("CUDA_GRAPH_MLP_NEEDS_DENSE", "mlp cuda graph is only supported for dense layers, but not "
+                        "found in the model."))
+        if model.is_moe and "moe" in mods:
+            out.append(("CUDA_GRAPH_MOE_NEEDS_DROP_PAD", "moe cuda graph is only supported with drop-padding MoE."))
+    if layout.recompute == "full" and impl != "full_iteration":
+        out.append(("CUDA_GRAPH_FULL_RECOMPUTE", "full recompute is only supported with full iteration CUDA graph."))
+    return out
+
+
+def gather_with_optimizer_violations(layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """``--overlap-param-gather-with-optimizer-step``'s asserts (arguments.py ``validate_args``), with their words."""
+    if not training.overlap_param_gather_with_optimizer_step:
+        return []
+    rules = ((layout.dist_opt, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_DIST_OPT",
+              "--overlap-param-gather-with-optimizer-step only supported with distributed optimizer"),
+             (layout.overlap_param_gather, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_OVERLAP",
+              "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather"),
+             (layout.vp > 1, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_VP",
+              "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism"))
+    return [(code, message) for ok, code, message in rules if not ok]
+
+
+def moe_overlap_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """TransformerConfig.__post_init__'s rules on the expert-parallel overlap knobs, with Megatron's words."""
+    out: list[tuple[str, str]] = []
+    if training.delay_wgrad_compute and layout.schedule != "combined_1f1b":  # TC
+        out.append(("DELAY_WGRAD_NEEDS_EP_OVERLAP", "overlap_moe_expert_parallel_comm must be enabled "
+                    "when enabling delay_wgrad_compute"))
+    if model.is_moe and training.moe_shared_expert_overlap and layout.schedule == "combined_1f1b":  # TC
+        out.append(("SHARED_EXPERT_OVERLAP_WITH_EP_OVERLAP", "disable moe_shared_expert_overlap when enabling "
+                    "overlap_moe_expert_parallel_comm"))
+    return out
+
+
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
                       arch: str = "hopper") -> list[tuple[str, str]]:
     """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
@@ -296,6 +348,10 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
             and training.fp8_recipe != "delayed":
         out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
+    if training is not None:
+        out += moe_overlap_violations(model, layout, training)
+        out += cuda_graph_violations(model, layout, training)
+        out += gather_with_optimizer_violations(layout, training)
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))
@@ -314,10 +370,13 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
 
 
 def layout_dict(layout: ParallelLayout) -> dict[str, Any]:
-    """A layout as plain data; ``schedule`` only when one was chosen (ids of earlier layouts stay the same)."""
+    """A layout as plain data; ``schedule`` only when one was chosen and ``recompute_method`` only when block (ids of
+    earlier layouts stay the same)."""
     d = asdict(layout)
     if not d.get("schedule"):
         d.pop("schedule", None)
+    if d.get("recompute_method") == "uniform":
+        d.pop("recompute_method", None)
     return d
 
 
@@ -349,7 +408,7 @@ def as_launched(
     if lay.recompute != "selective":
         lay = replace(lay, recompute_modules=("core_attn",))
     if lay.recompute != "full":
-        lay = replace(lay, recompute_num_layers=1)
+        lay = replace(lay, recompute_num_layers=1, recompute_method="uniform")
     return m, lay
 
 
@@ -387,7 +446,7 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--sequence-parallel"))
     if lay.distributed_optimizer:
         args.append(_a("--use-distributed-optimizer"))
-    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor is in the checkpoint group)
+    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor: checkpoint group), as examples/megatron_fsdp
         args += [_a("--use-megatron-fsdp"),
                  _a("--data-parallel-sharding-strategy", "optim_grads_params"),
                  _a("--no-gradient-accumulation-fusion")]
@@ -407,7 +466,7 @@ def _recompute(lay: ParallelLayout) -> ArgGroup:
         args = (_a("--recompute-granularity", "selective"),
                 _a("--recompute-modules", *lay.recompute_modules))
     elif lay.recompute == "full":
-        args = (_a("--recompute-granularity", "full"), _a("--recompute-method", "uniform"),
+        args = (_a("--recompute-granularity", "full"), _a("--recompute-method", lay.recompute_method),
                 _a("--recompute-num-layers", lay.recompute_num_layers))
     else:
         args = ()
@@ -474,7 +533,7 @@ def _recipe(m: ModelSpec) -> ArgGroup:
     return ArgGroup("recipe (RoPE, norm, router: what is trained, not its size)", tuple(args))
 
 
-def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
+def _moe_mla(m: ModelSpec, arch: str, training: TrainingSpec | None = None) -> ArgGroup:
     args: list[Arg] = []
     if m.is_moe:
         args += [_a("--num-experts", m.num_experts), _a("--moe-router-topk", m.moe_router_topk)]
@@ -488,7 +547,7 @@ def _moe_mla(m: ModelSpec, arch: str) -> ArgGroup:
         args.append(_a("--moe-layer-freq", moe_layer_freq_string(m.moe_layer_freq)))
         if arch != "cdna3":  # grouped GEMM kernels need CUDA compute capability >= 8
             args.append(_a("--moe-grouped-gemm"))
-        args.append(_a("--moe-token-dispatcher-type", "alltoall"))
+        args.append(_a("--moe-token-dispatcher-type", training.moe_token_dispatcher_type if training else "alltoall"))
     if m.multi_latent_attention:
         args.append(_a("--multi-latent-attention"))
         if m.q_lora_rank is not None:
@@ -509,7 +568,8 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
             _a("--fp16" if training.precision == "fp16" else "--bf16")]
     if training.precision == "fp8":
         args += fp8_args(arch, training.fp8_recipe)
-    args += memory_knob_args(training)
+    # Megatron-FSDP layouts already carry --no-gradient-accumulation-fusion (FSDP_REQUIRED_FLAGS)
+    args += [a for a in memory_knob_args(training) if not (lay.fsdp and a.flag == "--no-gradient-accumulation-fusion")]
     return ArgGroup("batch, sequence and precision", tuple(args))
 
 
@@ -567,8 +627,12 @@ def megatron_args(
     if broken:
         code, message = broken[0]
         raise LayoutError(message, reason=code)
+    if training.overlap_param_gather_with_optimizer_step:  # A: validate_args; launch writes torch_dist / fsdp_dtensor
+        raise LayoutError("--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing "
+                          "yet (Megatron-LM's launch files use --ckpt-format torch_dist; drop the knob to launch)",
+                          reason="OVERLAP_PARAM_GATHER_WITH_OPT_STEP_DIST_CKPT")
     m, lay = as_launched(model, layout, training)
-    groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch), _recipe(m),
+    groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch, training), _recipe(m),
               _batch_precision(m, lay, training, arch), *_placeholders(lay, checkpoint))
     return tuple(g for g in groups if g.args)
 

@@ -5,16 +5,21 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
   * applied: ``seq_length``, ``global_batch_size``, ``micro_batch_size``, ``tp``, ``pp``, ``cp``, ``vp``, ``ep``,
     ``etp``, ``sequence_parallel``, ``pipeline_model_parallel_layout`` (MCore string notation, read as
     ``PipelineParallelLayerLayout`` does), the ``account_for_*`` pipeline-split flags, recompute granularity,
-    method ``uniform`` with ``recompute_num_layers`` and the selective ``recompute_modules`` paraplan models,
+    method ``uniform`` or ``block`` with ``recompute_num_layers`` and the selective ``recompute_modules`` paraplan
+    models,
     ``use_distributed_optimizer``, ``use_megatron_fsdp``, ``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``attention_backend``, ``mtp_num_layers`` (when the recipe sets it) and ``precision``
     (bf16; every FP8 recipe as paraplan's FP8);
   * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
     (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 parameter gather, the
     precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
-    for bf16 Adam), optimizer CPU offload, activation offloading (layer-level and fine-grained), PEFT (``task``);
+    for bf16 Adam), optimizer CPU offload, CUDA graphs (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in
+    memory, kernel launches in time), activation offloading (layer-level and fine-grained), PEFT (``task``);
+  * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
+    ``delay_wgrad_compute``, permute fusion, shared-expert overlap; ``moe_a2a_overlap`` is the combined_1f1b
+    schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, CUDA graphs, the MoE
+    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, the MoE
     dispatcher and its overlap, the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
@@ -70,22 +75,11 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "num_distributed_optimizer_instances": ((1,), None),
     "outer_dp_sharding_strategy": ((), _off("num_distributed_optimizer_instances", 1, "")),
     "data_parallel_sharding_strategy": (("optim_grads_params",), _on("use_megatron_fsdp", True)),
-    "fsdp_double_buffer": ((False,), _on("use_megatron_fsdp", True)),
-    "overlap_param_gather_with_optimizer_step": ((False,), None),
     "cpu_offloading_activations": ((True,), _on("cpu_offloading", True)),
     "cpu_offloading_weights": ((False,), _on("cpu_offloading", True)),
-    "cuda_graph_impl": (("none",), None),
-    "cuda_graph_scope": ((), _off("cuda_graph_impl", "none")),
-    "moe_token_dispatcher_type": (("alltoall", ""), None),
-    "moe_flex_dispatcher_backend": ((), _on("moe_token_dispatcher_type", "flex", "?")),
-    "moe_hybridep_num_sms": ((), _on("moe_flex_dispatcher_backend", "hybridep")),
-    "moe_a2a_overlap": ((False,), None),
-    "delay_wgrad_compute": ((False,), None),
-    "moe_permute_fusion": ((False, ""), None),
     "moe_grouped_gemm": ((True, ""), None),
     "moe_router_dtype": (("fp32", ""), None),
     "moe_router_fusion": ((False, ""), None),
-    "moe_shared_expert_overlap": ((False, ""), None),
     "moe_router_force_load_balancing": ((True, ""), None),
     "moe_expert_capacity_factor": ((None, ""), None),
     "moe_paged_stash": ((False, ""), None),
@@ -93,7 +87,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "wgrad_deferral_limit": ((), _on("defer_embedding_wgrad_compute", True)),
     "nccl_ub": ((False,), None),
     "use_transformer_engine_op_fuser": ((False,), None),
-    "gradient_accumulation_fusion": ((True,), None),
     "cross_entropy_fusion_impl": (("native",), None),
     "manual_gc": ((False,), None),
     "manual_gc_interval": ((), _on("manual_gc", True)),
@@ -103,9 +96,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
-Adam, all-to-all dispatch without overlap, grouped GEMMs, fp32 router, balanced dropless routing, the native
-cross entropy (fp32 logits copy), activation offloading of activations only (no weights), no CUDA graphs, no
-environment effects."""
+Adam, grouped GEMMs, fp32 router, balanced dropless routing, the native
+cross entropy (fp32 logits copy), activation offloading of activations only (no weights), no environment effects."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -114,13 +106,24 @@ APPLIED: Final = (
     "account_for_loss_in_pipeline_split", "recompute_granularity", "recompute_method", "recompute_num_layers",
     "recompute_modules", "use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce",
     "overlap_param_gather", "tp_comm_overlap", "tp_comm_overlap_cfg", "attention_backend", "mtp_num_layers",
+    "moe_a2a_overlap",
 )
 """Columns that go into the estimate (``tp_comm_overlap_cfg`` names the userbuffer settings behind
 ``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
                          "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
                          "cpu_offloading", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
-                         "offload_modules", "peft")
+                         "offload_modules", "peft",
+                         "fsdp_double_buffer", "cuda_graph_impl", "cuda_graph_scope",
+                         "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion")
+MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
+                      "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
+                      "moe_hybridep_num_sms": "moe_hybridep_num_sms", "delay_wgrad_compute": "delay_wgrad_compute",
+                      "moe_permute_fusion": "moe_permute_fusion",
+                      "moe_shared_expert_overlap": "moe_shared_expert_overlap"}
+"""MoE time knobs: recipe column -> TrainingSpec field (``training_knobs``); ``moe_a2a_overlap`` is the
+combined_1f1b schedule (``layout_fields``). A ``?`` cell (not statically resolvable) keeps the default and is
+listed as not modelled."""
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -151,6 +154,17 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
         if isinstance(frac, bool) or not isinstance(frac, (int, float)):
             raise bad(r, "optimizer_offload_fraction", "a number from 0 to 1")
         out.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(frac))
+    if _bool(r, "use_megatron_fsdp") and _bool(r, "fsdp_double_buffer"):
+        out["fsdp_double_buffer"] = True
+    out.update(moe_knobs(r))
+    out.update(_cuda_graphs(r))
+    # Megatron-Core overlaps the first chunk's gather with the optimizer only when the gather is asynchronous
+    # (--overlap-param-gather) and there are chunks (VP > 1); else the knob has no effect (Bridge sets it only then)
+    if _bool(r, "overlap_param_gather_with_optimizer_step") and _bool(r, "overlap_param_gather") \
+            and _bool(r, "use_distributed_optimizer") and (_int(r, "vp", optional=True) or 1) > 1:
+        out["overlap_param_gather_with_optimizer_step"] = True
+    if not _bool(r, "gradient_accumulation_fusion"):
+        out["gradient_accumulation_fusion"] = False
     out.update(_offload_knobs(r))
     if r.get("task") == "peft":
         out["peft"] = True
@@ -171,6 +185,57 @@ def _offload_knobs(r: Recipe) -> dict[str, Any]:
             raise bad(r, "offload_modules", "a list of " + ", ".join(OFFLOAD_MODULES))
         out.update(fine_grained_activation_offloading=True, offload_modules=tuple(str(m) for m in mods))
     return out
+
+
+def moe_knobs(r: Recipe) -> dict[str, Any]:
+    """The MoE time knobs of ``r`` (``MOE_COLUMNS``): empty for dense recipes; ``?`` and empty cells keep the
+    defaults; the flex backend and its SMs only with the flex dispatcher (Megatron ignores them otherwise)."""
+    out: dict[str, Any] = {}
+    kind = r.get("moe_token_dispatcher_type")
+    if kind in (None, ""):
+        return out
+    for column, fname in MOE_COLUMNS.items():
+        value = r.get(column)
+        if value in ("?", "", None):
+            continue
+        if column in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms") and kind != "flex":
+            continue
+        if column == "moe_hybridep_num_sms" and r.get("moe_flex_dispatcher_backend") != "hybridep":
+            continue
+        if column == "moe_token_dispatcher_type":
+            value = _choice(r, column, ("alltoall", "allgather", "flex"))
+        elif column == "moe_flex_dispatcher_backend":
+            value = _choice(r, column, ("deepep", "hybridep"))
+        elif column == "moe_hybridep_num_sms":
+            value = _int(r, column)
+        else:
+            value = _bool(r, column)
+        out[fname] = value
+    if out.get("moe_shared_expert_overlap") and _bool_or_false(r, "moe_a2a_overlap"):
+        out["moe_shared_expert_overlap"] = False  # Bridge's --moe_a2a_overlap turns it off (overrides.py)
+    return out
+
+
+def _bool_or_false(r: Recipe, column: str) -> bool:
+    return r.get(column) is True
+
+
+def _cuda_graphs(r: Recipe) -> dict[str, Any]:
+    """``cuda_graph_impl`` and ``cuda_graph_scope`` as TrainingSpec fields, as Megatron-Core reads them
+    (transformer/cuda_graph_config.py): the deprecated scope ``full_iteration`` is ``cuda_graph_impl=full_iteration``
+    and ``full`` the whole layer (no modules); impl none clears the scope (Bridge perf_recipes/_common.py)."""
+    from paraplan.specs.training import CUDA_GRAPH_IMPLS, CUDA_GRAPH_MODULES
+
+    impl = _choice(r, "cuda_graph_impl", CUDA_GRAPH_IMPLS)
+    scope = r.get("cuda_graph_scope")
+    scope = [] if scope in (None, "") else scope
+    if not isinstance(scope, list) or any(m not in (*CUDA_GRAPH_MODULES, "full", "full_iteration") for m in scope):
+        raise bad(r, "cuda_graph_scope", "a list of " + ", ".join(CUDA_GRAPH_MODULES) + " or [full_iteration]")
+    if impl == "none":
+        return {}
+    if "full_iteration" in scope:
+        return {"cuda_graph_impl": "full_iteration"}
+    return {"cuda_graph_impl": impl, "cuda_graph_modules": tuple(m for m in scope if m != "full")}
 
 
 def _where(r: Recipe) -> str:
@@ -274,8 +339,7 @@ def _recompute(r: Recipe, notes: list[str]) -> dict[str, Any]:
         out["recompute_modules"] = known or ("core_attn",)
     elif gran == "full":
         method = _choice(r, "recompute_method", {None: "uniform", "uniform": "uniform", "block": "block"})
-        if method == "block":
-            notes.append("recompute_method=block (estimated as uniform)")
+        out["recompute_method"] = method
         out["recompute_num_layers"] = _int(r, "recompute_num_layers", optional=True) or 1
     return out
 
@@ -293,6 +357,7 @@ def layout_fields(r: Recipe) -> tuple[dict[str, Any], list[str]]:
         "distributed_optimizer": dist, "fsdp": fsdp, "overlap_grad_reduce": _bool(r, "overlap_grad_reduce"),
         "overlap_param_gather": _bool(r, "overlap_param_gather") and (dist or fsdp),
         "tp_comm_overlap": _bool(r, "tp_comm_overlap"),
+        **({"schedule": "combined_1f1b"} if _bool_or_false(r, "moe_a2a_overlap") else {}),
         "account_for_embedding": _bool(r, "account_for_embedding_in_pipeline_split"),
         "account_for_loss": _bool(r, "account_for_loss_in_pipeline_split"),
         **_recompute(r, notes),
@@ -318,6 +383,9 @@ def not_modelled(r: Recipe) -> list[str]:
     elif prec in FP8_RECIPES:
         out.append(f"precision={prec} (the FP8 recipe, {FP8_RECIPES[str(prec)]}: its scaling state is in "
                    "the memory, but paraplan has one FP8 GEMM rate)")
+    for column in (*MOE_COLUMNS, "moe_a2a_overlap"):
+        if r.get(column) == "?":
+            out.append(f"{column}=? (not statically resolvable: estimated with paraplan's default)")
     for column, (assumed, applies) in ASSUMED.items():
         value = r.get(column)
         if applies is not None and not applies(r):

@@ -8,14 +8,16 @@ the expert-parallel all-to-all of one hides behind the attention / MLP compute o
 every steady 1F1B pair is independent; without a pipeline (PP = 1) the first forward runs alone.
 
 - bubble: the interleaved schedule's (p - 1) / (v m) (0 at PP = 1);
-- in flight on rank r: the interleaved count plus one, min(2(p - r - 1) + (v - 1) p + 2, m v);
-  PP = 1: min(2, m) (the forward of micro-batch i + 1 runs while micro-batch i still holds its
-  activations for the backward);
-- timeline: Megatron's interleaved order with the extra warm-up forward; a combined pair is drawn as
-  its forward then its backward (its all-to-all overlap shows in the step time, not in the drawing);
+- in flight on rank r: the interleaved peak, min(2(p - r - 1) + (v - 1) p + 1, m v); PP = 1: 1 (the
+  extra warm-up forward reaches interleaved's peak before the first pair, and inside a pair the forward
+  of one micro-batch allocates layer by layer what the backward of the other frees);
+- timeline: Megatron's interleaved order with the extra warm-up forward; a combined pair (``paired_ops``)
+  starts when the inputs of both have arrived and is drawn as its forward then its backward (its
+  all-to-all overlap shows in the step time, not in the drawing);
 - EP all-to-all: the unpaired passes, warm-up forwards and cool-down backwards, leave theirs
-  exposed: w / (m v) of it with w rank 0's warm-up (PP = 1: 1 / m); the paired passes hide theirs
-  behind the other micro-batch's compute (``ep_exposed_frac``).
+  exposed: w / (m v) of it with w rank 0's warm-up (PP = 1: 1 / m) (``ep_exposed_frac``); the paired
+  passes hide each dispatch / combine behind the other micro-batch's sub-module it runs beside, with
+  and without ``--delay-wgrad-compute`` (``paraplan.estimate.time.ep.paired_exposed_s``, the one formula).
 
 Validity (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``):
 EP > 1; VP set when PP > 1; no full recompute; ``moe`` not in ``--recompute-modules``; at most one MTP
@@ -80,7 +82,8 @@ class Combined1F1B(MegatronChunks):
     name: Final = "combined_1f1b"
     title: Final = "combined 1F1B (EP overlap)"
     megatron: Final = True
-    launch_flags: Final[tuple[str, ...]] = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
+    launch_flags: Final[tuple[str, ...]] = ("--overlap-moe-expert-parallel-comm",)
+    """``--delay-wgrad-compute`` is the training spec's knob (``TrainingSpec.delay_wgrad_compute``)."""
     rules: Final[tuple[ScheduleRule, ...]] = COMBINED_RULES
 
     def _warmup0(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
@@ -97,13 +100,17 @@ class Combined1F1B(MegatronChunks):
         return (pp - 1) / (vp * num_microbatches)
 
     def in_flight_units(self, *, rank: Count, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """Interleaved's count plus the extra warm-up chunk-forward; PP = 1: min(2, m)."""
-        piped = np.minimum(2 * (pp - rank - 1) + (vp - 1) * pp + 2, num_microbatches * vp)
-        return np.where(pp > 1, piped, np.minimum(2, num_microbatches))
+        """Interleaved's peak, min(2(p - r - 1) + (v - 1) p + 1, m v); PP = 1: 1. The extra warm-up
+        chunk-forward brings the count to interleaved's peak (its warm-up plus the first steady forward)
+        before the first pair; inside a pair the forward of layer j of one micro-batch runs beside the
+        backward of layer L - 1 - j of the other (``TransformerModelChunkSchedulePlan.run``), so one
+        allocates what the other frees and the count stays (up to one layer's activations, not counted)."""
+        piped = np.minimum(2 * (pp - rank - 1) + (vp - 1) * pp + 1, num_microbatches * vp)
+        return np.where(pp > 1, piped, np.minimum(1, num_microbatches))
 
     def first_chunk_in_flight(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Count:
-        """min(2p, m) (one more than interleaved's 2p - 1, the extra warm-up forward)."""
-        return np.minimum(2 * pp, num_microbatches)
+        """min(2p - 1, m), as interleaved (see ``in_flight_units``)."""
+        return np.minimum(2 * pp - 1, num_microbatches)
 
     def p2p_overlap_scale(self, *, vp: Count) -> Frac:
         """As interleaved (1) when VP > 1; PP = 1 has no sends."""
@@ -112,6 +119,11 @@ class Combined1F1B(MegatronChunks):
     def ep_exposed_frac(self, *, pp: Count, vp: Count, num_microbatches: Count) -> Frac:
         """w / (m v): the unpaired warm-up forwards (and as many cool-down backwards) of rank 0."""
         return self._warmup0(pp=pp, vp=vp, num_microbatches=num_microbatches) / (vp * num_microbatches)
+
+    def paired_ops(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> frozenset[int]:
+        """Every steady (F, B) of ``rank_order``: a combined pair (``combined_1f1b_schedule_for_*``)."""
+        ops = self.rank_order(rank=rank, pp=pp, vp=vp, num_microbatches=num_microbatches)
+        return frozenset(i for i in range(len(ops) - 1) if ops[i][0] == "F" and ops[i + 1][0] == "B")
 
     def rank_order(self, *, rank: int, pp: int, vp: int, num_microbatches: int) -> list[Op]:
         """Interleaved order with one more warm-up chunk-forward; PP = 1: F0, then (F i+1, B i) pairs."""

@@ -380,7 +380,7 @@ def _recompute(r: _Reader, lay: dict[str, Any]) -> None:
             r.problems.append(("RECOMPUTE_METHOD", 'Using recompute_granularity: full so '
                                'recompute_method must be "block" or "uniform"'))
         elif method == "block":
-            r.notes.append("--recompute-method block is modelled as uniform")
+            lay["recompute_method"] = "block"
         lay["recompute_num_layers"] = r.int("--recompute-num-layers") or 1
         if not r.has("--recompute-num-layers"):  # TC: __post_init__ (range checked by launch rules)
             r.problems.append(("RECOMPUTE_NUM_LAYERS", "When using recompute_granularity: full "
@@ -490,6 +490,9 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
     out = {"seq_len": seq, "global_batch_size": gbs, "precision": precision,
            "attention_backend": "unfused" if backend in ("unfused", "local") else "flash"}
     out.update(_memory_knobs(r, precision))
+    if model.is_moe and "moe_token_dispatcher_type" not in out:  # TC: moe_token_dispatcher_type = "allgather"
+        out["moe_token_dispatcher_type"] = "allgather"
+        r.default("--moe-token-dispatcher-type", "allgather", "Megatron-LM's default")
     return out
 
 
@@ -506,24 +509,102 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             out[key] = raw
         elif key in ("cpu_offloading_num_layers", "offload_modules"):
             out[key] = _offload_value(r, flag)
-        elif key == "optimizer_offload_fraction":
-            raw = r.text(flag) or ""
-            try:
-                out[key] = float(raw)
-            except ValueError:
-                raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+        elif key in ("cuda_graph_modules", "gradient_accumulation_fusion"):
+            continue  # _cuda_graph_knobs, _grad_accumulation_knob
+        elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms"):
+            out[key] = _number_knob(r, key, flag)
         else:
             out[key] = True
     if precision != "fp8":
         for key in ("fp8_recipe", "fp8_param_gather"):
             if out.pop(key, None) is not None:
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format")
+    if r.has("--use-megatron-fsdp") and (r.has("--use-nccl-ub") or r.has("--megatron-fsdp-max-pool-double-buffer")):
+        out["fsdp_double_buffer"] = True  # validate_args sets args.fsdp_double_buffer for both
+    out.update(_cuda_graph_knobs(r, out.get("cuda_graph_impl", "none")))
+    out.update(_grad_accumulation_knob(r))
     _knob_problems(r, out)
+    _drop_ignored(r, out)
+    return out
+
+
+def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
+    """Knobs Megatron ignores without the flag they refine: noted and dropped from ``out``."""
     if out.get("offload_modules") and not out.get("fine_grained_activation_offloading"):
         r.notes.append("--offload-modules is ignored without --fine-grained-activation-offloading")
         del out["offload_modules"]
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
+    if out.get("moe_token_dispatcher_type", "alltoall") != "flex":
+        for key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms"):
+            if out.pop(key, None) is not None:
+                r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --moe-token-dispatcher-type flex")
+
+
+def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
+    """``--no-gradient-accumulation-fusion`` (a StoreFalse flag) as ``gradient_accumulation_fusion=False``, except
+    where it is one of Megatron-FSDP's required flags (launch.megatron.FSDP_REQUIRED_FLAGS)."""
+    if not r.has("--no-gradient-accumulation-fusion"):
+        return {}
+    if r.has("--use-megatron-fsdp"):
+        r.notes.append("--no-gradient-accumulation-fusion is read as Megatron-FSDP's required flag: "
+                       "Megatron-FSDP's gradient path is not charged the unfused main-grad adds")
+        return {}
+    return {"gradient_accumulation_fusion": False}
+
+
+def _number_knob(r: _Reader, key: str, flag: str) -> float | int | None:
+    """A numeric knob's value: the SMs an integer; a negative capacity factor is dropless (TC: __post_init__)."""
+    raw = r.text(flag) or ""
+    if key == "moe_hybridep_num_sms":
+        if not raw.isdigit():
+            raise SpecError(f"{flag} must be a positive integer, got {brief(raw)}")
+        return int(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+    return None if key == "moe_expert_capacity_factor" and value < 0 else value
+
+
+def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
+    """``--cuda-graph-impl`` / ``--cuda-graph-modules`` as Megatron-LM reads them (arguments.py ``validate_args``,
+    transformer/cuda_graph_config.py): ``--enable-cuda-graph`` is local and ``--external-cuda-graph``
+    transformer_engine (deprecated); ``--cuda-graph-scope`` is the deprecated name of ``--cuda-graph-modules``; the
+    module ``full`` is the whole layer and ``full_iteration`` means ``--cuda-graph-impl full_iteration``."""
+    from paraplan.specs.training import CUDA_GRAPH_MODULES
+
+    out: dict[str, Any] = {}
+    for flag, value in (("--enable-cuda-graph", "local"), ("--external-cuda-graph", "transformer_engine")):
+        if r.has(flag):
+            if r.has("--cuda-graph-impl"):  # A: validate_args
+                raise SpecError(f"Do not use --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl "
+                                f"(got {flag})")
+            impl = out["cuda_graph_impl"] = value
+    modules_flag = "--cuda-graph-modules"
+    if r.has("--cuda-graph-scope"):
+        if r.has(modules_flag):  # A: validate_args
+            raise SpecError("--cuda-graph-scope and --cuda-graph-modules cannot be used together.")
+        modules_flag = "--cuda-graph-scope"
+    if not r.has(modules_flag):
+        return out
+    words = [w for word in r.v[modules_flag] for w in word.split(",") if w]
+    for w in words:
+        if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
+            raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
+                            f"got {brief(w)}")
+    if "full" in words and words != ["full"]:
+        raise SpecError(f"{modules_flag}: full scope cannot be used with other scopes.")
+    if "full_iteration" in words:
+        if len(set(words)) > 1 or impl not in ("none", "local", "full_iteration"):
+            raise SpecError(f"{modules_flag} full_iteration cannot be combined with other modules or with "
+                            f"--cuda-graph-impl {impl}")
+        out["cuda_graph_impl"] = "full_iteration"
+        return out
+    if impl == "none":
+        r.notes.append(f"{modules_flag} has no effect without --cuda-graph-impl")
+        return out
+    out["cuda_graph_modules"] = tuple(dict.fromkeys(w for w in words if w != "full"))
     return out
 
 
@@ -542,7 +623,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
     Megatron rejects (its assert's words) and FP8 knobs without FP8."""
     values, unknown, _ = split_flags(words)
-    allowed = set(KNOB_FLAGS.values())
+    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope"}
     for flag in [*unknown, *values]:
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "

@@ -19,12 +19,22 @@ Precision = Literal["bf16", "fp8", "fp16"]
 PRECISIONS: Final = ("bf16", "fp8", "fp16")
 Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 FP8_RECIPES: Final = ("delayed", "tensorwise", "mxfp8", "blockwise")
+CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
+CUDA_GRAPH_IMPLS: Final = ("none", "local", "transformer_engine", "full_iteration")
+"""``--cuda-graph-impl`` choices (megatron/training/arguments.py; TransformerConfig.cuda_graph_impl)."""
+CUDA_GRAPH_MODULES: Final = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+"""``--cuda-graph-modules`` values (megatron/core/transformer/enums.py ``CudaGraphModule``); none = the whole layer."""
 MainGradsDtype = Literal["fp32", "bf16"]
 MainParamsDtype = Literal["fp32", "fp16"]
 MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
+MoeDispatcher = Literal["alltoall", "allgather", "flex"]
+MoeFlexBackend = Literal["deepep", "hybridep"]
 DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
-                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES}
+                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES,
+                        "moe_token_dispatcher_type": ("alltoall", "allgather", "flex"),
+                        "moe_flex_dispatcher_backend": ("deepep", "hybridep"),
+                        "cuda_graph_impl": CUDA_GRAPH_IMPLS}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 OFFLOAD_MODULES: Final = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
                           "fused_group_mlp")
@@ -41,6 +51,16 @@ KNOB_FLAGS: Final = {
     "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
     "fine_grained_activation_offloading": "--fine-grained-activation-offloading",
     "offload_modules": "--offload-modules",
+    "fsdp_double_buffer": "--fsdp-double-buffer",
+    "moe_token_dispatcher_type": "--moe-token-dispatcher-type",
+    "moe_flex_dispatcher_backend": "--moe-flex-dispatcher-backend", "moe_hybridep_num_sms": "--moe-hybridep-num-sms",
+    "delay_wgrad_compute": "--delay-wgrad-compute", "moe_permute_fusion": "--moe-permute-fusion",
+    "moe_shared_expert_overlap": "--moe-shared-expert-overlap",
+    "moe_expert_capacity_factor": "--moe-expert-capacity-factor",
+    "moe_pad_expert_input_to_capacity": "--moe-pad-expert-input-to-capacity",
+    "cuda_graph_impl": "--cuda-graph-impl", "cuda_graph_modules": "--cuda-graph-modules",
+    "overlap_param_gather_with_optimizer_step": "--overlap-param-gather-with-optimizer-step",
+    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -59,6 +79,10 @@ state, so Megatron's table gives 20 B/param, or 4 + 16/d with the distributed op
 FP16_MAIN_GRAD_BYTES: Final = 4.0
 MAX_TOKENS_PER_STEP: Final = 2**40
 """Largest seq_len x global_batch_size accepted (1.1e12 tokens; Llama 3 405B trained with 16M a step)."""
+MAX_SMS: Final = 1024
+"""Largest ``moe_hybridep_num_sms`` accepted (GPUs have at most a few hundred SMs)."""
+MAX_CAPACITY_FACTOR: Final = 1024.0
+"""Largest ``moe_expert_capacity_factor`` accepted (above E / k every expert may take every token)."""
 MAX_TOKENS: Final = 2**24
 """Largest seq_len and global_batch_size accepted (16,777,216; 1M-token contexts and 16K-sequence batches are
 the largest published)."""
@@ -174,6 +198,44 @@ class TrainingSpec:
     (``requires_grad=False``), so they are in no DDP grad buffer (``param_and_grad_buffer.py`` takes only
     parameters that require grad) and in no optimizer shard. The adapters (rank 16 on ``linear_qkv`` in
     NVIDIA's recipes: under 0.1% of the parameters) are neglected. No Megatron-LM flag."""
+    fsdp_double_buffer: bool = False
+    """``--fsdp-double-buffer`` (Megatron-FSDP only; --use-nccl-ub and --megatron-fsdp-max-pool-double-buffer set
+    it too): two persistent unit buffers, so no more than two layers' weights are gathered at once."""
+    moe_token_dispatcher_type: MoeDispatcher = "alltoall"
+    """``--moe-token-dispatcher-type`` (MoE models): how routed tokens reach their experts
+    (``paraplan.estimate.time.ep``). Megatron-LM's CLI default is allgather; paraplan's default is alltoall, the
+    dispatcher every launch file it writes names and every NVIDIA MoE recipe uses (or flex)."""
+    moe_flex_dispatcher_backend: MoeFlexBackend = "deepep"
+    """``--moe-flex-dispatcher-backend`` (flex dispatcher only): DeepEP or HybridEP fused kernels."""
+    moe_hybridep_num_sms: int | None = None
+    """``--moe-hybridep-num-sms`` (Megatron routes it to ``moe_flex_dispatcher_num_sms``): SMs the flex dispatch /
+    combine kernels hold; None = the backend's default (``FLEX_DEFAULT_SMS``)."""
+    delay_wgrad_compute: bool = False
+    """``--delay-wgrad-compute`` (with ``--overlap-moe-expert-parallel-comm``, the combined_1f1b schedule): weight
+    gradients run after the dispatch backward is issued, so they hide it too."""
+    moe_permute_fusion: bool = False
+    """``--moe-permute-fusion``: TE's fused permute kernels; with HybridEP the expert permutation runs inside the
+    dispatch kernel (no separate copies)."""
+    moe_shared_expert_overlap: bool = False
+    """``--moe-shared-expert-overlap``: the shared expert runs on a side stream during the dispatch/combine."""
+    moe_expert_capacity_factor: float | None = None
+    """``--moe-expert-capacity-factor``: tokens beyond c x T k / E per expert are dropped (None: dropless)."""
+    moe_pad_expert_input_to_capacity: bool = False
+    """``--moe-pad-expert-input-to-capacity``: every expert computes exactly its capacity (needs the factor)."""
+    cuda_graph_impl: CudaGraphImpl = "none"
+    """``--cuda-graph-impl``: per-layer CUDA graphs (``local``: MCore's CudaGraphManager; ``transformer_engine``:
+    TE ``make_graphed_callables``) or one graph of the whole forward-backward (``full_iteration``)."""
+    cuda_graph_modules: tuple[str, ...] = ()
+    """``--cuda-graph-modules`` (``--cuda-graph-scope`` before): the parts of each layer captured
+    (``CUDA_GRAPH_MODULES``); empty = the whole layer (TransformerConfig.cuda_graph_modules "full"). No effect
+    with ``cuda_graph_impl`` none."""
+    overlap_param_gather_with_optimizer_step: bool = False
+    """``--overlap-param-gather-with-optimizer-step``: the first model chunk's parameter all-gather starts right after
+    its optimizer step, behind the other chunks' steps (needs the distributed optimizer, --overlap-param-gather and
+    VP > 1; ``time.dp.exposed_and_link_s``)."""
+    gradient_accumulation_fusion: bool = True
+    """Megatron's default; ``--no-gradient-accumulation-fusion`` turns it off: the weight-gradient GEMMs then write
+    a bf16 ``.grad`` that DDP's hook adds into the main gradient (``time.optimizer.grad_accumulation_s``)."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -196,15 +258,19 @@ class TrainingSpec:
             if getattr(self, fname) not in choices:
                 raise SpecError(f"{fname} must be one of {', '.join(choices)}, got {brief(getattr(self, fname))}")
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
-                      "fp8_param_gather", "optimizer_cpu_offload"):
+                      "fp8_param_gather", "optimizer_cpu_offload", "fsdp_double_buffer", "delay_wgrad_compute",
+                      "moe_permute_fusion", "moe_shared_expert_overlap", "moe_pad_expert_input_to_capacity",
+                      "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
             raise SpecError(f"optimizer_offload_fraction must be a number from 0 to 1, got {brief(frac)}")
+        self._check_moe_knobs()
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("fp8_param_gather (--fp8-param-gather) needs precision fp8")
         self._check_offload()
+        self._check_cuda_graphs()
         if self.optimizer_cpu_offload and not self.use_precision_aware_optimizer:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
@@ -243,6 +309,39 @@ class TrainingSpec:
     def activation_offloading(self) -> bool:
         """Layer-level or fine-grained activation offloading is on."""
         return self.cpu_offloading_num_layers > 0 or bool(self.offloaded_modules)
+    def _check_moe_knobs(self) -> None:
+        sms = self.moe_hybridep_num_sms
+        if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SMS):
+            raise SpecError(f"moe_hybridep_num_sms must be an integer from 1 to {MAX_SMS} or unset, got {brief(sms)}")
+        cf = self.moe_expert_capacity_factor
+        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float))
+                               or not 0.0 < cf <= MAX_CAPACITY_FACTOR):
+            raise SpecError(f"moe_expert_capacity_factor must be a number above 0 and at most {MAX_CAPACITY_FACTOR:g}"
+                            f" or unset, got {brief(cf)}")
+        if self.moe_pad_expert_input_to_capacity and cf is None:  # TC: __post_init__
+            raise SpecError("moe_pad_expert_input_to_capacity (--moe-pad-expert-input-to-capacity) needs "
+                            "moe_expert_capacity_factor (--moe-expert-capacity-factor), as in Megatron-LM")
+        if self.moe_pad_expert_input_to_capacity and self.moe_token_dispatcher_type == "flex" \
+                and self.moe_flex_dispatcher_backend == "deepep":  # TC: __post_init__
+            raise SpecError("Flex token dispatcher with deepep backend does not support "
+                            "moe_pad_expert_input_to_capacity")
+        if self.moe_shared_expert_overlap and self.moe_token_dispatcher_type == "allgather":  # TC: __post_init__
+            raise SpecError("moe_shared_expert_overlap only works with alltoall or flex token dispatcher.")
+
+    def _check_cuda_graphs(self) -> None:
+        """TransformerConfig.__post_init__'s rules on the CUDA graph knobs (megatron/core/transformer/
+        transformer_config.py); the model-dependent ones (moe needs MoE layers, full recompute needs
+        full_iteration) are ``cuda_graph_problems``'."""
+        mods = self.cuda_graph_modules
+        if not isinstance(mods, tuple) or any(m not in CUDA_GRAPH_MODULES for m in mods):
+            raise SpecError(f"cuda_graph_modules must be a list of {', '.join(CUDA_GRAPH_MODULES)} (none: the whole "
+                            f"layer), got {brief(mods)}")
+        if self.cuda_graph_impl == "full_iteration" and mods:
+            raise SpecError('cuda_graph_modules must be empty when cuda_graph_impl="full_iteration"')
+        if "moe" in mods and "moe_router" in mods:
+            raise SpecError("cuda_graph_modules must not contain both moe and moe_router")
+        if self.cuda_graph_impl == "transformer_engine" and "moe_preprocess" in mods and "moe_router" not in mods:
+            raise SpecError("moe_preprocess cuda graph is only supported with moe_router cuda graph")
 
     @property
     def tokens_per_step(self) -> int:

@@ -5,7 +5,7 @@ Megatron-Core DDP reduces gradients in buckets (``ddp_config.bucket_size``); the
 optimizer (ZeRO-1) reduce-scatters them and all-gathers the updated bf16 parameters, plain DDP
 all-reduces; Megatron-FSDP (``optim_grads_params``, ZeRO-3) gathers the weights for every
 micro-batch's forward and backward and reduce-scatters its gradients (Rajbhandari et al. 2020,
-arXiv:1910.02054, section 5)."""
+arXiv:1910.02054, section 5), layer by layer as ``paraplan.estimate.time.fsdp`` schedules it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from paraplan.estimate import comm
 from paraplan.estimate.layouts import StepLayout
 from paraplan.estimate.memory import weight_bytes_per_param
 from paraplan.estimate.params import ParamTerms, StageLayers, param_terms, stage_params
+from paraplan.estimate.time import fsdp
 from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.grid import Grid
@@ -32,8 +33,6 @@ BACKWARD_GEMMS: Final = 2.0
 the gradient reduce overlaps the last micro-batch's backward, the parameter gather its first forward."""
 PARAM_GATHER_BYTES_PER_PARAM: Final = 2.0
 """The distributed optimizer all-gathers the updated parameters in bf16."""
-FSDP_GATHERS_PER_MICROBATCH: Final = 2.0
-"""Megatron-FSDP gathers every weight twice per micro-batch: for forward and again for backward."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,22 +91,41 @@ def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: 
     return grad, gather, local
 
 
+def gather_behind_optimizer_s(layout: StepLayout, gather_s: Num, optimizer_s: Num, training: TrainingSpec) -> Num:
+    """Parameter all-gather hidden behind the optimizer step by ``--overlap-param-gather-with-optimizer-step``:
+    min(gather / v, optimizer x (v - 1) / v).
+
+    Mirrors Megatron-Core: the first model chunk gets its own optimizer (optimizer/__init__.py, ``model_chunks[0]``
+    split out), which steps first; ``ChainedOptimizer._step`` (optimizer.py) then dispatches that chunk's parameter
+    all-gather (``start_param_sync(force_dispatch=True)``) while the other v - 1 chunks step. With an even split the
+    first chunk holds 1/v of the stage's parameters (and of its gather); only with the distributed optimizer,
+    --overlap-param-gather and VP > 1 (arguments.py ``validate_args``), else 0."""
+    if not training.overlap_param_gather_with_optimizer_step:
+        return 0.0
+    v = layout.vp
+    on = layout.overlap_param_gather & layout.dist_opt & (v > 1)
+    return np.where(on, np.minimum(gather_s / v, optimizer_s * (v - 1) / v), 0.0)
+
+
 def exposed_and_link_s(layout: StepLayout, grad_s: Num, gather_s: Num, hide_s: Num,
-                       num_microbatches: Num) -> tuple[Num, Num]:
-    """(exposed, link) DP time per step. ``hide_s``: ``dp_overlap_frac`` x the stage time.
+                       num_microbatches: Num, *, recompute_hide_s: Num = 0.0, units: Num = 1.0,
+                       behind_optimizer_s: Num = 0.0) -> tuple[Num, Num]:
+    """(exposed, link) DP time per step. ``hide_s``: ``dp_overlap_frac`` x the stage time (one micro-batch);
+    ``recompute_hide_s``: the same share of its recompute; ``units``: FSDP units (layers) on the rank.
 
     Distributed optimizer / DDP: one gradient reduce and one parameter gather per step, hidden
     (with --overlap-grad-reduce / --overlap-param-gather) behind the last micro-batch's backward
     (``BACKWARD_GEMMS`` / ``GEMM_FWD_BWD_FACTOR`` of it) and the first forward (1 /
-    ``GEMM_FWD_BWD_FACTOR``). FSDP: every micro-batch ``FSDP_GATHERS_PER_MICROBATCH`` gathers and
-    a reduce-scatter, overlapped with its compute."""
+    ``GEMM_FWD_BWD_FACTOR``), less ``behind_optimizer_s`` already hidden behind the optimizer step
+    (``gather_behind_optimizer_s``). FSDP: every micro-batch two gathers and a reduce-scatter, hidden unit by
+    unit (``fsdp.exposed_s``; overlap is always on for ``optim_grads_params``, as the guide says)."""
     m = num_microbatches
     grad_exp = np.where(layout.overlap_grad_reduce,
                         np.maximum(grad_s - hide_s * BACKWARD_GEMMS / GEMM_FWD_BWD_FACTOR, 0.0), grad_s)
     gath_exp = np.where(layout.overlap_param_gather & layout.dist_opt,
-                        np.maximum(gather_s - hide_s / GEMM_FWD_BWD_FACTOR, 0.0), gather_s)
-    fsdp_link_mb = FSDP_GATHERS_PER_MICROBATCH * gather_s + grad_s
-    fsdp_exposed = m * np.maximum(fsdp_link_mb - hide_s, 0.0)
+                        np.maximum(gather_s - behind_optimizer_s - hide_s / GEMM_FWD_BWD_FACTOR, 0.0), gather_s)
+    # hide_s and recompute_hide_s carry the same overlap share: pass it as 1 on the pre-multiplied windows
+    fsdp_exposed = fsdp.exposed_s(gather_s, grad_s, hide_s, recompute_hide_s, 1.0, units, layout.vp, m)
     exposed = np.where(layout.fsdp, fsdp_exposed, grad_exp + gath_exp)
-    link = np.where(layout.fsdp, m * fsdp_link_mb, grad_s + gather_s)
+    link = np.where(layout.fsdp, fsdp.link_s(gather_s, grad_s, m), grad_s + gather_s)
     return exposed, link

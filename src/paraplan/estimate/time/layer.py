@@ -3,7 +3,7 @@ as compute, host and link times (``LayerTime``), and what recomputing it costs."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Final
 
 import numpy as np
@@ -14,7 +14,7 @@ from paraplan.estimate.time import compute, cp, ep, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
 from paraplan.layout import RECOMPUTE_CODES
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
-from paraplan.specs.grid import Grid
+from paraplan.specs.grid import Axis, Grid
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.num import Int, Num
 from paraplan.specs.training import TrainingSpec
@@ -26,6 +26,11 @@ ELEMENTWISE_FWD_BWD_RATIO: Final = 3.0
 output gradient and writes the input gradient, twice the forward's bytes."""
 SWIGLU_FC1_FACTOR: Final = 2
 """SwiGLU's fc1 produces the gate and the up projection: 2 f output columns (GeLU: f)."""
+MOE_ROUTER_LAUNCH_FRAC: Final = 0.5
+"""Share of an MoE block's kernel issue (``block_overhead_s``) in its router and token preprocessing (the
+``moe_router`` / ``moe_preprocess`` CUDA graph modules: gating GEMM, top-k, softmax, aux-loss and permutation
+metadata kernels) against dispatch, expert GEMMs, activation and combine. Assumed (an even split of the MoE
+block's launches; not derived from a kernel count, not fitted): docs/model.md section 4."""
 SELECTIVE_ELEMENTWISE_DIVISOR: Final = 6.0
 """Selective recompute of ``layernorm`` (or ``moe_act``) re-runs half of the forward element-wise
 traffic (1 / (``ELEMENTWISE_FWD_BWD_RATIO`` x 2) of the layer's): a modelling share, not measured."""
@@ -52,6 +57,12 @@ class LayerTime:
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+    mla_up_gemm_fwd_s: Num = 0.0
+    """Part of gemm_fwd_s in MLA's query and key-value up projections, for selective recompute of mla_up_proj."""
+    shared_gemm_fwd_s: Num = 0.0
+    """Forward GEMMs of the MoE layer's shared expert (part of gemm_fwd_s): what selective recompute of
+    shared_experts re-runs, and what ``--moe-shared-expert-overlap`` hides the dispatch behind
+    (``ep.unpaired_exposed_s``)."""
 
     @property
     def gpu_s(self) -> Num:
@@ -64,6 +75,35 @@ class LayerTime:
         """Forward + backward compute: the GPU's time, or the host's kernel-issue time when that
         is longer (a launch-bound layer: the GPU waits for the CPU)."""
         return np.maximum(self.gpu_s, self.overhead_s) + self.host_sync_s
+
+
+def graph_captured_frac(training: TrainingSpec, block: str) -> float:
+    """Share of one half-layer's kernel issue that a CUDA graph replays instead of the host launching each kernel
+    (``block``: "attn", "mlp" for a dense MLP, "moe" for an MoE block). A replayed graph costs one
+    ``cudaGraphLaunch`` per capture instead of one launch per kernel (taken as free).
+
+    Mirrors Megatron-Core: ``cuda_graph_impl`` none captures nothing; ``full_iteration`` captures the whole
+    forward-backward (megatron/core/full_cuda_graph.py); the per-layer ``local`` / ``transformer_engine`` graphs
+    capture the whole layer when ``cuda_graph_modules`` is empty, else the submodules listed
+    (transformer_layer.py ``_get_submodules_under_cudagraphs``: attn = input norm + self-attention; mlp = a dense
+    layer's MLP; moe = an MoE layer's whole MoE block; moe_router [+ moe_preprocess] = its router and
+    preprocessing, ``MOE_ROUTER_LAUNCH_FRAC`` of its launches; local capture adds moe_preprocess to moe_router
+    and back, transformer_config.py ``__post_init__``)."""
+    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    if impl == "none":
+        return 0.0
+    if impl == "full_iteration" or not mods:
+        return 1.0
+    if block == "moe":
+        if "moe" in mods:
+            return 1.0
+        return MOE_ROUTER_LAUNCH_FRAC if "moe_router" in mods or "moe_preprocess" in mods else 0.0
+    return 1.0 if block in mods else 0.0
+
+
+def _issue_s(eff: EfficiencySpec, training: TrainingSpec, block: str) -> float:
+    """Host issue time of one half-layer: ``block_overhead_s`` less what CUDA graphs replay."""
+    return compute.block_overhead_s(eff) * (1.0 - graph_captured_frac(training, block))
 
 
 def fc1_width_factor(model: ModelSpec) -> int:
@@ -86,15 +126,21 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
     T, sh, t = _ctx(layout, training)
     h, a = model.hidden_size, model.num_attention_heads
     kv_width: Num = 0.0
+    up: Num = 0.0
     if model.multi_latent_attention:
         dq = model.qk_head_dim + model.qk_pos_emb_head_dim
         ckv, cq = model.kv_lora_rank, model.q_lora_rank
+        # the up projections (linear_q_up_proj, or linear_q_proj without q_lora_rank, and linear_kv_up_proj) are
+        # what mla_up_proj recomputes (multi_latent_attention.py ``qkv_up_proj_and_rope_apply``)
         if cq is None:
-            g = gemm_s(cluster, fp8, T, a * dq / t, h)
+            up = gemm_s(cluster, fp8, T, a * dq / t, h)
+            g = up
         else:
-            g = gemm_s(cluster, fp8, T, cq, h) + gemm_s(cluster, fp8, T, a * dq / t, cq)
-        g = g + gemm_s(cluster, fp8, T, ckv + model.qk_pos_emb_head_dim, h)
-        g = g + gemm_s(cluster, fp8, T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
+            up = gemm_s(cluster, fp8, T, a * dq / t, cq)
+            g = gemm_s(cluster, fp8, T, cq, h) + up
+        kv_up = gemm_s(cluster, fp8, T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
+        up = up + kv_up
+        g = g + gemm_s(cluster, fp8, T, ckv + model.qk_pos_emb_head_dim, h) + kv_up
         g = g + gemm_s(cluster, fp8, T, h, a * model.v_head_dim / t)
     else:
         kv_width = model.head_dim * np.maximum(model.query_groups, t)
@@ -110,9 +156,11 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=compute.block_elementwise_s(cluster, T, h, sh),
-                     overhead_s=compute.block_overhead_s(eff), tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
+                     overhead_s=_issue_s(eff, training, "attn"),
+                     tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
                      ep_link_s=0.0,
-                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)))
+                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)),
+                     mla_up_gemm_fwd_s=up)
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
@@ -127,20 +175,21 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t) / compute.hbm_rate(cluster)
     tp_link = tp.block_link_s(cluster, Grid.inner(layout).tp_group, T, h)
-    return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=compute.block_overhead_s(eff),
+    return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=_issue_s(eff, training, "mlp"),
                      tp_link_s=tp_link, ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
 
 
 def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> LayerTime:
-    """MoE MLP: router, routed experts as grouped GEMMs with m = tokens per local expert,
-    permutation traffic, EP all-to-all (dispatch + combine, forward + backward), shared expert."""
+    """MoE MLP: router, routed experts as grouped GEMMs with m = tokens per local expert (times the
+    capacity's ``ep.routed_load_factor``), permutation traffic (``ep.permute_copies``), the dispatcher's
+    dispatch + combine, forward + backward (``ep.dispatcher_link_s``), shared expert."""
     assert model.num_experts is not None
     eff = cluster.gpu.efficiency
     fp8 = training.precision == "fp8"
     T, sh, t = _ctx(layout, training)
     h, e, k, fe = model.hidden_size, model.num_experts, model.moe_router_topk, model.moe_ffn
     gate = fc1_width_factor(model)
-    te = T * k * layout.etp / t
+    te = T * k * layout.etp / t * ep.routed_load_factor(training)
     local = e / layout.ep
     m_e = te / local
     routed = (gemm_s(cluster, fp8, m_e, fe * gate / layout.etp, h, local)
@@ -149,16 +198,19 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     hbm = compute.hbm_rate(cluster)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
-            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * te * h) / hbm
+            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * ep.permute_copies(training) / ep.PERMUTE_COPIES * te * h) / hbm
     grid = Grid.inner(layout)
+    tp_ep = grid.group(Axis.TP, Axis.EP, expert=True)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
-                    elementwise_s=elem, overhead_s=compute.block_overhead_s(eff), host_sync_s=eff.moe_layer_overhead_s,
+                    elementwise_s=elem, overhead_s=_issue_s(eff, training, "moe"), host_sync_s=eff.moe_layer_overhead_s,
                     tp_link_s=ep.etp_link_s(cluster, grid.etp_group, te, h),
-                    ep_link_s=ep.all_to_all_link_s(cluster, grid.ep_group, te, h), cp_link_s=0.0, mlp_gemm_fwd_s=routed)
+                    ep_link_s=ep.dispatcher_link_s(cluster, model, training, grid.ep_group, tp_ep, te, h),
+                    cp_link_s=0.0, mlp_gemm_fwd_s=routed)
     if model.shared_ffn:
         sh_t = dense_mlp_time(model, cluster, training, layout, ffn=model.shared_ffn)
         # the shared expert sits in the same MLP block: its norm/residual traffic is counted once
-        out = _add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh))
+        out = replace(_add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh)),
+                      shared_gemm_fwd_s=sh_t.gemm_fwd_s)
     return out
 
 
@@ -193,7 +245,9 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     of its kernel issue, host syncs and exposed TP / EP communication: ``FWD_BWD_HALVES``).
     Selective modules follow Megatron-Core's TransformerLayer/MoELayer: "mlp" recomputes dense
     MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
-    ``recompute_mlp``, moe/moe_layer.py)."""
+    ``recompute_mlp``, moe/moe_layer.py); "shared_experts" the shared expert's forward GEMMs of MoE layers
+    (moe_layer.py ``shared_experts_recompute``; inside "moe" when both are set); "mla_up_proj" MLA's query and
+    key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
             + lt.host_sync_s / FWD_BWD_HALVES)
@@ -201,6 +255,8 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
             + lt.ep_link_s / FWD_BWD_HALVES)
     sel = lt.attn_fwd_s * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
+    sel = sel + lt.mla_up_gemm_fwd_s * ("mla_up_proj" in modules)
+    sel = sel + lt.shared_gemm_fwd_s * (moe and "shared_experts" in modules and "moe" not in modules)
     sel = sel + lt.elementwise_s / SELECTIVE_ELEMENTWISE_DIVISOR * (("layernorm" in modules)
                                                                     or (moe and "moe_act" in modules))
     return np.where(layout.recompute_code == RECOMPUTE_CODES["full"], full,
