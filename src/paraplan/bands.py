@@ -19,6 +19,8 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal, get_args
 
+from paraplan.units import GIB
+
 Quantity = Literal["peak_bytes", "step_s"]
 Family = Literal["dense", "moe"]
 QUANTITIES: tuple[str, ...] = get_args(Quantity)
@@ -62,7 +64,7 @@ class Band:
         lo, hi = 100 * (self.lo_ratio - 1), 100 * (self.hi_ratio - 1)
         offsets = ""
         if self.lo_offset or self.hi_offset:
-            unit, scale = ("GiB", 2**30) if self.quantity == "peak_bytes" else ("s", 1.0)
+            unit, scale = ("GiB", GIB) if self.quantity == "peak_bytes" else ("s", 1.0)
             offsets = f" -{self.lo_offset / scale:.2g}/+{self.hi_offset / scale:.2g} {unit}"
         return f"{lo:+.0f}% / {hi:+.0f}%{offsets} ({100 * self.coverage:.0f}% of {self.rows} held-out rows)"
 
