@@ -449,13 +449,15 @@ def test_recompute_modules_for_moe_are_searched_on_request_and_suggested(capsys:
 
 
 def test_smallest_model_parallel_counts_cp_and_names_the_fastest(capsys: pytest.CaptureFixture[str]) -> None:
+    # a 19.4% margin (the default before session 6's 7.3%) keeps the case this test was written for
     code, out, _ = run(["explain", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "1024", "--seq-len",
-                        "2048", "--gbs", "1536", "--format", "json"], capsys)
+                        "2048", "--gbs", "1536", "--headroom", "19.4%", "--format", "json"], capsys)
     assert code == 0
     f = next(x for x in json.loads(out)["explanation"] if x["code"] == "SMALLEST_MODEL_PARALLEL")
     # 32: FSDP at TP 2 (which fits at 2) is outside Megatron-FSDP's default scope on A100 (TP 1, PP 1, CP 1)
     assert f["numbers"]["tp_x_pp_x_cp"] == 32 and "cp" not in f["text"].split("fastest of them ")[1].split(",")[0]
     code, out, _ = run(["explain", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--num-gpus", "1024", "--seq-len",
-                        "2048", "--gbs", "1536", "--dp-variant", "distopt,fsdp", "--format", "json"], capsys)
+                        "2048", "--gbs", "1536", "--dp-variant", "distopt,fsdp", "--headroom", "19.4%", "--format",
+                        "json"], capsys)
     f = next(x for x in json.loads(out)["explanation"] if x["code"] == "SMALLEST_MODEL_PARALLEL")
     assert f["numbers"]["tp_x_pp_x_cp"] == 2 and "fsdp" in f["text"].split("fastest of them ")[1].split(",")[0]
