@@ -1,29 +1,49 @@
 #!/usr/bin/env python3
 """Write src/paraplan/bands.json: the measured error bands of peak memory and step time (paraplan.bands).
 
-    python benchmarks/bands.py            # writes src/paraplan/bands.json from ../shared/calibration
-    python benchmarks/bands.py --check    # exit 1 when the packaged file differs from what it would write
+    python benchmarks/bands.py            # rebuild from ../shared/calibration (a few minutes: every fold is refitted)
+    python benchmarks/bands.py --check    # exit 1 when the packaged file is stale (its inputs fingerprint or its
+                                          # memory bands differ from what the model gives now; seconds)
 
-Peak memory (megatron_golden.csv, the rows benchmarks/memory.py scores): the memory model has no fitted
-constants, so its residuals are held-out residuals. Step time (published_runs.csv, the rows
-benchmarks/calibration.py scores): every row is predicted by a model whose fitted efficiency parameters were
-refitted per GPU architecture without it (seeded k-fold; benchmarks/fit_efficiency.py's fit). The band itself is
-held out too: each fold's band is built from the other folds' rows and its coverage counted on the fold.
-A band is the central interval of measured / predicted that holds for ``TARGET_COVERAGE`` of the rows, with
-split-conformal order statistics (the ceil((n+1)(1 - a/2))-th of n), so that held-out coverage is at least the
-target in expectation.
+A band is the interval of measured / predicted that held for ``TARGET_COVERAGE`` of the held-out rows of a family.
+
+Step time (published_runs.csv, the rows benchmarks/calibration.py scores). Every row is predicted by a model whose
+fitted efficiency parameters were refitted per GPU architecture without it: ``FOLDS``-fold, seeded
+(benchmarks/cross_validate.py, which reuses benchmarks/fit_efficiency.py's fit). The band is a central
+split-conformal interval of those held-out ratios, itself held out: each fold is judged by the band of the other
+folds' rows. Leave-one-source-out figures are computed the same way and stored beside (calibration.py prints both).
+
+Peak memory (megatron_golden.csv, the rows benchmarks/memory.py scores, and the BLOOM nvidia-smi peaks of
+published_runs.csv as benchmarks/bloom_memory.py predicts them leave-one-out). The memory model has no fitted
+constants, so its residuals are held-out residuals. 431 of the 437 dense golden rows use under 5 GiB, where the
+error is a constant (unmodelled allocations of a few hundred MiB), not a share; a purely relative band from them
+(-10% / +39%) would put a 30 GiB margin on an 80 GB GPU. So the memory band is constant-plus-relative::
+
+    predicted x lo_ratio - lo_offset  <=  measured  <=  predicted x hi_ratio + hi_offset
+
+the ratios from the rows whose prediction is at least ``LARGE_ROW_MIN_USE`` of usable memory (the family's own when
+it has ``MIN_RELATIVE_ROWS`` of them, else all families'; widened to contain 1), the offsets from the other
+(small) rows' residuals beyond the ratios. Coverage is counted over every row, held out by the same k-fold rule.
+
+A band's nominal level starts at the target and rises in ``LEVEL_STEP`` steps until its held-out coverage reaches
+it (finite folds can fall a little short of the conformal expectation); the band over all rows is taken at that
+level and the level is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as _dt
+import hashlib
+import io
 import json
 import math
-import random
+import statistics
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,55 +51,54 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from paraplan.bands import PACKAGED_NAME  # noqa: E402
+from cross_validate import ARCH_GPUS, FIX, FOLDS, FTOL, MAX_NFEV, SEED, VTRAIN_ROWS, fast_predict, fold_ids, held_out  # noqa: E402
+from paraplan.bands import PACKAGED_NAME, REGENERATE  # noqa: E402
 from paraplan.errors import SpecError  # noqa: E402
 from paraplan.estimator import estimate  # noqa: E402
 from paraplan.specs.cluster import make_cluster  # noqa: E402
 from paraplan.specs.load import load_gpu  # noqa: E402
+from paraplan.units import GIB  # noqa: E402
+from published_cases import Case, load_cases, pct  # noqa: E402
 
 PACKAGED_PATH = ROOT / "src" / "paraplan" / PACKAGED_NAME
 SHARED = ROOT.parent / "shared" / "calibration"
 TARGET_COVERAGE = 0.8
-FOLDS = 5
-SEED = 18
-"""Seed of the fold assignment (issue 18)."""
 LEVEL_STEP = 0.005
 MAX_LEVEL = 0.95
-BAND_RULE = (f"central split-conformal interval of measured/predicted at the lowest level from "
-             f"{100 * TARGET_COVERAGE:.0f}% (steps of {100 * LEVEL_STEP:.1f}%) whose {FOLDS}-fold held-out coverage "
-             f"(seed {SEED}) is >= {100 * TARGET_COVERAGE:.0f}%")
+LARGE_ROW_MIN_USE = 0.25
+"""A memory row founds the relative part of the band when its prediction is at least this share of usable memory
+(there the error is a share of the peak; below, a constant). Assumed: a quarter of the GPU, where an unmodelled
+0.5 GiB is under 3% of the peak on an 80 GB GPU."""
+MIN_RELATIVE_ROWS = 20
+"""Fewest large rows a family's own relative part is taken from; with fewer, all families' large rows are pooled."""
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One measured value and its prediction (for step time: predicted by a model fitted without the row)."""
+    """One measured value and its (held-out) prediction."""
 
     id: str
     family: str
     predicted: float
     measured: float
     source: str = ""
+    usable: float = math.inf
+    """Usable memory of the row's GPU (memory rows)."""
 
     @property
     def ratio(self) -> float:
         return self.measured / self.predicted
 
-
-def fold_ids(n: int, folds: int = FOLDS, seed: int = SEED) -> list[int]:
-    """Fold of each of ``n`` rows: a seeded shuffle dealt round-robin (fold sizes differ by at most one)."""
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    out = [0] * n
-    for pos, i in enumerate(order):
-        out[i] = pos % folds
-    return out
+    @property
+    def large(self) -> bool:
+        return self.predicted >= LARGE_ROW_MIN_USE * self.usable
 
 
-def conformal_interval(ratios: list[float], coverage: float = TARGET_COVERAGE) -> tuple[float, float]:
-    """Central split-conformal interval of ``ratios``: the floor((n+1)a/2)-th and ceil((n+1)(1-a/2))-th order
-    statistics (1-based, a = 1 - coverage), clamped to the sample; a new exchangeable ratio falls inside with
+def conformal_interval(values: Sequence[float], coverage: float = TARGET_COVERAGE) -> tuple[float, float]:
+    """Central split-conformal interval of ``values``: the floor((n+1)a/2)-th and ceil((n+1)(1-a/2))-th order
+    statistics (1-based, a = 1 - coverage), clamped to the sample; a new exchangeable value falls inside with
     probability >= coverage."""
-    xs = sorted(ratios)
+    xs = sorted(values)
     n = len(xs)
     if n == 0:
         return math.nan, math.nan
@@ -89,30 +108,63 @@ def conformal_interval(ratios: list[float], coverage: float = TARGET_COVERAGE) -
     return xs[lo_rank - 1], xs[hi_rank - 1]
 
 
-def held_out_band(rows: list[Row], folds: int = FOLDS, seed: int = SEED) -> dict[str, Any]:
-    """The band over all ``rows``, and its held-out coverage: each fold judged by the band of the other folds.
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """``predicted x lo_ratio - lo_offset <= measured <= predicted x hi_ratio + hi_offset``."""
 
-    The nominal level starts at ``TARGET_COVERAGE`` and rises in ``LEVEL_STEP`` steps until the held-out coverage
-    reaches the target (finite folds can fall a little short of the conformal expectation); the band over all
-    rows is then taken at that level."""
+    lo_ratio: float
+    hi_ratio: float
+    lo_offset: float = 0.0
+    hi_offset: float = 0.0
+
+    def covers(self, r: Row) -> bool:
+        lo = r.predicted * self.lo_ratio - self.lo_offset
+        return lo <= r.measured <= r.predicted * self.hi_ratio + self.hi_offset
+
+
+def relative_interval(rows: Sequence[Row], family: str, level: float) -> Interval:
+    """Step time: the conformal interval of the family's ratios."""
+    return Interval(*conformal_interval([r.ratio for r in rows if r.family == family], level))
+
+
+def memory_interval(rows: Sequence[Row], family: str, level: float) -> Interval:
+    """Peak memory: ratios from the large rows (the family's, or all families' when it has too few, widened to
+    contain 1), offsets from the family's small rows' residuals beyond them."""
+    large = [r for r in rows if r.large and r.family == family]
+    if len(large) < MIN_RELATIVE_ROWS:
+        large = [r for r in rows if r.large]
+    lo_r, hi_r = conformal_interval([r.ratio for r in large], level)
+    lo_r, hi_r = min(lo_r, 1.0), max(hi_r, 1.0)
+    small = [r for r in rows if not r.large and r.family == family]
+    _, hi_off = conformal_interval([r.measured - r.predicted * hi_r for r in small], level)
+    lo_off, _ = conformal_interval([r.measured - r.predicted * lo_r for r in small], level)
+    return Interval(lo_r, hi_r, max(0.0, -lo_off) if small else 0.0, max(0.0, hi_off) if small else 0.0)
+
+
+def held_out_band(rows: Sequence[Row], family: str, make: Callable[[Sequence[Row], str, float], Interval],
+                  folds: int = FOLDS, seed: int = SEED) -> dict[str, Any]:
+    """The family's band over all ``rows`` and its held-out coverage (each fold judged by the band ``make``
+    builds from the other folds), at the lowest level from the target whose coverage reaches it."""
     fold = fold_ids(len(rows), folds, seed)
-    level, covered = TARGET_COVERAGE, 0
+    mine = [i for i, r in enumerate(rows) if r.family == family]
+    level = TARGET_COVERAGE
     while True:
         covered = 0
         for k in range(folds):
-            lo, hi = conformal_interval([r.ratio for r, f in zip(rows, fold, strict=True) if f != k], level)
-            covered += sum(lo <= r.ratio <= hi for r, f in zip(rows, fold, strict=True) if f == k)
-        if not rows or covered / len(rows) >= TARGET_COVERAGE or level >= MAX_LEVEL:
+            band = make([r for r, f in zip(rows, fold, strict=True) if f != k], family, level)
+            covered += sum(band.covers(rows[i]) for i in mine if fold[i] == k)
+        if not mine or covered / len(mine) >= TARGET_COVERAGE or level >= MAX_LEVEL:
             break
         level = round(level + LEVEL_STEP, 4)
-    lo, hi = conformal_interval([r.ratio for r in rows], level)
-    return {"lo_ratio": round(lo, 4), "hi_ratio": round(hi, 4),
-            "coverage": round(covered / len(rows), 4) if rows else math.nan, "rows": len(rows), "level": level}
+    band = make(rows, family, level)
+    return {"lo_ratio": round(band.lo_ratio, 4), "hi_ratio": round(band.hi_ratio, 4),
+            "lo_offset": float(round(band.lo_offset)), "hi_offset": float(round(band.hi_offset)),
+            "coverage": round(covered / len(mine), 4) if mine else math.nan, "rows": len(mine), "level": level}
 
 
 # --- peak memory -------------------------------------------------------------------------------------------------
 
-def memory_rows() -> list[Row]:
+def golden_memory_rows() -> list[Row]:
     """Last-stage predicted vs measured max allocated bytes of every golden row benchmarks/memory.py scores."""
     import memory
 
@@ -129,60 +181,149 @@ def memory_rows() -> list[Row]:
             except SpecError:
                 continue
             out.append(Row(id=f"{case['id']}[{case['hw']}]", family="moe" if case["moe"] else "dense",
-                           predicted=float(est.stages[-1].memory.total_bytes), measured=case["measured"]))
+                           predicted=float(est.stages[-1].memory.total_bytes), measured=case["measured"],
+                           source="megatron_golden", usable=float(est.usable_bytes)))
     return out
+
+
+def bloom_memory_rows() -> list[Row]:
+    """BLOOM nvidia-smi peaks (published_runs.csv), predicted as benchmarks/bloom_memory.py does: Megatron-Core's
+    terms + DeepSpeed's extra state + reserved + the per-process constant fitted on the other rows."""
+    from bloom_memory import bloom_rows, predicted_rows
+
+    preds = [p for p in predicted_rows(bloom_rows()) if not p["oom"]]
+    resid = [p["measured_bytes"] - p["base_bytes"] for p in preds]
+    gpu = load_gpu("a100-80gb")
+    return [Row(id=p["label"], family="dense", predicted=p["base_bytes"] + statistics.median(resid[:i] + resid[i + 1:]),
+                measured=p["measured_bytes"], source="bloom_nvidia_smi", usable=float(gpu.hbm_bytes))
+            for i, p in enumerate(preds)]
+
+
+def memory_rows() -> list[Row]:
+    return golden_memory_rows() + bloom_memory_rows()
 
 
 # --- step time ---------------------------------------------------------------------------------------------------
 
-def step_s(case: Any, tokens_per_s_per_gpu: float) -> float:
+def step_s(case: Case, tokens_per_s_per_gpu: float) -> float:
     """Step time of a case at a throughput: gbs x seq / (tokens/s/GPU x GPUs)."""
     return float(case.gbs * case.seq_len / (tokens_per_s_per_gpu * case.num_gpus))
 
 
-def step_rows_in_sample() -> list[Row]:
-    """Predicted (presets as packaged) vs measured step time of every row benchmarks/calibration.py scores;
-    measured / predicted step time = predicted / measured tokens/s/GPU."""
-    from calibration import predict
-    from published_cases import load_cases
-
+def scored_cases() -> list[Case]:
+    """The published rows the model predicts (those calibration.py scores)."""
     cases, _ = load_cases("published")
+    return [c for c in cases if isinstance(fast_predict(c), float)]
+
+
+def step_rows(held: list[Any]) -> list[Row]:
+    return [Row(id=h.case.id, family="moe" if h.case.moe else "dense", predicted=step_s(h.case, h.predicted),
+                measured=step_s(h.case, h.case.target_tokens_per_s_per_gpu), source=h.case.source)
+            for h in held if isinstance(h.predicted, float) and h.predicted > 0]
+
+
+def error_figures(rows: Sequence[Row]) -> dict[str, Any]:
+    """Throughput APE of held-out rows (|predicted / measured tokens/s - 1| = |measured / predicted step - 1|)."""
+    apes = [abs(1 / r.ratio - 1) for r in rows]
+    return {"median_ape": round(pct(apes, 0.5), 4), "p90_ape": round(pct(apes, 0.9), 4),
+            "within_20": round(sum(a <= 0.2 for a in apes) / len(apes), 4) if apes else math.nan, "rows": len(apes)}
+
+
+def cv_summary(rows: Sequence[Row], held: list[Any]) -> dict[str, Any]:
+    by_source = {s: error_figures([r for r in rows if r.source == s]) for s in sorted({r.source for r in rows})}
+    by_family = {f: error_figures([r for r in rows if r.family == f]) for f in ("dense", "moe")}
+    return {**error_figures(rows), "uncalibrated_rows": sum(h.uncalibrated for h in held),
+            "by_source": by_source, "by_family": by_family}
+
+
+# --- inputs fingerprint ------------------------------------------------------------------------------------------
+
+def fingerprint(cases: list[Case]) -> dict[str, str]:
+    """What the cross-validation depends on: the calibration files, the presets' fitted values, the fit settings
+    and the model (its predictions for every published and vTrain row at the presets' values)."""
+    from cross_validate import vtrain_sample
+
+    def h(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    files = {name: hashlib.sha256((SHARED / name).read_bytes()).hexdigest()[:16]
+             for name in ("published_runs.csv", "megatron_golden.csv", "vtrain_runs.csv")}
+    eff = {g: {f.name: getattr(load_gpu(g).efficiency, f.name) for f in fields(load_gpu(g).efficiency)}
+           for gs in ARCH_GPUS.values() for g in gs}
+    vt = vtrain_sample(max(VTRAIN_ROWS.values()))
+    preds = [f"{c.id}:{fast_predict(c):.6g}" for c in cases + vt]  # type: ignore[str-format]
+    settings = {"folds": FOLDS, "seed": SEED, "fix": FIX, "vtrain_rows": VTRAIN_ROWS, "max_nfev": MAX_NFEV,
+                "ftol": FTOL, "target": TARGET_COVERAGE, "level_step": LEVEL_STEP}
+    return {**files, "efficiency": h(json.dumps(eff, sort_keys=True)), "predictions": h("\n".join(preds)),
+            "settings": h(json.dumps(settings, sort_keys=True))}
+
+
+# --- the file ----------------------------------------------------------------------------------------------------
+
+MEMORY_METHOD = ("peak_bytes: megatron_golden.csv max allocated bytes (last rank) vs the last stage's peak, and the "
+                 "BLOOM nvidia-smi peaks of published_runs.csv (bloom_memory.py, leave-one-out constant); "
+                 f"constant-plus-relative: ratios from rows predicted at >= {100 * LARGE_ROW_MIN_USE:.0f}% of usable "
+                 f"memory (pooled over families below {MIN_RELATIVE_ROWS} rows), offsets from the other rows")
+STEP_METHOD = ("step_s: published_runs.csv step time (from tokens/s/GPU); each row predicted with the efficiency "
+               f"parameters refitted per GPU architecture without its fold ({FOLDS}-fold, seed {SEED}, "
+               "fit_efficiency.py's fit)")
+BAND_RULE = (f"; central split-conformal interval, {FOLDS}-fold held-out coverage (seed {SEED}), nominal level "
+             f"raised from {100 * TARGET_COVERAGE:.0f}% in {100 * LEVEL_STEP:.1f}% steps until coverage >= "
+             f"{100 * TARGET_COVERAGE:.0f}%")
+
+
+def memory_bands(mem: list[Row]) -> list[dict[str, Any]]:
     out = []
-    for c in cases:
-        p = predict(c)
-        if isinstance(p, float) and p > 0:
-            out.append(Row(id=c.id, family="moe" if c.moe else "dense", predicted=step_s(c, p),
-                           measured=step_s(c, c.target_tokens_per_s_per_gpu), source=c.source))
+    for family in ("dense", "moe"):
+        b = held_out_band(mem, family, memory_interval)
+        iv = Interval(b["lo_ratio"], b["hi_ratio"], b["lo_offset"], b["hi_offset"])
+        by_source = {s: round(sum(iv.covers(r) for r in rs) / len(rs), 4)
+                     for s in ("megatron_golden", "bloom_nvidia_smi")
+                     if (rs := [r for r in mem if r.family == family and r.source == s])}
+        out.append({"quantity": "peak_bytes", "family": family, **b,
+                    "large_rows": sum(r.large for r in mem if r.family == family),
+                    "in_band_by_source": by_source, "method": MEMORY_METHOD + BAND_RULE})
     return out
 
 
-def bands(memory: list[Row], step: list[Row], step_method: str) -> list[dict[str, Any]]:
-    out = []
-    for quantity, rows, method in (
-        ("peak_bytes", memory, "megatron_golden.csv max allocated bytes (last rank) vs the last stage's peak; " +
-                               BAND_RULE),
-        ("step_s", step, step_method),
-    ):
-        for family in ("dense", "moe"):
-            fam = [r for r in rows if r.family == family]
-            out.append({"quantity": quantity, "family": family, **held_out_band(fam), "lo_offset": 0.0,
-                        "hi_offset": 0.0, "method": method})
-    return out
+def cross_validated(progress: Callable[[str], None] | None = None,
+                    cases: list[Case] | None = None, jobs: int = 1) -> dict[str, Any]:
+    """The k-fold and leave-one-source-out figures (refits every fold), with the k-fold held-out rows."""
+    cases = scored_cases() if cases is None else cases
+    kfold = held_out(cases, "kfold", progress=progress, jobs=jobs)
+    loso = held_out(cases, "loso", progress=progress, jobs=jobs)
+    k_rows, l_rows = step_rows(kfold), step_rows(loso)
+    return {"kfold": cv_summary(k_rows, kfold), "loso": cv_summary(l_rows, loso), "_kfold_rows": k_rows}
 
 
-def build() -> dict[str, Any]:
+def cached_cross_validation() -> tuple[dict[str, Any] | None, list[str]]:
+    """The packaged cross-validated figures, or None and why when the file's inputs fingerprint differs."""
+    data = json.loads(PACKAGED_PATH.read_text(encoding="utf-8")) if PACKAGED_PATH.exists() else {}
+    if "cross_validation" not in data:
+        return None, ["no cross-validated figures in it"]
+    if data.get("inputs") != fingerprint(scored_cases()):
+        return None, ["its inputs differ: calibration data, presets' efficiency, fit settings or the model"]
+    return data["cross_validation"], []
+
+
+def build(progress: Callable[[str], None] | None = None, jobs: int = 1) -> dict[str, Any]:
+    cases = scored_cases()
     mem = memory_rows()
-    step = step_rows_in_sample()
-    step_method = ("published_runs.csv step time (from tokens/s/GPU) vs the model as packaged (in-sample "
-                   "efficiency fit); " + BAND_RULE)
-    return {"generator": "python benchmarks/bands.py", "built": _dt.date.today().isoformat(),
-            "data": ["shared/calibration/megatron_golden.csv", "shared/calibration/published_runs.csv"],
+    cv = cross_validated(progress, cases, jobs)
+    k_rows = cv.pop("_kfold_rows")
+    step = [{"quantity": "step_s", "family": family, **held_out_band(k_rows, family, relative_interval),
+             "method": STEP_METHOD + BAND_RULE} for family in ("dense", "moe")]
+    return {"generator": REGENERATE, "built": _dt.date.today().isoformat(),
+            "data": ["shared/calibration/megatron_golden.csv", "shared/calibration/published_runs.csv",
+                     "shared/calibration/vtrain_runs.csv (training rows of the A100 refits only)"],
             "target_coverage": TARGET_COVERAGE, "folds": FOLDS, "seed": SEED,
-            "bands": bands(mem, step, step_method)}
+            "inputs": fingerprint(cases),
+            "bands": memory_bands(mem) + step,
+            "cross_validation": cv}
 
 
 def text_of(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=1, sort_keys=False) + "\n"
+    return json.dumps(data, indent=1) + "\n"
 
 
 def same_but_date(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -190,23 +331,44 @@ def same_but_date(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "built"} == {k: v for k, v in b.items() if k != "built"}
 
 
+def stale_parts(old: dict[str, Any]) -> list[str]:
+    """What differs between the packaged file and the model now, cheaply: the inputs fingerprint (the step-time
+    cross-validation depends on nothing else) and the memory bands (recomputed in full)."""
+    cases = scored_cases()
+    out = []
+    if old.get("inputs") != fingerprint(cases):
+        out.append("inputs (calibration data, presets' efficiency, fit settings or the model's predictions)")
+    with contextlib.redirect_stdout(io.StringIO()):
+        fresh = memory_bands(memory_rows())
+    if [b for b in old.get("bands", []) if b.get("quantity") == "peak_bytes"] != fresh:
+        out.append("memory bands")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="compare with the packaged file instead of writing")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the packaged file is stale (seconds)")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--jobs", type=int, default=1, help="fits run in parallel (0: one per CPU); same results")
     args = ap.parse_args()
     if not SHARED.is_dir():
         print(f"bands: {SHARED} is absent", file=sys.stderr)
         return 2
-    data = build()
     if args.check:
         old = json.loads(PACKAGED_PATH.read_text(encoding="utf-8")) if PACKAGED_PATH.exists() else {}
-        ok = same_but_date(old, data)
-        print(f"{PACKAGED_PATH}: {'up to date' if ok else 'differs: regenerate it with python benchmarks/bands.py'}")
-        return 0 if ok else 1
+        stale = stale_parts(old)
+        print(f"{PACKAGED_PATH}: " + (f"stale ({'; '.join(stale)}): regenerate it with {REGENERATE}" if stale
+                                      else "up to date"))
+        return 1 if stale else 0
+    data = build(None if args.quiet else lambda s: print(s, file=sys.stderr, flush=True), args.jobs)
     PACKAGED_PATH.write_text(text_of(data), encoding="utf-8")
     for b in data["bands"]:
-        print(f"{b['quantity']:<10} {b['family']:<5} measured/predicted {b['lo_ratio']:.3f}..{b['hi_ratio']:.3f}; "
-              f"held-out coverage {100 * b['coverage']:.1f}% of {b['rows']} rows")
+        off = (f" -{b['lo_offset'] / GIB:.2f}/+{b['hi_offset'] / GIB:.2f} GiB" if b["quantity"] == "peak_bytes" else "")
+        print(f"{b['quantity']:<10} {b['family']:<5} measured/predicted {b['lo_ratio']:.3f}..{b['hi_ratio']:.3f}{off}; "
+              f"held-out coverage {100 * b['coverage']:.1f}% of {b['rows']} rows (level {100 * b['level']:.1f}%)")
+    for scheme, cv in data["cross_validation"].items():
+        print(f"{scheme}: median APE {100 * cv['median_ape']:.1f}%, p90 {100 * cv['p90_ape']:.1f}%, "
+              f"within-20% {100 * cv['within_20']:.0f}% over {cv['rows']} rows")
     print(f"wrote {PACKAGED_PATH}")
     return 0
 

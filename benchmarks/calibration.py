@@ -7,9 +7,19 @@ prints a table per source, the vTrain A100 runs on their own line, and as the la
 
     calibration: median APE X%, p90 APE Y%, within-20% Z% over N rows
 
+Before it, the cross-validated figures (benchmarks/cross_validate.py: every row predicted with the efficiency
+parameters refitted per GPU architecture without it; 5-fold and leave-one-source-out), per source next to the
+in-sample ones, and one line each:
+
+    cross-validated (5-fold): median APE X%, p90 Y%, within-20% Z% over N rows
+    cross-validated (leave-one-source-out): median APE X%, p90 Y%, within-20% Z% over N rows
+
+They are read from src/paraplan/bands.json (benchmarks/bands.py writes both) when its inputs fingerprint matches
+the model now; ``--cv`` recomputes them here (minutes: every fold is refitted).
+
 Layer counts that do not divide over PP x VP get the balanced first/last-stage split the
 published recipes use (``--pipeline-split auto``). Usage: python benchmarks/calibration.py
-[--worst 10] [--no-vtrain] [--source TEXT]
+[--worst 10] [--no-vtrain] [--source TEXT] [--cv]
 """
 
 from __future__ import annotations
@@ -47,6 +57,12 @@ def _backend(case: Case) -> str:
     return case.attention_backend if SOURCE_ATTENTION else "flash"
 
 
+def case_training(case: Case, backend: str) -> TrainingSpec:
+    """The TrainingSpec a calibration row runs with (its precision and FP8 recipe, ``backend`` attention)."""
+    return TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
+                        attention_backend=backend, fp8_recipe=case.fp8_recipe)  # type: ignore[arg-type]
+
+
 def predict(case: Case, gpu_override: Any = None) -> float | str:
     """Predicted tokens/s/GPU, or the reason the estimate was refused."""
     gpu = gpu_override or _GPUS.setdefault(case.gpu, load_gpu(case.gpu))
@@ -54,8 +70,7 @@ def predict(case: Case, gpu_override: Any = None) -> float | str:
         model = model_from_megatron_args(case.model, name=case.label)
         layout = ParallelLayout(**case.layout)
         layout, _ = apply_pipeline_split(model, layout, "auto")
-        training = TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
-                                attention_backend=_backend(case))  # type: ignore[arg-type]
+        training = case_training(case, _backend(case))
         est = estimate(model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), training, layout)
     except SpecError as err:
         return str(err)
@@ -134,6 +149,50 @@ def print_table(rows: list[dict[str, Any]], key: str) -> None:
               f"{100 * w20:>5.0f}% {100 * bias:>+6.1f}%")
 
 
+CV_SCHEMES = (("kfold", "5-fold"), ("loso", "leave-one-source-out"))
+
+
+def _figures(fig: dict[str, Any]) -> str:
+    return (f"median APE {100 * fig['median_ape']:.1f}%, p90 {100 * fig['p90_ape']:.1f}%, "
+            f"within-20% {100 * fig['within_20']:.0f}% over {fig['rows']} rows")
+
+
+def print_cross_validated(rows: list[dict[str, Any]], live: bool, source: str) -> None:
+    """Cross-validated figures per source beside the in-sample ones, then one line per scheme."""
+    import bands  # here, not at the top: bands -> cross_validate -> fit_efficiency imports this module
+
+    if live:
+        cv = bands.cross_validated()
+    else:
+        cv, stale = bands.cached_cross_validation()
+        if cv is None:
+            print(f"\ncross-validated: src/paraplan/bands.json is stale ({'; '.join(stale)}): run "
+                  "python benchmarks/bands.py, or pass --cv")
+            return
+    print(f"\n{'source (held out)':<28} {'rows':>5} {'in-sample':>15} " + " ".join(
+        f"{label[:20]:>22}" for _, label in CV_SCHEMES))
+    print(f"{'':<28} {'':>5} {'medAPE  p90':>15} " + " ".join(f"{'medAPE  p90 <=20%':>22}" for _ in CV_SCHEMES))
+    in_sample: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        in_sample[r["case"].source].append(r)
+    for name in sorted(cv["kfold"]["by_source"]):
+        if source.lower() not in name.lower():
+            continue
+        med, p90, _, n = summary(in_sample.get(name, []))
+        cells = []
+        for scheme, _ in CV_SCHEMES:
+            f = cv[scheme]["by_source"].get(name)
+            cells.append(f"{100 * f['median_ape']:>6.1f}% {100 * f['p90_ape']:>6.1f}% {100 * f['within_20']:>5.0f}%"
+                         if f else f"{'-':>22}")
+        print(f"{name[:28]:<28} {n:>5} {100 * med:>6.1f}% {100 * p90:>6.1f}% " + " ".join(f"{c:>22}" for c in cells))
+    un = cv["loso"]["uncalibrated_rows"]
+    if un:
+        print(f"  leave-one-source-out: {un} rows had no other source on their GPU architecture and were predicted "
+              "with the uncalibrated EfficiencySpec defaults")
+    for scheme, label in CV_SCHEMES:
+        print(f"cross-validated ({label}): {_figures(cv[scheme])}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worst", type=int, default=10)
@@ -141,6 +200,9 @@ def main() -> int:
     ap.add_argument("--source", default="")
     ap.add_argument("--source-attention", action="store_true",
                     help="score rows with the attention backend their source ran (unfused before 2022)")
+    ap.add_argument("--cv", action="store_true",
+                    help="recompute the cross-validated figures (refits every fold; minutes) instead of reading them "
+                         "from src/paraplan/bands.json")
     args = ap.parse_args()
     global SOURCE_ATTENTION
     SOURCE_ATTENTION = args.source_attention
@@ -179,6 +241,7 @@ def main() -> int:
         med, p90, w20, n = summary(score(vcases))
         print(f"\nvtrain: median APE {100 * med:.1f}%, p90 APE {100 * p90:.1f}%, "
               f"within-20% {100 * w20:.0f}% over {n} rows")
+    print_cross_validated(rows, args.cv, args.source)
     med, p90, w20, n = summary(rows)
     print(f"calibration: median APE {100 * med:.1f}%, p90 APE {100 * p90:.1f}%, "
           f"within-20% {100 * w20:.0f}% over {n} rows")

@@ -50,11 +50,11 @@ PARAMS = {
 
 def fit_arch(cases: list[Any], arch: str, names: list[str],
              predictor: Callable[[Any, Any], float | str] = predict,
-             max_nfev: int = 200) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+             max_nfev: int = 200, ftol: float = 1e-8) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
     """The fit: soft-L1 least squares on log(predicted / measured tokens/s/GPU) over ``cases``, from the
     preset's values of ``names`` (those of the architecture's first GPU), within ``PARAMS``' bounds.
     ``predictor(case, gpu)`` is ``calibration.predict`` (or a faster equivalent). Returns the fitted values and
-    the log residuals before and after."""
+    the log residuals before and after. ``ftol``: least_squares' relative cost tolerance (its default)."""
     from scipy.optimize import least_squares
 
     base = {g: load_gpu(g) for g in ARCH_GPUS[arch]}
@@ -75,7 +75,7 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     hi = np.array([PARAMS[n][1] for n in names]) / scale
     r0 = residuals(x0 / scale)
     fit = least_squares(residuals, np.clip(x0 / scale, lo, hi), bounds=(lo, hi), loss="soft_l1",
-                        f_scale=0.1, max_nfev=max_nfev, diff_step=0.02)
+                        f_scale=0.1, max_nfev=max_nfev, diff_step=0.02, ftol=ftol)
     return dict(zip(names, (float(v) for v in fit.x * scale), strict=True)), r0, fit.fun
 
 

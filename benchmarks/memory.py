@@ -10,9 +10,9 @@ error for dense and MoE rows separately. The last line is the headline:
 
     memory: dense median APE X% p90 Y% (N rows); moe median APE X% p90 Y% (M rows)
 
-``--headroom`` prints the memory error band the planner's default margin is instead
-(paraplan.headroom.MEMORY_UNDER_PREDICTION_P80): the 80th percentile of measured / predicted - 1
-over the same rows, with its 5-fold cross-validated held-out coverage.
+``--headroom`` prints the session-5 one-sided margin instead (paraplan.headroom.MEMORY_UNDER_PREDICTION_P80,
+no longer the planner's default, which is the memory band of paraplan.bands, benchmarks/bands.py): the 80th
+percentile of measured / predicted - 1 over the same rows, with its 5-fold cross-validated held-out coverage.
 
 Also the BLOOM rows of published_runs.csv: reported nvidia-smi peaks and [OOM] verdicts.
 Run: python benchmarks/memory.py [--worst 15] [--csv out.csv]
@@ -220,7 +220,7 @@ def run_golden(worst: int) -> tuple[dict[str, list[float]], list[tuple[float, st
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worst", type=int, default=10)
-    ap.add_argument("--headroom", action="store_true", help="print the memory error band of the default margin")
+    ap.add_argument("--headroom", action="store_true", help="print the session-5 one-sided memory margin (p80)")
     args = ap.parse_args()
     if args.headroom:
         b = headroom_band()

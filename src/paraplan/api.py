@@ -337,7 +337,7 @@ def resolve_space(space: SpaceRef | None) -> SearchSpace:
 
 def estimate(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, layout: LayoutRef,
              training: TrainingRef, gpus_per_node: int | None = None, memory_options: MemoryOptions | None = None,
-             mfu_peak: Literal["bf16", "fp8", "fp16"] = "bf16", notes: Sequence[str] = (),
+             mfu_peak: Literal["bf16", "fp8", "fp16", "fp4"] = "bf16", notes: Sequence[str] = (),
              headroom: Headroom | None = None) -> Estimate:
     """Memory per pipeline stage, step time and throughput of one layout.
 
@@ -348,8 +348,8 @@ def estimate(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, layou
     """
     from paraplan.estimator import estimate as _estimate_layout
 
-    if mfu_peak not in ("bf16", "fp8", "fp16"):
-        raise SpecError(f"mfu_peak must be bf16, fp8 or fp16, got {mfu_peak!r}")
+    if mfu_peak not in ("bf16", "fp8", "fp16", "fp4"):
+        raise SpecError(f"mfu_peak must be bf16, fp8, fp16 or fp4, got {mfu_peak!r}")
     if isinstance(notes, str):
         raise SpecError("notes: expected a sequence of strings, got one string")
     cluster = resolve_cluster(gpu, num_gpus, gpus_per_node)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from paraplan.bands import Band, band_for, family_of, value_range
 from paraplan.estimate.memory import MemoryOptions, StageMemory, layer_activations, stage_memory
 from paraplan.estimate.params import ModelParamCounts, StageLayers, model_param_counts
 from paraplan.estimate.positions import max_positions_for as max_positions_for  # re-exported
@@ -74,6 +75,31 @@ class Estimate:
         return self.peak_bytes + self.headroom.margin_bytes(self.usable_bytes) <= self.usable_bytes
 
     @property
+    def memory_band(self) -> Band:
+        """The measured error band of peak memory for this model's family (``paraplan.bands``)."""
+        return band_for("peak_bytes", family_of(self.model.is_moe))
+
+    @property
+    def step_band(self) -> Band:
+        """The measured (cross-validated) error band of step time for this model's family."""
+        return band_for("step_s", family_of(self.model.is_moe))
+
+    @property
+    def peak_bytes_range(self) -> tuple[float, float]:
+        """Where the measured peak lay for 80% of held-out rows: the memory band around ``peak_bytes``."""
+        return value_range(self.peak_bytes, self.memory_band)
+
+    @property
+    def step_s_range(self) -> tuple[float, float]:
+        """The step-time band around the predicted step time."""
+        return value_range(float(self.time.step_s), self.step_band)
+
+    @property
+    def tokens_per_s_per_gpu_range(self) -> tuple[float, float]:
+        """Throughput's range: the step-time band inverted (tokens per step are fixed)."""
+        return value_range(float(self.throughput.tokens_per_s_per_gpu), self.step_band, inverse=True)
+
+    @property
     def fit_text(self) -> str:
         """``fits with X GiB free (margin ...)``, ``inside the margin: ...`` or ``does not fit: ...``."""
         return fit_text(self.peak_bytes, self.usable_bytes, self.headroom)
@@ -102,6 +128,8 @@ class Estimate:
                 "fits_with_margin": self.fits_with_margin,
                 "headroom": self.headroom.as_dict(self.usable_bytes),
                 "fit_text": self.fit_text,
+                "peak_bytes_range": list(self.peak_bytes_range),
+                "peak_bytes_band": self.memory_band.as_dict(),
                 "per_stage": [
                     {"stage": i, **s.memory.as_dict(), "other_parts": s.other.as_dict(),
                      "in_flight_microbatches": float(s.in_flight)}
@@ -115,8 +143,10 @@ class Estimate:
                 "per_stage_per_rank": [round(float(s.params.total)) for s in self.stages],
                 "per_stage_breakdown": [s.params.as_dict() for s in self.stages],
             },
-            "time": self.time.as_dict(),
-            "throughput": self.throughput.as_dict(),
+            "time": {**self.time.as_dict(), "step_s_range": list(self.step_s_range),
+                     "step_s_band": self.step_band.as_dict()},
+            "throughput": {**self.throughput.as_dict(),
+                           "tokens_per_s_per_gpu_range": list(self.tokens_per_s_per_gpu_range)},
             "notes": list(self.notes),
         }
 
@@ -271,5 +301,5 @@ def estimate(
         usable_bytes=cluster.gpu.usable_bytes,
         time=t, throughput=throughput(model, cluster, training, layout, t, mfu_peak=mfu_peak),
         stage_times=_stage_times(model, cluster, training, layout, ranks),
-        notes=tuple(notes), headroom=headroom if headroom is not None else DEFAULT_HEADROOM,
+        notes=tuple(notes), headroom=(headroom if headroom is not None else DEFAULT_HEADROOM).for_model(model.is_moe),
     )

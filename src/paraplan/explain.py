@@ -322,12 +322,10 @@ def ep_findings(plan: Plan, best: Estimate) -> list[Finding]:
 def moe_recompute_modules(plan: Plan) -> tuple[str, ...]:
     """Selective-recompute modules for MoE/MLA models as NVIDIA's recipes use them: MLA's up
     projections, the expert activation and the norms, cheap to recompute next to what they free
-    (moe_act and layernorm are not allowed with FP8 delayed scaling before Blackwell, Megatron's
+    (moe_act and layernorm are not allowed with FP8 delayed scaling, Megatron's
     'Delayed scaling does not support moe_act and layernorm recompute for fp8.')."""
-    from paraplan.launch.megatron import BLACKWELL_ARCHS
-
     mods = ["core_attn"] + (["mla_up_proj"] if plan.model.multi_latent_attention else [])
-    if not (plan.training.precision == "fp8" and plan.cluster.gpu.arch not in BLACKWELL_ARCHS):
+    if not (plan.training.precision == "fp8" and plan.training.fp8_recipe == "delayed"):
         mods += (["moe_act"] if plan.model.is_moe else []) + ["layernorm"]
     return tuple(mods)
 

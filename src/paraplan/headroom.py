@@ -1,10 +1,14 @@
 """Memory headroom: how far below usable memory a layout's predicted peak must stay to count as fitting.
 
-A layout fits when ``peak + margin <= usable``. The default margin is the memory model's measured
-one-sided error band: the 80th percentile of ``measured / predicted - 1`` over the Megatron-LM CI golden
-rows that ``benchmarks/memory.py`` scores (a layout whose peak is under-predicted by that much still fits,
-because ``usable x (1 - e) <= usable / (1 + e)``). ``--headroom 5GiB``, ``--headroom 10%`` or
-``--headroom 0`` (today's fit test, no margin) override it.
+A layout fits when ``peak + margin <= usable``. The default margin comes from the memory model's measured error
+band for the model's family (``paraplan.bands``, dense or MoE): the measured peak stayed at most
+``predicted x hi_ratio + hi_offset`` for 80% of held-out rows, so a layout fits when that upper end is within
+usable memory::
+
+    peak x hi_ratio + hi_offset <= usable   <=>   peak <= usable - margin,
+    margin = usable x (1 - 1 / hi_ratio) + hi_offset / hi_ratio
+
+``--headroom 5GiB``, ``--headroom 10%`` or ``--headroom 0`` (no margin) override it.
 """
 
 from __future__ import annotations
@@ -12,23 +16,21 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import cache
 
 from paraplan.errors import SpecError
 from paraplan.units import GIB
 
 MEMORY_UNDER_PREDICTION_QUANTILE = 0.8
-"""The quantile of the signed memory error the default margin is (one-sided: the model's peak is at most
-that far below the measured one for 80% of the rows)."""
+"""The quantile of the signed memory error the session-5 margin was (one-sided)."""
 
-MEMORY_UNDER_PREDICTION_P80 = 0.073
-"""``measured / predicted - 1`` at the 80th percentile over the 567 Megatron-LM CI golden rows (437 dense,
-130 MoE; shared/calibration/megatron_golden.csv at Megatron-LM d98e8a6) that benchmarks/memory.py scores
-(torch max allocated against the predicted live bytes, i.e. without the fragmentation allowance, which the
-fit check adds on top of this margin; session 6: was 0.194 when the allowance was counted as live).
-Regenerate with ``python benchmarks/memory.py --headroom`` (it prints this value and its 5-fold
-cross-validated held-out coverage); tests/unit/test_headroom.py checks the two agree."""
+MEMORY_UNDER_PREDICTION_P80 = 0.194
+"""The session-5 default margin, no longer used by the planner: ``measured / predicted - 1`` at the 80th percentile
+over the 567 Megatron-LM CI golden rows, as a share of usable memory. Most of those rows use under 5 GiB, where the
+error is a constant, so a share of an 80 GB GPU overstated it; the band (``paraplan.bands``) separates the two.
+``python benchmarks/memory.py --headroom`` still prints it; tests/unit/test_headroom.py checks the two agree."""
 
-DEFAULT_SOURCE = "memory model p80 under-prediction, benchmarks/memory.py"
+DEFAULT_SOURCE = "memory error band, paraplan.bands"
 
 MAX_HEADROOM_FRAC = 0.9
 """Largest margin as a fraction of usable memory (1.0 or more would leave nothing to fit in)."""
@@ -40,25 +42,40 @@ _SPEC = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(gib|%)?\s*$", re.IGNO
 
 @dataclass(frozen=True, slots=True)
 class Headroom:
-    """A memory margin: a fraction of usable memory, or a fixed size in bytes (exactly one is non-zero
-    or both are zero: no margin)."""
+    """A memory margin: a fraction of usable memory plus a fixed size in bytes (both zero: no margin).
+
+    ``is_default``: the memory band's margin of the model's family, resolved by ``for_model``; unresolved (the
+    family is not known), it is the larger of the families' margins."""
 
     frac: float = 0.0
     """Margin as a fraction of usable memory."""
     bytes_: float = 0.0
-    """Margin in bytes."""
+    """Margin in bytes (added to ``frac`` x usable)."""
     source: str = "--headroom"
+    is_default: bool = False
+
+    def for_model(self, is_moe: bool) -> Headroom:
+        """The margin for a dense or MoE model: the family's band margin when this is the default, else itself."""
+        return band_headroom("moe" if is_moe else "dense") if self.is_default else self
 
     def margin_bytes(self, usable_bytes: float) -> float:
         """The margin on a GPU with ``usable_bytes`` of usable memory."""
-        return self.bytes_ if self.bytes_ else self.frac * usable_bytes
+        if self.is_default:
+            return max(band_headroom(f).margin_bytes(usable_bytes) for f in ("dense", "moe"))
+        return self.frac * usable_bytes + self.bytes_
 
     def describe(self, usable_bytes: float) -> str:
-        """``margin 15.2 GiB = 19.4% of usable (memory model p80 under-prediction, ...)`` for the output."""
+        """``margin 6.4 GiB = 7.4% of usable + 0.55 GiB (dense memory error band ...)`` for the output."""
+        if self.is_default:
+            return max((band_headroom(f) for f in ("dense", "moe")), key=lambda h: h.margin_bytes(usable_bytes)
+                       ).describe(usable_bytes)
         margin = self.margin_bytes(usable_bytes)
         if margin == 0:
             return f"no memory margin ({self.source})"
-        share = f" = {100 * self.frac:.1f}% of usable" if self.frac else ""
+        parts = [f"{100 * self.frac:.1f}% of usable"] if self.frac else []
+        if self.frac and self.bytes_:
+            parts.append(f"{self.bytes_ / GIB:.2f} GiB")
+        share = f" = {' + '.join(parts)}" if parts else ""
         return f"margin {margin / GIB:.1f} GiB{share} ({self.source})"
 
     def as_dict(self, usable_bytes: float) -> dict[str, float | str]:
@@ -69,7 +86,20 @@ class Headroom:
                 "text": self.describe(usable_bytes)}
 
 
-DEFAULT_HEADROOM = Headroom(frac=MEMORY_UNDER_PREDICTION_P80, source=DEFAULT_SOURCE)
+@cache
+def band_headroom(family: str) -> Headroom:
+    """The default margin of a family: the upper end of its measured memory band (``paraplan.bands``)."""
+    from paraplan.bands import band_for
+
+    b = band_for("peak_bytes", "moe" if family == "moe" else "dense")
+    hi = max(b.hi_ratio, 1.0)
+    return Headroom(frac=1 - 1 / hi, bytes_=b.hi_offset / hi,
+                    source=f"{b.family} memory error band: measured peak <= predicted x {b.hi_ratio:.3f} + "
+                           f"{b.hi_offset / GIB:.2f} GiB for {100 * b.coverage:.0f}% of {b.rows} held-out rows, "
+                           "paraplan.bands")
+
+
+DEFAULT_HEADROOM = Headroom(source=DEFAULT_SOURCE, is_default=True)
 NO_HEADROOM = Headroom(source="--headroom 0")
 
 

@@ -58,6 +58,13 @@ def _layers_total(c: RuleContext) -> int:
     return c.model.num_layers + int(c.layout.account_for_embedding) + int(c.layout.account_for_loss)
 
 
+def _kv_heads_per_tp_rank(c: RuleContext) -> Any:
+    """K,V heads on one TP rank: query groups / TP, one (replicated) when TP exceeds them; MLA: the query heads."""
+    if c.model.multi_latent_attention:
+        return c.model.num_attention_heads // c.layout.tp
+    return np.maximum(c.model.query_groups // c.layout.tp, 1)
+
+
 def _even_split(c: RuleContext) -> Any:
     return np.logical_not(c.layout.uneven)
 
@@ -118,6 +125,14 @@ _LAYOUT_RULES: tuple[Rule, ...] = (
          lambda c: ("seq-length should be a multiple of 2 * context-parallel-size if "
                     f"context-parallel-size > 1. (seq_length={c.training.seq_len}, CP={c.layout.cp})"),
          "A: validate_args"),
+    Rule("A2A_HEADS_NOT_DIVISIBLE_BY_CP",
+         lambda c: (c.training.cp_comm_type == "a2a") & (c.layout.cp > 1)
+         & (((c.model.num_attention_heads // c.layout.tp) % c.layout.cp != 0)
+            | (_kv_heads_per_tp_rank(c) % c.layout.cp != 0)),
+         lambda c: ("cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V. Found num_heads_q = "
+                    f"{c.model.num_attention_heads // c.layout.tp}, num_heads_kv = {_kv_heads_per_tp_rank(c)}, "
+                    f"cp_size = {c.layout.cp}."),
+         "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py::AttnFuncWithCPAndQKVOA2A"),
     Rule("SEQ_NOT_DIVISIBLE_BY_TP_SP",
          lambda c: c.layout.sp & ((c.training.seq_len // c.layout.cp) % c.layout.tp != 0),
          lambda c: ("First dimension of the tensor should be divisible by tensor parallel size "

@@ -434,9 +434,9 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     ``paraplan.headroom``) stays within usable memory; those that fit only inside the margin are
     rejected as OOM_MARGIN, those above usable memory as OOM."""
     space = space or SearchSpace()
-    headroom = headroom if headroom is not None else DEFAULT_HEADROOM
+    headroom = (headroom if headroom is not None else DEFAULT_HEADROOM).for_model(model.is_moe)
     cluster.gpu.peak_flops_per_s(training.precision)
-    if (training.precision == "fp8" and cluster.gpu.arch != "blackwell" and "selective" in space.recompute
+    if (training.precision == "fp8" and training.fp8_recipe == "delayed" and "selective" in space.recompute
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
         raise SpecError.naming(Field("recompute_modules"), ": Delayed scaling does not support moe_act and layernorm "
                                "recompute for fp8.")

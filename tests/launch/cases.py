@@ -66,7 +66,7 @@ def deepseek_gb200_spec() -> LaunchSpec:
     cluster = make_cluster(load_gpu("gb200"), 256)
     layout = layout_for_world(256, pp=4, ep=64, etp=1, first_stage_layers=16, last_stage_layers=15,
                               recompute_modules=("mla_up_proj", "mlp"))
-    training = TrainingSpec(seq_len=4096, global_batch_size=512, precision="fp8")
+    training = TrainingSpec(seq_len=4096, global_batch_size=512, precision="fp8", fp8_recipe="mxfp8")
     k8s = site_from_dict({**SITE, "checkpoint_dir": "/lustre/checkpoints", "kubernetes": {
         "queue": "team-a", "rdma_resources": {"nvidia.com/hostdev": 4},
         "volumes": [{"name": "lustre", "mount_path": "/lustre", "pvc": "lustre-pvc"}],

@@ -115,14 +115,44 @@ def test_recompute_flags() -> None:
     assert not any(f.startswith("--recompute") for f in none)
 
 
-def test_fp8_recipe_follows_the_architecture() -> None:
+def test_fp8_recipe_is_what_the_spec_says() -> None:
+    # the launch writes the spec's recipe on every architecture (it wrote mxfp8 on Blackwell for a delayed spec)
     model = load_model("llama3-8b")
     fp8 = replace(TRAIN, precision="fp8")
     hopper = dict(flag_pairs(megatron_args(model, ParallelLayout(), fp8, arch="hopper")))
     blackwell = dict(flag_pairs(megatron_args(model, ParallelLayout(), fp8, arch="blackwell")))
     assert (hopper["--fp8-format"], hopper["--fp8-recipe"]) == ("hybrid", "delayed")
-    assert blackwell["--fp8-recipe"] == "mxfp8"
+    assert blackwell["--fp8-recipe"] == "delayed"
+    mx = dict(flag_pairs(megatron_args(model, ParallelLayout(), replace(fp8, fp8_recipe="mxfp8"), arch="blackwell")))
+    assert mx["--fp8-recipe"] == "mxfp8"
     assert "--bf16" in hopper
+
+
+@pytest.mark.parametrize(("training", "code"), [
+    (replace(TRAIN, precision="fp8", fp8_recipe="mxfp8"), "MXFP8_NEEDS_BLACKWELL"),
+    (replace(TRAIN, precision="fp4"), "FP4_NEEDS_BLACKWELL"),
+])
+def test_blackwell_only_recipes_are_refused_before_blackwell(training: TrainingSpec, code: str) -> None:
+    from paraplan.launch.megatron import launch_violations
+
+    model = load_model("llama3-8b")
+    hopper = launch_violations(model, ParallelLayout(), training, arch="hopper")
+    assert [c for c, _ in hopper] == [code] and "compute capability 10.0" in hopper[0][1]
+    assert launch_violations(model, ParallelLayout(), training, arch="blackwell") == []
+
+
+def test_fp4_launch_writes_the_fp4_flags() -> None:
+    model = load_model("llama3-8b")
+    fp4 = replace(TRAIN, precision="fp4", fp4_param_gather=True, first_last_layers_bf16=True,
+                  num_layers_at_start_in_bf16=0, num_layers_at_end_in_bf16=4)
+    words = megatron_args(model, ParallelLayout(distributed_optimizer=True), fp4, arch="blackwell")
+    pairs = dict(flag_pairs(words))
+    assert (pairs["--fp4-format"], pairs["--fp4-recipe"]) == ("e2m1", "nvfp4")
+    assert "--fp8-format" not in pairs and "--bf16" in pairs
+    assert "--fp4-param-gather" in pairs and "--first-last-layers-bf16" in pairs
+    assert (pairs["--num-layers-at-start-in-bf16"], pairs["--num-layers-at-end-in-bf16"]) == ("0", "4")
+    plain = dict(flag_pairs(megatron_args(model, ParallelLayout(), replace(TRAIN, precision="fp4"), arch="blackwell")))
+    assert not {"--fp4-param-gather", "--first-last-layers-bf16", "--num-layers-at-end-in-bf16"} & set(plain)
 
 
 def test_fp16_training_is_launched_with_fp16() -> None:
@@ -244,7 +274,10 @@ def test_moe_rules_from_megatron_core() -> None:
     fp8 = replace(TRAIN, precision="fp8")
     with pytest.raises(LayoutError, match="Delayed scaling does not support moe_act and layernorm"):
         megatron_args(moe, ParallelLayout(recompute_modules=("moe_act",)), fp8)
-    megatron_args(moe, ParallelLayout(recompute_modules=("moe_act",)), fp8, arch="blackwell")  # mxfp8
+    with pytest.raises(LayoutError, match="Delayed scaling does not support moe_act and layernorm"):
+        megatron_args(moe, ParallelLayout(recompute_modules=("moe_act",)), fp8, arch="blackwell")  # a recipe rule
+    megatron_args(moe, ParallelLayout(recompute_modules=("moe_act",)), replace(fp8, fp8_recipe="mxfp8"),
+                  arch="blackwell")
     top1 = dict(flag_pairs(megatron_args(replace(moe, moe_router_topk=1), ParallelLayout(), TRAIN)))
     assert "--moe-router-pre-softmax" in top1
 
@@ -305,3 +338,16 @@ def test_packaged_dest_table_is_the_tsv() -> None:
         if cols[2] != "Help":
             want.setdefault(cols[1], (cols[0].split("|")[0], cols[2]))
     assert {dest: (flag, action) for dest, (flag, action, _) in _dests().items()} == want
+
+
+@pytest.mark.parametrize(("precision", "recipe", "column"), [
+    ("fp8", "delayed", "fp8_ds"), ("fp8", "tensorwise", "fp8_cs"), ("fp8", "mxfp8", "fp8_mx"),
+    ("fp8", "blockwise", "fp8_sc"), ("fp4", "delayed", "nvfp4"), ("bf16", "delayed", "bf16"),
+])
+def test_bridge_precision_is_the_specs(precision: str, recipe: str, column: str) -> None:
+    from paraplan.launch.bridge import bridge_precision
+
+    assert bridge_precision(precision, "hopper", recipe)[0] == column
+    # Megatron's default on Blackwell picks NVIDIA's MXFP8 performance recipes (none is delayed scaling)
+    blackwell = "fp8_mx" if (precision, recipe) == ("fp8", "delayed") else column
+    assert bridge_precision(precision, "blackwell", recipe)[0] == blackwell

@@ -11,7 +11,14 @@ import pytest
 
 from paraplan.cli import main
 from paraplan.recipes.catalogue import bridge_recipes, find_recipe
-from paraplan.recipes.knobs import estimate_recipe, layout_fields, not_modelled, pipeline_counts, recipe_run
+from paraplan.recipes.knobs import (
+    estimate_recipe,
+    layout_fields,
+    not_modelled,
+    pipeline_counts,
+    recipe_run,
+    training_knobs,
+)
 from paraplan.specs.load import load_model
 
 MCORE_REJECTS = re.compile(r"does not divide num_gpus|MCore asserts")
@@ -51,7 +58,7 @@ def test_every_runnable_recipe_estimates_or_breaks_the_rule_its_notes_name(capsy
         assert cfg["tp_comm_overlap"] == r.get("tp_comm_overlap")
         assert cfg["fsdp"] == r.get("use_megatron_fsdp")
         assert cfg["recompute"] == {None: "none"}.get(r.get("recompute_granularity"), r.get("recompute_granularity"))
-        assert cfg["precision"] == ("bf16" if r.get("precision") == "bf16" else "fp8")
+        assert cfg["precision"] == {"bf16": "bf16", "nvfp4": "fp4"}.get(str(r.get("precision")), "fp8")
         block = out["recipe"]
         assert isinstance(block, dict) and block["source"] == r.source and block["overridden"] == []
         assert block["not_modelled"] == not_modelled(r) + layout_fields(r)[1]
@@ -74,7 +81,7 @@ def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
     nm = not_modelled(r)
     # the memory knobs are modelled now: applied to the TrainingSpec, not listed
     assert not any(x.startswith(("grad_reduce_in_fp32", "fp8_param_gather")) for x in nm)
-    assert any(x.startswith("precision=fp8_cs") for x in nm)
+    assert not any(x.startswith("precision=") for x in nm)  # the FP8 recipe is modelled (memory and time)
     est = estimate_recipe(r)
     t = est.training
     assert (t.grad_reduce_in_bf16, t.fp8_param_gather, t.fp8_recipe) == (True, True, "tensorwise")
@@ -94,10 +101,20 @@ def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
     assert (t.cuda_graph_impl, list(t.cuda_graph_modules)) == ("transformer_engine", graphs[0].get("cuda_graph_scope"))
 
 
-def test_nvfp4_is_said_to_be_an_approximation_and_peft_is_modelled() -> None:
-    nvfp4 = next(r for r in bridge_recipes() if r.runnable and r.get("precision") == "nvfp4")
-    assert recipe_run(nvfp4).job.precision == "fp8"
-    assert any(x.startswith("precision=nvfp4") for x in not_modelled(nvfp4))
+def test_nvfp4_recipes_run_as_fp4_with_their_knobs() -> None:
+    nvfp4 = [r for r in bridge_recipes() if r.runnable and r.get("precision") == "nvfp4"]
+    assert nvfp4 and all(recipe_run(r).job.precision == "fp4" for r in nvfp4)
+    assert not any(x.startswith(("precision=", "fp4_param_gather", "first_last_layers_bf16"))
+                   for r in nvfp4 for x in not_modelled(r))
+    bf16_ends = next(r for r in bridge_recipes() if str(r.get("first_last_layers_bf16")).startswith("True("))
+    knobs = training_knobs(bf16_ends, "fp4")
+    start, end = (int(x.split("=")[1]) for x in str(bf16_ends.get("first_last_layers_bf16"))[5:-1].split(","))
+    assert (knobs["first_last_layers_bf16"], knobs["num_layers_at_start_in_bf16"],
+            knobs["num_layers_at_end_in_bf16"]) == (True, start, end)
+    assert knobs["fp4_param_gather"] == bf16_ends.get("fp4_param_gather")
+
+
+def test_peft_is_modelled() -> None:
     peft = next(r for r in bridge_recipes() if r.runnable and r.get("task") == "peft")
     assert not any(x.startswith(("task=peft", "peft=")) for x in not_modelled(peft))  # modelled: frozen base
     est = estimate_recipe(peft)

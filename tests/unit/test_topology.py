@@ -105,30 +105,31 @@ def test_bad_topology_is_one_line(overrides: dict[str, object], message: str) ->
 
 
 def test_spine_oversubscription_moves_the_plan_off_the_spine() -> None:
-    """4:1 spine over 256-GPU leaves, 2,048 H100s: the flat network's best layout reduces
-    gradients over a DP x CP group that spans the whole job; behind the spine that group's ring
-    gets a quarter of each NIC, so its DP time grows and nothing else changes, while the new best
-    layout keeps its DP x CP group inside one leaf (more pipeline stages)."""
+    """4:1 spine over 256-GPU leaves, 2,048 H100s: among the flat network's best layouts is one (CP 2, PP 4)
+    that reduces gradients over a DP x CP group spanning the whole job, within 1% of the flat winner (CP 1,
+    PP 8, since CP pays for its ring steps' merges); behind the spine that group's ring gets a quarter of each
+    NIC, so its DP time grows and nothing else changes, while the tiered best layout keeps its DP x CP group
+    inside one leaf."""
     model = load_model("llama3-70b")
     training = TrainingSpec(seq_len=8192, global_batch_size=1024)
     flat, tiered = h100(2048), h100(2048, LEAF_SPINE)
-    best_flat = plan(model, flat, training, top_k=1).candidates[0]
+    top_flat = plan(model, flat, training, top_k=5).candidates
+    wide = next(c for c in top_flat if Grid.of(c.layout).dp_cp_group.span > 256)
+    assert float(wide.time.step_s) <= 1.01 * float(top_flat[0].time.step_s)
     best_tiered = plan(model, tiered, training, top_k=1).candidates[0]
-    span = Grid.of(best_flat.layout).dp_cp_group.span
-    assert span > 256
     assert Grid.of(best_tiered.layout).dp_cp_group.span <= 256
-    assert best_tiered.layout != best_flat.layout
+    assert best_tiered.layout != wide.layout
 
-    again = estimate(model, tiered, training, best_flat.layout)
-    t0, t1 = best_flat.time, again.time
+    again = estimate(model, tiered, training, wide.layout)
+    t0, t1 = wide.time, again.time
     assert t1.step_s > t0.step_s
     assert t1.link_comm_s["dp"] > t0.link_comm_s["dp"]
     for key in ("tp", "cp", "ep"):
         assert t1.link_comm_s[key] == t0.link_comm_s[key]
     assert (t1.compute_s, t1.recompute_s, t1.bubble_s) == (t0.compute_s, t0.recompute_s, t0.bubble_s)
-    # the tiered winner beats the flat winner on the tiered fabric, and is no faster on the flat one
+    # the tiered winner beats the wide layout on the tiered fabric and is no faster than the flat winner on flat
     assert best_tiered.time.step_s < t1.step_s
-    assert estimate(model, flat, training, best_tiered.layout).time.step_s >= t0.step_s
+    assert estimate(model, flat, training, best_tiered.layout).time.step_s >= top_flat[0].time.step_s
 
 
 def test_gpu_file_and_cli_topology(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

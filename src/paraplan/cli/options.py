@@ -59,6 +59,7 @@ class PrecisionChoice(StrEnum):
     bf16 = "bf16"
     fp8 = "fp8"
     fp16 = "fp16"
+    fp4 = "fp4"
 
 
 ForceOpt = typer.Option(False, "--force", help="Replace the output file if it exists.")
@@ -259,17 +260,20 @@ ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `pa
 HeadroomOpt = typer.Option(
     None, "--headroom",
     help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none); "
-         "default: the memory model's p80 under-prediction (benchmarks/memory.py).")
+         "default: the upper end of the memory model's measured error band for the model's family (paraplan.bands).")
 KnobOpt = typer.Option(
     None, "--knob",
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
          "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
          "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj, "
-         "fsdp-double-buffer; "
+         "cp-comm-type=a2a (p2p, a2a, allgather), "
+         "fsdp-double-buffer, fp4-param-gather, first-last-layers-bf16, num-layers-at-end-in-bf16=4; "
          "MoE: moe-token-dispatcher-type=alltoall|allgather|flex, moe-flex-dispatcher-backend=deepep|hybridep, "
          "moe-hybridep-num-sms=32, delay-wgrad-compute, moe-permute-fusion, moe-shared-expert-overlap, "
-         "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity.")
+         "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity; CUDA graphs: "
+         "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
+         "no-gradient-accumulation-fusion.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

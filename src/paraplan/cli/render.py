@@ -151,6 +151,9 @@ def render_estimate(est: Estimate) -> None:
     con.print(f"peak {est.peak_bytes / GIB:.1f} GiB (stage {est.peak_stage}) of "
               f"{est.usable_bytes / GIB:.1f} GiB usable ({est.cluster.gpu.hbm_bytes / GIB:.1f} GiB HBM): {verdict}")
     con.print(f"[{colour}]{'warning: ' if not est.fits_with_margin else ''}{safe(est.fit_text)}[/]")
+    lo, hi = est.peak_bytes_range
+    con.print(f"peak memory range {lo / GIB:.1f} - {hi / GIB:.1f} GiB (measured error band "
+              f"{safe(est.memory_band.describe())})")
     t = est.time
     tt = Table(title="step time")
     tt.add_column("term")
@@ -162,11 +165,16 @@ def render_estimate(est: Estimate) -> None:
     for name, value in terms:
         tt.add_row(name, format_seconds(float(value)), f"{100 * float(value) / float(t.step_s):.1f}%")
     tt.add_row("[bold]step[/]", f"[bold]{format_seconds(float(t.step_s))}[/]", "100%")
+    s_lo, s_hi = est.step_s_range
+    tt.add_row("step range", f"{format_seconds(s_lo)} - {format_seconds(s_hi)}", "")
     con.print(tt)
     th = est.throughput
     con.print(f"throughput: {float(th.tokens_per_s_per_gpu):,.0f} tokens/s/GPU | "
               f"{float(th.model_tflops_per_gpu):.1f} model TFLOP/s/GPU | MFU {100 * float(th.mfu):.1f}% | "
               f"HFU {100 * float(th.hfu):.1f}% (vs dense {th.mfu_peak} peak)")
+    k_lo, k_hi = est.tokens_per_s_per_gpu_range
+    con.print(f"throughput range {k_lo:,.0f} - {k_hi:,.0f} tokens/s/GPU (cross-validated step-time band "
+              f"{safe(est.step_band.describe())})")
     for note in est.notes:
         con.print(f"[yellow]note:[/] {safe(note)}")
 

@@ -32,6 +32,8 @@ from paraplan.specs.num import Bool, Num
 
 BF16_BYTES = 2.0
 FP8_BYTES = 1.0
+NVFP4_BYTES = 0.5 + 1.0 / 16
+"""One NVFP4 element: 4-bit E2M1 value + one E4M3 scale per 16 (TE ``NVFP4Tensor``)."""
 FP32_BYTES = 4.0
 MASK_BYTES = 1.0
 INT64_BYTES = 8.0
@@ -58,6 +60,8 @@ class ActivationContext:
     (``TrainingSpec.offloaded_modules``)."""
     routed_load: float = 1.0
     """Routed token copies over the dropless T k (``time.ep.routed_load_factor``: token drop / padding)."""
+    fp4: bool = False
+    """NVFP4 training: saved GEMM inputs are TE's columnwise NVFP4 copies (``NVFP4_BYTES``)."""
 
     @property
     def tokens(self) -> Num:
@@ -71,8 +75,8 @@ class ActivationContext:
 
     @property
     def gemm_input_bytes(self) -> float:
-        """Bytes per element of saved GEMM inputs (FP8 copies under FP8 training)."""
-        return FP8_BYTES if self.fp8 else BF16_BYTES
+        """Bytes per element of saved GEMM inputs (FP8 copies under FP8 training, NVFP4 ones under FP4)."""
+        return FP8_BYTES if self.fp8 else NVFP4_BYTES if self.fp4 else BF16_BYTES
 
 
 def _mod(ctx: ActivationContext, name: str) -> Num:
@@ -113,8 +117,8 @@ def attention_block_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
         latents = 0.0
         out_width = model.query_width
     out = BF16_BYTES * T * out_width / t
-    if ctx.fp8:
-        out = out + FP8_BYTES * T * out_width / t
+    if ctx.fp8 or ctx.fp4:
+        out = out + ctx.gemm_input_bytes * T * out_width / t
     if ctx.flash:
         core = np.where(_mod(ctx, "core_attn"), 0.0, FP32_BYTES * a * T / t)
     else:
@@ -219,7 +223,7 @@ def recompute_working_bytes(model: ModelSpec, ctx: ActivationContext, *, has_moe
     none_ctx = ActivationContext(
         seq_len=ctx.seq_len, mbs=ctx.mbs, tp=ctx.tp, cp=ctx.cp, sp=ctx.sp, ep=ctx.ep,
         etp=ctx.etp, recompute_code=RECOMPUTE_CODES["none"], recompute_modules=(),
-        recompute_num_layers=1, fp8=ctx.fp8, flash=ctx.flash, routed_load=ctx.routed_load,
+        recompute_num_layers=1, fp8=ctx.fp8, flash=ctx.flash, routed_load=ctx.routed_load, fp4=ctx.fp4,
     )
     per_layer = layer_bytes_no_full_recompute(model, none_ctx, moe=False)
     if has_moe:

@@ -42,6 +42,10 @@ FP8_SCALE_BYTES_PER_ELEMENT = {"delayed": 0.0, "tensorwise": 0.0, "mxfp8": 1.0 /
 """Scaling state per element of one FP8 weight copy: delayed and tensorwise keep one fp32 scale (and an amax
 history) per tensor, negligible; MXFP8 one E8M0 byte per 32 elements; blockwise one fp32 scale per 128 x 128
 weight block (Transformer Engine ``MXFP8Tensor`` / ``Float8BlockwiseQTensor``)."""
+NVFP4_COPY_BYTES = 0.5 + 1.0 / 16
+"""One NVFP4 copy of a weight per element (TE ``NVFP4Tensor``, ``NVFP4BlockScaling``): packed 4-bit E2M1 data
+(``fp4_utils.get_nvfp4_rowwise_packed_shape``: last dim // 2) and one E4M3 scale per 16 elements (the 16 x 16
+weight blocks' scales are stored per 1 x 16 row block); the fp32 per-tensor scale is negligible."""
 FSDP_LAYERS_IN_FLIGHT = 2
 """Megatron-FSDP holds the unsharded gradients of about two layers at a time: the one computing and the one
 being reduce-scattered (the guide: "at least two FSDP units worth of un-sharded gradient memory")."""
@@ -145,6 +149,8 @@ def weight_bytes_per_param(training: TrainingSpec) -> float:
     """
     if training.fp8_param_gather:
         return 1.0 + FP8_SCALE_BYTES_PER_ELEMENT[training.fp8_recipe]
+    if training.fp4_param_gather:  # NVFP4 params in the packed uint8 DDP buffer (param_and_grad_buffer.py)
+        return NVFP4_COPY_BYTES
     return PARAM_BYTES
 
 
@@ -152,10 +158,25 @@ def fp8_cache_bytes_per_param(training: TrainingSpec) -> float:
     """FP8 weight copies TE keeps beside the weights (0 without FP8): rowwise and columnwise (transpose) copies,
     1 B each plus the recipe's scales; with ``--fp8-param-gather`` the rowwise copy is the weight itself
     (``weight_bytes_per_param``), only the columnwise one is extra."""
+    if training.precision == "fp4":  # rowwise (fprop) and columnwise (dgrad) NVFP4 copies, as FP8
+        return NVFP4_COPY_BYTES * (1.0 if training.fp4_param_gather else FP8_WEIGHT_CACHE_BYTES)
     if training.precision != "fp8":
         return 0.0
     copies = 1.0 if training.fp8_param_gather else FP8_WEIGHT_CACHE_BYTES
     return copies * (1.0 + FP8_SCALE_BYTES_PER_ELEMENT[training.fp8_recipe])
+
+
+def quantized_layers(training: TrainingSpec, stage: StageLayers) -> Num:
+    """Transformer layers of a stage whose weights TE quantizes under FP4 (and FP8 with first/last layers in bf16):
+    all but the first ``num_layers_at_start_in_bf16`` (first stage) and the last ``num_layers_at_end_in_bf16``
+    (last stage) with ``--first-last-layers-bf16`` (``fp4_utils.get_fp4_context``: no FP4 autocast for them, so
+    no quantized copies); the embedding and the output layer are not TE linears and are never quantized."""
+    layers = np.asarray(stage.num_dense_layers + stage.num_moe_layers)
+    if training.first_last_layers_bf16:
+        layers = layers - np.where(stage.has_embedding, training.num_layers_at_start_in_bf16, 0) \
+            - np.where(stage.has_output, training.num_layers_at_end_in_bf16, 0)
+    out: Num = np.maximum(layers, 0)
+    return out
 
 
 def model_state_bytes(params: StageParams, layout: StepLayout,
@@ -179,6 +200,9 @@ def model_state_bytes(params: StageParams, layout: StepLayout,
     state_shards_expert = np.where(layout.fsdp, expert_shards, 1)
     weights = weight_bytes_per_param(training) * (params.dense / state_shards_dense
                                                   + params.expert / state_shards_expert)
+    if training.fp4_param_gather:  # the embedding, output layer and MTP block are not TE linears: bf16 params
+        outside = params.embedding + params.output_layer + params.mtp
+        weights = weights + (PARAM_BYTES - weight_bytes_per_param(training)) * outside / state_shards_dense
     grad_bytes = 0.0 if training.peft else main_grad_bytes(training)
     opt_bytes = 0.0 if training.peft else optimizer_bytes_per_param(training)
     grads = grad_bytes * (params.dense / state_shards_dense + params.expert / state_shards_expert)
@@ -202,6 +226,7 @@ def activation_context(
         recompute_num_layers=1 if layout.recompute_method == "block" else int(layout.recompute_num_layers),
         fp8=training.precision == "fp8", flash=flash, routed_load=routed_load_factor(training),
         offload_modules=training.offloaded_modules,
+        fp4=training.precision == "fp4",
     )
 
 
@@ -355,6 +380,8 @@ def stage_other_bytes(
     # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
     # gathered for its GEMMs and released, so only the layers in flight carry FP8 copies
     fp8_held = np.where(layout.fsdp, weight_units * per_layer_params, params.total)
+    if training.precision == "fp4" or training.first_last_layers_bf16:
+        fp8_held = np.where(layout.fsdp, fp8_held, quantized_layers(training, stage) * per_layer_params)
     fp8_cache = fp8_cache_bytes_per_param(training) * fp8_held
     dynamic = activations_bytes + logits
     return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,

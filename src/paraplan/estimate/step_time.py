@@ -25,7 +25,7 @@ from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_st
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.memory import block_recompute_frac
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
-from paraplan.estimate.time import compute, cp, dp, ep, fsdp, offload, pp, tp
+from paraplan.estimate.time import compute, dp, ep, fsdp, offload, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import grad_accumulation_s, optimizer_s
@@ -70,6 +70,7 @@ class LayerKindTerms:
     ep_link_s: Num
     cp_link_s: Num
     attn_fwd_s: Num
+    cp_exposed_s: Num = 0.0
     ep_unpaired_s: Num = 0.0
     """EP time exposed by a pass that runs alone (``ep.unpaired_exposed_s``, before ``ep_overlap_frac``)."""
     ep_paired_s: Num = 0.0
@@ -92,6 +93,11 @@ class StageTerms:
     """Embedding lookup on the first stage."""
     output_tp_link_s: Num
     """TP all-gathers around the output layer."""
+    bf16_start_s: Num = 0.0
+    """Extra compute + recompute of the first stage's ``num_layers_at_start_in_bf16`` BF16 layers
+    (``first_last_layers_bf16``; ``bf16_layers_extra_s``)."""
+    bf16_end_s: Num = 0.0
+    """Same for the last stage's ``num_layers_at_end_in_bf16`` layers."""
 
     def take(self, index: NDArray[np.int64]) -> StageTerms:
         """Rows ``index`` of every array field."""
@@ -101,7 +107,33 @@ class StageTerms:
 
         parts = tuple(LayerKindTerms(**{f.name: pick(getattr(k, f.name)) for f in fields(k)}) for k in self.parts)
         return StageTerms(parts=parts, tp_exposed_frac=pick(self.tp_exposed_frac), logits_s=pick(self.logits_s),
-                          embedding_s=pick(self.embedding_s), output_tp_link_s=pick(self.output_tp_link_s))
+                          embedding_s=pick(self.embedding_s), output_tp_link_s=pick(self.output_tp_link_s),
+                          bf16_start_s=pick(self.bf16_start_s), bf16_end_s=pick(self.bf16_end_s))
+
+
+def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                        layout: LayerLayout) -> tuple[Num, Num]:
+    """(first stage, last stage) extra compute + recompute per micro-batch of the layers ``--first-last-layers-bf16``
+    keeps out of the FP8/FP4 autocast (``fp8_utils.get_fp8_context`` / ``fp4_utils.get_fp4_context``: the first
+    ``num_layers_at_start_in_bf16`` and last ``num_layers_at_end_in_bf16`` layers run a ``nullcontext``): each such
+    layer's time in BF16 less its time in the low precision, for the kind (dense or MoE) of the model's first and
+    last layer. (0, 0) without the knob."""
+    if not (training.first_last_layers_bf16 and training.precision in ("fp8", "fp4")):
+        return 0.0, 0.0
+    bf16 = replace(training, precision="bf16", first_last_layers_bf16=False, fp8_param_gather=False,
+                   fp4_param_gather=False, fp8_dot_product_attention=False)
+    modules, eff = tuple(layout.recompute_modules), cluster.gpu.efficiency
+
+    def extra(moe: bool) -> Num:
+        """One layer of this kind in BF16 less in the low precision (compute + recompute)."""
+        lo = layer_time(model, cluster, training, layout, moe=moe)
+        hi = layer_time(model, cluster, bf16, layout, moe=moe)
+        return (hi.compute_s - lo.compute_s + recompute_s(hi, layout, modules, eff, moe=moe)
+                - recompute_s(lo, layout, modules, eff, moe=moe))
+
+    pattern = model.moe_layer_pattern()
+    return (training.num_layers_at_start_in_bf16 * extra(pattern[0]),
+            training.num_layers_at_end_in_bf16 * extra(pattern[-1]))
 
 
 def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> StageTerms:
@@ -118,7 +150,7 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     delay = training.delay_wgrad_compute
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
-                                 attn_fwd_s=lt.attn_fwd_s,
+                                 attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s,
                                  ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_gemm_fwd_s,
                                                                      shared_overlap=training.moe_shared_expert_overlap),
                                  ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
@@ -128,7 +160,9 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     sh = np.where(layout.sp, layout.tp, 1)
     h = model.hidden_size
     tp_group = Grid.inner(layout).tp_group
+    bf16_start, bf16_end = bf16_layers_extra_s(model, cluster, training, layout)
     return StageTerms(
+        bf16_start_s=bf16_start, bf16_end_s=bf16_end,
         parts=parts, tp_exposed_frac=1.0 - tp.overlap_frac(layout, eff),
         logits_s=compute.logits_s(cluster, tokens, padded_vocab(model, layout.tp), layout.tp, h),
         embedding_s=compute.embedding_s(cluster, tokens, h, sh),
@@ -155,11 +189,12 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     recompute = sum((frac if i < decoder else 1.0) * n * k.recompute_s for i, (k, n) in enumerate(parts))
     links: dict[str, Num] = {"tp": sum(n * k.tp_link_s for k, n in parts), "ep": sum(n * k.ep_link_s for k, n in parts),
              "cp": sum(n * k.cp_link_s for k, n in parts)}
-    attn = sum(n * (1.0 + ATTENTION_BWD_FACTOR) * k.attn_fwd_s for k, n in parts)
     # logits and loss on the last stage (and per MTP head), embedding on the first
     heads = 1 + np.asarray(stage.num_mtp_layers)
     compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
     compute = compute + np.where(stage.has_embedding, terms.embedding_s, 0.0)
+    compute = compute + np.where(stage.has_embedding, terms.bf16_start_s, 0.0) \
+        + np.where(stage.has_output, terms.bf16_end_s, 0.0)
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
     if not training.gradient_accumulation_fusion:  # the unfused main-grad adds of each micro-batch's backward
         from paraplan.estimate.positions import max_positions_for
@@ -167,10 +202,10 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
         held = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                             max_positions=max_positions_for(model, training)[0]).total
         compute = compute + grad_accumulation_s(cluster, training, held)
-    exposed = {
+    exposed: dict[str, Num] = {
         "tp": terms.tp_exposed_frac * links["tp"],
         "ep": (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_unpaired_s for k, n in parts),
-        "cp": cp.exposed_s(links["cp"], attn, eff),
+        "cp": sum(n * k.cp_exposed_s for k, n in parts),
     }
     paired = (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_paired_s for k, n in parts)
     return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed, ep_paired_s=paired)

@@ -119,12 +119,23 @@ class Recipe:
             raise SpecError(f"bridge recipe: {self.module}.{self.function} is not a Python name")
 
 
-def bridge_precision(precision: str, arch: str) -> tuple[str, str]:
-    """(the table's precision column, Bridge's mixed-precision preset) for paraplan's precision on ``arch``:
-    FP8 is MXFP8 on Blackwell and delayed scaling before it, as in the Megatron-LM launch."""
+BRIDGE_FP8: Final = {"delayed": ("fp8_ds", "bf16_with_fp8_delayed_scaling_mixed"),
+                     "tensorwise": ("fp8_cs", "bf16_with_fp8_current_scaling_mixed"),
+                     "mxfp8": ("fp8_mx", "bf16_with_mxfp8_mixed"),
+                     "blockwise": ("fp8_sc", "bf16_with_fp8_subchannel_scaling_mixed")}
+"""``--fp8-recipe`` -> (the table's precision column, Bridge's mixed-precision preset; training/mixed_precision.py)."""
+
+
+def bridge_precision(precision: str, arch: str, fp8_recipe: str = "delayed") -> tuple[str, str]:
+    """(the table's precision column, Bridge's mixed-precision preset) for paraplan's precision: the FP8 recipe the
+    spec names when it is not Megatron's default; for the default (delayed) MXFP8 on Blackwell, where NVIDIA's
+    performance recipes are MXFP8 or current scaling and none is delayed, and delayed before it; NVFP4 for fp4."""
+    if precision == "fp4":  # NVFP4 (Blackwell only: launch_violations)
+        return ("nvfp4", "bf16_with_nvfp4_mixed")
     if precision == "fp8":
-        return ("fp8_mx", "bf16_with_mxfp8_mixed") if arch in BLACKWELL_ARCHS else \
-            ("fp8_ds", "bf16_with_fp8_delayed_scaling_mixed")
+        if fp8_recipe == "delayed" and arch in BLACKWELL_ARCHS:
+            return BRIDGE_FP8["mxfp8"]
+        return BRIDGE_FP8[fp8_recipe]
     return ("fp16", "fp16_mixed") if precision == "fp16" else ("bf16", "bf16_mixed")
 
 
@@ -159,7 +170,7 @@ def choose_recipe(spec: LaunchSpec) -> Recipe:
     model, gpu = spec.model.name, GPU_NAMES.get(spec.cluster.gpu.name)
     if model in BASE_RECIPES:
         check_preset_architecture(spec.model)
-    column, _ = bridge_precision(spec.training.precision, spec.cluster.gpu.arch)
+    column, _ = bridge_precision(spec.training.precision, spec.cluster.gpu.arch, spec.training.fp8_recipe)
     stem = PERF_STEMS.get(model)
     rows = [r for r in perf_table() if stem is not None and r["model"] == stem and r["gpu"] == gpu
             and r["precision"] == column and r["task"] == "pretrain" and not r["config_variant"]]
@@ -181,7 +192,7 @@ def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
     """(ConfigContainer field path, value) for paraplan's layout, batch, precision and checkpoints; a performance
     recipe keeps its own mixed-precision config (it was chosen for the same precision)."""
     m, lay = as_launched(spec.model, spec.layout, spec.training)
-    _, preset = bridge_precision(spec.training.precision, spec.cluster.gpu.arch)
+    _, preset = bridge_precision(spec.training.precision, spec.cluster.gpu.arch, spec.training.fp8_recipe)
     out: list[tuple[str, Value]] = [
         ("model.tensor_model_parallel_size", lay.tp), ("model.pipeline_model_parallel_size", lay.pp),
         ("model.virtual_pipeline_model_parallel_size", lay.vp if lay.vp > 1 else None),

@@ -190,11 +190,27 @@ def moe_layer_freq_string(freq: int | tuple[int, ...]) -> str:
 
 
 def fp8_args(arch: str, recipe: str = "delayed") -> tuple[Arg, ...]:
-    """FP8 through Transformer Engine: hybrid E4M3/E5M2 with delayed scaling (MXFP8 on Blackwell), or the
-    recipe the training spec names when it is not Megatron's default."""
-    if recipe == "delayed" and arch in BLACKWELL_ARCHS:
-        recipe = "mxfp8"
+    """FP8 through Transformer Engine: hybrid E4M3/E5M2 with the recipe the training spec names (Megatron's
+    default, delayed scaling, runs on every FP8 GPU; MXFP8 needs Blackwell: ``launch_violations``). ``arch`` is
+    kept for callers."""
     return (_a("--fp8-format", "hybrid"), _a("--fp8-recipe", recipe))
+
+
+def fp4_args(recipe: str = "nvfp4") -> tuple[Arg, ...]:
+    """NVFP4 through Transformer Engine (``--fp4-format e2m1``, the only choice; ``--fp4-recipe``)."""
+    return (_a("--fp4-format", "e2m1"), _a("--fp4-recipe", recipe))
+
+
+def fp8_delayed(training: TrainingSpec | None) -> bool:
+    """FP8 with delayed scaling (Megatron-Core's rules on recompute modules and bf16 first/last layers)."""
+    return training is not None and training.precision == "fp8" and training.fp8_recipe == "delayed"
+
+
+BLACKWELL_ONLY_MESSAGES: Final = {
+    "mxfp8": "Device compute capability 10.0 or higher required for MXFP8 execution.",
+    "fp4": "Device compute capability 10.0 or higher required for NVFP4 execution.",
+}
+"""Transformer Engine's words (pytorch/quantization.py ``_compute_mxfp8_support`` / ``_compute_nvfp4_support``)."""
 
 
 def memory_knob_args(training: TrainingSpec) -> list[Arg]:
@@ -205,12 +221,15 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
     args: list[Arg] = []
     for key, flag in KNOB_FLAGS.items():
         value = getattr(training, key)
-        if key in ("fp8_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) or value is None:
-            continue  # fp8_recipe: fp8_args; the dispatcher: _moe_mla
+        if key in ("fp8_recipe", "fp4_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) \
+                or value is None:
+            continue  # fp8_recipe / fp4_recipe: fp8_args / fp4_args; the dispatcher: _moe_mla
         if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms") \
                 and training.moe_token_dispatcher_type != "flex":
             continue
         if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
+            continue
+        if key.startswith("num_layers_at_") and not training.first_last_layers_bf16:
             continue
         if key == "cuda_graph_modules":  # validated names (CUDA_GRAPH_MODULES), one word each
             if training.cuda_graph_impl not in ("none", "full_iteration"):
@@ -321,6 +340,29 @@ def moe_overlap_violations(model: ModelSpec, layout: ParallelLayout, training: T
     return out
 
 
+def precision_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec,
+                         arch: str) -> list[tuple[str, str]]:
+    """What Transformer Engine / Megatron-Core refuse in the low-precision recipe: MXFP8 and NVFP4 before
+    Blackwell (TE ``check_mxfp8_support`` / ``check_nvfp4_support``), more bf16 first/last layers than a
+    pipeline stage holds (TransformerConfig ``__post_init__``)."""
+    out: list[tuple[str, str]] = []
+    if arch not in BLACKWELL_ARCHS:
+        for what, on in (("mxfp8", training.precision == "fp8" and training.fp8_recipe == "mxfp8"),
+                         ("fp4", training.precision == "fp4")):
+            if on:
+                flag = "--fp8-recipe mxfp8" if what == "mxfp8" else "--fp4-format e2m1"
+                out.append((f"{what.upper()}_NEEDS_BLACKWELL", f"{flag} needs a Blackwell GPU (B200, GB200, B300, "
+                            f"GB300; this one is {arch or 'not'}): Transformer Engine: "
+                            f"'{BLACKWELL_ONLY_MESSAGES[what]}'"))
+    if training.first_last_layers_bf16:
+        per_stage = model.num_layers // layout.pp
+        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if not 0 <= getattr(training, name) <= per_stage:
+                out.append(("BF16_LAYERS_PER_STAGE", f"{name} ({getattr(training, name)}) must be between 0 and "
+                            f"number of layers per pipeline stage ({per_stage})."))
+    return out
+
+
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
                       arch: str = "hopper") -> list[tuple[str, str]]:
     """Megatron rules on the flags themselves (beyond ``paraplan.rules``), with Megatron's words."""
@@ -331,8 +373,9 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
                     f"{NOT_IN_MEGATRON}; launch writes 1f1b, interleaved or combined_1f1b"))
     if model.is_moe and model.add_bias_linear and layout.etp != 1:
         out.append(("MOE_BIAS_NEEDS_ETP1", "Bias in Moe is only supported when ETP==1"))
-    fp8_delayed = training is not None and training.precision == "fp8" and arch not in BLACKWELL_ARCHS
-    if fp8_delayed and layout.recompute == "selective" and \
+    if training is not None:
+        out += precision_violations(model, layout, training, arch)
+    if fp8_delayed(training) and layout.recompute == "selective" and \
             {"moe_act", "layernorm"} & set(layout.recompute_modules):
         out.append(("FP8_DELAYED_RECOMPUTE", "Delayed scaling does not support moe_act and layernorm "
                     "recompute for fp8."))
@@ -568,6 +611,8 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
             _a("--fp16" if training.precision == "fp16" else "--bf16")]
     if training.precision == "fp8":
         args += fp8_args(arch, training.fp8_recipe)
+    elif training.precision == "fp4":
+        args += fp4_args(training.fp4_recipe)
     # Megatron-FSDP layouts already carry --no-gradient-accumulation-fusion (FSDP_REQUIRED_FLAGS)
     args += [a for a in memory_knob_args(training) if not (lay.fsdp and a.flag == "--no-gradient-accumulation-fusion")]
     return ArgGroup("batch, sequence and precision", tuple(args))

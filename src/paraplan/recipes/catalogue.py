@@ -234,7 +234,7 @@ def _log_ratio(a: Cell, b: float) -> float:
 def closest_recipe(recipes: tuple[Recipe, ...], *, model: str, gpu: str, num_gpus: int, seq_len: int, gbs: int,
                    precision: str) -> Recipe | None:
     """The recipe for this model and GPU preset nearest this job: closest GPU count, then sequence length, then GBS
-    (each as a ratio), then the same GEMM precision (bf16 / fp8), pretraining, no config variant; None when no
+    (each as a ratio), then the same GEMM precision (bf16 / fp8 / nvfp4), pretraining, no config variant; None when no
     recipe exists for the pair."""
     mine = [r for r in recipes if r.runnable and r.model_preset == model and r.gpu_preset == gpu]
     if not mine:
@@ -242,7 +242,7 @@ def closest_recipe(recipes: tuple[Recipe, ...], *, model: str, gpu: str, num_gpu
 
     def key(r: Recipe) -> tuple[float, float, float, bool, bool, bool, str]:
         prec = str(r.get("precision"))
-        same = (prec == "bf16") == (precision == "bf16") if precision in ("bf16", "fp8") else prec == precision
+        same = {"fp8": prec.startswith("fp8"), "fp4": prec == "nvfp4"}.get(precision, prec == precision)
         return (_log_ratio(r.get("num_gpus"), num_gpus), _log_ratio(r.get("seq_length"), seq_len),
                 _log_ratio(r.get("global_batch_size"), gbs), not same, r.get("task") != "pretrain",
                 bool(r.get("config_variant")), r.source)

@@ -9,17 +9,18 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     models,
     ``use_distributed_optimizer``, ``use_megatron_fsdp``, ``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``attention_backend``, ``mtp_num_layers`` (when the recipe sets it) and ``precision``
-    (bf16; every FP8 recipe as paraplan's FP8);
+    (bf16; every FP8 recipe as paraplan's FP8 with its ``--fp8-recipe``; NVFP4 as paraplan's fp4);
   * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
-    (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 parameter gather, the
+    (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 and FP4 parameter gather, the
     precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
-    for bf16 Adam), optimizer CPU offload, CUDA graphs (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in
-    memory, kernel launches in time), activation offloading (layer-level and fine-grained), PEFT (``task``);
+    for bf16 Adam), optimizer CPU offload, BF16 first/last layers, FP8 dot-product attention, CUDA graphs
+    (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel launches in time), activation
+    offloading (layer-level and fine-grained), PEFT (``task``);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion, shared-expert overlap; ``moe_a2a_overlap`` is the combined_1f1b
     schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. NVFP4, the MoE
+    what paraplan's formulas assume (``ASSUMED``), e.g. the MoE
     dispatcher and its overlap, the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
@@ -27,6 +28,7 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
@@ -41,12 +43,11 @@ if TYPE_CHECKING:
 
 PRECISIONS: Final[dict[Cell, str]] = {
     "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp8_cs": "fp8", "fp8_mx": "fp8", "fp8_sc": "fp8", "fp8_ds": "fp8",
-    "nvfp4": "fp8",
+    "nvfp4": "fp4",
 }
 """Recipe precision -> paraplan's GEMM precision. The FP8 recipes (current scaling, MXFP8, subchannel, delayed) run
-at paraplan's one FP8 rate; NVFP4 runs as FP8 (paraplan has no FP4 rate yet): both are listed as not modelled."""
-FP8_RECIPES: Final = {"fp8_cs": "tensorwise current scaling", "fp8_mx": "MXFP8", "fp8_sc": "blockwise subchannel",
-                      "fp8_ds": "delayed scaling"}
+at paraplan's FP8 rate with their own scaling state and quantisation traffic (``FP8_RECIPE_OF``); NVFP4 is
+paraplan's fp4."""
 RECOMPUTE: Final[dict[Cell, str]] = {None: "none", "selective": "selective", "full": "full"}
 ATTENTION: Final[dict[Cell, str]] = {None: "flash", "auto": "flash", "flash": "flash", "fused": "flash",
                                      "unfused": "unfused", "local": "unfused"}
@@ -67,9 +68,6 @@ def _off(column: str, *values: Cell) -> Callable[[Recipe], bool]:
 
 
 ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None]]] = {
-    "fp4_param_gather": ((False,), None),
-    "first_last_layers_bf16": ((False,), None),
-    "fp8_dot_product_attention": ((False,), None),
     "reuse_grad_buf_for_mxfp8_param_ag": ((False,), None),
     "optimizer": (("adam",), None),
     "num_distributed_optimizer_instances": ((1,), None),
@@ -115,7 +113,8 @@ MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precisi
                          "cpu_offloading", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
                          "offload_modules", "peft",
                          "fsdp_double_buffer", "cuda_graph_impl", "cuda_graph_scope",
-                         "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion")
+                         "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
+                         "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention")
 MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
                       "moe_hybridep_num_sms": "moe_hybridep_num_sms", "delay_wgrad_compute": "delay_wgrad_compute",
@@ -139,6 +138,11 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     if precision == "fp8" and prec in FP8_RECIPE_OF:
         out["fp8_recipe"] = FP8_RECIPE_OF[str(prec)]
         out["fp8_param_gather"] = _bool(r, "fp8_param_gather")
+    if precision == "fp4" and prec == "nvfp4":
+        out["fp4_param_gather"] = _bool(r, "fp4_param_gather")
+    if precision in ("fp8", "fp4") and prec != "bf16":
+        out.update(_bf16_layers(r))
+        out["fp8_dot_product_attention"] = _bool(r, "fp8_dot_product_attention")
     # the Bridge launcher (scripts/performance/run_script.py _run_training): "Preserve BF16 Adam precision-aware
     # behavior": compute dtype bf16 with Adam sets use_precision_aware_optimizer=True, the recipe's dtypes kept
     aware = _bool(r, "use_precision_aware_optimizer") or (prec == "bf16" and r.get("optimizer") == "adam")
@@ -236,6 +240,24 @@ def _cuda_graphs(r: Recipe) -> dict[str, Any]:
     if "full_iteration" in scope:
         return {"cuda_graph_impl": "full_iteration"}
     return {"cuda_graph_impl": impl, "cuda_graph_modules": tuple(m for m in scope if m != "full")}
+
+
+_BF16_LAYERS: Final = re.compile(r"True\(start=(\d{1,4}),end=(\d{1,4})\)")
+"""The table's ``first_last_layers_bf16`` when set: ``True(start=N,end=M)`` (``num_layers_at_start/end_in_bf16``)."""
+
+
+def _bf16_layers(r: Recipe) -> dict[str, Any]:
+    """``first_last_layers_bf16`` with its layer counts (False, True with Megatron's 1 and 1, or True(start,end))."""
+    v = r.get("first_last_layers_bf16")
+    if v is False:
+        return {}
+    if v is True:
+        return {"first_last_layers_bf16": True}
+    m = _BF16_LAYERS.fullmatch(v) if isinstance(v, str) else None
+    if m is None:
+        raise bad(r, "first_last_layers_bf16", "False, True or True(start=N,end=M)")
+    return {"first_last_layers_bf16": True, "num_layers_at_start_in_bf16": int(m.group(1)),
+            "num_layers_at_end_in_bf16": int(m.group(2))}
 
 
 def _where(r: Recipe) -> str:
@@ -377,12 +399,6 @@ def _shown(column: str, value: Cell) -> str:
 def not_modelled(r: Recipe) -> list[str]:
     """The knobs of ``r`` that move memory or time and that paraplan does not model yet, as ``column=value``."""
     out = []
-    prec = r.get("precision")
-    if prec == "nvfp4":
-        out.append("precision=nvfp4 (estimated as FP8: paraplan has no FP4 rate or memory yet)")
-    elif prec in FP8_RECIPES:
-        out.append(f"precision={prec} (the FP8 recipe, {FP8_RECIPES[str(prec)]}: its scaling state is in "
-                   "the memory, but paraplan has one FP8 GEMM rate)")
     for column in (*MOE_COLUMNS, "moe_a2a_overlap"):
         if r.get(column) == "?":
             out.append(f"{column}=? (not statically resolvable: estimated with paraplan's default)")

@@ -111,7 +111,7 @@ GPU_RANGES: dict[str, tuple[float, float, str]] = {
     **{name: (1e3, 1e18, "bytes/s") for name in ("hbm_bytes_per_s", "nvlink_bytes_per_s", "network_bytes_per_s",
                                                  "host_link_bytes_per_s")},
     **{name: (1e3, 1e18, "FLOP/s") for name in ("peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
-                                                 "peak_fp32_simt_flops_per_s")},
+                                                 "peak_fp32_simt_flops_per_s", "peak_fp4_flops_per_s")},
 }
 """(lowest, highest, unit) of GpuSpec's capacities, bandwidths and peaks: physical bounds, far around
 any real GPU (H100: 80 GB, 3.35e12 bytes/s, 9.9e14 FLOP/s), so that times stay finite and readable."""
@@ -180,6 +180,8 @@ class GpuSpec:
     topology: tuple[TierSpec, ...] = ()
     """Network tiers from the NVLink domain outwards (``paraplan.specs.topology``); empty: two
     tiers, NVLink domain and network, from the rates above."""
+    peak_fp4_flops_per_s: float | None = None
+    """Dense NVFP4 tensor-core peak (Blackwell); None where the GPU has no FP4 tensor cores."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
     efficiency_calibrated: bool = True
@@ -210,7 +212,7 @@ class GpuSpec:
     def __post_init__(self) -> None:
         for fname in ("hbm_bytes", "hbm_bytes_per_s", "peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
                       "peak_fp32_simt_flops_per_s", "nvlink_bytes_per_s", "network_bytes_per_s", "reserved_bytes",
-                      "host_link_bytes_per_s"):
+                      "host_link_bytes_per_s", "peak_fp4_flops_per_s"):
             value = getattr(self, fname)
             if value is None:
                 continue
@@ -227,7 +229,16 @@ class GpuSpec:
         check_tiers(self.topology, self.nvlink_domain_size)
 
     def peak_flops_per_s(self, precision: str) -> float:
-        """Dense peak for a precision ('bf16' or 'fp8')."""
+        """Dense peak for a precision ('bf16', 'fp16', 'fp8' or 'fp4').
+
+        FP4 (NVFP4) needs FP4 tensor cores: Transformer Engine's ``check_nvfp4_support`` (quantization.py)
+        refuses a device below compute capability 10.0 (Blackwell)."""
+        if precision == "fp4":
+            if self.peak_fp4_flops_per_s is None:
+                raise SpecError(f"precision fp4 (NVFP4) is not supported on {self.name}: Transformer Engine: "
+                                "'Device compute capability 10.0 or higher required for NVFP4 execution.' "
+                                "(B200, GB200, B300, GB300)")
+            return self.peak_fp4_flops_per_s
         if precision == "fp8":  # fp16 tensor cores run at the bf16 rate
             if self.peak_fp8_flops_per_s is None:
                 raise SpecError(f"precision fp8 is not supported on {self.name} (no FP8 tensor cores)")

@@ -125,6 +125,7 @@ _HUMAN_GPU_KEYS = {
     "bf16_tflops": ("peak_bf16_flops_per_s", TFLOP),
     "fp8_tflops": ("peak_fp8_flops_per_s", TFLOP),
     "fp32_tflops": ("peak_fp32_simt_flops_per_s", TFLOP),
+    "fp4_tflops": ("peak_fp4_flops_per_s", TFLOP),
     "nvlink_gbyte_per_s": ("nvlink_bytes_per_s", 1e9),
     "network_gbit_per_s": ("network_bytes_per_s", GBIT),
     "host_link_gbyte_per_s": ("host_link_bytes_per_s", 1e9),

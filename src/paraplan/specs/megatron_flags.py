@@ -476,7 +476,12 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
             raise SpecError("--seq-length is missing (and no --max-position-embeddings)")
         r.default("--seq-length", str(seq), "taken from --max-position-embeddings")
     _precision_problems(r)
-    if r.has("--fp8-format"):
+    if r.has("--fp4-format") and not r.has("--fp8-format"):
+        fmt = r.text("--fp4-format")
+        if fmt != "e2m1":  # arguments.py: choices=['e2m1']
+            raise SpecError(f"--fp4-format must be e2m1, got {brief(fmt)}")
+        precision = "fp4"
+    elif r.has("--fp8-format"):
         precision = "fp8"
     elif r.has("--bf16"):
         precision = "bf16"
@@ -502,15 +507,21 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
     for key, flag in KNOB_FLAGS.items():
         if not r.has(flag):
             continue
-        if key in DTYPE_CHOICES:
+        if key in ("cp_comm_type", "cpu_offloading_num_layers", "offload_modules"):
+            out[key] = _cp_comm_type(r.v.get(flag) or ()) if key == "cp_comm_type" else _offload_value(r, flag)
+        elif key in DTYPE_CHOICES:
             raw = r.text(flag)
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
             out[key] = raw
-        elif key in ("cpu_offloading_num_layers", "offload_modules"):
-            out[key] = _offload_value(r, flag)
         elif key in ("cuda_graph_modules", "gradient_accumulation_fusion"):
             continue  # _cuda_graph_knobs, _grad_accumulation_knob
+        elif key in _INT_KNOBS:
+            raw = r.text(flag) or ""
+            try:
+                out[key] = int(raw)
+            except ValueError:
+                raise SpecError(f"{flag} {brief(raw)} is not an integer") from None
         elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms"):
             out[key] = _number_knob(r, key, flag)
         else:
@@ -523,6 +534,7 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         out["fsdp_double_buffer"] = True  # validate_args sets args.fsdp_double_buffer for both
     out.update(_cuda_graph_knobs(r, out.get("cuda_graph_impl", "none")))
     out.update(_grad_accumulation_knob(r))
+    _low_precision_knobs(r, out, precision)
     _knob_problems(r, out)
     _drop_ignored(r, out)
     return out
@@ -617,6 +629,37 @@ def _offload_value(r: _Reader, flag: str) -> int | tuple[str, ...] | None:
     if bad_mods:
         raise SpecError(f"{flag}: {brief(bad_mods[0])} is not one of {', '.join(OFFLOAD_MODULES)}")
     return tuple(mods)
+def _cp_comm_type(values: tuple[str, ...]) -> str:
+    """``--cp-comm-type`` (nargs '+': one value, or one per layer): the one value every layer uses; a2a+p2p
+    (hierarchical CP) and different values per layer are refused in one line (not modelled)."""
+    flag, choices = KNOB_FLAGS["cp_comm_type"], DTYPE_CHOICES["cp_comm_type"]
+    kinds = sorted(set(values))
+    if "a2a+p2p" in kinds:
+        raise SpecError(f"{flag} a2a+p2p (hierarchical context parallelism) is not modelled; use one of "
+                        f"{', '.join(choices)}")
+    if len(kinds) != 1 or kinds[0] not in choices:
+        got = " ".join(values) if values else "nothing"
+        raise SpecError(f"{flag} must be one of {', '.join(choices)} for every layer, got {brief(got)}")
+    return kinds[0]
+
+
+def _low_precision_knobs(r: _Reader, out: dict[str, Any], precision: str) -> None:
+    """Drop the FP4 knobs without --fp4-format (Megatron refuses --fp4-param-gather then) and the bf16
+    first/last layers without FP8 or FP4 (ignored by Megatron), saying so."""
+    if precision != "fp4":
+        for key in ("fp4_recipe", "fp4_param_gather"):
+            if key == "fp4_param_gather" and out.get(key):  # A: validate_args
+                r.problems.append(("FP4_PARAM_GATHER_NEEDS_FP4", "--fp4-param-gather must be used together with "
+                                   "--fp4-format."))
+            out.pop(key, None)
+    if precision not in ("fp8", "fp4"):
+        for key in ("first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if out.pop(key, None) is not None:
+                r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format or --fp4-format")
+
+
+_INT_KNOBS: Final = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
+"""Integer-valued knobs (``type=int`` in arguments.py)."""
 
 
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
@@ -632,6 +675,14 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
         for key in ("fp8_recipe", "fp8_param_gather"):
             if KNOB_FLAGS[key] in values:
                 raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp8")
+    if precision != "fp4":
+        for key in ("fp4_recipe", "fp4_param_gather"):
+            if KNOB_FLAGS[key] in values:
+                raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp4")
+    if precision not in ("fp8", "fp4"):
+        for key in ("first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if KNOB_FLAGS[key] in values:
+                raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp8 or fp4")
     r = _Reader({**values, "--use-distributed-optimizer": ()})  # the layout's rule is launch_violations'
     out = _memory_knobs(r, precision)
     if r.problems:
@@ -655,6 +706,10 @@ def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
         if out.get("fp8_param_gather") and out.get("fp8_recipe", "delayed") != "delayed":
             r.problems.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the "
                                "optimizer cpu offload must be used in conjunction with `--fp8-recipe delayed`."))
+    if out.get("first_last_layers_bf16") and r.has("--fp8-format") \
+            and out.get("fp8_recipe", "delayed") == "delayed":  # TC: __post_init__
+        r.problems.append(("FIRST_LAST_BF16_DELAYED", "Delayed scaling does not support first / last layer in BF16."))
+        out.pop("first_last_layers_bf16")
 
 
 def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",

@@ -15,8 +15,14 @@ from pydantic import ConfigDict
 from paraplan.errors import SpecError
 from paraplan.fileio import brief
 
-Precision = Literal["bf16", "fp8", "fp16"]
-PRECISIONS: Final = ("bf16", "fp8", "fp16")
+Precision = Literal["bf16", "fp8", "fp16", "fp4"]
+PRECISIONS: Final = ("bf16", "fp8", "fp16", "fp4")
+"""GEMM precisions: fp4 is NVFP4 through Transformer Engine (Megatron ``--fp4-format e2m1``, Blackwell only)."""
+LOW_PRECISIONS: Final = ("fp8", "fp4")
+"""Precisions whose GEMMs run through Transformer Engine's quantized autocast (bf16 weights, quantized copies)."""
+Fp4Recipe = Literal["nvfp4"]
+FP4_RECIPES: Final = ("nvfp4",)
+"""``--fp4-recipe`` values paraplan models (Megatron also takes ``custom``, a user quantizer factory)."""
 Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 FP8_RECIPES: Final = ("delayed", "tensorwise", "mxfp8", "blockwise")
 CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
@@ -29,12 +35,15 @@ MainParamsDtype = Literal["fp32", "fp16"]
 MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 MoeDispatcher = Literal["alltoall", "allgather", "flex"]
 MoeFlexBackend = Literal["deepep", "hybridep"]
+CpCommType = Literal["p2p", "a2a", "allgather"]
 DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
                         "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES,
                         "moe_token_dispatcher_type": ("alltoall", "allgather", "flex"),
                         "moe_flex_dispatcher_backend": ("deepep", "hybridep"),
-                        "cuda_graph_impl": CUDA_GRAPH_IMPLS}
+                        "cuda_graph_impl": CUDA_GRAPH_IMPLS,
+                        "fp4_recipe": FP4_RECIPES,
+                        "cp_comm_type": ("p2p", "a2a", "allgather")}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 OFFLOAD_MODULES: Final = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
                           "fused_group_mlp")
@@ -51,6 +60,7 @@ KNOB_FLAGS: Final = {
     "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
     "fine_grained_activation_offloading": "--fine-grained-activation-offloading",
     "offload_modules": "--offload-modules",
+    "cp_comm_type": "--cp-comm-type",
     "fsdp_double_buffer": "--fsdp-double-buffer",
     "moe_token_dispatcher_type": "--moe-token-dispatcher-type",
     "moe_flex_dispatcher_backend": "--moe-flex-dispatcher-backend", "moe_hybridep_num_sms": "--moe-hybridep-num-sms",
@@ -61,6 +71,10 @@ KNOB_FLAGS: Final = {
     "cuda_graph_impl": "--cuda-graph-impl", "cuda_graph_modules": "--cuda-graph-modules",
     "overlap_param_gather_with_optimizer_step": "--overlap-param-gather-with-optimizer-step",
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
+    "fp4_recipe": "--fp4-recipe", "fp4_param_gather": "--fp4-param-gather",
+    "first_last_layers_bf16": "--first-last-layers-bf16",
+    "num_layers_at_start_in_bf16": "--num-layers-at-start-in-bf16",
+    "num_layers_at_end_in_bf16": "--num-layers-at-end-in-bf16",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -140,7 +154,8 @@ def optimizer_bytes_per_param(training: TrainingSpec) -> float:
     if not te_master:
         return DTYPE_BYTES["fp32"] + moments
     remainders = (training.store_param_remainders and training.main_params_dtype == "fp32"
-                  and training.precision in ("bf16", "fp8") and not training.fp8_param_gather)
+                  and training.precision in ("bf16", "fp8", "fp4") and not training.fp8_param_gather)
+    remainders = remainders and not training.fp4_param_gather  # bf16 params only (as with FP8 param gather)
     master = FP16_GRAD_BYTES if remainders else DTYPE_BYTES[training.main_params_dtype]
     return master + moments
 
@@ -156,7 +171,7 @@ class TrainingSpec:
     global_batch_size: int
     """Sequences per step (``--global-batch-size``)."""
     precision: Precision = "bf16"
-    """GEMM precision; FP8 keeps bf16 weights and fp32 optimizer states."""
+    """GEMM precision; FP8 and FP4 (NVFP4) keep bf16 weights and fp32 optimizer states."""
     optimizer: Literal["adam"] = "adam"
     """Optimizer (Adam: 12 B/param of fp32 state)."""
     attention_backend: Literal["flash", "unfused"] = "flash"
@@ -198,6 +213,9 @@ class TrainingSpec:
     (``requires_grad=False``), so they are in no DDP grad buffer (``param_and_grad_buffer.py`` takes only
     parameters that require grad) and in no optimizer shard. The adapters (rank 16 on ``linear_qkv`` in
     NVIDIA's recipes: under 0.1% of the parameters) are neglected. No Megatron-LM flag."""
+    cp_comm_type: CpCommType = "p2p"
+    """``--cp-comm-type`` (one value for every layer): how attention exchanges K,V under context parallelism
+    (``estimate/time/cp.py``); ``a2a+p2p`` is not modelled."""
     fsdp_double_buffer: bool = False
     """``--fsdp-double-buffer`` (Megatron-FSDP only; --use-nccl-ub and --megatron-fsdp-max-pool-double-buffer set
     it too): two persistent unit buffers, so no more than two layers' weights are gathered at once."""
@@ -236,6 +254,22 @@ class TrainingSpec:
     gradient_accumulation_fusion: bool = True
     """Megatron's default; ``--no-gradient-accumulation-fusion`` turns it off: the weight-gradient GEMMs then write
     a bf16 ``.grad`` that DDP's hook adds into the main gradient (``time.optimizer.grad_accumulation_s``)."""
+    fp4_recipe: Fp4Recipe = "nvfp4"
+    """``--fp4-recipe`` (FP4 only): TE ``NVFP4BlockScaling``, E2M1 values in 16-element blocks with an E4M3 scale
+    each and one fp32 scale per tensor."""
+    fp4_param_gather: bool = False
+    """``--fp4-param-gather`` (FP4 only): weights are kept in NVFP4 only (no bf16 copy) and all-gathered in NVFP4."""
+    first_last_layers_bf16: bool = False
+    """``--first-last-layers-bf16`` (FP8 other than delayed scaling, or FP4): the first and last transformer layers
+    run in BF16 (``fp8_utils.get_fp8_context`` / ``fp4_utils.get_fp4_context``: no quantized autocast)."""
+    num_layers_at_start_in_bf16: int = 1
+    """``--num-layers-at-start-in-bf16`` (with ``first_last_layers_bf16``)."""
+    num_layers_at_end_in_bf16: int = 1
+    """``--num-layers-at-end-in-bf16`` (with ``first_last_layers_bf16``)."""
+    fp8_dot_product_attention: bool = False
+    """``TransformerConfig.fp8_dot_product_attention`` (FP8 or FP4; no Megatron-LM flag at d98e8a6, a Bridge
+    mixed-precision field): attention's score GEMMs run in FP8 (TE ``DelayedScaling``/``NVFP4BlockScaling``
+    ``fp8_dpa``)."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -260,7 +294,8 @@ class TrainingSpec:
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
                       "fp8_param_gather", "optimizer_cpu_offload", "fsdp_double_buffer", "delay_wgrad_compute",
                       "moe_permute_fusion", "moe_shared_expert_overlap", "moe_pad_expert_input_to_capacity",
-                      "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion"):
+                      "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
+                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
@@ -271,6 +306,18 @@ class TrainingSpec:
             raise SpecError("fp8_param_gather (--fp8-param-gather) needs precision fp8")
         self._check_offload()
         self._check_cuda_graphs()
+        if self.fp4_param_gather and self.precision != "fp4":  # arguments.py validate_args
+            raise SpecError("fp4_param_gather (--fp4-param-gather) needs precision fp4: Megatron-LM's "
+                            "'--fp4-param-gather must be used together with --fp4-format.'")
+        for fname in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+                raise SpecError(f"{fname} must be an integer >= 0, got {brief(value)}")
+        if self.fp8_dot_product_attention and self.precision not in LOW_PRECISIONS:
+            raise SpecError("fp8_dot_product_attention needs precision fp8 or fp4")
+        if self.first_last_layers_bf16 and self.precision == "fp8" and self.fp8_recipe == "delayed":
+            raise SpecError("first_last_layers_bf16 (--first-last-layers-bf16) is not supported with fp8_recipe "
+                            "delayed: Megatron-Core's 'Delayed scaling does not support first / last layer in BF16.'")
         if self.optimizer_cpu_offload and not self.use_precision_aware_optimizer:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
@@ -359,4 +406,4 @@ def training_dict(training: TrainingSpec) -> dict[str, Any]:
     return out
 
 
-_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "peft"}
+_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention", "peft"}

@@ -15,6 +15,7 @@ from paraplan.estimate.flops import attention_head_dims
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.num import Num
+from paraplan.specs.training import TrainingSpec
 
 FLOPS_PER_MAC: Final = 2.0
 """A multiply-add is two floating-point operations."""
@@ -59,6 +60,51 @@ OUTPUT_LAYER_FP8: Final = False
 ColumnParallelLinear outside Transformer Engine's fp8 autocast (gpt_model.py ``output_layer``)."""
 
 
+BF16_BYTES_PER_ELEMENT: Final = 2.0
+"""A bf16 element read by a quantize kernel."""
+AMAX_PASS_BYTES_PER_ELEMENT: Final = 2.0
+"""Current (per-tensor) scaling needs the tensor's amax before it can cast: one more read of the bf16 tensor
+(Transformer Engine ``Float8CurrentScalingQuantizer`` / ``NVFP4Quantizer``: ``compute_amax``, then the cast)."""
+FP8_QUANT_EXTRA_BYTES_PER_ELEMENT: Final = {"delayed": 0.0, "tensorwise": AMAX_PASS_BYTES_PER_ELEMENT,
+                                            "mxfp8": 2 * 1.0 / 32, "blockwise": 2 * 4.0 / 128}
+"""HBM bytes per quantized GEMM operand element (forward input, backward output gradient) that an FP8 recipe
+moves beyond delayed scaling, whose fused cast-transpose (read 2 B, write the rowwise and columnwise FP8 copies,
+1 B each, amax from the previous step) is inside the fitted ``fp8_gemm_speedup``: tensorwise (current scaling)
+reads the tensor once more for its amax; MXFP8 writes one E8M0 scale per 32 elements in each of its two
+directions (TE ``MXFP8Quantizer``: rowwise and columnwise blocks differ); blockwise one fp32 scale per 1 x 128
+block in each direction (TE ``Float8BlockQuantizer``, activations and gradients 1D)."""
+NVFP4_BYTES_PER_ELEMENT: Final = 0.5 + 1.0 / 16
+"""One NVFP4 copy: a 4-bit E2M1 value plus one E4M3 scale per 16 elements (TE ``NVFP4Tensor``; the fp32
+per-tensor scale is negligible)."""
+NVFP4_QUANT_BYTES_PER_ELEMENT: Final = (AMAX_PASS_BYTES_PER_ELEMENT + BF16_BYTES_PER_ELEMENT
+                                        + 2 * NVFP4_BYTES_PER_ELEMENT)
+"""HBM bytes per quantized GEMM operand element under NVFP4 (TE ``NVFP4BlockScaling``): the amax pass for the
+per-tensor scale (read 2), the quantize kernel's read (2) and both copies it writes, rowwise and columnwise, each
+computed from the bf16 tensor (``NVFP4BlockScaling``: "both versions are computed from the high precision
+input"): 5.125 B. The random Hadamard transform of the columnwise copy (16 x 16: 32 FLOP/element) and
+stochastic rounding of gradients run inside this memory-bound kernel (10 FLOP/B, far under the ridge point)."""
+
+
+def gemm_precision(training: TrainingSpec) -> str:
+    """The GEMM precision of the transformer layers' linear layers: 'fp8', 'fp4' or 'bf16' (fp16 runs at the
+    bf16 rate)."""
+    return training.precision if training.precision in ("fp8", "fp4") else "bf16"
+
+
+def quantize_bytes(training: TrainingSpec, m: Num, n: Num, k: Num, count: Num = 1) -> Num:
+    """HBM bytes of quantizing one GEMM's operands per micro-batch, forward + backward: the input (m x k,
+    forward) and the output gradient (m x n, backward) at ``NVFP4_QUANT_BYTES_PER_ELEMENT`` under FP4, at the
+    FP8 recipe's ``FP8_QUANT_EXTRA_BYTES_PER_ELEMENT`` under FP8, none in bf16. Weights are quantized once per
+    step (Megatron's ``set_is_first_microbatch``: TE caches them), not counted."""
+    if training.precision == "fp4":
+        per = NVFP4_QUANT_BYTES_PER_ELEMENT
+    elif training.precision == "fp8":
+        per = FP8_QUANT_EXTRA_BYTES_PER_ELEMENT[training.fp8_recipe]
+    else:
+        return 0.0
+    return per * m * (k + n) * count
+
+
 def gemm_efficiency(eff: EfficiencySpec, m: Num, n: Num, k: Num) -> Num:
     """Fraction of peak a GEMM (m x k)(k x n) reaches: e_max * prod_x x/(x + d0).
 
@@ -69,13 +115,17 @@ def gemm_efficiency(eff: EfficiencySpec, m: Num, n: Num, k: Num) -> Num:
     return eff.gemm_max_frac * (m / (m + d0)) * (n / (n + d0)) * (k / (k + d0))
 
 
-def gemm_s(cluster: ClusterSpec, fp8: bool, m: Num, n: Num, k: Num, count: Num = 1) -> Num:
+def gemm_s(cluster: ClusterSpec, fp8: bool | str, m: Num, n: Num, k: Num, count: Num = 1) -> Num:
     """Forward time of ``count`` GEMMs (m x k)(k x n) on one GPU: 2 m n k FLOPs each at
-    ``gemm_efficiency`` of the dense BF16 peak, ``fp8_gemm_speedup`` faster in FP8."""
+    ``gemm_efficiency`` of the dense BF16 peak, ``fp8_gemm_speedup`` faster in FP8 (True or 'fp8'); under
+    'fp4' (NVFP4: fprop, dgrad and wgrad all in FP4, TE ``NVFP4BlockScaling``) at ``gemm_efficiency`` of the
+    dense FP4 peak (``GpuSpec.peak_flops_per_s('fp4')``: no fitted speed-up)."""
     eff = cluster.gpu.efficiency
     flops = FLOPS_PER_MAC * m * n * k * count
+    if fp8 == "fp4":
+        return flops / (cluster.gpu.peak_flops_per_s("fp4") * gemm_efficiency(eff, m, n, k))
     t = flops / (cluster.gpu.peak_bf16_flops_per_s * gemm_efficiency(eff, m, n, k))
-    return t / eff.fp8_gemm_speedup if fp8 else t
+    return t / eff.fp8_gemm_speedup if fp8 in (True, "fp8") else t
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:
@@ -89,10 +139,22 @@ def attention_score_flops(mbs: Num, seq_len: int, width: float, cp: Num, tp: Num
     return CAUSAL_SCORE_FLOPS_FACTOR * mbs * seq_len ** 2 * width / (cp * tp)
 
 
-def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num) -> Num:
+def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num, *, fp8: bool = False) -> Num:
     """Flash-attention forward: its score FLOPs at ``attention_frac`` of the dense BF16 peak
-    (FA2 head dim 128 on H200: 329 of 989 TFLOP/s, ecosystem.md 4.4)."""
-    return score_flops / (cluster.gpu.peak_bf16_flops_per_s * cluster.gpu.efficiency.attention_frac)
+    (FA2 head dim 128 on H200: 329 of 989 TFLOP/s, ecosystem.md 4.4).
+
+    ``fp8`` (``fp8_dot_product_attention``: cuDNN's FP8 fused attention, TE ``fp8_dpa``): the backward's score
+    GEMMs run at the same fraction of the dense FP8 peak, the forward stays at the BF16 rate, returned as the
+    forward time whose (1 + ``ATTENTION_BWD_FACTOR``) multiple is the forward + backward time. An assumption with
+    a reason: the forward computes one exponential per score element against 4 x head-dim MMA FLOPs (512 at head
+    dim 128), and on Blackwell the special-function units (16 per clock per SM, CUDA Programming Guide's
+    throughput table; not re-read for this repo) already issue them at about the BF16 MMA rate per element, so
+    FP8 MMAs do not shorten it; the backward (5 score-sized GEMMs, one exponential) is MMA-bound."""
+    t = score_flops / (cluster.gpu.peak_bf16_flops_per_s * cluster.gpu.efficiency.attention_frac)
+    if not fp8:
+        return t
+    ratio = cluster.gpu.peak_flops_per_s("fp8") / cluster.gpu.peak_bf16_flops_per_s
+    return t * (1.0 + ATTENTION_BWD_FACTOR / ratio) / (1.0 + ATTENTION_BWD_FACTOR)
 
 
 def unfused_attention_fwd_s(model: ModelSpec, cluster: ClusterSpec, seq_len: int, mbs: Num, cp: Num, tp: Num,

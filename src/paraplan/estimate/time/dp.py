@@ -70,10 +70,12 @@ def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: 
 
     Reduce: reduce-scatter (distributed optimizer) or all-reduce (DDP) of the stage's gradients
     (``main_grad_bytes``: bf16 with ``--grad-reduce-in-bf16``); gather: all-gather of its bf16 parameters, FP8
-    ones with ``--fp8-param-gather`` (``memory.weight_bytes_per_param``; distributed optimizer only); one latency
+    ones with ``--fp8-param-gather``, NVFP4 ones with ``--fp4-param-gather`` (``memory.weight_bytes_per_param``;
+    distributed optimizer only); one latency
     term per ``DDP_BUCKET_PARAMS`` bucket; dense and expert groups in turn."""
     gb = main_grad_bytes(training)
-    pb = weight_bytes_per_param(training) if training.fp8_param_gather else PARAM_GATHER_BYTES_PER_PARAM
+    low = training.fp8_param_gather or training.fp4_param_gather
+    pb = weight_bytes_per_param(training) if low else PARAM_GATHER_BYTES_PER_PARAM
     p = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                      max_positions=max_positions, terms=groups.params)
     n_dense, n_exp, bw_d, bw_e = groups.n_dense, groups.n_exp, groups.bw_d, groups.bw_e

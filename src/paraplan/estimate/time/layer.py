@@ -57,6 +57,10 @@ class LayerTime:
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+    cp_exposed_s: Num = 0.0
+    """The part of ``cp_link_s`` attention does not hide (``time.cp``: per ring step for p2p)."""
+    cp_fwd_exposed_s: Num = 0.0
+    """The forward's part of ``cp_exposed_s`` (re-run by full and ``core_attn`` recompute)."""
     mla_up_gemm_fwd_s: Num = 0.0
     """Part of gemm_fwd_s in MLA's query and key-value up projections, for selective recompute of mla_up_proj."""
     shared_gemm_fwd_s: Num = 0.0
@@ -122,58 +126,58 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                          layout: LayerLayout) -> LayerTime:
     """Attention half of a layer: projections, flash attention, its norm/elementwise, TP/CP comm."""
     eff = cluster.gpu.efficiency
-    fp8 = training.precision == "fp8"
+    fp8 = compute.gemm_precision(training)
     T, sh, t = _ctx(layout, training)
     h, a = model.hidden_size, model.num_attention_heads
     kv_width: Num = 0.0
-    up: Num = 0.0
+    shapes: list[tuple[Num, Num, Num]]
+    up_shapes: list[tuple[Num, Num, Num]] = []
     if model.multi_latent_attention:
         dq = model.qk_head_dim + model.qk_pos_emb_head_dim
         ckv, cq = model.kv_lora_rank, model.q_lora_rank
         # the up projections (linear_q_up_proj, or linear_q_proj without q_lora_rank, and linear_kv_up_proj) are
         # what mla_up_proj recomputes (multi_latent_attention.py ``qkv_up_proj_and_rope_apply``)
-        if cq is None:
-            up = gemm_s(cluster, fp8, T, a * dq / t, h)
-            g = up
-        else:
-            up = gemm_s(cluster, fp8, T, a * dq / t, cq)
-            g = gemm_s(cluster, fp8, T, cq, h) + up
-        kv_up = gemm_s(cluster, fp8, T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
-        up = up + kv_up
-        g = g + gemm_s(cluster, fp8, T, ckv + model.qk_pos_emb_head_dim, h) + kv_up
-        g = g + gemm_s(cluster, fp8, T, h, a * model.v_head_dim / t)
+        q_up: tuple[Num, Num, Num] = (T, a * dq / t, h) if cq is None else (T, a * dq / t, cq)
+        kv_up: tuple[Num, Num, Num] = (T, a * (model.qk_head_dim + model.v_head_dim) / t, ckv)
+        up_shapes = [q_up, kv_up]
+        shapes = [q_up] if cq is None else [(T, cq, h), q_up]
+        shapes += [(T, ckv + model.qk_pos_emb_head_dim, h), kv_up, (T, h, a * model.v_head_dim / t)]
     else:
         kv_width = model.head_dim * np.maximum(model.query_groups, t)
-        g = gemm_s(cluster, fp8, T, (model.query_width + cp.KV_TENSORS * kv_width) / t, h)
-        g = g + gemm_s(cluster, fp8, T, h, model.query_width / t)
+        shapes = [(T, (model.query_width + cp.KV_TENSORS * kv_width) / t, h), (T, h, model.query_width / t)]
+    g: Num = sum(gemm_s(cluster, fp8, m, n, k) for m, n, k in shapes)
+    up: Num = sum((gemm_s(cluster, fp8, m, n, k) for m, n, k in up_shapes), 0.0)
+    quant: Num = sum(compute.quantize_bytes(training, m, n, k) for m, n, k in shapes)
     score_flops = compute.attention_score_flops(layout.mbs, training.seq_len, attention_score_width(model),
                                                 layout.cp, t)
     aligned = attention_heads_tensor_core_aligned(model)
     if training.attention_backend == "flash" and aligned:
-        attn = compute.flash_attention_fwd_s(cluster, score_flops)
+        attn = compute.flash_attention_fwd_s(cluster, score_flops, fp8=training.fp8_dot_product_attention)
     else:
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
-    return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=compute.block_elementwise_s(cluster, T, h, sh),
+    cpt = cp.cp_times(cluster, grid.cp_group, training.cp_comm_type, model, T, t, kv_width, attn)
+    elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster) + cpt.merge_s
+    return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
                      overhead_s=_issue_s(eff, training, "attn"),
                      tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
-                     ep_link_s=0.0,
-                     cp_link_s=cp.ring_link_s(cluster, grid.cp_group, cp.kv_block_bytes(model, T, t, kv_width)),
-                     mla_up_gemm_fwd_s=up)
+                     ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s,
+                     cp_fwd_exposed_s=cpt.fwd_exposed_s, mla_up_gemm_fwd_s=up)
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
                    *, ffn: int) -> LayerTime:
     """Dense (or shared-expert) MLP: fc1 (T x h)(h x f*gate/t), fc2 (T x f/t)(f/t x h), TP comm."""
     eff = cluster.gpu.efficiency
-    fp8 = training.precision == "fp8"
+    fp8 = compute.gemm_precision(training)
     T, sh, t = _ctx(layout, training)
     h = model.hidden_size
     gate = fc1_width_factor(model)
     g = gemm_s(cluster, fp8, T, ffn * gate / t, h) + gemm_s(cluster, fp8, T, h, ffn / t)
+    quant = compute.quantize_bytes(training, T, ffn * gate / t, h) + compute.quantize_bytes(training, T, h, ffn / t)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
-            + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t) / compute.hbm_rate(cluster)
+            + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t + quant) / compute.hbm_rate(cluster)
     tp_link = tp.block_link_s(cluster, Grid.inner(layout).tp_group, T, h)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=_issue_s(eff, training, "mlp"),
                      tp_link_s=tp_link, ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
@@ -185,7 +189,7 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     dispatch + combine, forward + backward (``ep.dispatcher_link_s``), shared expert."""
     assert model.num_experts is not None
     eff = cluster.gpu.efficiency
-    fp8 = training.precision == "fp8"
+    fp8 = compute.gemm_precision(training)
     T, sh, t = _ctx(layout, training)
     h, e, k, fe = model.hidden_size, model.num_experts, model.moe_router_topk, model.moe_ffn
     gate = fc1_width_factor(model)
@@ -198,7 +202,9 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     hbm = compute.hbm_rate(cluster)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
-            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * ep.permute_copies(training) / ep.PERMUTE_COPIES * te * h) / hbm
+            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * ep.permute_copies(training) / ep.PERMUTE_COPIES * te * h
+            + compute.quantize_bytes(training, m_e, fe * gate / layout.etp, h, local)
+            + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local)) / hbm
     grid = Grid.inner(layout)
     tp_ep = grid.group(Axis.TP, Axis.EP, expert=True)
     out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
@@ -247,13 +253,15 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
     ``recompute_mlp``, moe/moe_layer.py); "shared_experts" the shared expert's forward GEMMs of MoE layers
     (moe_layer.py ``shared_experts_recompute``; inside "moe" when both are set); "mla_up_proj" MLA's query and
-    key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``)."""
+    key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``). Full and ``core_attn``
+    recompute re-run the CP attention forward with its exposed exchange (``cp_fwd_exposed_s``: TE's CP attention
+    function is what core_attn checkpoints)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
             + lt.host_sync_s / FWD_BWD_HALVES)
     full = (full + (1.0 - tp.overlap_frac(layout, eff)) * lt.tp_link_s / FWD_BWD_HALVES
-            + lt.ep_link_s / FWD_BWD_HALVES)
-    sel = lt.attn_fwd_s * ("core_attn" in modules)
+            + lt.ep_link_s / FWD_BWD_HALVES + lt.cp_fwd_exposed_s)
+    sel = (lt.attn_fwd_s + lt.cp_fwd_exposed_s) * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
     sel = sel + lt.mla_up_gemm_fwd_s * ("mla_up_proj" in modules)
     sel = sel + lt.shared_gemm_fwd_s * (moe and "shared_experts" in modules and "moe" not in modules)

@@ -70,6 +70,7 @@ def gpu_rows() -> list[dict[str, Any]]:
         rows.append({"name": name, "hbm_gib": g.hbm_bytes / GIB, "hbm_tbyte_per_s": g.hbm_bytes_per_s / TB,
                      "bf16_tflops": g.peak_bf16_flops_per_s / TFLOP,
                      "fp8_tflops": None if g.peak_fp8_flops_per_s is None else g.peak_fp8_flops_per_s / TFLOP,
+                     "fp4_tflops": None if g.peak_fp4_flops_per_s is None else g.peak_fp4_flops_per_s / TFLOP,
                      "nvlink_gbyte_per_s": g.nvlink_bytes_per_s / GB,
                      "network_gbyte_per_s": g.network_bytes_per_s / GB,
                      "gpus_per_node": g.gpus_per_node, "nvlink_domain_size": g.nvlink_domain_size,
