@@ -230,6 +230,12 @@ def main() -> int:
     ok, n_rank, lines = ranking_check(cases)
     print(f"\nranking: published layout in the top 5 or within 5% of the top pick for {ok}/{n_rank} runs")
     print("\n".join(lines))
+    from published_cases import bridge_fit_line, bridge_recipe_matches, bridge_unmatched_lines  # recipe knobs
+
+    matches = bridge_recipe_matches()
+    print("\n" + bridge_fit_line(matches))
+    if args.worst:
+        print("\n".join(bridge_unmatched_lines(matches)))
     if not args.no_vtrain:
         vcases, _ = load_cases("vtrain")
         med, p90, w20, n = summary(score(vcases))

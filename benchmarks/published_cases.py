@@ -288,3 +288,86 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
             except Skip as err:
                 skipped[str(err)] = skipped.get(str(err), 0) + 1
     return cases, skipped
+
+
+BRIDGE_SOURCE = "NVIDIA-NeMo/Megatron-Bridge performance summary"
+BRIDGE_MODELS = {"Llama-3 8B": "llama3-8b", "Llama-3 70B": "llama3-70b", "Llama-3.1 405B": "llama3.1-405b",
+                 "DeepSeek-V3": "deepseek-v3", "Qwen3-235B-A22B": "qwen3-235b-a22b", "Qwen3-30B-A3B": "qwen3-30b-a3b"}
+"""Published model names -> paraplan presets (the recipe library's ``model_preset``); other models have no preset."""
+BRIDGE_PRECISIONS = {"bf16": ("bf16",), "mxfp8": ("fp8_mx",), "fp8-cs": ("fp8_cs",), "nvfp4": ("nvfp4",),
+                     "fp8": ("fp8_cs", "fp8_sc", "fp8_ds"), "fp8-blockwise": ("fp8_sc",)}
+"""Published precision -> recipe precisions it may be (the summary's plain "fp8" is current scaling on Blackwell
+and current or blockwise scaling on Hopper); a blank precision matches any."""
+
+
+@dataclass
+class BridgeMatch:
+    """A Megatron-Bridge performance-summary row and the library recipe with its job and layout (or why none)."""
+
+    row: int
+    label: str
+    recipe: Any = None
+    reason: str = ""
+
+
+def _recipe_key(r: Any) -> tuple[Any, ...]:
+    def n(col: str) -> int:
+        v = r.get(col)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 1
+
+    return (r.model_preset, r.gpu_preset, n("num_gpus"), n("tp"), n("pp"), n("cp"), n("vp"), n("ep"),
+            n("micro_batch_size"), n("global_batch_size"))
+
+
+def bridge_recipe_matches() -> list[BridgeMatch]:
+    """Every Megatron-Bridge row of published_runs.csv joined to its recipe in the packaged library on model, GPU,
+    GPU count, layout (TP, PP, CP, VP, EP), micro and global batch and precision (a recipe without a variant
+    first when several match)."""
+    from paraplan.recipes.catalogue import bridge_recipes
+
+    index: dict[tuple[Any, ...], list[Any]] = {}
+    for rec in bridge_recipes():
+        if rec.runnable:
+            index.setdefault(_recipe_key(rec), []).append(rec)
+    out: list[BridgeMatch] = []
+    with open(SHARED / "published_runs.csv", newline="") as f:
+        for i, r in enumerate(csv.DictReader(f)):
+            if not r["source"].startswith(BRIDGE_SOURCE):
+                continue
+            label = f"{r['model']} {r['gpu']} x{r['num_gpus']} {r['precision'] or '?'} (line {i + 2})"
+            preset, gpu = BRIDGE_MODELS.get(r["model"]), GPU_MAP.get(r["gpu"])
+            if preset is None or gpu is None:
+                missing = r["model"] if preset is None else r["gpu"]
+                out.append(BridgeMatch(i, label, reason=f"no paraplan preset for {missing}"))
+                continue
+            key = (preset, gpu, *(_i(r[c]) or 1 for c in ("num_gpus", "tp", "pp", "cp", "vp", "ep", "mbs", "gbs")))
+            precs = BRIDGE_PRECISIONS.get(r["precision"].strip())
+            found = [x for x in index.get(key, []) if precs is None or x.get("precision") in precs]
+            if not found:
+                out.append(BridgeMatch(i, label, reason="no recipe with this job, layout, batch and precision"))
+                continue
+            found.sort(key=lambda x: (x.get("config_variant") not in (None, ""), x.alias))
+            out.append(BridgeMatch(i, label, recipe=found[0]))
+    return out
+
+
+def bridge_fit_line(matches: list[BridgeMatch]) -> str:
+    """``bridge rows with recipe knobs: N matched, M unmatched; fit F/N`` (each matched row estimated with its
+    recipe's knobs, ``estimate --recipe``)."""
+    from paraplan.errors import PlannerError
+    from paraplan.recipes.knobs import estimate_recipe
+
+    matched = [m for m in matches if m.recipe is not None]
+    fit = 0
+    for m in matched:
+        try:
+            fit += int(estimate_recipe(m.recipe).fits)
+        except PlannerError:
+            pass
+    return (f"bridge rows with recipe knobs: {len(matched)} matched, {len(matches) - len(matched)} unmatched; "
+            f"fit {fit}/{len(matched)}")
+
+
+def bridge_unmatched_lines(matches: list[BridgeMatch]) -> list[str]:
+    """The Bridge rows that match no recipe, one indented line each with the reason."""
+    return [f"  unmatched: {m.label}: {m.reason}" for m in matches if m.recipe is None]

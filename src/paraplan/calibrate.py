@@ -98,7 +98,7 @@ class FitResult:
 
 IMPOSSIBLE_PEAK_FRAC = 1.3
 """A run predicted above 1.3 x the usable memory is refused: beyond the memory model's p90 error
-against Megatron-LM's CI (27.6% dense, benchmarks/memory.py), so the row, not the model, is wrong."""
+against Megatron-LM's CI (23.4% dense, benchmarks/memory.py), so the row, not the model, is wrong."""
 
 
 def make_run(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout,

@@ -139,6 +139,18 @@ _LAYOUT_RULES: tuple[Rule, ...] = (
                     f"(sequence {c.training.seq_len}/CP {c.layout.cp} over TP {c.layout.tp} with "
                     "sequence parallel)"),
          "megatron/core/tensor_parallel/mappings.py"),
+    Rule("CPU_OFFLOADING_WITH_PP",
+         lambda c: (c.training.cpu_offloading_num_layers > 0) & (c.layout.pp > 1),
+         lambda c: "Currently there is no support for Pipeline parallelism with CPU offloading",
+         "TC: __post_init__"),
+    Rule("CPU_OFFLOADING_WITH_RECOMPUTE",
+         lambda c: (c.training.cpu_offloading_num_layers > 0) & (c.layout.recompute_code != 0),
+         lambda c: "CPU offloading does not work when activation recomputation is enabled",
+         "TC: __post_init__"),
+    Rule("CPU_OFFLOADING_LAYERS",
+         lambda c: c.training.cpu_offloading_num_layers >= _layers_total(c),
+         lambda c: f"CPU offloading can be done only for layers less than {_layers_total(c)}",
+         "TC: __post_init__"),
     Rule("LAYERS_NOT_DIVISIBLE_BY_PP",
          lambda c: _even_split(c) & (_layers_total(c) % c.layout.pp != 0),
          lambda c: (f"Number of layers should be divisible by the pipeline-model-parallel size "

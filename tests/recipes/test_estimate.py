@@ -114,9 +114,11 @@ def test_nvfp4_recipes_run_as_fp4_with_their_knobs() -> None:
     assert knobs["fp4_param_gather"] == bf16_ends.get("fp4_param_gather")
 
 
-def test_peft_is_said_to_be_an_approximation() -> None:
+def test_peft_is_modelled() -> None:
     peft = next(r for r in bridge_recipes() if r.runnable and r.get("task") == "peft")
-    assert any(x.startswith("task=peft") for x in not_modelled(peft))
+    assert not any(x.startswith(("task=peft", "peft=")) for x in not_modelled(peft))  # modelled: frozen base
+    est = estimate_recipe(peft)
+    assert est.training.peft and all(float(s.memory.grads_bytes) == 0.0 for s in est.stages)
 
 
 def test_flags_beside_the_recipe_win(capsys: pytest.CaptureFixture[str]) -> None:

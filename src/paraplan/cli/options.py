@@ -136,7 +136,7 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     words: list[str] = []
     for item in knobs or ():
         name, eq, value = item.partition("=")
-        words += [f"--{name.strip().lstrip('-')}", *([value.strip()] if eq else [])]
+        words += [f"--{name.strip().lstrip('-')}", *([v.strip() for v in value.split(",")] if eq else [])]
     return memory_knobs_from_words(words, precision) if words else {}
 
 
@@ -266,6 +266,7 @@ KnobOpt = typer.Option(
     help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
          "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
+         "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj, "
          "cp-comm-type=a2a (p2p, a2a, allgather), "
          "fsdp-double-buffer, fp4-param-gather, first-last-layers-bf16, num-layers-at-end-in-bf16=4; "
          "MoE: moe-token-dispatcher-type=alltoall|allgather|flex, moe-flex-dispatcher-backend=deepep|hybridep, "

@@ -55,6 +55,9 @@ class ActivationContext:
     recompute_num_layers: int
     fp8: bool
     flash: bool = True
+    offload_modules: tuple[str, ...] = ()
+    """Modules whose inputs fine-grained activation offloading keeps on the host
+    (``TrainingSpec.offloaded_modules``)."""
     routed_load: float = 1.0
     """Routed token copies over the dropless T k (``time.ep.routed_load_factor``: token drop / padding)."""
     fp4: bool = False
@@ -81,6 +84,12 @@ def _mod(ctx: ActivationContext, name: str) -> Num:
     return (ctx.recompute_code == 1) & (name in ctx.recompute_modules)
 
 
+def _off(ctx: ActivationContext, *names: str) -> bool:
+    """True when fine-grained activation offloading moves the input of one of ``names`` to the host
+    (Megatron-LM ``--offload-modules``: ``FineGrainedActivationOffloadingInterface`` around each module)."""
+    return any(n in ctx.offload_modules for n in names)
+
+
 def attention_block_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     """Attention half of a layer (input norm to output dropout), no full recompute.
 
@@ -88,6 +97,8 @@ def attention_block_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     + output O 2Tq/t (+ FP8 copy for the projection) + LSE 4aT/t + dropout mask Th/sh,
     T = s*b/c tokens, sh = t with SP else 1, g = GEMM-input bytes.
     MLA: Q,K 2T*a*(d_qk+d_rope)/t, V 2T*a*d_v/t, latents 2T(2c_q + 2c_kv + d_rope) replicated.
+    Offloaded module inputs are not on the GPU: ``attn_norm`` the norm input, ``qkv_linear`` the QKV GEMM input,
+    ``core_attn`` Q, K, V, ``attn_proj`` the output O (with its FP8 copy).
     """
     T, t, sh = ctx.tokens, ctx.tp, ctx.seq_shard
     h, a = model.hidden_size, model.num_attention_heads
@@ -116,6 +127,14 @@ def attention_block_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
         core = np.where(_mod(ctx, "core_attn"), 0.0, per_score * a * T * ctx.seq_len / t)
     lse = core
     mask = MASK_BYTES * T * h / sh if model.hidden_dropout > 0 else 0.0
+    if _off(ctx, "attn_norm"):
+        norm_in = 0.0
+    if _off(ctx, "qkv_linear"):
+        norm_out = 0.0 * norm_out
+    if _off(ctx, "core_attn"):
+        qkv = 0.0 * qkv
+    if _off(ctx, "attn_proj"):
+        out = 0.0 * out
     return norm_in + norm_out + qkv + latents + out + lse + mask
 
 
@@ -125,7 +144,7 @@ def dense_mlp_bytes(model: ModelSpec, ctx: ActivationContext, *, ffn: int, with_
     ``mlp`` recompute keeps only the block input."""
     T, t, sh, h = ctx.tokens, ctx.tp, ctx.seq_shard, model.hidden_size
     gate = 2 if model.swiglu else 1
-    norm_in = BF16_BYTES * T * h / sh if with_norm else 0.0
+    norm_in = BF16_BYTES * T * h / sh if (with_norm and not _off(ctx, "mlp_norm")) else 0.0
     fc1_in = ctx.gemm_input_bytes * T * h / sh
     if with_norm:
         fc1_in = np.where(_mod(ctx, "layernorm"), 0.0, fc1_in)
@@ -141,21 +160,32 @@ def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     """MoE half of a layer: norm, router (fp32 logits and probabilities), routed experts, shared.
 
     Routed token copies per GPU: Te = s*b*k*etp/(t*c) (balanced dispatch over EP, each copy
-    processed by the ETP group), times ``routed_load`` (capacity factor, padding). Saved per copy:
-    fc1 input h, activation input f_e*(2|1)/etp,
-    fc2 input f_e/etp, expert output h (for the probability-weighted combine).
+    processed by the ETP group), times ``routed_load`` (capacity factor, padding). Saved per copy: fc1 input h,
+    activation input f_e*(2|1)/etp, fc2 input f_e/etp and its fp32 routing probability (4 B); offloaded:
+    ``mlp_norm`` the norm input, ``expert_fc1`` the fc1 input, ``moe_act`` the activation input,
+    ``fused_group_mlp`` all three GEMM-side inputs. The probabilities are applied inside the activation
+    (``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward``, ``bias_act_func``:
+    ``weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)``), so the
+    expert output is not kept for the combine: unpermute is an index scatter-add.
     """
     assert model.num_experts is not None
     T, t, sh, h = ctx.tokens, ctx.tp, ctx.seq_shard, model.hidden_size
     k, fe = model.moe_router_topk, model.moe_ffn
     gate = 2 if model.swiglu else 1
-    norm_in = BF16_BYTES * T * h / sh
+    norm_in = 0.0 if _off(ctx, "mlp_norm") else BF16_BYTES * T * h / sh
     norm_out = np.where(_mod(ctx, "layernorm"), 0.0, BF16_BYTES * T * h / sh)
     router = 2 * FP32_BYTES * T * model.num_experts / sh
     te = T * k * ctx.etp / t * ctx.routed_load
     act_in = np.where(_mod(ctx, "moe_act"), 0.0, BF16_BYTES * te * fe * gate / ctx.etp)
-    routed = ctx.gemm_input_bytes * te * h + act_in + ctx.gemm_input_bytes * te * fe / ctx.etp
-    routed = routed + BF16_BYTES * te * h
+    fc1_in = ctx.gemm_input_bytes * te * h
+    fc2_in = ctx.gemm_input_bytes * te * fe / ctx.etp
+    if _off(ctx, "expert_fc1", "fused_group_mlp"):
+        fc1_in = 0.0 * fc1_in
+    if _off(ctx, "moe_act", "fused_group_mlp"):
+        act_in = 0.0 * act_in
+    if _off(ctx, "fused_group_mlp"):
+        fc2_in = 0.0 * fc2_in
+    routed = fc1_in + act_in + fc2_in + FP32_BYTES * te
     shared: Num = 0.0
     if model.shared_ffn:
         shared = dense_mlp_bytes(model, ctx, ffn=model.shared_ffn, with_norm=False)

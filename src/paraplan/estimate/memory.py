@@ -190,6 +190,7 @@ def model_state_bytes(params: StageParams, layout: StepLayout,
     The knobs change the per-parameter bytes: weights ``weight_bytes_per_param`` (FP8 param gather 1 B),
     grads ``main_grad_bytes`` (bf16 buffer 2 B), optimizer ``optimizer_bytes_per_param`` (precision-aware
     dtypes, CPU offload). A precision string stands for a TrainingSpec with Megatron's defaults.
+    PEFT (``training.peft``): the frozen base weights have no grads and no optimizer state (0 B each).
     """
     if isinstance(training, str):
         training = TrainingSpec(seq_len=1, global_batch_size=1, precision=training)  # type: ignore[arg-type]
@@ -202,8 +203,8 @@ def model_state_bytes(params: StageParams, layout: StepLayout,
     if training.fp4_param_gather:  # the embedding, output layer and MTP block are not TE linears: bf16 params
         outside = params.embedding + params.output_layer + params.mtp
         weights = weights + (PARAM_BYTES - weight_bytes_per_param(training)) * outside / state_shards_dense
-    grad_bytes = main_grad_bytes(training)
-    opt_bytes = optimizer_bytes_per_param(training)
+    grad_bytes = 0.0 if training.peft else main_grad_bytes(training)
+    opt_bytes = 0.0 if training.peft else optimizer_bytes_per_param(training)
     grads = grad_bytes * (params.dense / state_shards_dense + params.expert / state_shards_expert)
     optimizer = opt_bytes * (params.dense / dense_shards + params.expert / expert_shards)
     return weights, grads, optimizer
@@ -224,6 +225,7 @@ def activation_context(
         # the block method checkpoints its layers one by one (megatron/core/recompute.py): one input each
         recompute_num_layers=1 if layout.recompute_method == "block" else int(layout.recompute_num_layers),
         fp8=training.precision == "fp8", flash=flash, routed_load=routed_load_factor(training),
+        offload_modules=training.offloaded_modules,
         fp4=training.precision == "fp4",
     )
 
@@ -248,6 +250,10 @@ class LayerActivations:
     """One layer without full recompute, the model's main layer type (backward working set)."""
     output: Num
     """Final norms and logits of one micro-batch, one head (``act.output_bytes``)."""
+    offloaded_dense: Num = 0.0
+    """Bytes of one dense layer, one micro-batch, that fine-grained activation offloading keeps on the host."""
+    offloaded_moe: Num = 0.0
+    """Same for one MoE layer."""
     dense_kept: Num = 0.0
     """One dense layer that full recompute skips (block method beyond its first N layers per chunk)."""
     moe_kept: Num = 0.0
@@ -265,9 +271,16 @@ def _take(value: Num, index: NDArray[np.int64]) -> Num:
 def layer_activations(model: ModelSpec, training: TrainingSpec, layout: LayerLayout) -> LayerActivations:
     """The stage-independent activation terms of a layout (or a table of layouts)."""
     ctx = activation_context(model, training, layout)
+    dense = act.layer_bytes(model, ctx, moe=False)
+    moe = act.layer_bytes(model, ctx, moe=True) if model.is_moe else 0.0
+    off_dense: Num = 0.0
+    off_moe: Num = 0.0
+    if ctx.offload_modules:
+        kept = replace(ctx, offload_modules=())
+        off_dense = act.layer_bytes(model, kept, moe=False) - dense
+        off_moe = act.layer_bytes(model, kept, moe=True) - moe if model.is_moe else 0.0
     return LayerActivations(
-        dense=act.layer_bytes(model, ctx, moe=False),
-        moe=act.layer_bytes(model, ctx, moe=True) if model.is_moe else 0.0,
+        dense=dense, moe=moe, offloaded_dense=off_dense, offloaded_moe=off_moe,
         mtp=act.layer_bytes(model, ctx, moe=model.mtp_layer_is_moe),
         embedding=act.embedding_bytes(model, ctx),
         rebuilt=act.recompute_working_bytes(model, ctx, has_moe=model.is_moe),
@@ -289,6 +302,11 @@ def stage_activation_bytes(
     layers:     units * (n_dense*a_dense + n_moe*a_moe) / vp   (units: Schedule.in_flight_units)
     embedding:  first-chunk micro-batches in flight * embedding_bytes (rank 0)
     transient:  full-recompute working group + backward working set (one layer, one micro-batch)
+    layer-level CPU offloading (``--cpu-offloading-num-layers N``, PP 1): TE's ``get_cpu_offload_context``
+                keeps "at most (model_layers - num_layers) sets of activations on GPU" (TE docs, CPU
+                offloading, default scheduling): layers * max(L - N, 1) / L
+    fine-grained offloading: the offloaded module inputs are out of a_dense / a_moe; one layer's worth
+                stays on the GPU (the last group, which Megatron does not offload to avoid a reload stall)
     ``per_layer``: the layout's ``layer_activations`` when already computed.
     """
     la = per_layer if per_layer is not None else layer_activations(model, training, layout)
@@ -302,11 +320,32 @@ def stage_activation_bytes(
     sched = schedule_of(layout)
     units = sched.in_flight_units(rank=rank, pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
     layers = units * per_mb / layout.vp
+    if training.cpu_offloading_num_layers > 0:
+        n_layers = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
+        layers = layers * np.maximum(n_layers - training.cpu_offloading_num_layers, 1) / n_layers
     emb_mbs = sched.first_chunk_in_flight(pp=layout.pp, vp=layout.vp, num_microbatches=num_microbatches)
     emb = np.where(stage.has_embedding, emb_mbs * la.embedding, 0.0)
     working = options.backward_working_frac * la.one_layer
     mtp_layers = np.where(stage.num_mtp_layers > 0, stage.num_mtp_layers * la.mtp, 0.0)
-    return layers + emb + la.rebuilt + working + mtp_layers, units
+    margin = np.maximum(la.offloaded_dense, la.offloaded_moe)
+    return layers + emb + la.rebuilt + working + mtp_layers + margin, units
+
+
+def stage_offloaded_bytes(model: ModelSpec, training: TrainingSpec, stage: StageLayers,
+                          per_layer: LayerActivations) -> Num:
+    """Activation bytes of one micro-batch that offloading moves to the host and back on a stage:
+
+    layer-level (``--cpu-offloading-num-layers N``, PP 1): min(N, L - 1) layers' saved activations,
+                (n_dense*a_dense + n_moe*a_moe) * min(N, L - 1) / L
+    fine-grained (``--offload-modules``): n_dense*off_dense + n_moe*off_moe (``LayerActivations.offloaded_*``).
+    """
+    la = per_layer
+    if training.cpu_offloading_num_layers > 0:
+        n_layers = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
+        per_mb = stage.num_dense_layers * la.dense + (stage.num_moe_layers * la.moe if model.is_moe else 0.0)
+        moved: Num = per_mb * np.minimum(training.cpu_offloading_num_layers, n_layers - 1) / n_layers
+        return moved
+    return stage.num_dense_layers * la.offloaded_dense + stage.num_moe_layers * la.offloaded_moe
 
 
 def block_recompute_frac(layout: StepLayout, stage: StageLayers) -> Num:
@@ -333,10 +372,11 @@ def stage_other_bytes(
     logits = np.where(stage.has_output, heads * la.output, 0.0)
     layers_on_stage = np.maximum(stage.num_dense_layers + stage.num_moe_layers, 1)
     per_layer_params = (params.layers_dense + params.layers_experts) / layers_on_stage
+    grad_b = 0.0 if training.peft else main_grad_bytes(training)
     weight_units = (FSDP_LAYERS_IN_FLIGHT if training.fsdp_double_buffer else
                     fsdp_weight_units_in_flight(per_layer_params, layers_on_stage / np.maximum(layout.vp, 1)))
     fsdp_buffers = np.where(layout.fsdp, (weight_units * weight_bytes_per_param(training)
-                                          + FSDP_LAYERS_IN_FLIGHT * main_grad_bytes(training)) * per_layer_params, 0.0)
+                                          + FSDP_LAYERS_IN_FLIGHT * grad_b) * per_layer_params, 0.0)
     # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
     # gathered for its GEMMs and released, so only the layers in flight carry FP8 copies
     fp8_held = np.where(layout.fsdp, weight_units * per_layer_params, params.total)

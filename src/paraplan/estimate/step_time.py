@@ -25,7 +25,7 @@ from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_st
 from paraplan.estimate.layouts import LayerLayout, StepLayout
 from paraplan.estimate.memory import block_recompute_frac
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
-from paraplan.estimate.time import compute, dp, ep, fsdp, pp, tp
+from paraplan.estimate.time import compute, dp, ep, fsdp, offload, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
 from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
 from paraplan.estimate.time.optimizer import grad_accumulation_s, optimizer_s
@@ -274,7 +274,9 @@ def step_time_from_stages(
     # DP: every stage reduces its own gradients in parallel; the slowest one is exposed.
     dps = [dp.dp_times(model, cluster, layout, st, groups, max_positions, training) for st in stages]
     grad, gather, local = (worst(list(column)) for column in zip(*dps, strict=True))
-    optimizer = optimizer_s(cluster, local)
+    gpu_share = 1.0 - float(training.optimizer_offload_fraction) if training.optimizer_cpu_offload else 1.0
+    optimizer = optimizer_s(cluster, gpu_share * local) + offload.optimizer_offload_s(
+        training, local, cluster.gpu.host_bytes_per_s)
     dp_exposed, dp_link = dp.exposed_and_link_s(
         layout, grad, gather, eff.dp_overlap_frac * t_stage, m,
         recompute_hide_s=eff.dp_overlap_frac * pick([st.recompute_s for st in times]),
@@ -299,6 +301,15 @@ def step_time_from_stages(
         "pp": pp.link_s(layout.pp, sched.p2p_transfers(pp=layout.pp, vp=layout.vp, num_microbatches=m), p2p),
         "dp": dp_link,
     }
+    if training.activation_offloading:  # host <-> device copies of offloaded activations (time.offload)
+        from paraplan.estimate.memory import layer_activations, stage_offloaded_bytes
+
+        la = layer_activations(model, training, layout)
+        moved = [stage_offloaded_bytes(model, training, st, la) for st in stages]
+        host = cluster.gpu.host_bytes_per_s
+        exposed["offload"] = m * pick([offload.activation_offload_exposed_s(b, host, t.compute_s)
+                                       for b, t in zip(moved, times, strict=True)])
+        links["offload"] = m * offload.activation_offload_link_s(pick(moved), host)
     compute_s = m * pick([st.compute_s for st in times])
     recompute = m * pick([st.recompute_s for st in times])
     overhead = eff.step_overhead_s

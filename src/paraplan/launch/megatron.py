@@ -235,7 +235,10 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
             if training.cuda_graph_impl not in ("none", "full_iteration"):
                 args.append(_a(flag, *value))
             continue
-        args.append(_a(flag) if isinstance(value, bool) else _a(flag, value))
+        if isinstance(value, tuple):
+            args.append(_a(flag, *value))
+        else:
+            args.append(_a(flag) if isinstance(value, bool) else _a(flag, value))
     return args
 
 

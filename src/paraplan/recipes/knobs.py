@@ -12,14 +12,15 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     (bf16; every FP8 recipe as paraplan's FP8 with its ``--fp8-recipe``; NVFP4 as paraplan's fp4);
   * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
     (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 and FP4 parameter gather, the
-    precision-aware optimizer with ``optimizer_state_dtypes``, optimizer CPU offload, BF16 first/last layers,
-    FP8 dot-product attention, CUDA graphs (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel
-    launches in time);
+    precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
+    for bf16 Adam), optimizer CPU offload, BF16 first/last layers, FP8 dot-product attention, CUDA graphs
+    (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel launches in time), activation
+    offloading (layer-level and fine-grained), PEFT (``task``);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion, shared-expert overlap; ``moe_a2a_overlap`` is the combined_1f1b
     schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. activation offloading, the MoE
+    what paraplan's formulas assume (``ASSUMED``), e.g. the MoE
     dispatcher and its overlap, the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
@@ -72,12 +73,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "num_distributed_optimizer_instances": ((1,), None),
     "outer_dp_sharding_strategy": ((), _off("num_distributed_optimizer_instances", 1, "")),
     "data_parallel_sharding_strategy": (("optim_grads_params",), _on("use_megatron_fsdp", True)),
-    "cpu_offloading": ((False,), None),
-    "cpu_offloading_num_layers": ((), _on("cpu_offloading", True)),
-    "cpu_offloading_activations": ((), _on("cpu_offloading", True)),
-    "cpu_offloading_weights": ((), _on("cpu_offloading", True)),
-    "fine_grained_activation_offloading": ((False,), None),
-    "offload_modules": ((), _on("fine_grained_activation_offloading", True)),
+    "cpu_offloading_activations": ((True,), _on("cpu_offloading", True)),
+    "cpu_offloading_weights": ((False,), _on("cpu_offloading", True)),
     "moe_grouped_gemm": ((True, ""), None),
     "moe_router_dtype": (("fp32", ""), None),
     "moe_router_fusion": ((False, ""), None),
@@ -94,12 +91,11 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
     "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
     "other_env": (("",), None),
-    "peft": ((None, ""), None),
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
 Adam, grouped GEMMs, fp32 router, balanced dropless routing, the native
-cross entropy (fp32 logits copy), no offloading, no environment effects, full training."""
+cross entropy (fp32 logits copy), activation offloading of activations only (no weights), no environment effects."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -114,6 +110,8 @@ APPLIED: Final = (
 ``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
                          "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
+                         "cpu_offloading", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
+                         "offload_modules", "peft",
                          "fsdp_double_buffer", "cuda_graph_impl", "cuda_graph_scope",
                          "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                          "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention")
@@ -145,7 +143,9 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     if precision in ("fp8", "fp4") and prec != "bf16":
         out.update(_bf16_layers(r))
         out["fp8_dot_product_attention"] = _bool(r, "fp8_dot_product_attention")
-    aware = _bool(r, "use_precision_aware_optimizer")
+    # the Bridge launcher (scripts/performance/run_script.py _run_training): "Preserve BF16 Adam precision-aware
+    # behavior": compute dtype bf16 with Adam sets use_precision_aware_optimizer=True, the recipe's dtypes kept
+    aware = _bool(r, "use_precision_aware_optimizer") or (prec == "bf16" and r.get("optimizer") == "adam")
     out["use_precision_aware_optimizer"] = aware
     if aware:
         text = r.get("optimizer_state_dtypes")
@@ -169,6 +169,25 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
         out["overlap_param_gather_with_optimizer_step"] = True
     if not _bool(r, "gradient_accumulation_fusion"):
         out["gradient_accumulation_fusion"] = False
+    out.update(_offload_knobs(r))
+    if r.get("task") == "peft":
+        out["peft"] = True
+    return out
+
+
+def _offload_knobs(r: Recipe) -> dict[str, Any]:
+    """Activation offloading of ``r``: layer-level (``cpu_offloading`` with ``cpu_offloading_num_layers``) or
+    fine-grained (``fine_grained_activation_offloading`` with ``offload_modules``)."""
+    from paraplan.specs.training import OFFLOAD_MODULES
+
+    out: dict[str, Any] = {}
+    if _bool(r, "cpu_offloading"):
+        out["cpu_offloading_num_layers"] = _int(r, "cpu_offloading_num_layers")
+    if _bool(r, "fine_grained_activation_offloading"):
+        mods = r.get("offload_modules")
+        if not isinstance(mods, list) or not mods or any(m not in OFFLOAD_MODULES for m in mods):
+            raise bad(r, "offload_modules", "a list of " + ", ".join(OFFLOAD_MODULES))
+        out.update(fine_grained_activation_offloading=True, offload_modules=tuple(str(m) for m in mods))
     return out
 
 
@@ -380,8 +399,6 @@ def _shown(column: str, value: Cell) -> str:
 def not_modelled(r: Recipe) -> list[str]:
     """The knobs of ``r`` that move memory or time and that paraplan does not model yet, as ``column=value``."""
     out = []
-    if r.get("task") == "peft":
-        out.append("task=peft (estimated as full training: frozen weights keep no gradients or optimizer states)")
     for column in (*MOE_COLUMNS, "moe_a2a_overlap"):
         if r.get(column) == "?":
             out.append(f"{column}=? (not statically resolvable: estimated with paraplan's default)")
@@ -391,8 +408,6 @@ def not_modelled(r: Recipe) -> list[str]:
             continue
         if assumed and value in assumed:
             continue
-        if column == "peft":
-            continue  # said with task
         out.append(_shown(column, value))
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from typing import Final
 
 from pydantic import ConfigDict
 
@@ -107,12 +108,28 @@ per-layer overheads at most 1 s, the per-step overhead at most an hour, dimensio
 
 GPU_RANGES: dict[str, tuple[float, float, str]] = {
     "hbm_bytes": (1e6, 1e18, "bytes"), "reserved_bytes": (0.0, 1e18, "bytes"),
-    **{name: (1e3, 1e18, "bytes/s") for name in ("hbm_bytes_per_s", "nvlink_bytes_per_s", "network_bytes_per_s")},
+    **{name: (1e3, 1e18, "bytes/s") for name in ("hbm_bytes_per_s", "nvlink_bytes_per_s", "network_bytes_per_s",
+                                                 "host_link_bytes_per_s")},
     **{name: (1e3, 1e18, "FLOP/s") for name in ("peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
                                                  "peak_fp32_simt_flops_per_s", "peak_fp4_flops_per_s")},
 }
 """(lowest, highest, unit) of GpuSpec's capacities, bandwidths and peaks: physical bounds, far around
 any real GPU (H100: 80 GB, 3.35e12 bytes/s, 9.9e14 FLOP/s), so that times stay finite and readable."""
+
+
+HOST_LINK_DEFAULT_BYTES_PER_S: Final = {"pcie5": 64e9, "pcie4": 32e9, "nvlink_c2c": 450e9}
+"""GPU <-> host bandwidth per direction by link (Transformer Engine docs, "CPU Offloading", Hardware Support:
+PCIe Gen5 x16 128 GB/s bidirectional, NVLink-C2C on GB200 900 GB/s bidirectional; PCIe Gen4 x16 is half of Gen5)."""
+
+
+def host_link_default_bytes_per_s(name: str, arch: str) -> float:
+    """The host link of a GPU preset: NVLink-C2C for the Grace superchips (``gb...`` presets: GB200, GB300),
+    PCIe Gen4 for Ampere, PCIe Gen5 otherwise (H100/H200/B200/B300 HGX, MI300X)."""
+    if name.startswith(("gb", "gh")):
+        return HOST_LINK_DEFAULT_BYTES_PER_S["nvlink_c2c"]
+    if arch == "ampere":
+        return HOST_LINK_DEFAULT_BYTES_PER_S["pcie4"]
+    return HOST_LINK_DEFAULT_BYTES_PER_S["pcie5"]
 
 
 MAX_GPUS_PER_DOMAIN = 2**16
@@ -149,6 +166,9 @@ class GpuSpec:
     """GPUs per server (compute tray for NVL72 systems)."""
     nvlink_domain_size: int
     """GPUs reachable over NVLink (8 on HGX/DGX, 72 on GB200/GB300 NVL72)."""
+    host_link_bytes_per_s: float | None = None
+    """GPU <-> host (CPU memory) bandwidth per direction, what activation and optimizer offloading move over; None:
+    ``HOST_LINK_DEFAULT_BYTES_PER_S`` for the GPU (``host_bytes_per_s``)."""
     reserved_bytes: float = 1.5 * GIB
     """Memory not available to PyTorch's allocator (CUDA context, NCCL, cuBLAS/TE workspaces)."""
     arch: str = ""
@@ -175,6 +195,14 @@ class GpuSpec:
         return self.hbm_bytes - self.reserved_bytes
 
     @property
+    def host_bytes_per_s(self) -> float:
+        """GPU <-> host bandwidth per direction: ``host_link_bytes_per_s``, else NVLink-C2C on Grace superchips
+        (GB200/GB300), PCIe Gen4 x16 on Ampere and PCIe Gen5 x16 elsewhere (``host_link_default_bytes_per_s``)."""
+        if self.host_link_bytes_per_s is not None:
+            return self.host_link_bytes_per_s
+        return host_link_default_bytes_per_s(self.name, self.arch)
+
+    @property
     def simt_flops_per_s(self) -> float:
         """FP32 CUDA-core peak: the datasheet figure, else peak_bf16 / 16 (A100: 312 / 19.5)."""
         if self.peak_fp32_simt_flops_per_s is not None:
@@ -184,7 +212,7 @@ class GpuSpec:
     def __post_init__(self) -> None:
         for fname in ("hbm_bytes", "hbm_bytes_per_s", "peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
                       "peak_fp32_simt_flops_per_s", "nvlink_bytes_per_s", "network_bytes_per_s", "reserved_bytes",
-                      "peak_fp4_flops_per_s"):
+                      "host_link_bytes_per_s", "peak_fp4_flops_per_s"):
             value = getattr(self, fname)
             if value is None:
                 continue

@@ -128,6 +128,7 @@ _HUMAN_GPU_KEYS = {
     "fp4_tflops": ("peak_fp4_flops_per_s", TFLOP),
     "nvlink_gbyte_per_s": ("nvlink_bytes_per_s", 1e9),
     "network_gbit_per_s": ("network_bytes_per_s", GBIT),
+    "host_link_gbyte_per_s": ("host_link_bytes_per_s", 1e9),
     "reserved_gib": ("reserved_bytes", GIB),
 }
 

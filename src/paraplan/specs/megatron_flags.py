@@ -19,7 +19,7 @@ from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import DTYPE_CHOICES, KNOB_FLAGS
+from paraplan.specs.training import DTYPE_CHOICES, KNOB_FLAGS, OFFLOAD_MODULES
 
 _DATA = Path(__file__).parent
 """Where ``megatron_flags.txt`` and ``megatron_dests.tsv`` lie (beside this module)."""
@@ -507,8 +507,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
     for key, flag in KNOB_FLAGS.items():
         if not r.has(flag):
             continue
-        if key == "cp_comm_type":
-            out[key] = _cp_comm_type(r.v.get(flag) or ())
+        if key in ("cp_comm_type", "cpu_offloading_num_layers", "offload_modules"):
+            out[key] = _cp_comm_type(r.v.get(flag) or ()) if key == "cp_comm_type" else _offload_value(r, flag)
         elif key in DTYPE_CHOICES:
             raw = r.text(flag)
             if raw not in DTYPE_CHOICES[key]:
@@ -542,6 +542,9 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
 
 def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
     """Knobs Megatron ignores without the flag they refine: noted and dropped from ``out``."""
+    if out.get("offload_modules") and not out.get("fine_grained_activation_offloading"):
+        r.notes.append("--offload-modules is ignored without --fine-grained-activation-offloading")
+        del out["offload_modules"]
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
     if out.get("moe_token_dispatcher_type", "alltoall") != "flex":
@@ -617,6 +620,15 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
     return out
 
 
+def _offload_value(r: _Reader, flag: str) -> int | tuple[str, ...] | None:
+    """``--cpu-offloading-num-layers N`` (an integer) or ``--offload-modules M ...`` (``OFFLOAD_MODULES``)."""
+    if flag == "--cpu-offloading-num-layers":
+        return r.int(flag)
+    mods = r.v.get(flag) or ()
+    bad_mods = [m for m in mods if m not in OFFLOAD_MODULES]
+    if bad_mods:
+        raise SpecError(f"{flag}: {brief(bad_mods[0])} is not one of {', '.join(OFFLOAD_MODULES)}")
+    return tuple(mods)
 def _cp_comm_type(values: tuple[str, ...]) -> str:
     """``--cp-comm-type`` (nargs '+': one value, or one per layer): the one value every layer uses; a2a+p2p
     (hierarchical CP) and different values per layer are refused in one line (not modelled)."""

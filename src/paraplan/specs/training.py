@@ -45,6 +45,10 @@ DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype
                         "fp4_recipe": FP4_RECIPES,
                         "cp_comm_type": ("p2p", "a2a", "allgather")}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
+OFFLOAD_MODULES: Final = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                          "fused_group_mlp")
+"""``--offload-modules`` choices paraplan models (``TransformerConfig.offload_modules``; ``gdp_qkv``, the
+GatedDeltaProduct mixer's, has no layer here)."""
 DTYPE_BYTES: Final = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 KNOB_FLAGS: Final = {
     "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
@@ -53,6 +57,9 @@ KNOB_FLAGS: Final = {
     "exp_avg_dtype": "--exp-avg-dtype", "exp_avg_sq_dtype": "--exp-avg-sq-dtype",
     "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "optimizer_cpu_offload": "--optimizer-cpu-offload", "optimizer_offload_fraction": "--optimizer-offload-fraction",
+    "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
+    "fine_grained_activation_offloading": "--fine-grained-activation-offloading",
+    "offload_modules": "--offload-modules",
     "cp_comm_type": "--cp-comm-type",
     "fsdp_double_buffer": "--fsdp-double-buffer",
     "moe_token_dispatcher_type": "--moe-token-dispatcher-type",
@@ -193,6 +200,19 @@ class TrainingSpec:
     """``--optimizer-cpu-offload`` (needs the precision-aware optimizer, as in Megatron)."""
     optimizer_offload_fraction: float = 1.0
     """``--optimizer-offload-fraction``: share of the optimizer's parameters whose state lives on the host."""
+    cpu_offloading_num_layers: int = 0
+    """``--cpu-offloading-num-layers`` (> 0 turns ``cpu_offloading`` on, ``arguments.py``): TE's layer-level
+    activation offloading (``get_cpu_offload_context``) moves the saved activations of that many of the rank's
+    layers to the host; needs PP 1 and no recompute (``TransformerConfig.__post_init__``)."""
+    fine_grained_activation_offloading: bool = False
+    """``--fine-grained-activation-offloading``: offload the inputs of the ``offload_modules`` to the host."""
+    offload_modules: tuple[str, ...] = ()
+    """``--offload-modules`` (``OFFLOAD_MODULES``): the submodules whose inputs go to the host."""
+    peft: bool = False
+    """Parameter-efficient fine-tuning (Megatron-Bridge ``task=peft``, LoRA): the base weights are frozen
+    (``requires_grad=False``), so they are in no DDP grad buffer (``param_and_grad_buffer.py`` takes only
+    parameters that require grad) and in no optimizer shard. The adapters (rank 16 on ``linear_qkv`` in
+    NVIDIA's recipes: under 0.1% of the parameters) are neglected. No Megatron-LM flag."""
     cp_comm_type: CpCommType = "p2p"
     """``--cp-comm-type`` (one value for every layer): how attention exchanges K,V under context parallelism
     (``estimate/time/cp.py``); ``a2a+p2p`` is not modelled."""
@@ -284,6 +304,7 @@ class TrainingSpec:
         self._check_moe_knobs()
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("fp8_param_gather (--fp8-param-gather) needs precision fp8")
+        self._check_offload()
         self._check_cuda_graphs()
         if self.fp4_param_gather and self.precision != "fp4":  # arguments.py validate_args
             raise SpecError("fp4_param_gather (--fp4-param-gather) needs precision fp4: Megatron-LM's "
@@ -301,6 +322,40 @@ class TrainingSpec:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
 
+    def _check_offload(self) -> None:
+        """Megatron-LM's asserts on activation offloading (``TransformerConfig.__post_init__``)."""
+        n = self.cpu_offloading_num_layers
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOKENS:
+            raise SpecError(f"cpu_offloading_num_layers must be an integer >= 0, got {brief(n)}")
+        for fname in ("fine_grained_activation_offloading", "peft"):
+            if not isinstance(getattr(self, fname), bool):
+                raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
+        mods = self.offload_modules
+        if not isinstance(mods, tuple) or any(m not in OFFLOAD_MODULES for m in mods):
+            raise SpecError(f"offload_modules must be a list of {', '.join(OFFLOAD_MODULES)}, got {brief(mods)}")
+        if not self.fine_grained_activation_offloading:
+            return
+        if n > 0:
+            raise SpecError("fine_grained_activation_offloading cannot be enabled with cpu_offloading "
+                            "(--cpu-offloading-num-layers > 0)")
+        if not mods:
+            raise SpecError("fine_grained_activation_offloading needs offload_modules (--offload-modules), one or "
+                            f"more of {', '.join(OFFLOAD_MODULES)}")
+        if "attn_proj" in mods and "core_attn" not in mods:
+            raise SpecError("offload_modules: attn_proj cannot be set alone without core_attn (the input of "
+                            "attn_proj is the output of core_attn, needed in core_attn.backward())")
+        if "fused_group_mlp" in mods and {"expert_fc1", "moe_act"} & set(mods):
+            raise SpecError("offload_modules: fused_group_mlp cannot be combined with expert_fc1 or moe_act")
+
+    @property
+    def offloaded_modules(self) -> tuple[str, ...]:
+        """The modules whose inputs are offloaded: ``offload_modules`` under fine-grained offloading, else none."""
+        return self.offload_modules if self.fine_grained_activation_offloading else ()
+
+    @property
+    def activation_offloading(self) -> bool:
+        """Layer-level or fine-grained activation offloading is on."""
+        return self.cpu_offloading_num_layers > 0 or bool(self.offloaded_modules)
     def _check_moe_knobs(self) -> None:
         sms = self.moe_hybridep_num_sms
         if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SMS):
@@ -351,4 +406,4 @@ def training_dict(training: TrainingSpec) -> dict[str, Any]:
     return out
 
 
-_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention"}
+_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention", "peft"}
