@@ -147,8 +147,7 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
 def attention_kernel_knob(value: str | None) -> str:
     """``--knob attention-kernel=current|fa2`` -> ``TrainingSpec.attention_kernel`` (paraplan's knob: no Megatron
     flag, never written into launch files), refused in one line otherwise."""
-    from paraplan.api import brief
-    from paraplan.specs.training import ATTENTION_KERNELS
+    from paraplan.api import ATTENTION_KERNELS, brief
 
     if value not in ATTENTION_KERNELS:
         got = "no value" if value is None else brief(value)
