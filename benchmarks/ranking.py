@@ -11,7 +11,9 @@ three different layouts is a ranking problem. Predictions are benchmarks/calibra
   ``MIN_GAP`` (10%, above the run-to-run noise of the sources), is the faster one predicted faster;
 - regret of the top pick: 1 - measured(predicted best) / measured(best) in the group.
 
-Last line:
+A line before the last scores the planner's step-time tiers (``paraplan.ranking``): how often tier 1 (layouts
+predicted within the tier tolerance of the best) holds a layout within 5% of the measured best, and the regret of
+its worst layout (what a tie-break inside the tier could cost at most). Last line:
 
     ranking: pairwise order X% of N pairs (gap >= 10%); top pick within 5% of the best in A/B
     groups; median regret R%, p90 regret Q%
@@ -33,12 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from calibration import predict  # noqa: E402
+from paraplan.ranking import PROVISIONAL_TIER_TOLERANCE  # noqa: E402
 from published_cases import Case, load_cases, pct  # noqa: E402
 
 MIN_GAP = 0.10
 """Pairs closer than this are not scored: the sources repeat a layout with up to ~5-10% spread."""
 GOOD_PICK = 0.05
 """A top pick within 5% of the measured best counts as a good pick."""
+TIER_TOLERANCE = PROVISIONAL_TIER_TOLERANCE
+"""The planner's step-time tier (``paraplan.ranking``): layouts it cannot order; the ``tiers`` line scores them."""
 
 
 def job_key(c: Case) -> tuple[Any, ...]:
@@ -83,8 +88,12 @@ def score_group(group: list[tuple[Case, float]]) -> dict[str, Any] | None:
         concordant += int((m1 > m2) == (p1 > p2))
     best_measured = max(m for _, m, _ in scored)
     pick = max(scored, key=lambda t: t[2])
+    # tier 1 of paraplan.ranking: predicted step within the tolerance of the fastest (throughput within 1 / (1 + tol))
+    tier1 = [(c, m) for c, m, p in scored if p * (1 + TIER_TOLERANCE) >= pick[2]]
     return {"case": scored[0][0], "n": len(scored), "pairs": pairs, "concordant": concordant,
-            "regret": 1 - pick[1] / best_measured, "pick": pick[0]}
+            "regret": 1 - pick[1] / best_measured, "pick": pick[0], "tier1": len(tier1),
+            "tier1_best_regret": 1 - max(m for _, m in tier1) / best_measured,
+            "tier1_worst_regret": 1 - min(m for _, m in tier1) / best_measured}
 
 
 def main() -> int:
@@ -117,6 +126,13 @@ def main() -> int:
     conc = sum(r["concordant"] for r in results)
     regrets = [r["regret"] for r in results]
     good = sum(1 for x in regrets if x <= GOOD_PICK)
+    tier_good = sum(1 for r in results if r["tier1_best_regret"] <= GOOD_PICK)
+    worst = [r["tier1_worst_regret"] for r in results]
+    print(f"tiers (tolerance {100 * TIER_TOLERANCE:.1f}%, paraplan.ranking): tier 1 holds a layout within "
+          f"{100 * GOOD_PICK:.0f}% of the measured best in {tier_good}/{len(results)} groups (the top pick alone "
+          f"{good}/{len(results)}); median tier-1 size {pct([float(r['tier1']) for r in results], 0.5):.0f} of "
+          f"{pct([float(r['n']) for r in results], 0.5):.0f} layouts; regret of the worst tier-1 layout: median "
+          f"{100 * pct(worst, 0.5):.1f}%, p90 {100 * pct(worst, 0.9):.1f}%")
     print(f"ranking: pairwise order {100 * conc / max(pairs, 1):.1f}% of {pairs} pairs (gap >= {100 * MIN_GAP:.0f}%); "
           f"top pick within {100 * GOOD_PICK:.0f}% of the best in {good}/{len(results)} groups; "
           f"median regret {100 * pct(regrets, 0.5):.1f}%, p90 regret {100 * pct(regrets, 0.9):.1f}%")

@@ -7,7 +7,8 @@ recipe's MoE dispatcher knobs (``knobs.moe_knobs``: layouts are ranked at the di
 search space, as ``paraplan plan`` runs it). Per recipe:
 
 - fits: the recipe's layout is predicted to fit in memory;
-- top tier: its layout (TP, PP, VP, CP, EP, ETP, micro-batch, recompute) is one of the plan's top ``TOP_K``;
+- top tier: the recipe, as estimated with its knobs, is in the pick's step-time tier (``paraplan.ranking``: its step
+  time within the tier tolerance of the fastest layout that fits, or faster);
 - within 10%: its predicted tokens/s/GPU is at least 90% of the top pick's.
 
 Recipes Megatron-Core itself rejects (bridge_perf_recipes.md's notes) and jobs where nothing fits are counted apart.
@@ -32,11 +33,11 @@ from dataclasses import dataclass
 
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 from paraplan.recipes.catalogue import Recipe, bridge_recipes
-from paraplan.recipes.compare import same_layout
+from paraplan.recipes.compare import job_recipe_layouts, same_layout
 from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_run
 
-TOP_K = 5
-"""The plan's top tier: its first five layouts (``plan --top`` default)."""
+TOP_K = 1
+"""Layouts the plan lists (the benchmark needs the pick and its tier only)."""
 WITHIN = 0.10
 
 
@@ -50,6 +51,9 @@ class Row:
     ratio: float
     """Recipe tokens/s/GPU over the top pick's."""
     pick: str
+    tier_how: str = ""
+    """Why it is top tier: ``same layout`` as the pick, ``in the band`` of the fastest, ``faster`` than every
+    searched layout (its knobs are outside the search), or "" (not top tier)."""
 
     @property
     def within(self) -> bool:
@@ -58,7 +62,7 @@ class Row:
 
 def compare(r: Recipe) -> Row | str:
     """The Row of ``r``, or why it was skipped."""
-    from paraplan.search import plan
+    from paraplan.search import plan, rank_keys
     from paraplan.specs.cluster import make_cluster
     from paraplan.specs.load import load_gpu
     from paraplan.specs.training import TrainingSpec
@@ -68,17 +72,21 @@ def compare(r: Recipe) -> Row | str:
     except PlannerError as err:
         return f"recipe rejected ({getattr(err, 'reason', '') or type(err).__name__})"
     job = recipe_run(r).job
+    cluster = make_cluster(load_gpu(job.gpu), job.num_gpus)
+    training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
+                            attention_backend=job.attention_backend, **moe_knobs(r))  # type: ignore[arg-type]
     try:
-        p = plan(est.model, make_cluster(load_gpu(job.gpu), job.num_gpus),
-                 TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
-                              attention_backend=job.attention_backend, **moe_knobs(r)),  # type: ignore[arg-type]
-                 top_k=TOP_K)
+        p = plan(est.model, cluster, training, top_k=TOP_K, recipes=job_recipe_layouts(est.model, cluster, training))
     except NoFeasiblePlanError:
         return "no layout fits the job"
     top = p.candidates[0]
-    return Row(alias=r.alias, fits=est.fits, top_tier=any(same_layout(est, c) for c in p.candidates),
+    keys = rank_keys(p, est.layout, est.peak_bytes, float(est.time.step_s))
+    in_tier = keys is not None and keys.tier == p.tiers[0]
+    how = ("same layout" if same_layout(est, top) else "faster" if keys is not None and keys.step < 1.0
+           else "in the band" if in_tier else "")
+    return Row(alias=r.alias, fits=est.fits, top_tier=bool(how),
                ratio=float(est.throughput.tokens_per_s_per_gpu) / float(top.throughput.tokens_per_s_per_gpu),
-               pick=top.layout.short())
+               pick=top.layout.short(), tier_how=how)
 
 
 def summary(rows: list[Row], skipped: Counter[str]) -> str:
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(got)
         if args.rows:
-            print(f"  {got.alias:<42} {'fits' if got.fits else 'OOM ':<4} {'top' if got.top_tier else '   '} "
+            print(f"  {got.alias:<42} {'fits' if got.fits else 'OOM ':<4} {got.tier_how or '-':<11} "
                   f"{100 * got.ratio:5.1f}% of the pick ({got.pick})")
     per_model: dict[str, list[Row]] = {}
     for row in rows:
@@ -122,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<16} " + summary(group, Counter()).removeprefix("recipes: "))
     for reason, count in skipped.most_common():
         print(f"  skipped {count}: {reason}")
+    hows = Counter(r.tier_how for r in rows if r.top_tier)
+    print("  top tier: " + ", ".join(f"{hows[h]} {h}" for h in ("same layout", "in the band", "faster"))
+          + " (faster: predicted faster than every layout of the default search, its knobs are outside it)")
     print(summary(rows, skipped))
     return 0
 

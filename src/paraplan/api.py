@@ -376,9 +376,12 @@ def plan(model: ModelRef, gpu: GpuRef, num_gpus: int | None = None, *, training:
         raise SpecError(f"objective must be throughput or memory-headroom, got {objective!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise SpecError(f"top_k must be a positive integer, got {top_k!r}")
+    from paraplan.recipes.compare import job_recipe_layouts
+
     cluster = resolve_cluster(gpu, num_gpus, gpus_per_node)
-    return _search(resolve_model(model), cluster, resolve_training(training), space=resolve_space(space),
-                   objective=objective, top_k=top_k, options=memory_options, headroom=headroom)
+    spec, train = resolve_model(model), resolve_training(training)
+    return _search(spec, cluster, train, space=resolve_space(space), objective=objective, top_k=top_k,
+                   options=memory_options, headroom=headroom, recipes=job_recipe_layouts(spec, cluster, train))
 
 
 def __getattr__(name: str) -> Any:

@@ -194,8 +194,9 @@ def fsdp_findings(plan: Plan, best: Estimate) -> list[Finding]:
     return [Finding("MEGATRON_FSDP", "; ".join(parts), numbers)] if parts else []
 
 
-def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
-    """Dominant time terms and the gap to the runner-up, term by term."""
+def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") -> list[Finding]:
+    """Dominant time terms and the gap to the runner-up, term by term (``rule``: the ranking rule that put the
+    best first, ``Plan.decided_by[0]``)."""
     terms = _time_terms(best)
     step = float(best.time.step_s)
     top = sorted(terms.items(), key=lambda kv: -kv[1])[:3]
@@ -208,9 +209,12 @@ def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
         gap = float(runner_up.time.step_s) - step
         if abs(gap) <= 1e-9 * step:
             mem = (runner_up.peak_bytes - best.peak_bytes) / GIB
+            from paraplan.ranking import rule_words
+
             text = (f"runner-up {runner_up.layout.short()} ties on step time ({step:.3f} s) and needs "
-                    f"{mem:+.1f} GiB peak; the tie goes to the simpler layout (fewer parallel axes, then "
-                    "smaller TP, PP, VP, CP, EP, larger micro-batch, lighter recompute, no FSDP)")
+                    f"{mem:+.1f} GiB peak; the tie goes to " + (rule_words(rule) if rule else
+                    "the simpler layout (fewer parallel axes, then smaller TP, PP, VP, CP, EP, larger micro-batch, "
+                    "lighter recompute, no FSDP)"))
         else:
             text = (f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%): "
                     + ", ".join(f"{k} {v:+.3f} s" for k, v in big))
@@ -225,6 +229,64 @@ def time_findings(best: Estimate, runner_up: Estimate | None) -> list[Finding]:
             "or fewer GPUs for this batch) would cost no extra time per micro-batch",
             {"gpu_s": gpu_s, "issue_s": issue_s, "mbs": best.layout.mbs}))
     return out
+
+
+def _rule_detail(rule: str, a: Estimate, b: Estimate, plan: Plan) -> str:
+    """The numbers behind a ranking rule between two listed layouts."""
+    from paraplan.ranking import parallel_dims
+
+    la, lb = a.layout, b.layout
+    if rule == "free_memory":
+        step = plan.ranking.memory_step_bytes if plan.ranking else GIB
+        return (f"{(a.usable_bytes - a.peak_bytes) / GIB:.1f} vs {(b.usable_bytes - b.peak_bytes) / GIB:.1f} GiB free "
+                f"(counted in steps of {step / GIB:.1f} GiB below the tier's most free layout)")
+    if rule in ("distributed_optimizer", "megatron_fsdp"):
+        return f"{'Megatron-FSDP' if la.fsdp else 'distributed optimizer'} vs {'Megatron-FSDP' if lb.fsdp else 'not'}"
+    if rule == "nvlink_domain":
+        return "TP and CP groups inside the NVLink domain vs not"
+    if rule == "even_pipeline_split":
+        return "even split vs " + ("a custom pipeline layout" if lb.pipeline_layout else "uneven first/last stages")
+    if rule == "fewer_parallel_dims":
+        from paraplan.layout import LayoutTable
+
+        dims = parallel_dims(LayoutTable.from_layouts([la, lb]))
+        return f"{int(dims[0])} vs {int(dims[1])} of TP, PP, VP, CP, EP above 1"
+    if rule == "nvidia_recipe":
+        names = plan.ranking.recipe_names if plan.ranking else ()
+        return f"the layout of NVIDIA recipe {', '.join(names)}"
+    if rule in ("step_time", "tier", "memory_headroom"):
+        return f"step {float(a.time.step_s):.3f} vs {float(b.time.step_s):.3f} s, peak {a.peak_bytes / GIB:.1f} vs " \
+               f"{b.peak_bytes / GIB:.1f} GiB"
+    return f"{la.short()} vs {lb.short()}"
+
+
+def ranking_findings(plan: Plan) -> list[Finding]:
+    """RANKING: the pick's tier (how many layouts the band cannot tell apart from the fastest) and the rule that
+    put it before the runner-up, with that rule's numbers."""
+    ctx, ev = plan.ranking, plan.feasible
+    if ctx is None or ev is None or not plan.tiers or plan.objective != "throughput":
+        return []
+    from paraplan.ranking import MODEL_STATE_BINDS_FRAC, rule_words
+
+    best = float(ev.step_s.min())
+    in_tier1 = int((ev.step_s <= best * (1 + ctx.tier_tolerance)).sum())
+    text = (f"tier {plan.tiers[0]}: {in_tier1} of {plan.num_feasible} layouts that fit are within "
+            f"{100 * ctx.tier_tolerance:.1f}% of the fastest step time ({best:.3f} s), one tier the model cannot "
+            "order")
+    nums: dict[str, Any] = {"tier": plan.tiers[0], "tier_size": in_tier1, "tier_tolerance": ctx.tier_tolerance,
+                            "fastest_step_s": best, "rules": list(ctx.rule_codes())}
+    if len(plan.candidates) > 1 and plan.decided_by and plan.decided_by[0]:
+        rule = plan.decided_by[0]
+        a, b = plan.candidates[0], plan.candidates[1]
+        text += (f"; #1 comes before #2 ({b.layout.short()}) by {rule_words(rule)}: "
+                 f"{_rule_detail(rule, a, b, plan)}")
+        nums["decided_by"] = rule
+    if ctx.model_state_frac is not None:
+        which = "Megatron-FSDP" if ctx.prefer_fsdp else "the distributed optimizer"
+        text += (f"; model state is {100 * ctx.model_state_frac:.0f}% of the peak of the fastest "
+                 f"distributed-optimizer layout (binds from {100 * MODEL_STATE_BINDS_FRAC:.0f}%), so {which} is "
+                 "preferred in a tier")
+    return [Finding("RANKING", text, nums)]
 
 
 WHAT_IF_GAIN = 0.03
@@ -437,7 +499,8 @@ def explain(plan: Plan, storage: StorageSpec | None = None, failures: FailureSpe
     best = plan.candidates[0]
     runner = plan.candidates[1] if len(plan.candidates) > 1 else None
     rej = ", ".join(f"{k} {v}" for k, v in sorted(plan.rejections.items(), key=lambda kv: -kv[1])) or "none"
-    return (memory_findings(plan, best) + time_findings(best, runner) + rule_findings(plan, best)
+    return (memory_findings(plan, best) + time_findings(best, runner, plan.decided_by[0] if plan.decided_by else "")
+            + ranking_findings(plan) + rule_findings(plan, best)
             + schedule_findings(plan, best) + overlap_findings(plan) + recompute_module_findings(plan)
             + fsdp_findings(plan, best)
             + ep_findings(plan, best)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -31,6 +31,21 @@ from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.headroom import DEFAULT_HEADROOM, NO_HEADROOM, Headroom
 from paraplan.layout import RECOMPUTE_CODES, LayerKeyTable, LayoutTable, distinct_rows, layer_key_table
+from paraplan.ranking import (
+    MODEL_STATE_BINDS_FRAC,
+    RankContext,
+    coarse_columns,
+    decided_by,
+    memory_tie_step_bytes,
+    pack,
+    rounded_step,
+    simpler_columns,
+    sort_keys,
+    tier_most_free,
+    tier_tolerance,
+    tier_uppers,
+    tiers_of,
+)
 from paraplan.rules import RuleContext, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
@@ -390,6 +405,13 @@ class Plan:
     """The search space the plan was made with (None for plans read back from plan.json)."""
     headroom: Headroom = DEFAULT_HEADROOM
     """The memory margin a layout had to keep free to count as fitting."""
+    tiers: tuple[int, ...] = ()
+    """Step-time tier of each candidate (``paraplan.ranking``; 1 = the fastest's)."""
+    decided_by: tuple[str, ...] = ()
+    """The rule that ranked each candidate before the next one (a ``paraplan.ranking.RULES`` code; "" for the
+    last layout that fits)."""
+    ranking: RankContext | None = None
+    """The ranking's tolerance and rules (None for plans read back from plan.json)."""
 
     @property
     def usable_bytes(self) -> float:
@@ -405,9 +427,11 @@ class Plan:
             "headroom": self.headroom.as_dict(self.usable_bytes),
             "candidates": [
                 {"rank": i + 1, **{k: v for k, v in c.to_dict().items()
-                                   if k in ("config", "placement", "memory", "time", "throughput", "notes")}}
+                                   if k in ("config", "placement", "memory", "time", "throughput", "notes")},
+                 **({"tier": self.tiers[i], "decided_by": self.decided_by[i]} if i < len(self.tiers) else {})}
                 for i, c in enumerate(self.candidates)
             ],
+            **({"ranking": self.ranking.as_dict()} if self.ranking is not None else {}),
             "rejections": dict(sorted(self.rejections.items(), key=lambda kv: -kv[1])),
             "rejection_examples": self.rejection_examples,
             "notes": list(self.notes),
@@ -425,14 +449,42 @@ def _placement_masks(cluster: ClusterSpec, table: LayoutTable, space: SearchSpac
             "EP_CROSSES_NVLINK": (table.ep > 1) & ~span_in_domain(grid.ep_group.span, block)}
 
 
+RecipeLayouts = tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]
+"""``ranking.RECIPE_FIELDS`` of the NVIDIA recipes for a job, and their names (``recipes.compare.job_recipe_layouts``
+makes them: the search layer does not read the recipe library)."""
+
+
+def rank_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, ev: Evaluated,
+                 options: MemoryOptions | None = None, recipes: RecipeLayouts = ((), ())) -> RankContext:
+    """The ranking's context for the feasible rows ``ev``: the tier tolerance, the free-memory step, whether model
+    state binds (``ranking.MODEL_STATE_BINDS_FRAC``, judged on the fastest distributed-optimizer layout of tier 1,
+    estimated through the scalar path, only when tier 1 also has Megatron-FSDP layouts) and the recipe layouts."""
+    tol = tier_tolerance(model)
+    ctx = RankContext(tier_tolerance=tol, memory_step_bytes=memory_tie_step_bytes(float(cluster.gpu.usable_bytes),
+                                                                                     model.is_moe))
+    ctx = replace(ctx, recipe_layouts=recipes[0], recipe_names=recipes[1])
+    best = float(np.min(ev.step_s))
+    tier1 = ev.step_s <= best * (1.0 + tol)
+    dist = np.flatnonzero(tier1 & ~ev.table.fsdp & ev.table.distributed_optimizer)
+    if not len(dist) or not (tier1 & ev.table.fsdp).any():
+        return ctx
+    sub = ev.table.take(dist)
+    i = int(dist[np.lexsort([*reversed(simpler_columns(sub)), rounded_step(ev.step_s)[dist]])[0]])
+    est = estimate(model, cluster, training, ev.table.row(i), memory_options=options)
+    mem = est.stages[est.peak_stage].memory
+    frac = float(mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes) / float(mem.total_bytes)
+    return replace(ctx, model_state_frac=frac, prefer_fsdp=frac >= MODEL_STATE_BINDS_FRAC)
+
+
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,
          objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None,
-         headroom: Headroom | None = None) -> Plan:
+         headroom: Headroom | None = None, recipes: RecipeLayouts = ((), ())) -> Plan:
     """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits.
 
     A layout fits when its peak plus the ``headroom`` margin (default: the memory model's error band,
     ``paraplan.headroom``) stays within usable memory; those that fit only inside the margin are
-    rejected as OOM_MARGIN, those above usable memory as OOM."""
+    rejected as OOM_MARGIN, those above usable memory as OOM. ``recipes``: the layouts of NVIDIA recipes for
+    this job, for the ranking's ``nvidia_recipe`` rule (``recipes.compare.job_recipe_layouts``)."""
     space = space or SearchSpace()
     headroom = (headroom if headroom is not None else DEFAULT_HEADROOM).for_model(model.is_moe)
     cluster.gpu.peak_flops_per_s(training.precision)
@@ -496,7 +548,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
-    picked, ties = _ranked_top(feasible, objective, cluster, top_k)
+    ranking = rank_context(model, cluster, training, feasible, options, recipes)
+    picked, ties = _ranked_top(feasible, objective, cluster, top_k + 1, ranking)  # one more: what the last beat
+    tiers, decided = ranking_of(feasible, picked, objective, cluster, ranking)
+    picked, tiers, decided = picked[:top_k], tiers[:top_k], decided[:top_k]
     top = [estimate(model, cluster, training, feasible.table.row(int(i)), memory_options=options, headroom=headroom)
            for i in picked]
     notes: tuple[str, ...] = ()
@@ -516,10 +571,12 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
         notes += (f"Megatron-FSDP left out of {rejections['FSDP_NOT_BENCHMARKED']:,} layouts: searched by default "
                   f"only at {fsdp.FSDP_SCOPE}; `plan --dp-variant fsdp` (SearchSpace.fsdp_everywhere) searches "
                   "it on every layout",)
+    notes += (ranking.describe(),) * (objective == "throughput")
     notes += (f"fit means peak + margin <= {usable / GIB:.1f} GiB usable; {headroom.describe(usable)}",)
     return Plan(model=model, cluster=cluster, training=training, objective=objective, candidates=tuple(top),
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
-                num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space, headroom=headroom)
+                num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space, headroom=headroom,
+                tiers=tiers, decided_by=decided, ranking=ranking)
 
 
 def _count_oom(valid: LayoutTable, ev: Evaluated, usable: float, headroom: Headroom,
@@ -574,26 +631,131 @@ def _rounded_objective(ev: Evaluated, objective: str, cluster: ClusterSpec) -> N
     return np.round(primary / max(float(np.min(primary)), 1e-30), 9)
 
 
-def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec) -> NDArray[np.int64]:
-    """Indices best first: objective (rounded), then the simplicity key."""
-    keys: Sequence[Any] = [*reversed(simplicity_key(ev.table)), _rounded_objective(ev, objective, cluster)]
-    return np.lexsort(keys)
+def _coarse(ev: Evaluated, rows: NDArray[np.int64] | None, ctx: RankContext, cluster: ClusterSpec,
+            uppers: NDArray[np.float64], most_free: NDArray[np.float64] | None = None) -> dict[str, NDArray[np.int64]]:
+    """``ranking.coarse_columns`` of the rows ``rows`` of ``ev`` (all with None)."""
+    table = ev.table if rows is None else ev.table.take(rows)
+    peak = ev.peak_bytes if rows is None else ev.peak_bytes[rows]
+    step = ev.step_s if rows is None else ev.step_s[rows]
+    return coarse_columns(table, peak, step, ctx, usable_bytes=float(cluster.gpu.usable_bytes),
+                          nvlink_block_gpus=cluster.nvlink_block_gpus, uppers=uppers, most_free=most_free)
 
 
-def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int) -> tuple[list[int], int]:
-    """``distinct_top(ev, rank_order(ev, ...), top_k)`` without sorting every row: the rows whose
-    rounded objective is at most the (64 top_k)-th smallest are a prefix of ``rank_order`` (the
-    objective is its first key), so they are sorted alone; the full order is the fallback when
+def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec,
+               ctx: RankContext | None = None) -> NDArray[np.int64]:
+    """Indices best first. Throughput: step-time tiers, then the rules of ``paraplan.ranking`` (``ctx``; None:
+    the provisional tolerance, no FSDP preference, no recipe). Memory-headroom: its objective (rounded),
+    then the simplicity key."""
+    if objective == "memory-headroom":
+        keys: Sequence[Any] = [*reversed(simplicity_key(ev.table)), _rounded_objective(ev, objective, cluster)]
+        return np.lexsort(keys)
+    ctx = ctx or RankContext()
+    uppers = tier_uppers(ev.step_s, ctx.tier_tolerance)
+    coarse = pack(_coarse(ev, None, ctx, cluster, uppers))
+    return np.lexsort(sort_keys(coarse, rounded_step(ev.step_s), ev.table))
+
+
+def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int,
+                ctx: RankContext | None = None) -> tuple[list[int], int]:
+    """``distinct_top(ev, rank_order(ev, ...), top_k)`` without sorting every row. Memory-headroom: the rows
+    whose rounded objective is at most the (64 top_k)-th smallest are a prefix of ``rank_order`` (the objective
+    is its first key), so they are sorted alone. Throughput: the first tiers holding 64 top_k rows, and of them
+    the rows whose packed coarse key is at most the (64 top_k)-th smallest. The full order is the fallback when
     ties use up that prefix before ``top_k`` distinct layouts are found."""
-    rounded = _rounded_objective(ev, objective, cluster)
     want = 64 * top_k
-    if len(rounded) > 4 * want:
-        idx = np.flatnonzero(rounded <= np.partition(rounded, want)[want])
-        keys: Sequence[Any] = [*reversed(simplicity_key(ev.table.take(idx))), rounded[idx]]
+    if len(ev.step_s) > 4 * want:
+        if objective == "memory-headroom":
+            rounded = _rounded_objective(ev, objective, cluster)
+            idx = np.flatnonzero(rounded <= np.partition(rounded, want)[want])
+            keys: Sequence[Any] = [*reversed(simplicity_key(ev.table.take(idx))), rounded[idx]]
+        else:
+            ctx = ctx or RankContext()
+            uppers = tier_uppers(ev.step_s, ctx.tier_tolerance, min_rows=want)
+            idx = np.flatnonzero(ev.step_s <= uppers[-1])  # whole tiers: their most free memory is among them
+            coarse = pack(_coarse(ev, idx, ctx, cluster, uppers))
+            if len(idx) > 4 * want:
+                keep = coarse <= np.partition(coarse, want)[want]
+                idx, coarse = idx[keep], coarse[keep]
+            step = np.round(ev.step_s[idx] / max(float(np.min(ev.step_s)), 1e-30), 9)  # rounded_step's rounding
+            keys = sort_keys(coarse, step, ev.table.take(idx))
         picked, ties = distinct_top(ev, idx[np.lexsort(keys)], top_k)
         if len(picked) == top_k:
             return picked, ties
-    return distinct_top(ev, rank_order(ev, objective, cluster), top_k)
+    return distinct_top(ev, rank_order(ev, objective, cluster, ctx), top_k)
+
+
+def ranking_of(ev: Evaluated, rows: list[int], objective: str, cluster: ClusterSpec,
+               ctx: RankContext) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Step-time tier of each of ``rows`` (ranked, best first) and the rule that put each before the next one
+    (``paraplan.ranking.decided_by``; the last row, with nothing after it, gets "")."""
+    if not rows:
+        return (), ()
+    idx = np.asarray(rows, dtype=np.int64)
+    uppers = tier_uppers(ev.step_s, ctx.tier_tolerance, min_rows=None)
+    tier_all = tiers_of(ev.step_s, uppers)
+    last = int(tier_all[idx].max())
+    in_tiers = np.flatnonzero(tier_all <= last)
+    most_free = tier_most_free(float(cluster.gpu.usable_bytes) - ev.peak_bytes[in_tiers], tier_all[in_tiers],
+                               len(uppers))
+    cols = _coarse(ev, idx, ctx, cluster, uppers, most_free)
+    step = np.round(ev.step_s[idx] / max(float(np.min(ev.step_s)), 1e-30), 9)
+    simple = np.stack(simpler_columns(ev.table.take(idx)), axis=1)
+    headroom = _rounded_objective(ev, objective, cluster)[idx] if objective == "memory-headroom" else None
+    decided = []
+    for a in range(len(rows) - 1):
+        b = a + 1
+        if headroom is not None and headroom[a] != headroom[b]:
+            decided.append("memory_headroom")
+            continue
+        if headroom is not None:
+            decided.append("simpler" if tuple(simple[a]) != tuple(simple[b]) else "exact_tie")
+            continue
+        decided.append(decided_by(ctx, {k: int(v[a]) for k, v in cols.items()}, {k: int(v[b]) for k, v in cols.items()},
+                                  float(step[a]), float(step[b]), tuple(simple[a].tolist()), tuple(simple[b].tolist())))
+    return tuple(int(t) for t in cols["tier"]), (*decided, "")
+
+
+@dataclass(frozen=True, slots=True)
+class RankKeys:
+    """Where one layout would sit in a plan's ranking: its tier, its coarse rule values, its rounded step time
+    and its simplicity columns (``paraplan.ranking``)."""
+
+    tier: int
+    coarse: dict[str, int]
+    step: float
+    simpler: tuple[int, ...]
+
+
+def rank_keys(p: Plan, layout: Any, peak_bytes: float, step_s: float) -> RankKeys | None:
+    """The ranking keys of ``layout`` (with its predicted peak and step) among the plan's feasible layouts, as
+    ``rank_order`` would compute them were it one of them (None for plans without rows or ranking context)."""
+    ev, ctx = p.feasible, p.ranking
+    if ev is None or ctx is None or not len(ev.step_s):
+        return None
+    table = LayoutTable.from_layouts([layout])
+    table.etp = np.where(table.etp == 0, table.tp, table.etp)  # 0 = TP, as the search's columns hold it
+    custom = bool(layout.pipeline_layout or layout.first_stage_layers or layout.last_stage_layers
+                  or layout.account_for_embedding or layout.account_for_loss)
+    if custom:
+        table.pipeline_layouts = {(int(layout.pp), int(layout.vp)): tuple(layout.pipeline_layout) or (0,)}
+    usable = float(p.cluster.gpu.usable_bytes)
+    uppers = tier_uppers(ev.step_s, ctx.tier_tolerance)
+    most_free = tier_most_free(usable - ev.peak_bytes, tiers_of(ev.step_s, uppers), len(uppers))
+    cols = coarse_columns(table, np.array([peak_bytes]), np.array([step_s]), ctx, usable_bytes=usable,
+                          nvlink_block_gpus=p.cluster.nvlink_block_gpus, uppers=uppers, most_free=most_free)
+    best = max(float(np.min(ev.step_s)), 1e-30)
+    return RankKeys(tier=int(cols["tier"][0]), coarse={k: int(v[0]) for k, v in cols.items()},
+                    step=float(np.round(step_s / best, 9)),
+                    simpler=tuple(int(c[0]) for c in simpler_columns(table)))
+
+
+def first_rule(p: Plan, a: RankKeys, b: RankKeys) -> str:
+    """The rule that ranks ``a`` before ``b`` (``paraplan.ranking.decided_by``; "" when b comes first)."""
+    assert p.ranking is not None
+    if (pack({k: np.array([v]) for k, v in a.coarse.items()})[0], a.step, a.simpler) > (
+            pack({k: np.array([v]) for k, v in b.coarse.items()})[0], b.step, b.simpler):
+        return ""
+    return decided_by(p.ranking, a.coarse, b.coarse, a.step, b.step, a.simpler, b.simpler)
 
 
 FitKnob = Literal["search_space", "headroom", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory"]

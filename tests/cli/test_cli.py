@@ -289,11 +289,13 @@ def test_explain_names_launch_bound_layers(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_explain_gives_cp_its_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    # Llama-3.1-405B at 4096 tokens on 1024 H100s: the winner uses CP 2 below the 8K rule of
-    # thumb, so the finding must say the numbers overrule it and name the best CP = 1 layout (without a
-    # memory margin: the default margin rules out the CP 2 layouts, and the finding with them).
+    # Llama-3.1-405B at 4096 tokens on 1024 H100s with TP 4 and the distributed optimizer: the winner uses CP 2
+    # below the 8K rule of thumb, so the finding must say the numbers overrule it and name the best CP = 1 layout
+    # (without a memory margin: the default margin rules out the CP 2 layouts, and the finding with them; over the
+    # whole space an FSDP layout in the same step-time tier has more free memory and ranks first).
     code, out, _ = run(["explain", "--model", "llama3.1-405b", "--gpu", "h100-80gb", "--num-gpus", "1024",
-                        "--seq-len", "4096", "--gbs", "512", "--format", "json", "--headroom", "0"], capsys)
+                        "--seq-len", "4096", "--gbs", "512", "--format", "json", "--headroom", "0", "--tp", "4",
+                        "--dp-variant", "distopt"], capsys)
     assert code == 0
     doc = json.loads(out)
     assert doc["candidates"][0]["config"]["cp"] > 1

@@ -216,11 +216,11 @@ def test_top_layouts_are_distinct_and_exact_ties_are_counted() -> None:
     keys = [(round(float(c.time.step_s), 6), round(c.peak_bytes / 2**20, 1)) for c in p.candidates]
     assert len(set(keys)) == len(keys) == 5
     assert not any("tie exactly" in n for n in p.notes)
-    best = p.candidates[0].layout
-    assert best.cp == 1
     ev = p.feasible
     assert ev is not None
+    best = ev.table.row(int(np.argmin(ev.step_s)))  # the fastest (the tiered pick may have more free memory)
+    assert best.cp == 1
     t = ev.table
     twin = np.flatnonzero((t.cp == 2) & (t.mbs == 2 * best.mbs) & (t.tp == best.tp) & (t.pp == best.pp)
                           & (t.vp == best.vp) & (t.recompute_code == t.recompute_code[int(np.argmin(ev.step_s))]))
-    assert twin.size and (ev.step_s[twin] > float(p.candidates[0].time.step_s)).all()
+    assert twin.size and (ev.step_s[twin] > float(np.min(ev.step_s))).all()

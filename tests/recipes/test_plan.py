@@ -141,3 +141,23 @@ def test_a_recipe_predicted_not_to_fit_names_its_unmodelled_memory_knobs(capsys:
     assert "cross_entropy_fusion_impl=te" in f["numbers"]["memory_knobs_not_modelled"]
     assert "predicted NOT to fit" in f["text"] and "cross_entropy_fusion_impl=te" in f["text"]
     assert d["recipe"]["memory"]["fits"] is False
+
+
+def test_the_recipe_finding_gives_the_difference_term_by_term(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14 item 5: every time term and every memory term of the recipe against the pick, summing to the step
+    and peak differences, and the mechanism of the largest of each."""
+    code, out = run(["explain", *JOB, "--format", "json"], capsys)
+    assert code == 0
+    (f,) = [x for x in json.loads(out)["explanation"] if x["code"] == "RECIPE"]
+    nums = f["numbers"]
+    times, mems = nums["time_terms_diff_s"], nums["memory_terms_diff_bytes"]
+    assert set(times) >= {"compute", "recompute", "bubble", "optimizer", "overhead", "tp comm", "cp comm", "ep comm",
+                          "pp comm", "dp comm"}
+    assert sum(times.values()) == pytest.approx(nums["step_gap_s"], rel=1e-9, abs=1e-9)
+    assert set(mems) == {"weights", "grads", "optimizer", "activations", "other"}
+    assert sum(mems.values()) == pytest.approx(nums["peak_bytes"] - nums["pick_peak_bytes"], rel=1e-9)
+    assert all(f"{k} " in f["text"] for k in times) and "memory most from" in f["text"]
+    if nums.get("faster_than_search"):  # its knobs (TP overlap) are outside the search: faster than all of it
+        assert "faster than every layout of this search" in f["text"] and nums["outside_search"]
+    else:
+        assert f"tier {nums['recipe_tier']}" in f["text"]

@@ -24,10 +24,11 @@ LOG = LOG_PATH.read_text(encoding="utf-8")
 
 @pytest.fixture(scope="session")
 def plan_8b() -> Plan:
-    """llama3-8b on 16 H100s, top 3, PP forced >= 2 somewhere in the top so a schedule is drawn (no memory
-    margin: the tests name these layouts, which the default margin would change): #1 tp1 pp2 vp6 dp8 mbs2, #2 the
-    same with Megatron-FSDP (put there by hand: the tests compare a log with an FSDP layout of #1's sizes, which
-    the search no longer ranks second since FSDP gathers are hidden layer by layer), #3 the search's #2."""
+    """llama3-8b on 16 H100s, top 3, PP 2 with VP 8 or 6 so a schedule is drawn (no memory margin: the tests name
+    these layouts, which the default margin would change): #1 tp1 pp2 vp8 dp8 mbs2, #2 the same with Megatron-FSDP
+    (put there by hand: the tests compare a log with an FSDP layout of #1's sizes, which the search no longer ranks
+    second since FSDP gathers are hidden layer by layer), #3 the search's #2, vp6 (one step-time tier with vp8,
+    which goes first as an even pipeline split)."""
     import dataclasses
 
     from paraplan.estimator import estimate
@@ -35,8 +36,8 @@ def plan_8b() -> Plan:
     from paraplan.search import SearchSpace
 
     p = plan(load_model("llama3-8b"), make_cluster(load_gpu("h100-80gb"), 16),
-             TrainingSpec(seq_len=4096, global_batch_size=256), space=SearchSpace(pp=(2, 4)), top_k=3,
-             headroom=NO_HEADROOM)
+             TrainingSpec(seq_len=4096, global_batch_size=256),
+             space=SearchSpace(pp=(2,), vp=(6, 8), mbs=(2,), recompute=("none",)), top_k=3, headroom=NO_HEADROOM)
     best = p.candidates[0]
     fsdp = estimate(p.model, p.cluster, p.training, dataclasses.replace(best.layout, fsdp=True,
                                                                          distributed_optimizer=False),

@@ -178,19 +178,19 @@ def test_a_plan_without_candidates_is_an_error(plan_8b: Plan) -> None:
 
 
 def test_the_log_states_its_layout_and_the_report_compares_with_it(plan_8b: Plan) -> None:
-    # top layouts: #1 tp1 pp2 vp6 dp8 mbs2, #2 the same with FSDP, #3 tp1 pp2 vp8 dp8 mbs2
+    # top layouts: #1 tp1 pp2 vp8 dp8 mbs2, #2 the same with FSDP, #3 tp1 pp2 vp6 dp8 mbs2
     sizes = ("using world size: 16, data-parallel size: {dp}, context-parallel size: {cp}, hierarchical "
              "context-parallel sizes: None, tensor-model-parallel size: 1, pipeline-model-parallel size: 2\n")
     dump = ("------------------------ arguments ------------------------\n"
             "  micro_batch_size ................................ 2\n"
             "  virtual_pipeline_model_parallel_size ............ {vp}\n"
             "-------------------- end of arguments ---------------------\n")
-    vp8 = parse_text(sizes.format(dp=8, cp=1) + dump.format(vp=8) + LOG, source="train.log")
-    view = build_context(plan_8b, log=vp8, search=False).measured
+    vp6 = parse_text(sizes.format(dp=8, cp=1) + dump.format(vp=6) + LOG, source="train.log")
+    view = build_context(plan_8b, log=vp6, search=False).measured
     assert view is not None and view.layout_label.startswith("#3 ")
     assert any("the log states its layout" in n for n in view.notes)
     # sizes that do not tell #1 from #2 (FSDP) keep the rank asked for
-    same = parse_text(sizes.format(dp=8, cp=1) + dump.format(vp=6) + LOG, source="train.log")
+    same = parse_text(sizes.format(dp=8, cp=1) + dump.format(vp=8) + LOG, source="train.log")
     second = build_context(plan_8b, log=same, compare_rank=2, search=False).measured
     assert second is not None and second.layout_label.startswith("#2 ")
     other = parse_text(sizes.format(dp=4, cp=2) + LOG, source="train.log")

@@ -32,8 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
                   "paraplan.goodput", "paraplan.headroom", "paraplan.bands"),
      "Formulas for one layout: Megatron's rules, memory, step time, checkpoint cost and goodput, and the memory "
      "margin a layout keeps free."),
-    ("search", ("paraplan.search",),
-     "Every valid layout evaluated (vectorised) and ranked."),
+    ("search", ("paraplan.search", "paraplan.ranking"),
+     "Every valid layout evaluated (vectorised) and ranked (the ranking tiers and rules)."),
     ("applications", ("paraplan.explain", "paraplan.launch", "paraplan.report", "paraplan.tune",
                       "paraplan.budget", "paraplan.calibrate", "paraplan.serialize", "paraplan.recipes",
                       "paraplan.specs.presets.index"),

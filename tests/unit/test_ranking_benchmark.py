@@ -42,3 +42,15 @@ def test_pairwise_order_and_regret(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r["concordant"] == 0
     assert r["regret"] == pytest.approx(0.5)
     assert r["pick"].layout["tp"] == 4
+
+
+def test_tier_one_scores_the_layouts_the_planner_cannot_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # predicted: tp4 90, tp1 88 (within 5%: tier 1 with it), tp2 70 (tier 2); measured: tp1 best, tp4 half of it
+    preds = {1: 88.0, 2: 70.0, 4: 90.0}
+    monkeypatch.setattr(ranking, "predict", lambda c: preds[c.layout["tp"]])
+    group = [(_case(1, 100.0), 100.0), (_case(2, 95.0), 95.0), (_case(4, 50.0), 50.0)]
+    r = ranking.score_group(group)
+    assert r is not None
+    assert r["tier1"] == 2
+    assert r["tier1_best_regret"] == pytest.approx(0.0)  # tp1 is in tier 1
+    assert r["tier1_worst_regret"] == pytest.approx(0.5)  # and so is tp4

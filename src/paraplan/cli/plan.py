@@ -221,12 +221,16 @@ def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparis
                      f"{c.peak_bytes / GIB:.1f}/{c.usable_bytes / GIB:.1f}",
                      f"{(c.usable_bytes - c.peak_bytes) / GIB:.1f}", f"{float(c.time.step_s):.2f}",
                      f"{float(c.throughput.tokens_per_s_per_gpu):,.0f}", f"[{colour}]{mfu:.1f}%[/]",
+                     str(p.tiers[i]) if i < len(p.tiers) else "",
+                     RULE_LABELS.get(p.decided_by[i], p.decided_by[i]) if i < len(p.decided_by) else "",
                      f"{dom} {100 * terms[dom] / float(c.time.step_s):.0f}%"])
-    # a layout stays on one line: narrow terminals lose the dominant term, then tokens/s/GPU (MFU says it)
+    # a layout stays on one line: narrow terminals lose the dominant term, then tokens/s/GPU (MFU says it), then
+    # the rule that ranked each layout before the next (the ranking note names the rules)
     table = fit_table("best layouts", [("#", "right"), ("layout", "left"), ("GiB\npeak/use", "right"),
                                        ("GiB\nfree", "right"), ("step\ns", "right"), ("tok/s\n/GPU", "right"),
-                                       ("MFU", "right"), ("dominant", "left")], rows, con.width,
-                      drop_order=("dominant", "tok/s\n/GPU"))
+                                       ("MFU", "right"), ("tier", "right"), ("ahead\nby", "left"),
+                                       ("dominant", "left")], rows, con.width,
+                      drop_order=("dominant", "tok/s\n/GPU", "ahead\nby"))
     con.print(table)
     if recipe is not None:
         con.print(recipe_line(recipe, p.candidates[0]))
@@ -237,6 +241,13 @@ def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparis
     con.print(f"rejected: {rej or 'none'}")
     for note in p.notes:
         con.print(f"note: {safe(note)}")
+
+
+RULE_LABELS = {"tier": "faster tier", "free_memory": "free mem", "distributed_optimizer": "dist-opt",
+               "megatron_fsdp": "FSDP", "nvlink_domain": "NVLink", "even_pipeline_split": "even PP",
+               "fewer_parallel_dims": "fewer dims", "nvidia_recipe": "recipe", "step_time": "step",
+               "simpler": "simpler", "exact_tie": "tie", "memory_headroom": "headroom"}
+"""Short words of ``Plan.decided_by`` codes (``paraplan.ranking.RULES``) for the table's "ahead by" column."""
 
 
 def _checkpoint_limits(adv: CheckpointAdvice) -> list[str]:

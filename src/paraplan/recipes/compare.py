@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from paraplan.estimator import Estimate
     from paraplan.recipes.catalogue import Recipe
     from paraplan.recipes.knobs import RecipeRun
-    from paraplan.search import Plan
+    from paraplan.search import Plan, RecipeLayouts
+    from paraplan.specs.cluster import ClusterSpec
+    from paraplan.specs.model import ModelSpec
+    from paraplan.specs.training import TrainingSpec
 
 AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
@@ -74,10 +77,39 @@ def _estimate(run: RecipeRun, plan: Plan, num_gpus: int, options: MemoryOptions 
 
     cluster = plan.cluster if num_gpus == plan.cluster.num_gpus else make_cluster(
         plan.cluster.gpu, num_gpus, plan.cluster.gpus_per_node)
+    from paraplan.recipes.knobs import training_knobs
+
     training = replace(plan.training, seq_len=run.job.seq_len, global_batch_size=run.job.gbs,
-                       precision=run.job.precision, attention_backend=run.job.attention_backend)  # type: ignore[arg-type]
+                       precision=run.job.precision, attention_backend=run.job.attention_backend,  # type: ignore[arg-type]
+                       **training_knobs(run.recipe, run.job.precision))  # its memory knobs, as estimate --recipe
     notes = [f"recipe {run.recipe.alias}", *run.notes]
     return estimate(run.model, cluster, training, run.layout, memory_options=options, extra_notes=notes)
+
+
+def job_recipe_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                       recipes: tuple[Recipe, ...] | None = None) -> RecipeLayouts:
+    """``ranking.RECIPE_FIELDS`` and aliases of the NVIDIA recipes for exactly this job (model and GPU preset, GPU
+    count, sequence, GBS; ``recipes``: the packaged library when None), for the ``nvidia_recipe`` rule."""
+    from paraplan.layout import RECOMPUTE_CODES
+    from paraplan.recipes.catalogue import bridge_recipes
+    from paraplan.recipes.knobs import layout_fields
+
+    out: list[tuple[int, ...]] = []
+    names: list[str] = []
+    for r in recipes if recipes is not None else bridge_recipes():
+        if not (r.runnable and r.model_preset == model.name and r.gpu_preset == cluster.gpu.name
+                and r.get("num_gpus") == cluster.num_gpus and r.get("seq_length") == training.seq_len
+                and r.get("global_batch_size") == training.global_batch_size):
+            continue
+        try:
+            f, _ = layout_fields(r)
+        except PlannerError:
+            continue  # a malformed row: no layout to prefer
+        etp = f["etp"] or f["tp"]
+        out.append((f["tp"], f["pp"], f["vp"], f["cp"], f["ep"], etp if model.is_moe else f["tp"], f["mbs"],
+                    RECOMPUTE_CODES[f["recompute"]]))
+        names.append(r.alias)
+    return tuple(dict.fromkeys(out)), tuple(names)
 
 
 def compare_with_plan(plan: Plan, options: MemoryOptions | None = None,
@@ -136,13 +168,58 @@ def _mechanism(term: str, rec: Estimate, pick: Estimate) -> str:
     if term == "tp comm":
         return (f"TP communication: recipe TP {a.tp}{' with' if a.tp_comm_overlap else ' without'} --tp-comm-overlap, "
                 f"pick TP {b.tp}{' with' if b.tp_comm_overlap else ' without'}")
+    if term == "dp comm":
+        return (f"data-parallel gradient reduce-scatter and parameter all-gather over DP x CP: recipe "
+                f"{a.dp * a.cp}{' Megatron-FSDP' if a.fsdp else ''}, pick {b.dp * b.cp}"
+                f"{' Megatron-FSDP' if b.fsdp else ''} (what is not hidden behind compute)")
+    if term == "pp comm":
+        return f"pipeline sends: recipe PP {a.pp} VP {a.vp}, pick PP {b.pp} VP {b.vp}"
+    if term == "cp comm":
+        return f"context-parallel ring exchange: recipe CP {a.cp}, pick CP {b.cp}"
+    if term == "ep comm":
+        return f"expert all-to-all: recipe EP {a.ep}, pick EP {b.ep}"
     if term.endswith(" comm"):
         axis = term[:-5].upper()
         return f"exposed {axis} communication: recipe {a.short()}, pick {b.short()}"
     if term == "compute":
-        return (f"compute (GEMM efficiency at the per-GPU shapes): recipe TP {a.tp} mbs {a.mbs}, pick TP {b.tp} "
-                f"mbs {b.mbs}")
+        return (f"compute of the slowest stage (GEMM efficiency at the per-GPU shapes, layers per stage): recipe TP "
+                f"{a.tp} mbs {a.mbs} PP {a.pp} VP {a.vp} {_split(a)}, pick TP {b.tp} mbs {b.mbs} PP {b.pp} VP {b.vp} "
+                f"{_split(b)}")
+    if term == "optimizer":
+        return (f"optimizer step over the local shard: recipe DP x CP {a.dp * a.cp}, pick {b.dp * b.cp}")
+    if term == "overhead":
+        return (f"per-step and per-micro-batch overheads: recipe {rec.num_microbatches} micro-batches, pick "
+                f"{pick.num_microbatches}")
     return f"{term}: recipe {a.short()}, pick {b.short()}"
+
+
+def _split(lay: Any) -> str:
+    """``even split`` or ``custom split`` (a pipeline layout or uneven first/last stages)."""
+    custom = (lay.pipeline_layout or lay.first_stage_layers or lay.last_stage_layers or lay.account_for_embedding
+              or lay.account_for_loss)
+    return "custom split" if custom and lay.pp > 1 else "even split"
+
+
+def _memory_mechanism(term: str, rec: Estimate, pick: Estimate) -> str:
+    """Why a memory term of the peak stage differs, from the layouts and knobs."""
+    a, b = rec.layout, pick.layout
+    if term == "weights":
+        fsdp = " and DP by Megatron-FSDP" if a.fsdp or b.fsdp else ""
+        return (f"weights sharded over TP x PP (experts over EP){fsdp}: recipe TP {a.tp} PP {a.pp} EP {a.ep}"
+                f"{' fsdp' if a.fsdp else ''}, pick TP {b.tp} PP {b.pp} EP {b.ep}{' fsdp' if b.fsdp else ''}")
+    if term == "grads":
+        rg, pg = ("bf16" if e.training.grad_reduce_in_bf16 or e.training.main_grads_dtype == "bf16" else "fp32"
+                  for e in (rec, pick))
+        return (f"gradient buffer: recipe {rg}{' sharded (fsdp)' if a.fsdp else ''}, pick {pg}"
+                f"{' sharded (fsdp)' if b.fsdp else ''}, over TP x PP {a.tp * a.pp} vs {b.tp * b.pp}")
+    if term == "optimizer":
+        return (f"optimizer states sharded over DP x CP: recipe {a.dp * a.cp}, pick {b.dp * b.cp} (and over TP x PP "
+                f"{a.tp * a.pp} vs {b.tp * b.pp})")
+    if term == "activations":
+        return (f"activations: recipe mbs {a.mbs} {a.recompute} recompute TP {a.tp} CP {a.cp} PP {a.pp} VP {a.vp}, "
+                f"pick mbs {b.mbs} {b.recompute} TP {b.tp} CP {b.cp} PP {b.pp} VP {b.vp} (micro-batches in flight on "
+                "the peak stage)")
+    return "other (logits, workspace, communication buffers)"
 
 
 def outside_search(plan: Plan, rec: Estimate) -> list[str]:
@@ -170,6 +247,38 @@ def outside_search(plan: Plan, rec: Estimate) -> list[str]:
     if variant not in sp.dp_variants:
         out.append(f"data-parallel variant {variant}")
     return out
+
+
+def _tier_text(plan: Plan, rec: Estimate, pick: Estimate, nums: dict[str, Any]) -> str:
+    """Where the recipe's layout sits in the plan's tiers: in the pick's tier, equivalent within the band, and the
+    rule that put the pick first; or how far beyond the band it is (``nums`` gets tier, in_tier, decided_by)."""
+    from paraplan.ranking import rule_words
+    from paraplan.search import first_rule, rank_keys
+
+    if plan.objective != "throughput" or plan.ranking is None:
+        return ""
+    a = rank_keys(plan, pick.layout, pick.peak_bytes, float(pick.time.step_s))
+    b = rank_keys(plan, rec.layout, rec.peak_bytes, float(rec.time.step_s))
+    if a is None or b is None:
+        return ""
+    tol = plan.ranking.tier_tolerance
+    nums.update(recipe_tier=b.tier, pick_tier=a.tier, in_tier=a.tier == b.tier)
+    if b.step < 1.0:
+        nums.update(faster_than_search=True)
+        return (f"; the recipe is faster than every layout of this search ({100 * (b.step - 1):+.1f}% step time): "
+                "what puts it outside the search (below) or its knobs make the difference")
+    if a.tier != b.tier:
+        return (f"; the recipe is tier {b.tier} (step {100 * (b.step - 1):+.1f}% over the fastest layout that fits; "
+                f"tier 1 holds layouts within {100 * tol:.1f}%)")
+    rule = first_rule(plan, a, b)
+    nums["decided_by"] = rule
+    if not rule:
+        back = first_rule(plan, b, a)
+        nums["recipe_decided_by"] = back
+        return (f"; the recipe is in the pick's tier {a.tier} (equivalent within the {100 * tol:.1f}% band) and "
+                f"would rank before it by {rule_words(back)}, were its layout with these knobs among this search's")
+    return (f"; the recipe is in the pick's tier {a.tier}: equivalent within the {100 * tol:.1f}% step-time band; "
+            f"the pick comes first by {rule_words(rule)}")
 
 
 def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[str, Any]]:
@@ -203,19 +312,25 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[st
                     if lower else ""))
     if cmp.at != "this job":
         text += "; compare per GPU only (another job)"
-    elif same_layout(rec, pick):
-        text += "; the pick uses the same layout" + (" and agrees on speed" if abs(gain) <= AGREE_FRAC else
-                                                     " with other knobs")
+    elif same_layout(rec, pick) and abs(gain) <= AGREE_FRAC:
+        text += "; the pick uses the same layout and agrees on speed"
     else:
+        if same_layout(rec, pick):
+            text += "; the pick uses the same layout with other knobs or data-parallel variant"
         terms, pick_terms = _time_terms(rec), _time_terms(pick)
-        diffs = {k: terms[k] - pick_terms[k] for k in terms}
+        diffs = {k: terms.get(k, 0.0) - pick_terms.get(k, 0.0) for k in dict.fromkeys([*terms, *pick_terms])}
         ranked = sorted(diffs, key=lambda k: -abs(diffs[k]))
         step_gap = float(rec.time.step_s) - float(pick.time.step_s)
-        nums.update(step_gap_s=step_gap, time_term=ranked[0], time_term_diff_s=diffs[ranked[0]])
+        nums.update(step_gap_s=step_gap, time_term=ranked[0], time_term_diff_s=diffs[ranked[0]],
+                    time_terms_diff_s=diffs, memory_terms_diff_bytes=mem_diff)
         verdict = "agrees with the pick on speed" if abs(gain) <= AGREE_FRAC else (
             "is predicted faster than the pick" if gain > 0 else "is predicted slower")
-        text += (f"; it {verdict}: step {step_gap:+.3f} s (" + ", ".join(f"{k} {diffs[k]:+.3f} s" for k in ranked[:3])
-                 + f"); most from {_mechanism(ranked[0], rec, pick)}")
+        text += (f"; it {verdict}: step {step_gap:+.3f} s = " + ", ".join(f"{k} {diffs[k]:+.3f}" for k in ranked)
+                 + " s; memory " + ", ".join(f"{k} {mem_diff[k] / GIB:+.1f}" for k in _MEMORY_TERMS) + " GiB"
+                 + f"; most from {_mechanism(ranked[0], rec, pick)}"
+                 + (f", then {_mechanism(ranked[1], rec, pick)}" if len(ranked) > 1 and diffs[ranked[1]] else "")
+                 + f"; memory most from {_memory_mechanism(mem_top, rec, pick)}")
+        text += _tier_text(plan, rec, pick, nums)
         outside = outside_search(plan, rec)
         if outside:
             nums["outside_search"] = outside

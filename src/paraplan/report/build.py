@@ -279,7 +279,7 @@ def schedules(plan: Plan, top: Sequence[Estimate], max_blocks: int = MAX_BLOCKS)
             views.append(schedule_view(est, f"#{i + 1} {est.layout.short()}", in_top=True, max_blocks=max_blocks))
     ev = plan.feasible
     if not views and ev is not None and (ev.table.pp > 1).any():
-        order = rank_order(ev, plan.objective, plan.cluster)
+        order = rank_order(ev, plan.objective, plan.cluster, plan.ranking)
         j = next(int(i) for i in order if ev.table.pp[int(i)] > 1)
         est = estimate(plan.model, plan.cluster, plan.training, ev.table.row(j))
         views.append(schedule_view(est, f"best with PP > 1: {est.layout.short()}", in_top=False,
