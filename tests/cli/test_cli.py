@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -466,3 +468,57 @@ def test_smallest_model_parallel_counts_cp_and_names_the_fastest(capsys: pytest.
                         "2048", "--gbs", "1536", "--dp-variant", "distopt,fsdp", "--format", "json"], capsys)
     f = next(x for x in json.loads(out)["explanation"] if x["code"] == "SMALLEST_MODEL_PARALLEL")
     assert f["numbers"]["tp_x_pp_x_cp"] == 2 and "fsdp" in f["text"].split("fastest of them ")[1].split(",")[0]
+
+
+# A Ctrl-C at a chosen moment of a real ``paraplan`` process: the N-th profile event (a Python or C call or return,
+# counted from the call of paraplan.__main__.run, the console script's entry, to the interpreter's exit; event 1
+# is that call itself, before run's first line)
+# raises SIGINT there, so every moment tested is the same on every run, however loaded the machine.
+_CTRL_C_CHILD = """
+import atexit, os, signal, sys
+import paraplan.__main__ as entry
+n, events = int(sys.argv[1]), [0]
+def at_event(frame, event, arg):
+    events[0] += 1
+    if events[0] == n:
+        sys.setprofile(None)
+        signal.raise_signal(signal.SIGINT)
+if n == 0:  # count the events of a whole run
+    atexit.register(lambda: open(os.environ["EVENTS_FILE"], "w").write(str(events[0])))
+sys.argv = ["paraplan", *sys.argv[2:]]
+sys.setprofile(at_event)
+sys.exit(entry.run())
+"""
+
+
+def _ctrl_c_child(n: int, argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-c", _CTRL_C_CHILD, str(n), *argv], capture_output=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("argv", [["gpus"], ["estimate", "-m", "gpt2", "-g", "h100-80gb", "-n", "8", "-s", "1024",
+                                             "--gbs", "16"]], ids=["gpus", "estimate"])
+def test_ctrl_c_at_any_moment_of_the_process(argv: list[str], tmp_path: Path) -> None:
+    """Exit 130 with exactly "interrupted" on stderr, or (the run was over) exit 0 with the whole output: never a
+    traceback, never exit 0 with output cut short. From imports to interpreter shutdown."""
+    import os
+
+    events_file = tmp_path / "events"
+    whole = subprocess.run([sys.executable, "-c", _CTRL_C_CHILD, "0", *argv], capture_output=True, timeout=120,
+                           stdin=subprocess.DEVNULL, env={**os.environ, "EVENTS_FILE": str(events_file)})
+    total = int(events_file.read_text())
+    assert whole.returncode == 0 and whole.stderr == b"", whole.stderr[-400:]
+    assert total > 1000, total  # the imports alone are thousands of events
+    moments = sorted({2, 5, *(int(total * f) for f in (0.01, 0.2, 0.5, 0.9, 0.99)),
+                      *range(max(total - 30, 2), total + 1, 10), total})
+    interrupted = 0
+    for n in moments:
+        proc = _ctrl_c_child(n, argv)
+        where = f"Ctrl-C at event {n} of {total}: exit {proc.returncode}, stderr {proc.stderr[-600:]!r}"
+        assert b"Traceback" not in proc.stderr, where
+        if proc.returncode == 130:
+            interrupted += 1
+            assert proc.stderr == b"interrupted\n", where
+        else:
+            assert proc.returncode == 0 and proc.stderr == b"" and proc.stdout == whole.stdout, where
+    assert interrupted >= len(moments) // 2, f"only {interrupted} of {len(moments)} moments interrupted the run"

@@ -92,6 +92,9 @@ class Call:
     argv: list[str]
     stdout_full: bool = False  # stdout is /dev/full (ENOSPC on write)
     interrupt_after_s: float | None = None  # Ctrl-C (KeyboardInterrupt) after this long
+    # (kind, digest) of each output target after the same call ran to the end: an interrupted call may leave
+    # exactly that (the Ctrl-C came after the output was complete) or nothing, never anything else
+    complete_outputs: dict[str, tuple[str, str | None]] | None = None
 
     def __repr__(self) -> str:
         extra = (" > /dev/full" if self.stdout_full else "") + (
@@ -146,12 +149,14 @@ def _address_space_cap() -> Iterator[None]:
 
 class _Alarm:
     """SIGALRM: a KeyboardInterrupt at ``interrupt_after_s`` (once), CallTimeout at CALL_LIMIT_S. Raises only while
-    ``armed`` (main() is running): a signal that comes before main() starts is retried 1 ms later, one after main()
-    returned (``done``) is dropped, so the harness itself is never interrupted."""
+    the called function (``code``: main(), or what a test put in its place) is on the stack where the signal lands
+    (the ``frame`` Python hands the handler), from its first bytecode to its last: one that comes before the call
+    started is retried 1 ms later, one after it returned (``done``) is dropped, so the harness itself is never
+    interrupted and "the run was already over" means exactly that main() had returned."""
 
-    def __init__(self, interrupt_after_s: float | None) -> None:
+    def __init__(self, interrupt_after_s: float | None, code: Any) -> None:
         self.interrupt_after_s = interrupt_after_s
-        self.armed = False
+        self.code = code
         self.done = False
         self.interrupted = False
         self.start = 0.0
@@ -163,23 +168,30 @@ class _Alarm:
         signal.setitimer(signal.ITIMER_REAL, max(first, 1e-4))
         return self
 
-    def _fire(self, _signum: int, _frame: object) -> None:
+    def _in_call(self, frame: Any) -> bool:
+        while frame is not None:
+            if frame.f_code is self.code:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _fire(self, _signum: int, frame: Any) -> None:
         if self.done:
             return
-        if not self.armed:
+        if not self._in_call(frame):
             signal.setitimer(signal.ITIMER_REAL, 1e-3)
             return
         if self.interrupt_after_s is not None and not self.interrupted:
             self.interrupted = True
             signal.setitimer(signal.ITIMER_REAL, max(CALL_LIMIT_S - (time.monotonic() - self.start), 1e-4))
-            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C: whatever handler main() installed runs
+            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C: whatever handler main() installed runs, now
             return
         # again every 0.5 s until the call is over: a raise inside a finalizer or gc callback is swallowed
         signal.setitimer(signal.ITIMER_REAL, 0.5)
         raise CallTimeout(f"still running after {CALL_LIMIT_S:g} s")
 
     def __exit__(self, *exc: object) -> None:
-        self.armed, self.done = False, True
+        self.done = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, self.previous)
 
@@ -213,7 +225,8 @@ def run_cli(call: Call, cwd: Path) -> Outcome:
     saved_env = {k: os.environ.pop(k) for k in _ENV_DROP if k in os.environ}
     rc: int | None = None
     escaped: str | None = None
-    alarm = _Alarm(call.interrupt_after_s)
+    target = main
+    alarm = _Alarm(call.interrupt_after_s, target.__code__)
     t0 = time.monotonic()
     try:
         os.chdir(cwd)
@@ -222,20 +235,23 @@ def run_cli(call: Call, cwd: Path) -> Outcome:
             warnings.simplefilter("default")  # as the installed CLI does (pytest would make them errors)
             with alarm:
                 try:
-                    alarm.armed = True
                     try:
-                        result = main(list(call.argv))
-                        sys.stdout.flush()  # what the interpreter does at exit: ENOSPC / EPIPE surface here
+                        result = target(list(call.argv))
                     finally:
-                        alarm.armed, alarm.done = False, True
+                        alarm.done = True
+                    sys.stdout.flush()  # what the interpreter does at exit: ENOSPC / EPIPE surface here
                     if not isinstance(result, int) or isinstance(result, bool):
                         escaped = f"main() returned {result!r}, not an int"
                     else:
                         rc = result
                 except BaseException:  # the property is that nothing gets here
-                    alarm.armed, alarm.done = False, True
+                    alarm.done = True
                     escaped = traceback.format_exc(limit=-12)
             for w in caught:  # printed on stderr by the real interpreter
+                if alarm.interrupted and issubclass(w.category, ResourceWarning):
+                    # a KeyboardInterrupt between open() and its ``with`` drops the file object, which closes it
+                    # (and warns) as it goes; the interpreter ignores ResourceWarning unless asked (-X dev)
+                    continue
                 err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
     finally:
         seconds = time.monotonic() - t0
@@ -378,7 +394,13 @@ def _check_targets(o: Outcome, cwd: Path, before: list[_Target]) -> None:
         # is 1 (nothing could be said) but what was written is whole and right, so it may stay.
         if o.rc not in (0, None) and t.kind == "missing" and not call.stdout_full:
             left = kind if kind != "dir" else ("dir" if any(p.iterdir()) else "missing")
-            assert left == "missing", f"{call!r}: failed (exit {o.rc}) but left output {t.path!r} ({kind})"
+            complete = (call.complete_outputs or {}).get(t.path)
+            if o.interrupted and left != "missing" and complete is not None:
+                assert (kind, _digest(p, kind)) == complete, (
+                    f"{call!r}: interrupted, and left output {t.path!r} ({kind}) that is not what the whole run "
+                    "writes (a partial output)")
+            else:
+                assert left == "missing", f"{call!r}: failed (exit {o.rc}) but left output {t.path!r} ({kind})"
         if o.rc == 0 and kind == "file" and t.option == "--save":  # plan.json
             _strict_json(p.read_bytes(), f"{call!r}: written {t.path}")
 
@@ -987,9 +1009,14 @@ def test_stdout_is_full(cmd: str, fuzz_env: FuzzEnv) -> None:
 
 @pytest.mark.parametrize("cmd", [pytest.param(c, marks=known(f"test_ctrl_c[{c}]")) for c in COMMAND_NAMES])
 def test_ctrl_c(cmd: str, fuzz_env: FuzzEnv) -> None:
-    """Ctrl-C at several moments of a run: exit 130 with one line (or the run was already over)."""
+    """Ctrl-C at several moments of a run: exit 130 with one line (or the run was already over: main() had
+    returned). An output it leaves is the whole one, byte for byte what the run without Ctrl-C writes."""
+    argv = VALID_ARGV[cmd]
+    whole = run_and_check(fuzz_env, Call(argv))
+    assert whole.rc == 0, (cmd, whole.rc, whole.stderr[-300:])
+    complete = {t.path: (t.kind, t.digest) for t in snapshot(fuzz_env.stage, argv)}  # where that call ran
     for after_s in (0.0, 0.005, 0.02, 0.05, 0.15):
-        run_and_check(fuzz_env, Call(VALID_ARGV[cmd], interrupt_after_s=after_s))
+        run_and_check(fuzz_env, Call(argv, interrupt_after_s=after_s, complete_outputs=complete))
 
 
 # --------------------------------------------------------------------------------------- the corpus

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import typer
 
@@ -28,7 +29,17 @@ from paraplan.errors import NoFeasiblePlanError, PlannerError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (also usable in-process: ``main(["estimate", ...])``)."""
+    """Run the CLI; returns the exit code (also usable in-process: ``main(["estimate", ...])``). A Ctrl-C at any
+    moment of the call is exit 130 with one line, also one that lands before the handler of ``_ctrl_c_seen`` is
+    installed or while it is put back."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     state.debug = "--debug" in args
     if state.debug:
@@ -55,25 +66,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _ctrl_c_seen() -> Iterator[list[bool]]:
-    """While the block runs, SIGINT records itself (the yielded list becomes ``[True]``) and then raises
-    KeyboardInterrupt as Python's default handler does. Python drops an exception raised inside a finalizer or a
-    gc callback, so without the record a Ctrl-C landing there would let the command finish and exit 0. Only
-    where Python's default handler is installed, in the main thread (in-process callers keep theirs)."""
+    """While the block runs, SIGINT records itself (the yielded list becomes ``[True]``) and raises
+    KeyboardInterrupt as Python's default handler does, once: a second Ctrl-C while the first is on its way out is
+    only recorded, so it cannot break into the one "interrupted" line. Python drops an exception raised inside a
+    finalizer or a gc callback ("Exception ignored in ..." and a traceback on stderr): such a KeyboardInterrupt is
+    recorded without that report (the command exits 130 with its one line) and the next Ctrl-C raises again;
+    without the record the command would finish and exit 0. Only where Python's default handler is installed, in
+    the main thread (in-process callers keep theirs)."""
     seen: list[bool] = []
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield seen
         return
+    raised = [False]  # a KeyboardInterrupt of ours is on its way out, or the handler is being put back
+    previous_hook = sys.unraisablehook
 
     def _handler(signum: int, frame: object) -> None:
         seen.append(True)
-        raise KeyboardInterrupt
+        if not raised[0]:
+            raised[0] = True
+            raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, _handler)
-    try:
+    def _hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            raised[0] = False  # swallowed: recorded in ``seen``, said as "interrupted"
+            return
+        previous_hook(unraisable)
+
+    try:  # a Ctrl-C while the handler goes in or out raises out of here (main() says "interrupted") or is recorded
+        sys.unraisablehook = _hook
+        signal.signal(signal.SIGINT, _handler)
         yield seen
     finally:
+        raised[0] = True  # from here on only recorded: the default handler is surely put back
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = previous_hook
 
 
 _FAST_FORMATS = ("table", "json", "csv")
