@@ -45,11 +45,20 @@ it sits at its bound (2, the FP8/BF16 peak ratio), so it holds none of their qua
 # BLOOM, vTrain) run DeepSpeed's engine, which reduces after the backward pass (ZeRO overlap_comm
 # is off by default): False. Megatron-LM sources that do not say: paraplan's CLI default
 # (--overlap-grad-reduce on), which is also what shared/tools/scoring/score.py runs.
+# kernel: the flash-attention kernel generation (TrainingSpec.attention_kernel), a fact of the source's software
+# (SOURCES.md), used by every score (not fitted to any row). "fa2" for NeMo 24.03.01 (SOURCES.md section 10):
+# its Transformer Engine 1.4 picks cuDNN FusedAttention on sm90 and flash-attn 2 elsewhere (TE v1.4 attention.py
+# DotProductAttention.forward, "Select FusedAttention on sm90 and FlashAttention on others"), the 2023-24 kernels.
+# "current" (the default) for: the Megatron-Bridge rows (NeMo containers 25.09-26.08, SOURCES.md section 5: today's
+# kernels, on which the presets' attention_frac was fitted); the Megatron-LM README H100 rows (Megatron-Core r0.8.0,
+# July 2024, section 2: no container or TE version stated, and in the H100 fit); and every 2020-2022 source (SC21,
+# Megatron README 2020, Korthikanti, MT-NLG, BLOOM, vTrain), which ran no flash attention at all but unfused
+# attention (the attn fact above, `calibration.py --source-attention`): FA2 would be a kernel they did not run.
 SOURCES: list[tuple[str, str, dict[str, Any]]] = [
     ("NVIDIA-NeMo/Megatron-Bridge performance summary", "Megatron-Bridge",
      dict(sp=True, dopt=True, rec="none", tp_overlap=True)),
-    ("NVIDIA/NeMo performance summary", "NeMo perf", dict(sp=True, dopt=True, rec="none")),
-    ("NVIDIA/NeMo long sequence", "NeMo long-seq", dict(sp=True, dopt=True, rec="none")),
+    ("NVIDIA/NeMo performance summary", "NeMo perf", dict(sp=True, dopt=True, rec="none", kernel="fa2")),
+    ("NVIDIA/NeMo long sequence", "NeMo long-seq", dict(sp=True, dopt=True, rec="none", kernel="fa2")),
     ("NVIDIA/Megatron-LM examples/llama", "Megatron-LM llama3 fp8", dict(sp=True, dopt=True, rec="none")),
     ("MegaScale (NSDI'24) Table 2 - Megatron-LM", "MegaScale T2 Megatron", dict(sp=True, dopt=True, rec="selective")),
     ("MegaScale (NSDI'24) Figure 9 - Megatron-LM", "MegaScale F9 Megatron", dict(sp=True, dopt=True, rec="selective")),
@@ -98,6 +107,8 @@ class Case:
     notes: list[str] = field(default_factory=list)
     fp8_recipe: str = "delayed"
     """``--fp8-recipe`` of an FP8 row (``FP8_RECIPE``)."""
+    attention_kernel: str = "current"
+    """The flash-attention kernel generation the source ran (``SOURCES`` ``kernel``; TrainingSpec.attention_kernel)."""
 
 
 def _i(x: str | None) -> int | None:
@@ -267,7 +278,7 @@ def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - 
     return Case(id=f"{split}:{i:04d}", source=short, label=r["model"], model=model, gpu=gpu, num_gpus=n,
                 gpus_per_node=per_node, seq_len=seq, gbs=gbs, layout=layout, precision=precision,
                 target_tokens_per_s_per_gpu=target, moe=moe, attention_backend=d.get("attn", "flash"),
-                fp8_recipe=FP8_RECIPE.get(prec_raw, "delayed"))
+                fp8_recipe=FP8_RECIPE.get(prec_raw, "delayed"), attention_kernel=d.get("kernel", "current"))
 
 
 def pct(xs: list[float], q: float) -> float:

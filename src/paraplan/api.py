@@ -119,6 +119,7 @@ if TYPE_CHECKING:
     from paraplan.specs.model import ModelSpec as ModelSpec
     from paraplan.specs.presets.index import preset_rows as preset_rows
     from paraplan.specs.profile import profile_overrides as profile_overrides
+    from paraplan.specs.training import ATTENTION_KERNELS as ATTENTION_KERNELS
     from paraplan.specs.training import KNOB_FLAGS as KNOB_FLAGS
     from paraplan.specs.training import TrainingSpec as TrainingSpec
     from paraplan.tune import Comparison as Comparison
@@ -145,6 +146,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "argv_from_dump": ("paraplan.specs.megatron_flags", "A command line equivalent to a log's argument dump."),
     "memory_knobs_from_words": ("paraplan.specs.megatron_flags", "TrainingSpec memory knobs from Megatron flag words."),
     "KNOB_FLAGS": ("paraplan.specs.training", "Each TrainingSpec memory knob's Megatron flag."),
+    "ATTENTION_KERNELS": ("paraplan.specs.training", "TrainingSpec.attention_kernel choices (paraplan's knob)."),
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),
     "RECOMPUTE_MODULES": ("paraplan.layout", "The module names Megatron's ``--recompute-modules`` accepts."),

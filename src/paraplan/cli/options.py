@@ -134,10 +134,25 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     from paraplan.api import memory_knobs_from_words
 
     words: list[str] = []
+    own: dict[str, Any] = {}
     for item in knobs or ():
         name, eq, value = item.partition("=")
+        if name.strip().lstrip("-") == "attention-kernel":  # paraplan's own knob, not a Megatron flag
+            own["attention_kernel"] = attention_kernel_knob(value.strip() if eq else None)
+            continue
         words += [f"--{name.strip().lstrip('-')}", *([v.strip() for v in value.split(",")] if eq else [])]
-    return memory_knobs_from_words(words, precision) if words else {}
+    return {**(memory_knobs_from_words(words, precision) if words else {}), **own}
+
+
+def attention_kernel_knob(value: str | None) -> str:
+    """``--knob attention-kernel=current|fa2`` -> ``TrainingSpec.attention_kernel`` (paraplan's knob: no Megatron
+    flag, never written into launch files), refused in one line otherwise."""
+    from paraplan.api import ATTENTION_KERNELS, brief
+
+    if value not in ATTENTION_KERNELS:
+        got = "no value" if value is None else brief(value)
+        raise SpecError(f"--knob attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {got}")
+    return value
 
 
 def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> GpuSpec:
@@ -273,7 +288,7 @@ KnobOpt = typer.Option(
          "moe-hybridep-num-sms=32, delay-wgrad-compute, moe-permute-fusion, moe-shared-expert-overlap, "
          "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity; CUDA graphs: "
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
-         "no-gradient-accumulation-fusion.")
+         "no-gradient-accumulation-fusion; paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

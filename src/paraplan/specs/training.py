@@ -36,6 +36,9 @@ MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 MoeDispatcher = Literal["alltoall", "allgather", "flex"]
 MoeFlexBackend = Literal["deepep", "hybridep"]
 CpCommType = Literal["p2p", "a2a", "allgather"]
+AttentionKernel = Literal["current", "fa2"]
+ATTENTION_KERNELS: Final = ("current", "fa2")
+"""``TrainingSpec.attention_kernel`` choices (paraplan's, not a Megatron-LM flag)."""
 DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
                         "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES,
@@ -270,6 +273,13 @@ class TrainingSpec:
     """``TransformerConfig.fp8_dot_product_attention`` (FP8 or FP4; no Megatron-LM flag at d98e8a6, a Bridge
     mixed-precision field): attention's score GEMMs run in FP8 (TE ``DelayedScaling``/``NVFP4BlockScaling``
     ``fp8_dpa``)."""
+    attention_kernel: AttentionKernel = "current"
+    """The flash-attention kernel generation (paraplan's own knob, ``--knob attention-kernel=fa2``; NOT a Megatron-LM
+    flag: the kernel is what the container's Transformer Engine / cuDNN / flash-attn pick, so launch files and
+    ``megatron_args`` never write it and ``KNOB_FLAGS`` does not list it). ``current`` (default): today's fused
+    kernels at the preset's fitted ``attention_frac``; ``fa2``: the 2023-24 generation (flash-attn 2, and the cuDNN
+    FusedAttention that Transformer Engine 1.x picks on sm90) at the measured FlashAttention-2 rate of the GPU's
+    architecture (``estimate.time.compute.fa2_peak_fraction``). Only the flash backend is affected."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -286,6 +296,16 @@ class TrainingSpec:
         if self.precision not in PRECISIONS:
             raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {brief(self.precision)}")
         self._check_knobs()
+        self._check_attention_kernel()
+
+    def _check_attention_kernel(self) -> None:
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise SpecError(f"attention_kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                            f"got {brief(self.attention_kernel)}")
+        if self.attention_kernel == "fa2" and self.fp8_dot_product_attention:  # TE v1.4 attention.py
+            raise SpecError("attention_kernel fa2 has no FP8 attention (flash-attn 2 runs bf16/fp16; Transformer "
+                            "Engine 1.x's DotProductAttention: 'DPA does not support FP8'): drop "
+                            "fp8_dot_product_attention or use attention_kernel current")
 
     def _check_knobs(self) -> None:
         for fname, choices in DTYPE_CHOICES.items():
@@ -406,4 +426,5 @@ def training_dict(training: TrainingSpec) -> dict[str, Any]:
     return out
 
 
-_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention", "peft"}
+_KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention", "peft",
+                                               "attention_kernel"}

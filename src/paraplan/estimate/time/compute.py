@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from paraplan.errors import SpecError
 from paraplan.estimate.flops import attention_head_dims
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
@@ -84,6 +85,14 @@ computed from the bf16 tensor (``NVFP4BlockScaling``: "both versions are compute
 input"): 5.125 B. The random Hadamard transform of the columnwise copy (16 x 16: 32 FLOP/element) and
 stochastic rounding of gradients run inside this memory-bound kernel (10 FLOP/B, far under the ridge point)."""
 
+FA2_MEASURED_FLOPS_PER_S: Final = {"hopper": (329e12, "h200-141gb", 989e12), "blackwell": (374e12, "gb200", 2500e12),
+                                   "ampere": (180e12, "a100", 312e12)}
+"""Measured FlashAttention-2 kernel throughput per architecture: (FLOP/s, the GPU it was measured on, that GPU's
+dense BF16 peak in FLOP/s), from ecosystem.md 4.4: "Flash-attention-2 (hdim 128, seq 8192): H200 329 TFLOP/s,
+GB200 374, A100 (hdim 64) 180" (peaks: the h200-141gb, gb200 and a100 presets' bf16_tflops). The A100 figure is at
+head dim 64, the only A100 one there; it is used for every head dim (an assumption).
+Used by ``attention_kernel`` 'fa2' (``fa2_peak_fraction``): H200 0.333, GB200 0.150, A100 0.577 of the bf16 peak."""
+
 
 def gemm_precision(training: TrainingSpec) -> str:
     """The GEMM precision of the transformer layers' linear layers: 'fp8', 'fp4' or 'bf16' (fp16 runs at the
@@ -139,9 +148,26 @@ def attention_score_flops(mbs: Num, seq_len: int, width: float, cp: Num, tp: Num
     return CAUSAL_SCORE_FLOPS_FACTOR * mbs * seq_len ** 2 * width / (cp * tp)
 
 
-def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num, *, fp8: bool = False) -> Num:
-    """Flash-attention forward: its score FLOPs at ``attention_frac`` of the dense BF16 peak
-    (FA2 head dim 128 on H200: 329 of 989 TFLOP/s, ecosystem.md 4.4).
+def fa2_peak_fraction(cluster: ClusterSpec) -> float:
+    """Fraction of the dense BF16 peak the FlashAttention-2 kernel reaches on ``cluster``'s GPU: the measured rate of
+    its architecture over the bf16 peak of the GPU it was measured on (``FA2_MEASURED_FLOPS_PER_S``); a GPU of the
+    same architecture without its own figure (H100, B200, B300, GB300) runs at that fraction of its own peak (H100:
+    the H200's die and tensor-core peak, 329 TFLOP/s). An architecture without a figure is refused in one line."""
+    arch = cluster.gpu.arch
+    if arch not in FA2_MEASURED_FLOPS_PER_S:
+        raise SpecError(f"attention_kernel fa2: no measured FlashAttention-2 rate for GPU {cluster.gpu.name!r} "
+                        f"(arch {arch or 'not set'}); measured for {', '.join(FA2_MEASURED_FLOPS_PER_S)} "
+                        "(ecosystem.md 4.4); use attention_kernel current")
+    rate, _gpu, peak = FA2_MEASURED_FLOPS_PER_S[arch]
+    return rate / peak
+
+
+def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num, *, fp8: bool = False,
+                          kernel: str = "current") -> Num:
+    """Flash-attention forward: its score FLOPs at ``attention_frac`` of the dense BF16 peak (``kernel``
+    'current': today's fused kernels, the preset's fitted fraction), or under ``kernel`` 'fa2' (the 2023-24
+    generation: flash-attn 2 and the cuDNN FusedAttention of Transformer Engine 1.x) at ``fa2_peak_fraction``:
+    t = score_flops / (peak_bf16 x frac). The 2.5x backward (``ATTENTION_BWD_FACTOR``) is FA2's in both.
 
     ``fp8`` (``fp8_dot_product_attention``: cuDNN's FP8 fused attention, TE ``fp8_dpa``): the backward's score
     GEMMs run at the same fraction of the dense FP8 peak, the forward stays at the BF16 rate, returned as the
@@ -150,7 +176,8 @@ def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num, *, fp8: bool =
     dim 128), and on Blackwell the special-function units (16 per clock per SM, CUDA Programming Guide's
     throughput table; not re-read for this repo) already issue them at about the BF16 MMA rate per element, so
     FP8 MMAs do not shorten it; the backward (5 score-sized GEMMs, one exponential) is MMA-bound."""
-    t = score_flops / (cluster.gpu.peak_bf16_flops_per_s * cluster.gpu.efficiency.attention_frac)
+    frac = fa2_peak_fraction(cluster) if kernel == "fa2" else cluster.gpu.efficiency.attention_frac
+    t = score_flops / (cluster.gpu.peak_bf16_flops_per_s * frac)
     if not fp8:
         return t
     ratio = cluster.gpu.peak_flops_per_s("fp8") / cluster.gpu.peak_bf16_flops_per_s

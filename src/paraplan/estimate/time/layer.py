@@ -152,7 +152,8 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                                                 layout.cp, t)
     aligned = attention_heads_tensor_core_aligned(model)
     if training.attention_backend == "flash" and aligned:
-        attn = compute.flash_attention_fwd_s(cluster, score_flops, fp8=training.fp8_dot_product_attention)
+        attn = compute.flash_attention_fwd_s(cluster, score_flops, fp8=training.fp8_dot_product_attention,
+                                             kernel=training.attention_kernel)
     else:
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
