@@ -15,7 +15,6 @@ from paraplan.api import (
     advise,
     candidate_id,
     load_site,
-    memory_knobs_of,
     render_files,
     write_files,
 )
@@ -40,6 +39,7 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
+from paraplan.launch.bridge import bridge_overrides_gaps
 from paraplan.units import GIB
 
 
@@ -155,8 +155,11 @@ def launch(
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
     for warning in written.get("warnings", []):
         con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
-    if "bridge_overrides.txt" in files and memory_knobs_of(spec.training):
-        con.print("note: bridge_overrides.txt does not carry the memory knobs yet (megatron_args.sh does): "
-                  "set them in the Bridge recipe's mixed_precision and optimizer configs", soft_wrap=True)
+    if "bridge_overrides.txt" in files:
+        gaps = bridge_overrides_gaps(spec)
+        if gaps:
+            con.print(f"note: bridge_overrides.txt cannot set {', '.join(gaps)} (bridge_recipe.py does): the base "
+                      "recipe's mixed_precision is a preset name, or Bridge's override parser has no name for the "
+                      "dtype", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")
