@@ -361,3 +361,15 @@ def test_fields_the_override_list_cannot_set_are_named() -> None:
     assert literal_tables(files["bridge_recipe.py"])["OVERRIDES"]["mixed_precision.grad_reduce_in_fp32"] is True
     fp8_moments = _knob_spec(use_precision_aware_optimizer=True, exp_avg_dtype="fp8")
     assert bridge_overrides_gaps(fp8_moments) == ["optimizer.exp_avg_dtype"]  # torch.uint8: no Hydra name
+
+
+def test_cli_note_names_the_fields_the_override_list_cannot_set(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    args = ["launch", "--model", "llama2-7b", "--gpu", "a100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+            "--gbs", "64", "--target", "bridge", "--out", str(tmp_path / "b")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "note: bridge_overrides.txt cannot set mixed_precision.grad_reduce_in_fp32 (bridge_recipe.py does)" in out
+    assert "does not carry the memory knobs" not in out
