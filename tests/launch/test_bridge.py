@@ -359,6 +359,9 @@ def test_fields_the_override_list_cannot_set_are_named() -> None:
     assert "Not settable here (bridge_recipe.py sets them): mixed_precision.grad_reduce_in_fp32" in \
         files["bridge_overrides.txt"]
     assert literal_tables(files["bridge_recipe.py"])["OVERRIDES"]["mixed_precision.grad_reduce_in_fp32"] is True
+    assert '"bridge_overrides_not_set": [\n    "mixed_precision.grad_reduce_in_fp32"' in files["manifest.json"]
+    assert "bridge_overrides_not_set" not in render_files(plan_spec("deepseek-v3-gb200-fp8"), ["bridge"])[
+        "manifest.json"]  # a performance recipe: its mixed_precision is a config, every field is settable
     fp8_moments = _knob_spec(use_precision_aware_optimizer=True, exp_avg_dtype="fp8")
     assert bridge_overrides_gaps(fp8_moments) == ["optimizer.exp_avg_dtype"]  # torch.uint8: no Hydra name
 

@@ -39,7 +39,6 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.launch.bridge import bridge_overrides_gaps
 from paraplan.units import GIB
 
 
@@ -155,11 +154,10 @@ def launch(
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
     for warning in written.get("warnings", []):
         con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
-    if "bridge_overrides.txt" in files:
-        gaps = bridge_overrides_gaps(spec)
-        if gaps:
-            con.print(f"note: bridge_overrides.txt cannot set {', '.join(gaps)} (bridge_recipe.py does): the base "
-                      "recipe's mixed_precision is a preset name, or Bridge's override parser has no name for the "
-                      "dtype", soft_wrap=True)
+    gaps = written.get("bridge_overrides_not_set", [])
+    if gaps:
+        con.print(f"note: bridge_overrides.txt cannot set {safe(', '.join(gaps))} (bridge_recipe.py does): the base "
+                  "recipe's mixed_precision is a preset name, or Bridge's override parser has no name for the "
+                  "dtype", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")
