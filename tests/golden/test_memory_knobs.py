@@ -295,14 +295,16 @@ def test_cli_shows_the_knobs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "memory knobs: --grad-reduce-in-bf16 --fp8-recipe tensorwise" in capsys.readouterr().out
 
 
-def test_launch_says_bridge_files_lack_the_knobs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_launch_bridge_files_carry_the_knobs(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     from paraplan.cli import main
 
     base = ["launch", *CLI[1:-2], "--target", "bridge", "--out"]
     assert main([*base, str(tmp_path / "a"), "--knob", "grad-reduce-in-bf16"]) == 0
-    assert "bridge_overrides.txt does not carry the memory knobs yet" in capsys.readouterr().out
-    assert main([*base, str(tmp_path / "b")]) == 0
     assert "does not carry the memory knobs" not in capsys.readouterr().out
+    lines = (tmp_path / "a/bridge_overrides.txt").read_text(encoding="utf-8").splitlines()
+    assert "ddp.grad_reduce_in_fp32=false" in lines
+    assert main([*base, str(tmp_path / "b")]) == 0
+    assert "ddp.grad_reduce_in_fp32=true" in (tmp_path / "b/bridge_overrides.txt").read_text(encoding="utf-8")
 
 
 def test_plan_searches_with_the_knobs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -125,7 +125,8 @@ def test_shipped_recipe_table_is_the_reference_table() -> None:
 
 # ---- optional: against Megatron-Bridge's (and Megatron-LM's) source ----
 
-SECTIONS = {"model": ["GPTModelProvider", "MLAModelProvider"], "ddp": ["DistributedDataParallelConfig"],
+SECTIONS = {"model": ["GPTModelProvider", "MLAModelProvider"], "rng": ["RNGConfig"],
+            "mixed_precision": ["MixedPrecisionConfig"], "ddp": ["DistributedDataParallelConfig"],
             "train": ["TrainingConfig"], "dataset": ["GPTDatasetConfig"], "checkpoint": ["CheckpointConfig"],
             "tokenizer": ["TokenizerConfig"], "comm_overlap": ["CommOverlapConfig"], "optimizer": ["OptimizerConfig"],
             "scheduler": ["SchedulerConfig"], "": ["ConfigContainer"]}
@@ -230,16 +231,19 @@ def test_perf_recipe_launch_trains_the_run_and_saves_checkpoints() -> None:
     assert "dataset.data_path='${oc.env:DATA_PATH}'" in body
     assert "tokenizer.tokenizer_model='${oc.env:TOKENIZER_MODEL}'" in body
     assert body.index("dataset.blend=null") == body.index("dataset.data_path='${oc.env:DATA_PATH}'") - 1
-    # benchmark-only knobs the plan did not model are reset, with the reason in the recipe file
+    # the plan's (default) knobs are written, not the recipe's: no CUDA graphs, fp32 grad reduce
     assert 'model.cuda_graph_impl="none"' in body and "model.cuda_graph_scope=[]" in body
     assert "optimizer.overlap_param_gather_with_optimizer_step=false" in body
+    assert "mixed_precision.grad_reduce_in_fp32=true" in body and "ddp.grad_reduce_in_fp32=true" in body
+    # a benchmark-only setting the plan did not model is reset, with the reason in the recipe file
     assert "scheduler.lr_decay_iters=null" in body
-    assert "the plan's step time and memory do not model them" in files["bridge_recipe.py"]
+    assert "_benchmark_common decays the LR over its 50 iterations" in files["bridge_recipe.py"]
     tables = literal_tables(files["bridge_recipe.py"])
     assert tables["ENV_OVERRIDES"]["train.train_iters"] == ("TRAIN_ITERS", 1000)
     assert tables["ENV_OVERRIDES"]["checkpoint.save"] == ("CHECKPOINT_DIR", "checkpoints")
-    base = plan_spec("llama2-7b-a100-tp2")  # a base recipe keeps its own settings
-    assert "model.cuda_graph_impl" not in dict(overrides(base, choose_recipe(base)))
+    base = plan_spec("llama2-7b-a100-tp2")  # a base recipe: no benchmark reset, but the planned knobs
+    assert "scheduler.lr_decay_iters" not in dict(overrides(base, choose_recipe(base)))
+    assert dict(overrides(base, choose_recipe(base)))["model.cuda_graph_impl"] == "none"
     assert "train.train_iters" in dict(overrides(base, choose_recipe(base)))
 
 
@@ -294,3 +298,81 @@ def test_override_list_parses_and_resolves_as_bridge_reads_it(monkeypatch: pytes
         "model.tensor_model_parallel_size"]
     monkeypatch.setenv("TRAIN_ITERS", "250000")
     assert OmegaConf.to_container(cfg, resolve=True)["train"]["train_iters"] == 250000  # type: ignore[index]
+
+
+def _knob_spec(**knobs: object) -> Any:
+    from dataclasses import replace
+
+    spec = plan_spec("deepseek-v3-gb200-fp8")
+    return replace(spec, training=replace(spec.training, **knobs))
+
+
+def test_bridge_writes_every_knob_the_plan_estimated() -> None:
+    # reviewer A2 / B5: the knobs were reset to Bridge defaults (CUDA graphs off) or not written at all
+    spec = _knob_spec(cuda_graph_impl="transformer_engine", cuda_graph_modules=("attn", "moe_router"),
+                      grad_reduce_in_bf16=True, moe_token_dispatcher_type="flex",
+                      moe_flex_dispatcher_backend="hybridep",
+                      moe_permute_fusion=True, fp8_param_gather=True, use_precision_aware_optimizer=True,
+                      exp_avg_dtype="bf16", cp_comm_type="a2a", fsdp_double_buffer=True)
+    items = dict(overrides(spec, choose_recipe(spec)))
+    assert items["model.cuda_graph_impl"] == "transformer_engine"
+    assert items["model.cuda_graph_scope"] == ["attn", "moe_router"]
+    assert items["model.use_te_rng_tracker"] is True and items["rng.te_rng_tracker"] is True
+    assert items["mixed_precision.grad_reduce_in_fp32"] is False and items["ddp.grad_reduce_in_fp32"] is False
+    assert items["model.moe_token_dispatcher_type"] == "flex"
+    assert items["model.moe_flex_dispatcher_backend"] == "hybridep" and items["model.moe_permute_fusion"] is True
+    assert items["mixed_precision.fp8_param_gather"] is True
+    assert items["mixed_precision.reuse_grad_buf_for_mxfp8_param_ag"] is True  # gb200 fp8: MXFP8 (config.py)
+    assert items["optimizer.use_precision_aware_optimizer"] is True and items["optimizer.exp_avg_dtype"] == "bfloat16"
+    assert items["model.cp_comm_type"] == "a2a" and items["ddp.fsdp_double_buffer"] is True
+    files = render_files(spec, ["bridge"])
+    body = [line for line in files["bridge_overrides.txt"].splitlines() if not line.startswith("#")]
+    assert 'model.cuda_graph_impl="transformer_engine"' in body and "model.cuda_graph_scope=[attn,moe_router]" in body
+    assert 'optimizer.exp_avg_dtype="bfloat16"' in body
+    tables = literal_tables(files["bridge_recipe.py"])
+    assert tables["OVERRIDES"]["model.cuda_graph_impl"] == "transformer_engine"
+    assert tables["COMM_OVERLAP"]["overlap_param_gather_with_optimizer_step"] is False
+    # comm_overlap's setup writes its DP-overlap defaults (True when DP > 1) over ddp: the plan's values go there too
+    assert tables["COMM_OVERLAP"]["overlap_grad_reduce"] == items["ddp.overlap_grad_reduce"]
+
+
+def test_offloading_and_fp4_knobs_are_written() -> None:
+    spec = plan_spec("llama3-70b-tp8-overlap")
+    from dataclasses import replace
+
+    spec = replace(spec, training=replace(spec.training, fine_grained_activation_offloading=True,
+                                          offload_modules=("core_attn",), gradient_accumulation_fusion=False))
+    items = dict(overrides(spec, choose_recipe(spec)))
+    assert items["model.fine_grained_activation_offloading"] is True and items["model.offload_modules"] == ["core_attn"]
+    assert items["model.gradient_accumulation_fusion"] is False
+    assert "model.moe_token_dispatcher_type" not in items  # dense model: no MoE fields
+
+
+def test_fields_the_override_list_cannot_set_are_named() -> None:
+    from paraplan.launch.bridge import bridge_overrides_gaps
+
+    base = plan_spec("llama2-7b-a100-tp2")  # base recipe: mixed_precision is the preset name "bf16_mixed"
+    assert bridge_overrides_gaps(base) == ["mixed_precision.grad_reduce_in_fp32"]
+    files = render_files(base, ["bridge"])
+    assert "mixed_precision.grad_reduce_in_fp32" not in [ln.split("=")[0] for ln in
+                                                          files["bridge_overrides.txt"].splitlines()]
+    assert "Not settable here (bridge_recipe.py sets them): mixed_precision.grad_reduce_in_fp32" in \
+        files["bridge_overrides.txt"]
+    assert literal_tables(files["bridge_recipe.py"])["OVERRIDES"]["mixed_precision.grad_reduce_in_fp32"] is True
+    assert '"bridge_overrides_not_set": [\n    "mixed_precision.grad_reduce_in_fp32"' in files["manifest.json"]
+    assert "bridge_overrides_not_set" not in render_files(plan_spec("deepseek-v3-gb200-fp8"), ["bridge"])[
+        "manifest.json"]  # a performance recipe: its mixed_precision is a config, every field is settable
+    fp8_moments = _knob_spec(use_precision_aware_optimizer=True, exp_avg_dtype="fp8")
+    assert bridge_overrides_gaps(fp8_moments) == ["optimizer.exp_avg_dtype"]  # torch.uint8: no Hydra name
+
+
+def test_cli_note_names_the_fields_the_override_list_cannot_set(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    args = ["launch", "--model", "llama2-7b", "--gpu", "a100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+            "--gbs", "64", "--target", "bridge", "--out", str(tmp_path / "b")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "note: bridge_overrides.txt cannot set mixed_precision.grad_reduce_in_fp32 (bridge_recipe.py does)" in out
+    assert "does not carry the memory knobs" not in out

@@ -15,7 +15,6 @@ from paraplan.api import (
     advise,
     candidate_id,
     load_site,
-    memory_knobs_of,
     render_files,
     write_files,
 )
@@ -155,8 +154,10 @@ def launch(
         con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
     for warning in written.get("warnings", []):
         con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
-    if "bridge_overrides.txt" in files and memory_knobs_of(spec.training):
-        con.print("note: bridge_overrides.txt does not carry the memory knobs yet (megatron_args.sh does): "
-                  "set them in the Bridge recipe's mixed_precision and optimizer configs", soft_wrap=True)
+    gaps = written.get("bridge_overrides_not_set", [])
+    if gaps:
+        con.print(f"note: bridge_overrides.txt cannot set {safe(', '.join(gaps))} (bridge_recipe.py does): the base "
+                  "recipe's mixed_precision is a preset name, or Bridge's override parser has no name for the "
+                  "dtype", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")

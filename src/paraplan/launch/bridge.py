@@ -92,17 +92,29 @@ NO_FAMILY: Final = {
 }
 """Model families Bridge has neither a recipe nor a provider for (checked at BRIDGE_COMMIT)."""
 PLANNED_OFF: Final[tuple[tuple[str, Scalar | list[str], str], ...]] = (
-    ("model.cuda_graph_impl", "none", "CUDA graphs: the plan's step time and memory do not model them"),
-    ("model.cuda_graph_scope", [], "CUDA graphs: the plan's step time and memory do not model them"),
-    ("optimizer.overlap_param_gather_with_optimizer_step", False,
-     "the plan overlaps the param all-gather with the forward pass, not the optimizer step"),
     ("scheduler.lr_decay_iters", None, "_benchmark_common decays the LR over its 50 iterations; None: train_iters"),
 )
 """Benchmark-only settings of a performance recipe (``_benchmark_common`` and the recipe itself) that the plan
-did not model, reset to what the plan assumes. Kept as the recipe sets them (stated in bridge_recipe.py):
+did not model, reset to what the plan assumes (the knobs the plan did estimate, CUDA graphs among them, are
+written with their estimated values by ``knob_overrides``). Kept as the recipe sets them (stated in bridge_recipe.py):
 ``train.manual_gc``, ``train.eval_iters = 0``, ``logger.log_interval = 1``, the NaN / large-gradient checks off,
 the fused kernels (``apply_rope_fusion``, ``cross_entropy_fusion_impl``): throughput settings that do not change
 the layout the plan priced; re-enable the checks for a long run if you want them."""
+
+
+TORCH_DTYPES: Final = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "uint8"}
+"""paraplan's optimizer-state dtype names -> the ``torch`` dtype Megatron-LM maps them to (arguments.py
+``dtype_map``: fp8 moments are ``torch.uint8``); bridge_recipe.py sets ``getattr(torch, name)``."""
+HYDRA_DTYPES: Final = ("float32", "bfloat16", "float16")
+"""The torch dtype names Bridge's override parser reads back into a ``torch.dtype`` (utils/activation_map.py
+``DTYPE_MAP``: it has no ``uint8``, and its "fp8" is float8_e4m3fn, not the uint8 Megatron-Core's optimizer takes)."""
+DTYPE_FIELDS: Final = ("optimizer.main_grads_dtype", "optimizer.main_params_dtype", "optimizer.exp_avg_dtype",
+                       "optimizer.exp_avg_sq_dtype")
+COMM_OVERLAP_FIELDS: Final = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
+                              "overlap_moe_expert_parallel_comm", "delay_wgrad_compute")
+"""Fields a recipe's ``comm_overlap`` (CommOverlapConfig) writes over model / optimizer / ddp in its setup
+(training/comm_overlap.py ``_override_user_cfgs`` + ``_apply_cfgs``: its defaults are False unless the user
+config sets them), so bridge_recipe.py sets them there too when the recipe has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +200,91 @@ def choose_recipe(spec: LaunchSpec) -> Recipe:
                     f"{BRIDGE_COMMIT}: {why}; paraplan maps recipes for: {', '.join(sorted(BASE_RECIPES))})")
 
 
+def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
+    """The knobs the plan estimated (``TrainingSpec``, ``KNOB_FLAGS``), as ConfigContainer fields with the
+    estimated values; written whatever the recipe sets, since a performance recipe sets many of them its own way
+    (``_benchmark_common``: grad_reduce_in_fp32 False; CUDA graphs, HybridEP in the MoE recipes).
+
+    Paths: ``model.*`` TransformerConfig / ModelParallelConfig, ``optimizer.*`` OptimizerConfig, ``ddp.*``
+    DistributedDataParallelConfig, ``mixed_precision.*`` MixedPrecisionConfig, whose ``setup`` writes its fields
+    over the same-named model / optimizer / ddp fields (training/mixed_precision.py
+    ``update_config_with_precision_overrides``), so grad_reduce_in_fp32 and the FP8 / FP4 settings go there."""
+    from paraplan.specs.training import main_grad_bytes
+
+    t, m = spec.training, spec.model
+    impl = t.cuda_graph_impl
+    out: list[tuple[str, Scalar | list[str]]] = [
+        ("model.cuda_graph_impl", impl),
+        ("model.cuda_graph_scope", list(t.cuda_graph_modules) if impl not in ("none", "full_iteration") else []),
+        # _benchmark_common sets both from the recipe's own graphs; CUDA graphs need TE's RNG tracker
+        ("model.use_te_rng_tracker", impl != "none"), ("rng.te_rng_tracker", impl != "none"),
+        ("model.gradient_accumulation_fusion", t.gradient_accumulation_fusion and not spec.layout.fsdp),
+        ("model.cp_comm_type", t.cp_comm_type),
+        ("model.cpu_offloading", t.cpu_offloading_num_layers > 0),
+        ("model.cpu_offloading_num_layers", t.cpu_offloading_num_layers),
+        ("model.fine_grained_activation_offloading", t.fine_grained_activation_offloading),
+        ("model.offload_modules", list(t.offload_modules)),
+    ]
+    if m.is_moe:
+        out += [("model.moe_token_dispatcher_type", t.moe_token_dispatcher_type)]
+        if t.moe_token_dispatcher_type == "flex":
+            out += [("model.moe_flex_dispatcher_backend", t.moe_flex_dispatcher_backend),
+                    ("model.moe_hybridep_num_sms", t.moe_hybridep_num_sms)]
+        out += [("model.moe_permute_fusion", t.moe_permute_fusion),
+                ("model.moe_shared_expert_overlap", t.moe_shared_expert_overlap),
+                ("model.moe_expert_capacity_factor", t.moe_expert_capacity_factor),
+                ("model.moe_pad_expert_input_to_capacity", t.moe_pad_expert_input_to_capacity),
+                ("model.overlap_moe_expert_parallel_comm", spec.layout.schedule == "combined_1f1b"),
+                ("model.delay_wgrad_compute", t.delay_wgrad_compute)]
+    out += [("optimizer.use_precision_aware_optimizer", t.use_precision_aware_optimizer),
+            ("optimizer.main_grads_dtype", TORCH_DTYPES[t.main_grads_dtype]),
+            ("optimizer.main_params_dtype", TORCH_DTYPES[t.main_params_dtype]),
+            ("optimizer.exp_avg_dtype", TORCH_DTYPES[t.exp_avg_dtype]),
+            ("optimizer.exp_avg_sq_dtype", TORCH_DTYPES[t.exp_avg_sq_dtype]),
+            ("optimizer.store_param_remainders", t.store_param_remainders),
+            ("optimizer.optimizer_cpu_offload", t.optimizer_cpu_offload),
+            ("optimizer.optimizer_offload_fraction", float(t.optimizer_offload_fraction) if t.optimizer_cpu_offload
+             else 0.0),
+            ("optimizer.overlap_param_gather_with_optimizer_step", t.overlap_param_gather_with_optimizer_step),
+            ("ddp.fsdp_double_buffer", t.fsdp_double_buffer),
+            ("ddp.grad_reduce_in_fp32", main_grad_bytes(t) == 4.0),
+            ("mixed_precision.grad_reduce_in_fp32", main_grad_bytes(t) == 4.0)]
+    if t.precision == "fp8":
+        _, preset = bridge_precision(t.precision, spec.cluster.gpu.arch, t.fp8_recipe)
+        mxfp8 = preset == BRIDGE_FP8["mxfp8"][1]
+        out += [("mixed_precision.fp8_param_gather", t.fp8_param_gather),
+                # config.py ConfigContainer.validate: MXFP8 param gather needs it (without Megatron-FSDP)
+                ("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", t.fp8_param_gather and mxfp8
+                 and not spec.layout.fsdp)]
+    if t.precision == "fp4":
+        out += [("mixed_precision.fp4_recipe", t.fp4_recipe), ("mixed_precision.fp4_param_gather", t.fp4_param_gather)]
+    if t.precision in ("fp8", "fp4"):
+        out += [("mixed_precision.fp8_dot_product_attention", t.fp8_dot_product_attention),
+                ("mixed_precision.first_last_layers_bf16", t.first_last_layers_bf16)]
+        if t.first_last_layers_bf16:
+            out += [("mixed_precision.num_layers_at_start_in_bf16", t.num_layers_at_start_in_bf16),
+                    ("mixed_precision.num_layers_at_end_in_bf16", t.num_layers_at_end_in_bf16)]
+    return out
+
+
+def comm_overlap_values(items: list[tuple[str, Value]]) -> dict[str, Scalar]:
+    """The ``COMM_OVERLAP_FIELDS`` values among ``items``, for a recipe's ``comm_overlap``."""
+    out: dict[str, Scalar] = {}
+    for k, v in items:
+        name = k.rpartition(".")[2]
+        if name in COMM_OVERLAP_FIELDS and not isinstance(v, list | EnvValue):
+            out[name] = v
+    return out
+
+
+def not_in_overrides_file(recipe: Recipe, items: list[tuple[str, Value]]) -> list[str]:
+    """Fields of ``items`` that bridge_overrides.txt cannot set (bridge_recipe.py does): ``mixed_precision.*`` when
+    the recipe names a preset (a base recipe's ``mixed_precision`` is a string, which has no fields to override),
+    and an optimizer dtype Bridge's override parser has no name for (``HYDRA_DTYPES``)."""
+    return [k for k, v in items if (recipe.kind == "base" and k.startswith("mixed_precision."))
+            or (k in DTYPE_FIELDS and v not in HYDRA_DTYPES)]
+
+
 def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
     """(ConfigContainer field path, value) for paraplan's layout, batch, precision and checkpoints; a performance
     recipe keeps its own mixed-precision config (it was chosen for the same precision)."""
@@ -224,8 +321,8 @@ def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
             ("ddp.overlap_param_gather", lay.overlap_param_gather)]
     if recipe.kind == "base":
         out.append(("mixed_precision", preset))
-    if lay.fsdp:  # the Megatron-FSDP guide's flags (FSDP_REQUIRED_FLAGS), as Bridge fields
-        out += [("model.gradient_accumulation_fusion", False)]
+    # the knobs the plan estimated; Megatron-FSDP: gradient_accumulation_fusion False (FSDP_REQUIRED_FLAGS)
+    out += knob_overrides(spec)
     out += [("train.train_iters", EnvValue("TRAIN_ITERS", TRAIN_ITERS_DEFAULT)),
             ("dataset.data_path", EnvValue("DATA_PATH")),
             ("tokenizer.tokenizer_type", EnvValue("TOKENIZER_TYPE", "HuggingFaceTokenizer")),
@@ -313,11 +410,13 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "",
         "import os",
         "",
+        "import torch",
         f"from {recipe.module} import (",
         f"    {recipe.function} as base_recipe,",
         ")",
         "from megatron.bridge.training.comm_overlap import CommOverlapConfig",
         "from megatron.bridge.training.gpt_step import forward_step",
+        "from megatron.bridge.training.mixed_precision import get_mixed_precision_config",
         "from megatron.bridge.training.pretrain import pretrain",
         "",
         "OVERRIDES = {",
@@ -331,11 +430,21 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "}",
         f"UNSET_ENV = {(['CUDA_DEVICE_MAX_CONNECTIONS'] if spec.layout.fsdp else [])!r}",
         f"TP_COMM_OVERLAP = {spec.layout.tp_comm_overlap!r}",
+        "COMM_OVERLAP = {  # also set on the recipe's comm_overlap, whose setup writes them over model/optimizer",
+        *[f"    {k!r}: {v!r}," for k, v in comm_overlap_values(items).items()],
+        "}",
+        "DTYPE_FIELDS = [  # fields set to getattr(torch, value)",
+        *[f"    {k!r}," for k in DTYPE_FIELDS],
+        "]",
         "",
         "",
         "def _set(cfg, path, value):",
         "    target, _, name = path.rpartition('.')",
         "    obj = getattr(cfg, target) if target else cfg",
+        "    if target == 'mixed_precision' and isinstance(obj, str):  # a preset name: its config, to set fields on",
+        "        obj = cfg.mixed_precision = get_mixed_precision_config(obj)",
+        "    if path in DTYPE_FIELDS:",
+        "        value = getattr(torch, value)",
         "    if not hasattr(obj, name):",
         "        raise AttributeError(f'{path}: not a field of the recipe')",
         "    setattr(obj, name, value)",
@@ -362,6 +471,9 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "        cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)",
         "    elif cfg.comm_overlap is not None:",
         "        cfg.comm_overlap.tp_comm_overlap = TP_COMM_OVERLAP",
+        "    if cfg.comm_overlap is not None:",
+        "        for name, value in COMM_OVERLAP.items():",
+        "            setattr(cfg.comm_overlap, name, value)",
         "    cfg.env_vars.update(ENV)",
         "    for name in UNSET_ENV:",
         "        cfg.env_vars.pop(name, None)",
@@ -375,7 +487,8 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
     return "\n".join(lines) + "\n"
 
 
-RUNTIME_FIELDS: Final = ("dataset.blend", "comm_overlap.tp_comm_overlap", "env_vars")
+RUNTIME_FIELDS: Final = ("dataset.blend", "comm_overlap.tp_comm_overlap", "env_vars",
+                          *(f"comm_overlap.{f}" for f in COMM_OVERLAP_FIELDS))
 """ConfigContainer fields bridge_recipe.py sets besides ``OVERRIDES`` (checked against Bridge's source too)."""
 
 
@@ -391,10 +504,23 @@ def overrides_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple
                "# bridge_recipe.py); manual GC, eval_iters = 0 and the NaN checks off are kept as the recipe sets",
                "# them."]
               if recipe.kind == "perf" else [])]
-    lines = [f"{k}={hydra_value(v)}" for k, v in items]
+    gaps = not_in_overrides_file(recipe, items)
+    if gaps:
+        head += ["# Not settable here (bridge_recipe.py sets them): " + ", ".join(gaps) + " (the recipe's",
+                 "# mixed_precision is a preset name, or Bridge's override parser has no name for the dtype)."]
+    overlap = comm_overlap_values(items)
+    head += [f"# If the recipe sets comm_overlap, also set comm_overlap.{k}={hydra_value(v)} (its setup writes it "
+             "over model/optimizer)." for k, v in overlap.items()]
+    lines = [f"{k}={hydra_value(v)}" for k, v in items if k not in gaps]
     data = next(i for i, (k, _) in enumerate(items) if k == "dataset.data_path")
     lines.insert(data, "dataset.blend=null")  # dataset.data_path becomes the blend (GPTDatasetConfig.finalize)
     return "\n".join([*head, *lines]) + "\n"
+
+
+def bridge_overrides_gaps(spec: LaunchSpec) -> list[str]:
+    """The fields bridge_recipe.py sets and bridge_overrides.txt cannot (``not_in_overrides_file``)."""
+    recipe = choose_recipe(spec)
+    return not_in_overrides_file(recipe, overrides(spec, recipe))
 
 
 def bridge_files(spec: LaunchSpec, cid: str) -> dict[str, str]:

@@ -10,12 +10,6 @@
 # A performance recipe is a benchmark (_benchmark_common: 50 iterations, no checkpoints); paraplan sets
 # train_iters and checkpoints (ENV_OVERRIDES) and resets the benchmark-only settings the plan did not
 # model:
-#   model.cuda_graph_impl = 'none'
-#     (CUDA graphs: the plan's step time and memory do not model them)
-#   model.cuda_graph_scope = []
-#     (CUDA graphs: the plan's step time and memory do not model them)
-#   optimizer.overlap_param_gather_with_optimizer_step = False
-#     (the plan overlaps the param all-gather with the forward pass, not the optimizer step)
 #   scheduler.lr_decay_iters = None
 #     (_benchmark_common decays the LR over its 50 iterations; None: train_iters)
 # and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused
@@ -24,11 +18,13 @@
 
 import os
 
+import torch
 from megatron.bridge.perf_recipes.llama.h100.llama3 import (
     llama3_70b_pretrain_64gpu_h100_bf16_config as base_recipe,
 )
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.gpt_step import forward_step
+from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 from megatron.bridge.training.pretrain import pretrain
 
 OVERRIDES = {
@@ -58,7 +54,26 @@ OVERRIDES = {
     'ddp.overlap_param_gather': True,
     'model.cuda_graph_impl': 'none',
     'model.cuda_graph_scope': [],
+    'model.use_te_rng_tracker': False,
+    'rng.te_rng_tracker': False,
+    'model.gradient_accumulation_fusion': True,
+    'model.cp_comm_type': 'p2p',
+    'model.cpu_offloading': False,
+    'model.cpu_offloading_num_layers': 0,
+    'model.fine_grained_activation_offloading': False,
+    'model.offload_modules': [],
+    'optimizer.use_precision_aware_optimizer': False,
+    'optimizer.main_grads_dtype': 'float32',
+    'optimizer.main_params_dtype': 'float32',
+    'optimizer.exp_avg_dtype': 'float32',
+    'optimizer.exp_avg_sq_dtype': 'float32',
+    'optimizer.store_param_remainders': True,
+    'optimizer.optimizer_cpu_offload': False,
+    'optimizer.optimizer_offload_fraction': 0.0,
     'optimizer.overlap_param_gather_with_optimizer_step': False,
+    'ddp.fsdp_double_buffer': False,
+    'ddp.grad_reduce_in_fp32': True,
+    'mixed_precision.grad_reduce_in_fp32': True,
     'scheduler.lr_decay_iters': None,
 }
 ENV_OVERRIDES = {  # field path: (environment variable, default; None = required)
@@ -76,11 +91,26 @@ ENV = {
 }
 UNSET_ENV = []
 TP_COMM_OVERLAP = False
+COMM_OVERLAP = {  # also set on the recipe's comm_overlap, whose setup writes them over model/optimizer
+    'overlap_grad_reduce': True,
+    'overlap_param_gather': True,
+    'overlap_param_gather_with_optimizer_step': False,
+}
+DTYPE_FIELDS = [  # fields set to getattr(torch, value)
+    'optimizer.main_grads_dtype',
+    'optimizer.main_params_dtype',
+    'optimizer.exp_avg_dtype',
+    'optimizer.exp_avg_sq_dtype',
+]
 
 
 def _set(cfg, path, value):
     target, _, name = path.rpartition('.')
     obj = getattr(cfg, target) if target else cfg
+    if target == 'mixed_precision' and isinstance(obj, str):  # a preset name: its config, to set fields on
+        obj = cfg.mixed_precision = get_mixed_precision_config(obj)
+    if path in DTYPE_FIELDS:
+        value = getattr(torch, value)
     if not hasattr(obj, name):
         raise AttributeError(f'{path}: not a field of the recipe')
     setattr(obj, name, value)
@@ -107,6 +137,9 @@ def recipe():
         cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)
     elif cfg.comm_overlap is not None:
         cfg.comm_overlap.tp_comm_overlap = TP_COMM_OVERLAP
+    if cfg.comm_overlap is not None:
+        for name, value in COMM_OVERLAP.items():
+            setattr(cfg.comm_overlap, name, value)
     cfg.env_vars.update(ENV)
     for name in UNSET_ENV:
         cfg.env_vars.pop(name, None)
