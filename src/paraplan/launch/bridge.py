@@ -224,8 +224,6 @@ def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
             ("ddp.overlap_param_gather", lay.overlap_param_gather)]
     if recipe.kind == "base":
         out.append(("mixed_precision", preset))
-    if lay.fsdp:  # the Megatron-FSDP guide's flags (FSDP_REQUIRED_FLAGS), as Bridge fields
-        out += [("model.gradient_accumulation_fusion", False)]
     out += [("train.train_iters", EnvValue("TRAIN_ITERS", TRAIN_ITERS_DEFAULT)),
             ("dataset.data_path", EnvValue("DATA_PATH")),
             ("tokenizer.tokenizer_type", EnvValue("TOKENIZER_TYPE", "HuggingFaceTokenizer")),

@@ -554,13 +554,9 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
 
 
 def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
-    """``--no-gradient-accumulation-fusion`` (a StoreFalse flag) as ``gradient_accumulation_fusion=False``, except
-    where it is one of Megatron-FSDP's required flags (launch.megatron.FSDP_REQUIRED_FLAGS)."""
+    """``--no-gradient-accumulation-fusion`` (a StoreFalse flag) as ``gradient_accumulation_fusion=False``, with
+    Megatron-FSDP as without (not one of its required flags: launch.megatron.FSDP_REQUIRED_FLAGS)."""
     if not r.has("--no-gradient-accumulation-fusion"):
-        return {}
-    if r.has("--use-megatron-fsdp"):
-        r.notes.append("--no-gradient-accumulation-fusion is read as Megatron-FSDP's required flag: "
-                       "Megatron-FSDP's gradient path is not charged the unfused main-grad adds")
         return {}
     return {"gradient_accumulation_fusion": False}
 
