@@ -225,8 +225,10 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
         if key in ("fp8_recipe", "fp4_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) \
                 or value is None:
             continue  # fp8_recipe / fp4_recipe: fp8_args / fp4_args; the dispatcher: _moe_mla
-        if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms") \
+        if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms", "moe_permute_fusion_into_hybridep") \
                 and training.moe_token_dispatcher_type != "flex":
+            continue
+        if key == "moe_permute_fusion_into_hybridep" and training.moe_flex_dispatcher_backend != "hybridep":
             continue
         if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
             continue
