@@ -224,6 +224,8 @@ def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
             ("ddp.overlap_param_gather", lay.overlap_param_gather)]
     if recipe.kind == "base":
         out.append(("mixed_precision", preset))
+    if not spec.training.gradient_accumulation_fusion:  # the knob, Megatron-FSDP or not (FSDP_REQUIRED_FLAGS)
+        out.append(("model.gradient_accumulation_fusion", False))
     out += [("train.train_iters", EnvValue("TRAIN_ITERS", TRAIN_ITERS_DEFAULT)),
             ("dataset.data_path", EnvValue("DATA_PATH")),
             ("tokenizer.tokenizer_type", EnvValue("TOKENIZER_TYPE", "HuggingFaceTokenizer")),
