@@ -19,6 +19,7 @@ from paraplan.estimate.params import ModelParamCounts, StageLayers, model_param_
 from paraplan.estimate.positions import max_positions_for as max_positions_for  # re-exported
 from paraplan.estimate.stages import all_stage_layers
 from paraplan.estimate.step_time import StageTime, StepTime, Throughput, stage_terms, stage_time, step_time, throughput
+from paraplan.estimate.time import fsdp
 from paraplan.headroom import DEFAULT_HEADROOM, Headroom, fit_text
 from paraplan.layout import ParallelLayout
 from paraplan.rules import check_layout
@@ -239,6 +240,10 @@ def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec)
     if grid.ep_group.span > cluster.nvlink_domain_size:
         notes.append(f"EP x ETP = {grid.ep_group.span} spans more than one NVLink domain: "
                      "expert all-to-all crosses the network")
+    fsdp_overlap = fsdp.overlap_note(bool(layout.fsdp), bool(layout.overlap_grad_reduce),
+                                     bool(layout.overlap_param_gather))
+    if fsdp_overlap:
+        notes.append(fsdp_overlap)
     return notes
 
 

@@ -118,8 +118,13 @@ def test_dispatcher_link_picks_the_formula() -> None:
 def test_permute_copies_and_capacity() -> None:
     assert ep.permute_copies(_t()) == 2.0
     assert ep.permute_copies(_t(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep")) == 2.0
+    # HybridEP permutes in-kernel only with moe_permute_fusion_into_hybridep (token_dispatcher.py _HybridEPManager:
+    # fused=config.moe_permute_fusion_into_hybridep); --moe-permute-fusion is TE's separate permute kernel
     assert ep.permute_copies(_t(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
-                                moe_permute_fusion=True)) == 0.0
+                                moe_permute_fusion=True)) == 2.0
+    assert ep.permute_copies(_t(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+                                moe_permute_fusion_into_hybridep=True)) == 0.0
+    assert ep.permute_copies(_t(moe_token_dispatcher_type="flex", moe_permute_fusion_into_hybridep=True)) == 2.0
     assert ep.permute_copies(_t(moe_token_dispatcher_type="flex", moe_permute_fusion=True)) == 2.0  # DeepEP
     assert ep.routed_load_factor(_t()) == 1.0
     assert ep.routed_load_factor(_t(moe_expert_capacity_factor=0.8)) == 0.8  # tokens over capacity dropped
@@ -158,10 +163,14 @@ def test_estimate_moves_with_the_dispatcher() -> None:
     lay = LAYOUT
     t_base = moe_mlp_time(DSV3, H100, _t(), lay)
     t_flex = moe_mlp_time(DSV3, H100, _t(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
-                                         moe_permute_fusion=True), lay)
+                                         moe_permute_fusion=True, moe_permute_fusion_into_hybridep=True), lay)
     te = 4096 * 8 / 2  # routed copies per rank: T k ETP / TP
     permute_s = 24.0 * te * DSV3.hidden_size / hbm_rate(H100)  # MOE_PERMUTE_BYTES_PER_ELEMENT, fwd + bwd
     assert float(t_base.elementwise_s - t_flex.elementwise_s) == pytest.approx(permute_s, rel=1e-12)
+    # --moe-permute-fusion alone keeps HybridEP's permute copies (fused=moe_permute_fusion_into_hybridep)
+    t_te = moe_mlp_time(DSV3, H100, _t(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+                                       moe_permute_fusion=True), lay)
+    assert float(t_te.elementwise_s) == float(t_base.elementwise_s)
     assert flex.peak_bytes == base.peak_bytes  # the dispatcher moves time, not memory, in the model
 
 
@@ -197,6 +206,17 @@ def test_moe_knobs_read_from_megatron_args() -> None:
     assert (t["moe_permute_fusion"], t["moe_shared_expert_overlap"]) == (True, True)
     assert (t["moe_expert_capacity_factor"], t["moe_pad_expert_input_to_capacity"]) == (1.25, True)
     assert not flags.unknown_flags
+    # the current spelling, the in-kernel HybridEP permute, and the new flag winning over the deprecated one
+    # (TransformerConfig.__post_init__: "an explicit moe_flex_dispatcher_num_sms takes precedence")
+    flex = [*MOE_FLAGS, "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"]
+    t = read_flags([*flex, "--moe-flex-dispatcher-num-sms", "24", "--moe-hybridep-num-sms", "32",
+                    "--moe-permute-fusion-into-hybridep"]).training_fields
+    assert (t["moe_hybridep_num_sms"], t["moe_permute_fusion_into_hybridep"]) == (24, True)
+    assert "moe_permute_fusion" not in t
+    deepep = read_flags([*MOE_FLAGS, "--moe-token-dispatcher-type", "flex", "--moe-permute-fusion-into-hybridep"])
+    assert "moe_permute_fusion_into_hybridep" not in deepep.training_fields
+    assert any("--moe-permute-fusion-into-hybridep is ignored without --moe-flex-dispatcher-backend hybridep" in n
+               for n in deepep.notes)
 
 
 def test_megatron_default_dispatcher_is_allgather() -> None:
@@ -230,21 +250,30 @@ def test_moe_knobs_from_the_cli_words() -> None:
                                    "--delay-wgrad-compute", "--moe-permute-fusion"], "bf16")
     assert got == {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep",
                    "delay_wgrad_compute": True, "moe_permute_fusion": True}
+    hybrid = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"]
+    for sms in ("--moe-flex-dispatcher-num-sms", "--moe-hybridep-num-sms"):  # the deprecated spelling still read
+        got = memory_knobs_from_words([*hybrid, sms, "16", "--moe-permute-fusion-into-hybridep"], "bf16")
+        assert (got["moe_hybridep_num_sms"], got["moe_permute_fusion_into_hybridep"]) == (16, True)
 
 
 def test_moe_knobs_written_back_and_read_again() -> None:
     training = _t(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep", moe_hybridep_num_sms=32,
-                  moe_permute_fusion=True, delay_wgrad_compute=True)
+                  moe_permute_fusion=True, moe_permute_fusion_into_hybridep=True, delay_wgrad_compute=True)
     lay = replace(LAYOUT, schedule="combined_1f1b", recompute_modules=("mla_up_proj",))
     words = argv(megatron_args(DSV3, lay, training), resolve=True)
     assert words[words.index("--moe-token-dispatcher-type") + 1] == "flex"
     assert words.count("--moe-token-dispatcher-type") == 1
     assert words[words.index("--moe-flex-dispatcher-backend") + 1] == "hybridep"
-    assert {"--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-permute-fusion"} <= set(words)
+    assert {"--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-permute-fusion",
+            "--moe-permute-fusion-into-hybridep"} <= set(words)
+    # the SMs under the current flag, not the deprecated --moe-hybridep-num-sms (transformer_config.py __post_init__)
+    assert words[words.index("--moe-flex-dispatcher-num-sms") + 1] == "32" and "--moe-hybridep-num-sms" not in words
+    deepep = argv(megatron_args(DSV3, lay, replace(training, moe_flex_dispatcher_backend="deepep")), resolve=True)
+    assert "--moe-permute-fusion-into-hybridep" not in deepep
     flags = read_flags(words)
     back = flags.training_fields
     for key in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_hybridep_num_sms",
-                "moe_permute_fusion", "delay_wgrad_compute"):
+                "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "delay_wgrad_compute"):
         assert back[key] == getattr(training, key), key
     assert flags.layout_fields["schedule"] == "combined_1f1b"
 
@@ -253,7 +282,8 @@ def test_default_moe_launch_writes_alltoall_and_no_knob() -> None:
     words = argv(megatron_args(DSV3, LAYOUT, _t()), resolve=True)
     assert words[words.index("--moe-token-dispatcher-type") + 1] == "alltoall"
     assert not {"--moe-flex-dispatcher-backend", "--delay-wgrad-compute", "--moe-permute-fusion",
-                "--moe-hybridep-num-sms", "--overlap-moe-expert-parallel-comm"} & set(words)
+                "--moe-hybridep-num-sms", "--moe-flex-dispatcher-num-sms", "--moe-permute-fusion-into-hybridep",
+                "--overlap-moe-expert-parallel-comm"} & set(words)
 
 
 def test_launch_refuses_delay_wgrad_without_ep_overlap() -> None:

@@ -237,6 +237,37 @@ def test_grad_accumulation_fusion_read_written_and_from_recipes() -> None:
     fsdp = ParallelLayout(tp=4, pp=1, dp=16, mbs=1, recompute="none", sequence_parallel=True, fsdp=True,
                           distributed_optimizer=False)
     assert argv(megatron_args(LLAMA, fsdp, t), resolve=True).count("--no-gradient-accumulation-fusion") == 1
+    # Megatron-FSDP is no exception (Megatron only warns, arguments.py validate_args): fusion stays on unless the
+    # knob turns it off, and the flag read back from an FSDP script is the knob
+    assert "--no-gradient-accumulation-fusion" not in argv(megatron_args(LLAMA, fsdp, OFF), resolve=True)
+    fsdp_words = argv(megatron_args(LLAMA, fsdp, t), resolve=True)
+    assert "--use-megatron-fsdp" in fsdp_words
+    assert read_flags(fsdp_words).training_fields["gradient_accumulation_fusion"] is False
+    assert "gradient_accumulation_fusion" not in read_flags(argv(megatron_args(LLAMA, fsdp, OFF),
+                                                                  resolve=True)).training_fields
     assert "--no-gradient-accumulation-fusion" not in argv(megatron_args(LLAMA, VP5, OFF), resolve=True)
     rows = [r for r in bridge_recipes() if r.get("gradient_accumulation_fusion") is False]
     assert rows and training_knobs(rows[0], "bf16")["gradient_accumulation_fusion"] is False
+
+
+# Megatron-FSDP (optim_grads_params) forces both overlap switches on: MegatronFSDP.__init__ sets
+# ddp_config.overlap_param_gather = overlap_grad_reduce = True (megatron_fsdp.py ~328-337), so turning them off
+# changes nothing there (and the estimate says so), while the distributed optimizer exposes its collectives.
+def test_fsdp_overlap_switches_are_forced_on_as_megatron_fsdp_does() -> None:
+    cluster = make_cluster(H100, 64, 8)
+    fsdp = ParallelLayout(tp=1, pp=1, dp=64, mbs=1, recompute="full", sequence_parallel=False, fsdp=True,
+                          distributed_optimizer=False, overlap_grad_reduce=True, overlap_param_gather=True)
+    off = replace(fsdp, overlap_grad_reduce=False, overlap_param_gather=False)
+    t = replace(OFF, global_batch_size=512)
+    on_est, off_est = estimate(LLAMA, cluster, t, fsdp), estimate(LLAMA, cluster, t, off)
+    assert float(off_est.time.step_s) == float(on_est.time.step_s)
+    notes = [n for n in off_est.notes if "Megatron-FSDP" in n and "no effect" in n]
+    assert len(notes) == 1 and "--overlap-grad-reduce and --overlap-param-gather" in notes[0]
+    assert not [n for n in on_est.notes if "no effect" in n]
+    only_grad = estimate(LLAMA, cluster, t, replace(fsdp, overlap_grad_reduce=False))
+    assert next(n for n in only_grad.notes if "no effect" in n).startswith("--overlap-grad-reduce off")
+    dist = replace(fsdp, fsdp=False, distributed_optimizer=True)
+    dist_off = replace(dist, overlap_grad_reduce=False, overlap_param_gather=False)
+    dist_off_est = estimate(LLAMA, cluster, t, dist_off)
+    assert float(dist_off_est.time.step_s) > float(estimate(LLAMA, cluster, t, dist).time.step_s)
+    assert not [n for n in dist_off_est.notes if "no effect" in n]

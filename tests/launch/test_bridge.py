@@ -13,6 +13,7 @@ import ast
 import csv
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,10 @@ def test_overrides_carry_the_layout() -> None:
     items = dict(overrides(fsdp, choose_recipe(fsdp)))
     assert items["ddp.use_megatron_fsdp"] is True and items["ddp.use_distributed_optimizer"] is True
     assert items["ddp.data_parallel_sharding_strategy"] == "optim_grads_params"
-    assert items["model.gradient_accumulation_fusion"] is False and items["checkpoint.ckpt_format"] == "fsdp_dtensor"
+    # gradient-accumulation fusion stays Bridge's default (on) under Megatron-FSDP unless the plan's knob turns it off
+    assert items["model.gradient_accumulation_fusion"] is True and items["checkpoint.ckpt_format"] == "fsdp_dtensor"
+    unfused = replace(fsdp, training=replace(fsdp.training, gradient_accumulation_fusion=False))
+    assert dict(overrides(unfused, choose_recipe(unfused)))["model.gradient_accumulation_fusion"] is False
     base = plan_spec("llama2-7b-a100-tp2")
     assert dict(overrides(base, choose_recipe(base)))["mixed_precision"] == "bf16_mixed"
 

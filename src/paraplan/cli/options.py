@@ -285,7 +285,8 @@ KnobOpt = typer.Option(
          "cp-comm-type=a2a (p2p, a2a, allgather), "
          "fsdp-double-buffer, fp4-param-gather, first-last-layers-bf16, num-layers-at-end-in-bf16=4; "
          "MoE: moe-token-dispatcher-type=alltoall|allgather|flex, moe-flex-dispatcher-backend=deepep|hybridep, "
-         "moe-hybridep-num-sms=32, delay-wgrad-compute, moe-permute-fusion, moe-shared-expert-overlap, "
+         "moe-flex-dispatcher-num-sms=32, delay-wgrad-compute, moe-permute-fusion, "
+         "moe-permute-fusion-into-hybridep, moe-shared-expert-overlap, "
          "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity; CUDA graphs: "
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
          "no-gradient-accumulation-fusion; paraplan's own (no Megatron flag): attention-kernel=current|fa2.")

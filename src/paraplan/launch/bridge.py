@@ -218,7 +218,7 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.cuda_graph_scope", list(t.cuda_graph_modules) if impl not in ("none", "full_iteration") else []),
         # _benchmark_common sets both from the recipe's own graphs; CUDA graphs need TE's RNG tracker
         ("model.use_te_rng_tracker", impl != "none"), ("rng.te_rng_tracker", impl != "none"),
-        ("model.gradient_accumulation_fusion", t.gradient_accumulation_fusion and not spec.layout.fsdp),
+        ("model.gradient_accumulation_fusion", t.gradient_accumulation_fusion),
         ("model.cp_comm_type", t.cp_comm_type),
         ("model.cpu_offloading", t.cpu_offloading_num_layers > 0),
         ("model.cpu_offloading_num_layers", t.cpu_offloading_num_layers),
@@ -230,6 +230,8 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         if t.moe_token_dispatcher_type == "flex":
             out += [("model.moe_flex_dispatcher_backend", t.moe_flex_dispatcher_backend),
                     ("model.moe_hybridep_num_sms", t.moe_hybridep_num_sms)]
+            if t.moe_flex_dispatcher_backend == "hybridep":
+                out += [("model.moe_permute_fusion_into_hybridep", t.moe_permute_fusion_into_hybridep)]
         out += [("model.moe_permute_fusion", t.moe_permute_fusion),
                 ("model.moe_shared_expert_overlap", t.moe_shared_expert_overlap),
                 ("model.moe_expert_capacity_factor", t.moe_expert_capacity_factor),
@@ -321,7 +323,7 @@ def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
             ("ddp.overlap_param_gather", lay.overlap_param_gather)]
     if recipe.kind == "base":
         out.append(("mixed_precision", preset))
-    # the knobs the plan estimated; Megatron-FSDP: gradient_accumulation_fusion False (FSDP_REQUIRED_FLAGS)
+    # the knobs the plan estimated (gradient_accumulation_fusion: the knob, Megatron-FSDP or not)
     out += knob_overrides(spec)
     out += [("train.train_iters", EnvValue("TRAIN_ITERS", TRAIN_ITERS_DEFAULT)),
             ("dataset.data_path", EnvValue("DATA_PATH")),

@@ -81,10 +81,11 @@ FSDP_REQUIRED_FLAGS: Final[tuple[tuple[str, str | None, str], ...]] = (
 )
 """(flag, required value or None, source): the flags the Megatron-FSDP guide lists to enable it in Megatron-LM;
 ``check`` reports a missing one (code FSDP_REQUIRED_FLAG). Launch files also carry --use-distributed-optimizer
-(the guide: "Automatically set when using Megatron-FSDP", so not required) and --no-gradient-accumulation-fusion
-(Megatron-LM's examples/megatron_fsdp scripts; the guide: fusion is "Used by default", and NVIDIA's DeepSeek-V3
-and Llama-3.1-405B B300 FSDP recipes keep it, so not required either). ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is
-the environment side (env.sh)."""
+(the guide: "Automatically set when using Megatron-FSDP", so not required). Gradient-accumulation fusion stays on
+unless the plan turns it off (``--knob no-gradient-accumulation-fusion``), as for any layout: Megatron-LM only warns
+about it with Megatron-FSDP (arguments.py ``validate_args``: "Verify that fused gradient accumulation is supported
+by TransformerEngine for Megatron-FSDP"), the guide says fusion is "Used by default", and NVIDIA's DeepSeek-V3 and
+Llama-3.1-405B FSDP recipes keep it. ``CUDA_DEVICE_MAX_CONNECTIONS`` unset is the environment side (env.sh)."""
 
 CKPT_FORMATS: Final = ("torch_dist", "fsdp_dtensor")
 """``--ckpt-format`` values paraplan writes (Megatron's distributed checkpoint formats)."""
@@ -224,8 +225,10 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
         if key in ("fp8_recipe", "fp4_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) \
                 or value is None:
             continue  # fp8_recipe / fp4_recipe: fp8_args / fp4_args; the dispatcher: _moe_mla
-        if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms") \
+        if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms", "moe_permute_fusion_into_hybridep") \
                 and training.moe_token_dispatcher_type != "flex":
+            continue
+        if key == "moe_permute_fusion_into_hybridep" and training.moe_flex_dispatcher_backend != "hybridep":
             continue
         if key == "optimizer_offload_fraction" and not training.optimizer_cpu_offload:
             continue
@@ -489,10 +492,9 @@ def _parallel(model: ModelSpec, lay: ParallelLayout) -> ArgGroup:
         args.append(_a("--sequence-parallel"))
     if lay.distributed_optimizer:
         args.append(_a("--use-distributed-optimizer"))
-    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor: checkpoint group), as examples/megatron_fsdp
+    if lay.fsdp:  # FSDP_REQUIRED_FLAGS (--ckpt-format fsdp_dtensor: checkpoint group); fusion stays the knob's
         args += [_a("--use-megatron-fsdp"),
-                 _a("--data-parallel-sharding-strategy", "optim_grads_params"),
-                 _a("--no-gradient-accumulation-fusion")]
+                 _a("--data-parallel-sharding-strategy", "optim_grads_params")]
     if lay.overlap_grad_reduce:
         args.append(_a("--overlap-grad-reduce"))
     if lay.overlap_param_gather:
@@ -613,8 +615,7 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
         args += fp8_args(arch, training.fp8_recipe)
     elif training.precision == "fp4":
         args += fp4_args(training.fp4_recipe)
-    # Megatron-FSDP layouts already carry --no-gradient-accumulation-fusion (FSDP_REQUIRED_FLAGS)
-    args += [a for a in memory_knob_args(training) if not (lay.fsdp and a.flag == "--no-gradient-accumulation-fusion")]
+    args += memory_knob_args(training)
     return ArgGroup("batch, sequence and precision", tuple(args))
 
 

@@ -17,8 +17,9 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel launches in time), activation
     offloading (layer-level and fine-grained), PEFT (``task``);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
-    ``delay_wgrad_compute``, permute fusion, shared-expert overlap; ``moe_a2a_overlap`` is the combined_1f1b
-    schedule;
+    ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
+    ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap; ``moe_a2a_overlap`` is
+    the combined_1f1b schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
     what paraplan's formulas assume (``ASSUMED``), e.g. the MoE
     dispatcher and its overlap, the process environment;

@@ -19,7 +19,7 @@ from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import DTYPE_CHOICES, KNOB_FLAGS, OFFLOAD_MODULES
+from paraplan.specs.training import DEPRECATED_SMS_FLAG, DTYPE_CHOICES, KNOB_FLAGS, OFFLOAD_MODULES
 
 _DATA = Path(__file__).parent
 """Where ``megatron_flags.txt`` and ``megatron_dests.tsv`` lie (beside this module)."""
@@ -503,7 +503,7 @@ def _training_fields(r: _Reader, model: ModelSpec) -> dict[str, Any]:
 
 def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
     """The TrainingSpec memory knobs (``KNOB_FLAGS``) set in the arguments; unset ones keep Megatron's defaults."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = _deprecated_sms_knob(r)
     for key, flag in KNOB_FLAGS.items():
         if not r.has(flag):
             continue
@@ -548,19 +548,26 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
     if out.get("moe_token_dispatcher_type", "alltoall") != "flex":
-        for key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms"):
+        for key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms", "moe_permute_fusion_into_hybridep"):
             if out.pop(key, None) is not None:
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --moe-token-dispatcher-type flex")
+    elif out.get("moe_flex_dispatcher_backend", "deepep") != "hybridep" and out.pop(
+            "moe_permute_fusion_into_hybridep", None) is not None:  # only _HybridEPManager reads it
+        r.notes.append("--moe-permute-fusion-into-hybridep is ignored without --moe-flex-dispatcher-backend hybridep")
+
+
+def _deprecated_sms_knob(r: _Reader) -> dict[str, Any]:
+    """``--moe-hybridep-num-sms`` (``DEPRECATED_SMS_FLAG``) as ``moe_hybridep_num_sms`` where
+    ``--moe-flex-dispatcher-num-sms`` is not given (TransformerConfig.__post_init__ routes it; the new flag wins)."""
+    if not r.has(DEPRECATED_SMS_FLAG) or r.has(KNOB_FLAGS["moe_hybridep_num_sms"]):
+        return {}
+    return {"moe_hybridep_num_sms": _number_knob(r, "moe_hybridep_num_sms", DEPRECATED_SMS_FLAG)}
 
 
 def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
-    """``--no-gradient-accumulation-fusion`` (a StoreFalse flag) as ``gradient_accumulation_fusion=False``, except
-    where it is one of Megatron-FSDP's required flags (launch.megatron.FSDP_REQUIRED_FLAGS)."""
+    """``--no-gradient-accumulation-fusion`` (a StoreFalse flag) as ``gradient_accumulation_fusion=False``, with
+    Megatron-FSDP as without (not one of its required flags: launch.megatron.FSDP_REQUIRED_FLAGS)."""
     if not r.has("--no-gradient-accumulation-fusion"):
-        return {}
-    if r.has("--use-megatron-fsdp"):
-        r.notes.append("--no-gradient-accumulation-fusion is read as Megatron-FSDP's required flag: "
-                       "Megatron-FSDP's gradient path is not charged the unfused main-grad adds")
         return {}
     return {"gradient_accumulation_fusion": False}
 
@@ -666,7 +673,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
     Megatron rejects (its assert's words) and FP8 knobs without FP8."""
     values, unknown, _ = split_flags(words)
-    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope"}
+    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG}
     for flag in [*unknown, *values]:
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "

@@ -66,8 +66,10 @@ KNOB_FLAGS: Final = {
     "cp_comm_type": "--cp-comm-type",
     "fsdp_double_buffer": "--fsdp-double-buffer",
     "moe_token_dispatcher_type": "--moe-token-dispatcher-type",
-    "moe_flex_dispatcher_backend": "--moe-flex-dispatcher-backend", "moe_hybridep_num_sms": "--moe-hybridep-num-sms",
+    "moe_flex_dispatcher_backend": "--moe-flex-dispatcher-backend",
+    "moe_hybridep_num_sms": "--moe-flex-dispatcher-num-sms",
     "delay_wgrad_compute": "--delay-wgrad-compute", "moe_permute_fusion": "--moe-permute-fusion",
+    "moe_permute_fusion_into_hybridep": "--moe-permute-fusion-into-hybridep",
     "moe_shared_expert_overlap": "--moe-shared-expert-overlap",
     "moe_expert_capacity_factor": "--moe-expert-capacity-factor",
     "moe_pad_expert_input_to_capacity": "--moe-pad-expert-input-to-capacity",
@@ -81,7 +83,12 @@ KNOB_FLAGS: Final = {
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
-has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by default)."""
+has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by default). ``moe_hybridep_num_sms`` is written as
+``--moe-flex-dispatcher-num-sms``: ``--moe-hybridep-num-sms`` is deprecated (``DEPRECATED_SMS_FLAG``)."""
+DEPRECATED_SMS_FLAG: Final = "--moe-hybridep-num-sms"
+"""Megatron-LM's deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (TransformerConfig.__post_init__ routes
+``moe_hybridep_num_sms`` to ``moe_flex_dispatcher_num_sms`` and warns; an explicit ``moe_flex_dispatcher_num_sms``
+wins): read, never written."""
 
 PARAM_BYTES: Final = 2.0
 """bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
@@ -229,14 +236,17 @@ class TrainingSpec:
     moe_flex_dispatcher_backend: MoeFlexBackend = "deepep"
     """``--moe-flex-dispatcher-backend`` (flex dispatcher only): DeepEP or HybridEP fused kernels."""
     moe_hybridep_num_sms: int | None = None
-    """``--moe-hybridep-num-sms`` (Megatron routes it to ``moe_flex_dispatcher_num_sms``): SMs the flex dispatch /
+    """``--moe-flex-dispatcher-num-sms`` (or the deprecated ``--moe-hybridep-num-sms``): SMs the flex dispatch /
     combine kernels hold; None = the backend's default (``FLEX_DEFAULT_SMS``)."""
     delay_wgrad_compute: bool = False
     """``--delay-wgrad-compute`` (with ``--overlap-moe-expert-parallel-comm``, the combined_1f1b schedule): weight
     gradients run after the dispatch backward is issued, so they hide it too."""
     moe_permute_fusion: bool = False
-    """``--moe-permute-fusion``: TE's fused permute kernels; with HybridEP the expert permutation runs inside the
-    dispatch kernel (no separate copies)."""
+    """``--moe-permute-fusion``: TE's fused permute kernels (the separate permute / unpermute copies stay)."""
+    moe_permute_fusion_into_hybridep: bool = False
+    """``--moe-permute-fusion-into-hybridep`` (flex dispatcher, HybridEP backend): the expert permutation runs inside
+    HybridEP's dispatch / combine kernels (``_HybridEPManager``: ``fused=config.moe_permute_fusion_into_hybridep``,
+    token_dispatcher.py), no separate copies. Megatron's default is off."""
     moe_shared_expert_overlap: bool = False
     """``--moe-shared-expert-overlap``: the shared expert runs on a side stream during the dispatch/combine."""
     moe_expert_capacity_factor: float | None = None
@@ -313,7 +323,8 @@ class TrainingSpec:
                 raise SpecError(f"{fname} must be one of {', '.join(choices)}, got {brief(getattr(self, fname))}")
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
                       "fp8_param_gather", "optimizer_cpu_offload", "fsdp_double_buffer", "delay_wgrad_compute",
-                      "moe_permute_fusion", "moe_shared_expert_overlap", "moe_pad_expert_input_to_capacity",
+                      "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
+                      "moe_pad_expert_input_to_capacity",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                       "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention"):
             if not isinstance(getattr(self, fname), bool):

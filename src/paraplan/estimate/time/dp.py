@@ -120,7 +120,8 @@ def exposed_and_link_s(layout: StepLayout, grad_s: Num, gather_s: Num, hide_s: N
     (``BACKWARD_GEMMS`` / ``GEMM_FWD_BWD_FACTOR`` of it) and the first forward (1 /
     ``GEMM_FWD_BWD_FACTOR``), less ``behind_optimizer_s`` already hidden behind the optimizer step
     (``gather_behind_optimizer_s``). FSDP: every micro-batch two gathers and a reduce-scatter, hidden unit by
-    unit (``fsdp.exposed_s``; overlap is always on for ``optim_grads_params``, as the guide says)."""
+    unit (``fsdp.exposed_s``; the overlap flags are not read: Megatron-FSDP forces both on for ``optim_grads_params``,
+    megatron_fsdp.py, ``fsdp.overlap_note``)."""
     m = num_microbatches
     grad_exp = np.where(layout.overlap_grad_reduce,
                         np.maximum(grad_s - hide_s * BACKWARD_GEMMS / GEMM_FWD_BWD_FACTOR, 0.0), grad_s)

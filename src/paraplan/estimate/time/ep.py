@@ -13,7 +13,8 @@ Three dispatchers (``--moe-token-dispatcher-type``, ``megatron/core/transformer/
 - ``flex`` with DeepEP or HybridEP (``MoEFlexTokenDispatcher``, ``_DeepepManager``, ``_HybridEPManager``,
   ``fused_a2a.py``): one kernel moves a token once per destination NVLink domain over RDMA and once per
   destination rank over NVLink (the two run at once), instead of once per routed expert; HybridEP also
-  permutes the tokens for the experts inside the kernel (``permute_fusion``).
+  permutes the tokens for the experts inside the kernel with ``--moe-permute-fusion-into-hybridep``
+  (``fused=config.moe_permute_fusion_into_hybridep``; ``--moe-permute-fusion`` is TE's separate permute kernel).
 
 Every dispatcher makes ``EP_ALL_TO_ALLS_PER_LAYER`` passes of the same size per MoE layer and micro-batch.
 """
@@ -44,9 +45,10 @@ PERMUTE_COPIES: Final = 2.0
 """Row copies of the routed tokens outside the communication kernel, per direction: ``moe_utils.permute``
 before the dispatch and ``moe_utils.unpermute`` after the combine (alltoall, allgather, DeepEP)."""
 HYBRIDEP_FUSED_PERMUTE_COPIES: Final = 0.0
-"""HybridEP with ``--moe-permute-fusion`` permutes inside its dispatch / combine kernels
-(``_HybridEPManager``: "permute tokens for communication, perform all-to-all communication, and permute
-tokens for experts in single step")."""
+"""HybridEP with ``--moe-permute-fusion-into-hybridep`` permutes inside its dispatch / combine kernels
+(``_HybridEPManager``: ``hybrid_ep_dispatch(..., fused=self.config.moe_permute_fusion_into_hybridep)`` and the
+same in ``hybrid_ep_combine``, token_dispatcher.py; TransformerConfig: "Fuse token rearrangement ops during token
+dispatching for HybridEP", default False)."""
 SHARED_FC1_SHARE: Final = 0.5
 """Share of the shared expert's forward GEMMs in its fc1 (beside the dispatch) and in its fc2 (beside the
 combine): fc1 (T x h)(h x g f) and fc2 (T x f)(f x h) have equal FLOPs at g = 1; an even split is taken."""
@@ -157,9 +159,10 @@ def dispatcher_link_s(cluster: ClusterSpec, model: ModelSpec, training: Training
 
 def permute_copies(training: TrainingSpec) -> float:
     """Row copies of the routed tokens per direction outside the dispatch kernel: ``PERMUTE_COPIES``, none with
-    HybridEP and ``--moe-permute-fusion`` (``HYBRIDEP_FUSED_PERMUTE_COPIES``)."""
+    HybridEP and ``--moe-permute-fusion-into-hybridep`` (``HYBRIDEP_FUSED_PERMUTE_COPIES``; ``--moe-permute-fusion``
+    alone keeps them: TE's fused permute is still a copy outside the dispatch kernel)."""
     if training.moe_token_dispatcher_type == "flex" and training.moe_flex_dispatcher_backend == "hybridep" \
-            and training.moe_permute_fusion:
+            and training.moe_permute_fusion_into_hybridep:
         return HYBRIDEP_FUSED_PERMUTE_COPIES
     return PERMUTE_COPIES
 

@@ -14,6 +14,13 @@ docs/user-guide/features/megatron_fsdp.md ("FSDP Module Hooks"):
   reduce-scattered after every backward (``grad_reduce_every_bprop``): every micro-batch, not once per step;
   ``finish_grad_sync`` waits for the last one before the optimizer step.
 
+* The overlap switches do not turn the overlap off: ``MegatronFSDP.__init__`` sets
+  ``ddp_config.overlap_param_gather = True`` for ``optim_grads_params`` and ``overlap_grad_reduce = True`` for
+  ``optim_grads``/``optim_grads_params`` ("Default to overlapped ... when fully-sharding", megatron_fsdp.py
+  ~328-337; ``synchronize_gradient_reduce`` asserts "Cannot sync-reduce gradients for optim_grads /
+  optim_grads_params"), so ``--no-overlap-param-gather`` / ``--no-overlap-grad-reduce`` (Megatron's default: both
+  off) change nothing under Megatron-FSDP and are costed as on (``overlap_note``).
+
 So per micro-batch every rank moves two gathers and one reduce-scatter of its stage's parameters, and the
 overlap that hides them is per unit: the next unit's gather runs behind this unit's compute (forward behind the
 forward, gather and reduce-scatter behind the backward), so at most one unit's compute hides one unit's traffic.
@@ -85,6 +92,18 @@ def exposed_s(gather_s: Num, grad_s: Num, stage_s: Num, recompute_s: Num, overla
     per_mb = exposed_per_microbatch_s(gather_s, grad_s, overlap_frac * forward, overlap_frac * backward,
                                       units, chunks)
     return num_microbatches * per_mb + grad_s / np.maximum(units, 1.0)
+
+
+def overlap_note(fsdp: bool, overlap_grad_reduce: bool, overlap_param_gather: bool) -> str | None:
+    """A note for a Megatron-FSDP layout with an overlap switch off (None otherwise): Megatron-FSDP turns both back
+    on (megatron_fsdp.py, see the module docstring), so the estimate overlaps them as Megatron will."""
+    off = [flag for flag, on in (("--overlap-grad-reduce", overlap_grad_reduce),
+                                 ("--overlap-param-gather", overlap_param_gather)) if not on]
+    if not fsdp or not off:
+        return None
+    return (f"{' and '.join(off)} off: no effect under Megatron-FSDP (optim_grads_params), MegatronFSDP sets "
+            "overlap_grad_reduce and overlap_param_gather to True itself (megatron_fsdp.py), so the gathers and "
+            "reduce-scatters are costed overlapped")
 
 
 FSDP_BLACKWELL_ARCHS: Final = ("blackwell",)

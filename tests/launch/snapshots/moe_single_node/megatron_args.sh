@@ -17,7 +17,6 @@ MEGATRON_ARGS=(
   --use-distributed-optimizer
   --use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads_params
-  --no-gradient-accumulation-fusion
   --overlap-grad-reduce
   --overlap-param-gather
   # --- activation recomputation ---
