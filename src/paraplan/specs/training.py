@@ -341,6 +341,18 @@ class TrainingSpec:
         if self.optimizer_cpu_offload and not self.use_precision_aware_optimizer:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
+        self._check_optimizer_dtypes()
+
+    def _check_optimizer_dtypes(self) -> None:
+        """megatron/core/optimizer/optimizer_config.py ``__post_init__``: lower-precision optimizer tensors need the
+        precision-aware optimizer."""
+        if self.use_precision_aware_optimizer:
+            return
+        for fname in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            if getattr(self, fname) != "fp32":
+                raise SpecError(f"{fname} {getattr(self, fname)} (--{fname.replace('_', '-')}) needs "
+                                "use_precision_aware_optimizer (--use-precision-aware-optimizer): Megatron-LM's "
+                                f"'{fname} can only be fp32 when not using precision-aware optimizer'")
 
     def _check_offload(self) -> None:
         """Megatron-LM's asserts on activation offloading (``TransformerConfig.__post_init__``)."""
