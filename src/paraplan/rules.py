@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from paraplan.errors import LayoutError
+from paraplan.layout import ParallelLayout
 from paraplan.schedules import Schedule, schedule_named, schedule_of
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -193,3 +194,166 @@ def check_layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
 def violations(ctx: RuleContext) -> dict[str, Any]:
     """Mask of violating rows per rule code (for a LayoutTable)."""
     return {rule.code: np.asarray(rule.violated(ctx), dtype=bool) for rule in rules_for(schedule_of(ctx.layout))}
+
+
+# The rules of the training knobs that depend on the model or the layout (launch_violations, check and plan's
+# filter, search.knob_masks), with Megatron-LM's words.
+
+BLACKWELL_ARCHS: Final = ("blackwell",)
+"""Architectures where Megatron no longer needs CUDA_DEVICE_MAX_CONNECTIONS=1 (arch >= 10)."""
+
+BLACKWELL_ONLY_MESSAGES: Final = {
+    "mxfp8": "Device compute capability 10.0 or higher required for MXFP8 execution.",
+    "fp4": "Device compute capability 10.0 or higher required for NVFP4 execution.",
+}
+"""Transformer Engine's words (pytorch/quantization.py ``_compute_mxfp8_support`` / ``_compute_nvfp4_support``)."""
+
+
+LOCAL_GRAPH_OFFLOAD_MODULES: Final = ("expert_fc1", "moe_act", "fused_group_mlp")
+"""The ``--offload-modules`` that fine-grained offloading keeps under ``--cuda-graph-impl local``."""
+NO_NAN_CHECK_FLAG: Final = "--no-check-for-nan-in-loss-and-grad"
+FULL_ITERATION_NAN_CHECK_MESSAGE: Final = ("--no-check-for-nan-in-loss-and-grad should be set with "
+                                           "--cuda-graph-impl=full_iteration for training.")
+"""arguments.py ``validate_args``: the NaN check syncs the host inside the graphed iteration."""
+
+
+def graphed_modules(training: TrainingSpec) -> frozenset[str]:
+    """The ``--cuda-graph-modules`` Megatron-Core graphs: ``local`` takes moe_router and moe_preprocess together
+    when either is given (TransformerConfig.__post_init__); none without a per-layer implementation."""
+    mods = set(training.cuda_graph_modules) if training.cuda_graph_impl in ("local", "transformer_engine") else set()
+    if training.cuda_graph_impl == "local" and mods & {"moe_router", "moe_preprocess"}:
+        mods |= {"moe_router", "moe_preprocess"}
+    return frozenset(mods)
+
+
+def cuda_graph_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """TransformerConfig.__post_init__'s CUDA graph rules that need the model, the layout or other knobs
+    (megatron/core/transformer/transformer_config.py), and arguments.py ``validate_args``' on delay_wgrad_compute
+    with graphs, with their words."""
+    out: list[tuple[str, str]] = []
+    impl, mods = training.cuda_graph_impl, graphed_modules(training)
+    if impl == "none":
+        return out
+    if training.cpu_offloading_num_layers > 0 and impl != "full_iteration":
+        out.append(("CUDA_GRAPH_CPU_OFFLOADING", "CUDA graphs not supported with CPU offloading."))
+    if impl != "full_iteration":
+        if not model.is_moe and ({"moe", "moe_router"} & mods):
+            out.append(("CUDA_GRAPH_MOE_NEEDS_MOE", "moe cuda graph is only supported for MoE."))
+        if model.is_moe and "mlp" in mods and all(model.moe_layer_pattern()):
+            out.append(("CUDA_GRAPH_MLP_NEEDS_DENSE", "mlp cuda graph is only supported for dense layers, but not "
+                        "found in the model."))
+        drop_pad = training.moe_expert_capacity_factor is not None and training.moe_pad_expert_input_to_capacity
+        if model.is_moe and not drop_pad:
+            if "moe" in mods:
+                out.append(("CUDA_GRAPH_MOE_NEEDS_DROP_PAD", "moe cuda graph is only supported with drop-padding "
+                            "MoE."))
+            if "moe_preprocess" in mods and training.moe_token_dispatcher_type == "alltoall" \
+                    and training.moe_expert_capacity_factor is not None:
+                out.append(("CUDA_GRAPH_MOE_PREPROCESS_SYNC", "moe_preprocess cuda graph is not supported when "
+                            "there are DtoH copies and synchronizations in the preprocess step."))
+    if layout.recompute == "full" and impl != "full_iteration":
+        out.append(("CUDA_GRAPH_FULL_RECOMPUTE", "full recompute is only supported with full iteration CUDA graph."))
+    if layout.recompute == "selective" and impl == "transformer_engine" and "moe" in layout.recompute_modules \
+            and "moe_router" in mods:
+        out.append(("CUDA_GRAPH_MOE_RECOMPUTE", "moe recompute is not supported with moe_router CUDA graph with: "
+                    "--cuda-graph-impl transformer_engine."))
+    out += _graph_offload_violations(training, mods)
+    if impl == "transformer_engine" and layout.schedule == "combined_1f1b" and {"moe", "mlp"} & mods:
+        out.append(("CUDA_GRAPH_EP_OVERLAP_SCOPE", "CUDA graph scope on moe and mlp is not supported with "
+                    "overlap_moe_expert_parallel_comm"))
+    return out + _graph_delay_wgrad_violations(model, layout, training, mods)
+
+
+def _graph_delay_wgrad_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec,
+                                  mods: frozenset[str]) -> list[tuple[str, str]]:
+    """arguments.py ``validate_args`` on ``--delay-wgrad-compute`` with ``--overlap-grad-reduce`` when a weight
+    gradient is inside a graph (attn, or moe_router with unoverlapped shared experts)."""
+    shared_in_graph = ("moe_router" in mods and bool(model.moe_shared_expert_intermediate_size)
+                       and not training.moe_shared_expert_overlap)
+    if not (training.delay_wgrad_compute and layout.overlap_grad_reduce and ("attn" in mods or shared_in_graph)):
+        return []
+    out: list[tuple[str, str]] = []
+    if not training.gradient_accumulation_fusion:
+        out.append(("CUDA_GRAPH_DELAY_WGRAD_NEEDS_GRAD_ACC_FUSION", "CUDA graph with delay_wgrad_compute requires "
+                    "gradient_accumulation_fusion to be enabled."))
+    if "attn" in mods and (model.add_bias_linear or model.add_qkv_bias):
+        out.append(("CUDA_GRAPH_DELAY_WGRAD_ATTN_BIAS", "CUDA graph with delay_wgrad_compute doesn't support "
+                    "attn bias for now."))
+    return out
+
+
+def _graph_offload_violations(training: TrainingSpec, mods: frozenset[str]) -> list[tuple[str, str]]:
+    """TransformerConfig.__post_init__'s rules on fine-grained activation offloading under CUDA graphs."""
+    if not training.fine_grained_activation_offloading or training.cuda_graph_impl == "none":
+        return []
+    out: list[tuple[str, str]] = []
+    if training.cuda_graph_impl == "local":
+        bad = sorted(set(training.offload_modules) - set(LOCAL_GRAPH_OFFLOAD_MODULES))
+        if bad:
+            out.append(("CUDA_GRAPH_LOCAL_OFFLOAD_MODULES", "fine-grained activation offloading with "
+                        "cuda_graph_impl='local' only supports offload_modules 'expert_fc1', 'moe_act', and "
+                        f"'fused_group_mlp'. Unsupported offload_modules: {bad}."))
+        if not mods:
+            out.append(("CUDA_GRAPH_LOCAL_OFFLOAD_WHOLE_LAYER", "fine-grained activation offloading with "
+                        "cuda_graph_impl='local' is not supported with whole-layer CUDA graph capture."))
+    if "moe" in mods:
+        out.append(("CUDA_GRAPH_OFFLOAD_TOKEN_DROP", "Token-drop MoE is temporarily not supported with activation "
+                    "offloading."))
+    return out
+
+
+def gather_with_optimizer_violations(layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """``--overlap-param-gather-with-optimizer-step``'s asserts (arguments.py ``validate_args``), with their words."""
+    if not training.overlap_param_gather_with_optimizer_step:
+        return []
+    rules = ((layout.dist_opt, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_DIST_OPT",
+              "--overlap-param-gather-with-optimizer-step only supported with distributed optimizer"),
+             (layout.overlap_param_gather, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_OVERLAP",
+              "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather"),
+             (layout.vp > 1, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_VP",
+              "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism"))
+    return [(code, message) for ok, code, message in rules if not ok]
+
+
+def moe_overlap_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """TransformerConfig.__post_init__'s rules on the expert-parallel overlap knobs, with Megatron's words."""
+    out: list[tuple[str, str]] = []
+    if training.delay_wgrad_compute and layout.schedule != "combined_1f1b":  # TC
+        out.append(("DELAY_WGRAD_NEEDS_EP_OVERLAP", "overlap_moe_expert_parallel_comm must be enabled "
+                    "when enabling delay_wgrad_compute"))
+    if model.is_moe and training.moe_shared_expert_overlap and layout.schedule == "combined_1f1b":  # TC
+        out.append(("SHARED_EXPERT_OVERLAP_WITH_EP_OVERLAP", "disable moe_shared_expert_overlap when enabling "
+                    "overlap_moe_expert_parallel_comm"))
+    return out
+
+
+def precision_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec,
+                         arch: str) -> list[tuple[str, str]]:
+    """What Transformer Engine / Megatron-Core refuse in the low-precision recipe: MXFP8 and NVFP4 before
+    Blackwell (TE ``check_mxfp8_support`` / ``check_nvfp4_support``), more bf16 first/last layers than a
+    pipeline stage holds (TransformerConfig ``__post_init__``)."""
+    out: list[tuple[str, str]] = []
+    if arch not in BLACKWELL_ARCHS:
+        for what, on in (("mxfp8", training.precision == "fp8" and training.fp8_recipe == "mxfp8"),
+                         ("fp4", training.precision == "fp4")):
+            if on:
+                flag = "--fp8-recipe mxfp8" if what == "mxfp8" else "--fp4-format e2m1"
+                out.append((f"{what.upper()}_NEEDS_BLACKWELL", f"{flag} needs a Blackwell GPU (B200, GB200, B300, "
+                            f"GB300; this one is {arch or 'not'}): Transformer Engine: "
+                            f"'{BLACKWELL_ONLY_MESSAGES[what]}'"))
+    if training.first_last_layers_bf16:
+        per_stage = model.num_layers // layout.pp
+        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if not 0 <= getattr(training, name) <= per_stage:
+                out.append(("BF16_LAYERS_PER_STAGE", f"{name} ({getattr(training, name)}) must be between 0 and "
+                            f"number of layers per pipeline stage ({per_stage})."))
+    return out
+
+
+def knob_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec,
+                    arch: str = "hopper") -> list[tuple[str, str]]:
+    """The rules of ``launch_violations`` on the training knobs that depend on the layout (CUDA graphs with
+    recompute, the pipeline or offloading, ``--overlap-param-gather-with-optimizer-step``, the expert-parallel
+    overlap knobs, the low-precision recipe); ``plan`` filters its layouts by them (``search.knob_masks``)."""
+    return (precision_violations(model, layout, training, arch) + moe_overlap_violations(model, layout, training)
+            + cuda_graph_violations(model, layout, training) + gather_with_optimizer_violations(layout, training))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,7 +46,7 @@ from paraplan.ranking import (
     tier_uppers,
     tiers_of,
 )
-from paraplan.rules import RuleContext, rules_for
+from paraplan.rules import RuleContext, knob_violations, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
 from paraplan.specs.grid import Grid
@@ -511,6 +511,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
         for r in rules_for(schedule_named(space.schedule))]
     masks += [(code, np.broadcast_to(np.asarray(mask, dtype=bool), (n_total,)), None)
               for code, mask in _placement_masks(cluster, table, space).items()]
+    masks += knob_masks(model, training, table, cluster.gpu.arch)
     if not space.fsdp_everywhere:
         masks.append(("FSDP_NOT_BENCHMARKED",
                       table.fsdp & ~fsdp.benchmarked(table.tp, table.pp, table.cp, cluster.gpu.arch),
@@ -577,6 +578,34 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
                 rejections=rejections, rejection_examples=examples, num_evaluated=n_total,
                 num_feasible=len(fit_idx), feasible=feasible, notes=notes, space=space, headroom=headroom,
                 tiers=tiers, decided_by=decided, ranking=ranking)
+
+
+KNOB_RULE_COLUMNS: Final = ("recompute_code", "pp", "vp", "distributed_optimizer", "fsdp", "overlap_grad_reduce",
+                             "overlap_param_gather")
+"""The layout columns ``rules.knob_violations`` reads (the rest of what it reads is the same in every
+row of a table: the schedule, the recompute modules)."""
+
+
+def knob_masks(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
+               arch: str) -> list[tuple[str, NDArray[np.bool_], Callable[[RuleContext], str]]]:
+    """The rows that break a rule of the training knobs (``rules.knob_violations``: per-layer CUDA graphs
+    with full recompute, ``--overlap-param-gather-with-optimizer-step`` without VP, ...), one mask per rule code,
+    each with Megatron's message for its example row: the rules are evaluated once per distinct combination of
+    ``KNOB_RULE_COLUMNS``, so that launch never refuses a layout plan ranked."""
+    if not len(table):
+        return []
+    values, group = distinct_rows([np.asarray(getattr(table, c)) for c in KNOB_RULE_COLUMNS])
+    first = np.full(len(values[0]), len(table), dtype=np.int64)
+    np.minimum.at(first, group, np.arange(len(table), dtype=np.int64))
+    hits: dict[str, NDArray[np.bool_]] = {}
+    for g, i in enumerate(first.tolist()):
+        for code, _ in knob_violations(model, table.row(int(i)), training, arch):
+            hits[code] = hits.get(code, np.zeros(len(table), dtype=bool)) | (group == g)
+
+    def message(code: str) -> Callable[[RuleContext], str]:
+        return lambda c: dict(knob_violations(model, c.layout, training, arch))[code]
+
+    return [(code, mask, message(code)) for code, mask in hits.items()]
 
 
 def _count_oom(valid: LayoutTable, ev: Evaluated, usable: float, headroom: Headroom,

@@ -107,7 +107,7 @@ def test_allgather_by_hand_inside_nvlink() -> None:
     bw = 450e9 * H100.efficiency.nvlink_bus_frac
     alpha = float(comm.tier_latency_s(cluster, group.span))
     ag = 7 / 8 * 8 * (2 * 2 * 4096 * 4096) / bw + 3 * alpha
-    got = cp.cp_times(cluster, group, "allgather", LLAMA2, 4096, 1, 4096, 0.01)
+    got = cp.cp_times(cluster, group, "all_gather", LLAMA2, 4096, 1, 4096, 0.01)
     assert float(got.link_s) == pytest.approx(3 * ag, rel=1e-12) == pytest.approx(float(got.exposed_s))
 
 
@@ -134,7 +134,7 @@ def _est(cp_size: int, kind: str, seq: int = 131072) -> dict[str, float]:
 
 def test_estimate_reads_the_comm_type() -> None:
     """Llama-2 7B at 128K tokens, TP 8 x CP 4 over 4 nodes: a2a and allgather hide nothing; p2p hides its sends."""
-    p2p, a2a, ag = (_est(4, k) for k in ("p2p", "a2a", "allgather"))
+    p2p, a2a, ag = (_est(4, k) for k in ("p2p", "a2a", "all_gather"))
     assert a2a["cp"] == pytest.approx(a2a["cp_link"]) and ag["cp"] == pytest.approx(ag["cp_link"])
     assert p2p["cp"] < p2p["cp_link"]
     assert p2p["step"] < a2a["step"] and p2p["step"] < ag["step"]
@@ -158,17 +158,19 @@ FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-lengt
 
 def test_comm_type_read_from_megatron_args() -> None:
     assert read_flags([*FLAGS, "--cp-comm-type", "a2a"]).training_fields["cp_comm_type"] == "a2a"
-    assert read_flags([*FLAGS, "--cp-comm-type", "allgather", "allgather"]).training_fields["cp_comm_type"] \
-        == "allgather"
+    assert read_flags([*FLAGS, "--cp-comm-type", "all_gather", "all_gather"]).training_fields["cp_comm_type"] \
+        == "all_gather"
     assert "cp_comm_type" not in read_flags(FLAGS).training_fields
 
 
 @pytest.mark.parametrize(("words", "message"), [
-    (["--cp-comm-type", "p2p", "a2a"], "--cp-comm-type must be one of p2p, a2a, allgather for every layer, "
+    (["--cp-comm-type", "p2p", "a2a"], "--cp-comm-type must be one of p2p, a2a, all_gather for every layer, "
                                        "got 'p2p a2a'"),
-    (["--cp-comm-type", "ring"], "--cp-comm-type must be one of p2p, a2a, allgather for every layer, got 'ring'"),
+    (["--cp-comm-type", "ring"], "--cp-comm-type must be one of p2p, a2a, all_gather for every layer, got 'ring'"),
+    (["--cp-comm-type", "allgather"], "--cp-comm-type allgather: Transformer Engine spells it all_gather; use one of "
+                                      "p2p, a2a, all_gather"),
     (["--cp-comm-type", "a2a+p2p"], "--cp-comm-type a2a+p2p (hierarchical context parallelism) is not modelled; "
-                                    "use one of p2p, a2a, allgather"),
+                                    "use one of p2p, a2a, all_gather"),
 ])
 def test_comm_type_refused_in_one_line(words: list[str], message: str) -> None:
     with pytest.raises(SpecError) as err:
@@ -178,11 +180,11 @@ def test_comm_type_refused_in_one_line(words: list[str], message: str) -> None:
 
 def test_comm_type_knob_words_and_launch_round_trip() -> None:
     assert memory_knobs_from_words(["--cp-comm-type=a2a"], "bf16") == {"cp_comm_type": "a2a"}
-    training = TrainingSpec(seq_len=131072, global_batch_size=8, cp_comm_type="allgather")
+    training = TrainingSpec(seq_len=131072, global_batch_size=8, cp_comm_type="all_gather")
     layout = ParallelLayout(tp=8, cp=4, dp=2, mbs=1, recompute="none", sequence_parallel=True)
     words = argv(megatron_args(LLAMA2, layout, training), resolve=True)
-    assert words[words.index("--cp-comm-type") + 1] == "allgather"
-    assert read_flags(words).training_fields["cp_comm_type"] == "allgather"
+    assert words[words.index("--cp-comm-type") + 1] == "all_gather"
+    assert read_flags(words).training_fields["cp_comm_type"] == "all_gather"
     default = argv(megatron_args(LLAMA2, layout, TrainingSpec(seq_len=131072, global_batch_size=8)), resolve=True)
     assert "--cp-comm-type" not in default
 
@@ -196,7 +198,7 @@ def test_cli_knob_moves_the_cp_term(capsys: pytest.CaptureFixture[str]) -> None:
            "--seq-len", "131072", "--gbs", "8", "--recompute", "none", "--format", "json"]
     assert main(cli) == 0
     p2p = json.loads(capsys.readouterr().out)["time"]
-    assert main([*cli, "--knob", "cp-comm-type=allgather"]) == 0
+    assert main([*cli, "--knob", "cp-comm-type=all_gather"]) == 0
     ag = json.loads(capsys.readouterr().out)["time"]
     assert ag["exposed_comm_s"]["cp"] > p2p["exposed_comm_s"]["cp"]
     assert main([*cli, "--knob", "cp-comm-type=a2a+p2p"]) == 1

@@ -33,7 +33,8 @@ def _t(**kw: object) -> TrainingSpec:
 
 
 @pytest.mark.parametrize(("kw", "grad_b"), [
-    ({}, 4.0), ({"grad_reduce_in_bf16": True}, 2.0), ({"main_grads_dtype": "bf16"}, 2.0),
+    ({}, 4.0), ({"grad_reduce_in_bf16": True}, 2.0),
+    ({"main_grads_dtype": "bf16", "use_precision_aware_optimizer": True}, 2.0),
     ({"precision": "fp8", "grad_reduce_in_bf16": True}, 2.0), ({"precision": "fp16"}, 2.0),
 ])
 def test_grad_buffer_bytes(kw: dict[str, object], grad_b: float) -> None:

@@ -2,7 +2,8 @@
 overlap, uneven and custom pipeline layouts, several GPU generations), each made the way ``paraplan launch``
 makes it: the layout is estimated (rules checked) and the checkpoint advice fills the checkpoint flags.
 
-paraplan's layout has no activation offloading or CUDA-graph fields, so no plan carries those flags.
+The knob plans carry full-iteration CUDA graphs (with full recompute and with Megatron-FSDP), per-layer graphs
+with selective recompute, and fine-grained activation offloading (NVTE_CPU_OFFLOAD_V1 in env.sh).
 """
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ PLANS: dict[str, tuple[str, str, int, dict[str, Any], dict[str, Any]]] = {
         {"seq_len": 4096, "global_batch_size": 512, "precision": "fp8"}),
     "deepseek-v3-fsdp-ep": ("deepseek-v3", "h100-80gb", 256, {"ep": 64, "etp": 1, "fsdp": True},
                             {"seq_len": 4096, "global_batch_size": 512}),
+    "llama3-8b-full-iteration-graph": ("llama3-8b", "h100-80gb", 8, {"tp": 2, "recompute": "full",
+                                                                      "recompute_method": "block",
+                                                                      "recompute_num_layers": 4},
+                                       {"seq_len": 4096, "global_batch_size": 64, "cuda_graph_impl": "full_iteration"}),
+    "llama3-8b-fsdp-full-iteration-graph": ("llama3-8b", "h100-80gb", 8, {"fsdp": True},
+                                            {"seq_len": 4096, "global_batch_size": 64,
+                                             "cuda_graph_impl": "full_iteration"}),
+    "qwen3-30b-a3b-te-graph-router": ("qwen3-30b-a3b", "h100-80gb", 16, {"ep": 8, "etp": 1},
+                                      {"seq_len": 4096, "global_batch_size": 256,
+                                       "cuda_graph_impl": "transformer_engine",
+                                       "cuda_graph_modules": ("attn", "moe_router", "moe_preprocess")}),
+    "llama3-8b-fine-grained-offload": ("llama3-8b", "h100-80gb", 8, {"tp": 2},
+                                       {"seq_len": 4096, "global_batch_size": 64,
+                                        "fine_grained_activation_offloading": True,
+                                        "offload_modules": ("core_attn", "attn_proj")}),
 }
 
 MINI: dict[str, tuple[str, dict[str, Any], str, int, dict[str, Any], dict[str, Any]]] = {

@@ -282,7 +282,7 @@ KnobOpt = typer.Option(
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
          "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
          "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj, "
-         "cp-comm-type=a2a (p2p, a2a, allgather), "
+         "cp-comm-type=a2a (p2p, a2a, all_gather), "
          "fsdp-double-buffer, fp4-param-gather, first-last-layers-bf16, num-layers-at-end-in-bf16=4; "
          "MoE: moe-token-dispatcher-type=alltoall|allgather|flex, moe-flex-dispatcher-backend=deepep|hybridep, "
          "moe-flex-dispatcher-num-sms=32, delay-wgrad-compute, moe-permute-fusion, "

@@ -19,6 +19,8 @@ from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
 from paraplan.headroom import Headroom
 from paraplan.launch.megatron import (
+    CPU_OFFLOAD_V1,
+    CPU_OFFLOAD_V1_MESSAGE,
     FSDP_MAX_CONNECTIONS_MESSAGE,
     FSDP_REQUIRED_FLAGS,
     MAX_CONNECTIONS_MESSAGE,
@@ -29,7 +31,7 @@ from paraplan.launch.megatron import (
 )
 from paraplan.launch.parse import ParsedScript
 from paraplan.layout import ParallelLayout
-from paraplan.rules import RuleContext, rules_for
+from paraplan.rules import FULL_ITERATION_NAN_CHECK_MESSAGE, NO_NAN_CHECK_FLAG, RuleContext, rules_for
 from paraplan.schedules import schedule_of
 from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
@@ -114,6 +116,28 @@ def _env_violations(parsed: ParsedScript, layout: ParallelLayout, gpu: GpuSpec) 
     return []
 
 
+def knob_flag_violations(parsed: ParsedScript, training: TrainingSpec) -> list[tuple[str, str]]:
+    """What arguments.py ``validate_args`` asserts beside the knobs of the script: full-iteration CUDA graphs
+    without ``--no-check-for-nan-in-loss-and-grad``, ``--overlap-param-gather-with-optimizer-step`` with a distributed
+    checkpoint format (``--ckpt-format`` other than torch; torch_dist by default), and, for scripts that launch,
+    fine-grained activation offloading without NVTE_CPU_OFFLOAD_V1=1 in the environment."""
+    values = parsed.flags.values
+    found: list[tuple[str, str]] = []
+    if training.cuda_graph_impl == "full_iteration" and NO_NAN_CHECK_FLAG not in values:
+        found.append(("FULL_ITERATION_NAN_CHECK", FULL_ITERATION_NAN_CHECK_MESSAGE))
+    ckpt = values.get("--ckpt-format")
+    if training.overlap_param_gather_with_optimizer_step and (ckpt[0] if ckpt else "torch_dist") != "torch":
+        found.append(("OVERLAP_PARAM_GATHER_WITH_OPT_STEP_DIST_CKPT", "--overlap-param-gather-with-optimizer-step "
+                      "not supported with distributed checkpointing yet (--ckpt-format "
+                      f"{ckpt[0] if ckpt else 'torch_dist, the default'})"))
+    if training.fine_grained_activation_offloading and parsed.launcher \
+            and parsed.env.get(CPU_OFFLOAD_V1) != "1":
+        value = parsed.env.get(CPU_OFFLOAD_V1)
+        found.append((CPU_OFFLOAD_V1, CPU_OFFLOAD_V1_MESSAGE + (" (not set in the script)" if value is None
+                                                               else f" (the script sets {value})")))
+    return found
+
+
 def fsdp_flag_violations(parsed: ParsedScript) -> list[tuple[str, str]]:
     """A Megatron-FSDP launch (``--use-megatron-fsdp``) missing a flag of ``FSDP_REQUIRED_FLAGS`` (or with
     another value), one entry per flag, naming the flag and where the requirement comes from."""
@@ -147,7 +171,8 @@ def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
                 found.append((err.reason, str(err)))
         except SpecError as err:
             found.append(("PRECISION_UNSUPPORTED", str(err)))
-    return found + launch_violations(model, layout, training, cluster.gpu.arch)
+    codes = {c for c, _ in found}
+    return found + [v for v in launch_violations(model, layout, training, cluster.gpu.arch) if v[0] not in codes]
 
 
 def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
@@ -168,6 +193,7 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     found = rule_violations(model, training, cluster, layout)
     found += [p for p in parsed.flags.problems if p[0] not in {c for c, _ in found}]
     found += _env_violations(parsed, layout, gpu)
+    found += knob_flag_violations(parsed, training)
     found += [p for p in fsdp_flag_violations(parsed) if p[1] not in {m for _, m in found}]
     est = None
     if not found:

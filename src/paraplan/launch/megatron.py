@@ -21,6 +21,13 @@ from typing import TYPE_CHECKING, Any, Final
 from paraplan.errors import LayoutError, SpecError
 from paraplan.estimate.pipeline import pipeline_layout_string
 from paraplan.layout import ParallelLayout
+from paraplan.rules import (  # the knob rules live with Megatron's other rules (plan filters by them)
+    BLACKWELL_ARCHS as BLACKWELL_ARCHS,
+)
+from paraplan.rules import (
+    NO_NAN_CHECK_FLAG,
+    knob_violations,
+)
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import KNOB_FLAGS, TrainingSpec
@@ -70,6 +77,7 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--adam-beta2", "--clip-grad", "--init-method-std", "--save", "--load", "--save-interval",
     "--ckpt-format", "--async-save", "--use-persistent-ckpt-worker",
     "--log-interval", "--log-throughput", "--eval-interval", "--eval-iters",
+    "--no-check-for-nan-in-loss-and-grad",
 )
 """Every flag ``megatron_args`` can emit (checked against ``MEGATRON_COMMIT``)."""
 
@@ -130,9 +138,6 @@ def save_interval_note(ckpt: CheckpointArgs) -> str:
     return (f"; capped at the TRAIN_ITERS default {TRAIN_ITERS_DEFAULT}: with a longer run set "
             f"SAVE_INTERVAL={ckpt.save_interval_iters}")
 
-
-BLACKWELL_ARCHS: Final = ("blackwell",)
-"""Architectures where Megatron no longer needs CUDA_DEVICE_MAX_CONNECTIONS=1 (arch >= 10)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,13 +212,6 @@ def fp8_delayed(training: TrainingSpec | None) -> bool:
     return training is not None and training.precision == "fp8" and training.fp8_recipe == "delayed"
 
 
-BLACKWELL_ONLY_MESSAGES: Final = {
-    "mxfp8": "Device compute capability 10.0 or higher required for MXFP8 execution.",
-    "fp4": "Device compute capability 10.0 or higher required for NVFP4 execution.",
-}
-"""Transformer Engine's words (pytorch/quantization.py ``_compute_mxfp8_support`` / ``_compute_nvfp4_support``)."""
-
-
 def memory_knob_args(training: TrainingSpec) -> list[Arg]:
     """The knobs of the training spec that differ from Megatron-LM's defaults, as Megatron flags
     (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``, ``--moe-token-dispatcher-type`` by ``_moe_mla``;
@@ -242,6 +240,8 @@ def memory_knob_args(training: TrainingSpec) -> list[Arg]:
             args.append(_a(flag, *value))
         else:
             args.append(_a(flag) if isinstance(value, bool) else _a(flag, value))
+        if key == "cuda_graph_impl" and value == "full_iteration":
+            args.append(_a(NO_NAN_CHECK_FLAG))  # arguments.py validate_args: FULL_ITERATION_NAN_CHECK_MESSAGE
     return args
 
 
@@ -284,6 +284,8 @@ def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
     elif spec.layout.fsdp and fsdp_rejects_max_connections(site_value):
         raise SpecError(f"site.env.{MAX_CONNECTIONS}: {site_value!r} conflicts with Megatron-FSDP: Megatron "
                         f"asserts {FSDP_MAX_CONNECTIONS_MESSAGE!r}; remove it from the site profile")
+    if spec.training.fine_grained_activation_offloading:
+        required.append((CPU_OFFLOAD_V1, "1", f"Megatron: {CPU_OFFLOAD_V1_MESSAGE!r}"))
     names = {name for name, _, _ in required}
     site = [(k, v, "from the site profile") for k, v in spec.site.env if k not in names]
     if spec.site.checkpoint_dir is not None and "CHECKPOINT_DIR" not in dict(spec.site.env):
@@ -291,79 +293,18 @@ def environment(spec: LaunchSpec) -> list[tuple[str, str, str]]:
     return site + required
 
 
+CPU_OFFLOAD_V1: Final = "NVTE_CPU_OFFLOAD_V1"
+CPU_OFFLOAD_V1_MESSAGE: Final = ("For fine-grained activation offloading with TE >= 2.10.0, NVTE_CPU_OFFLOAD_V1 should "
+                                 "be set to 1 to avoid offloading weights.")
+"""arguments.py ``validate_args``' assert for ``--fine-grained-activation-offloading``."""
+
+
 def forced_env_names(spec: LaunchSpec) -> frozenset[str]:
     """The variables of ``environment`` that paraplan must force (what Megatron requires for the layout); the
     others are site defaults that a value already in the user's environment overrides."""
     site = {name for name, _ in spec.site.env} | ({"CHECKPOINT_DIR"} if spec.site.checkpoint_dir else set())
-    return frozenset(name for name, _, _ in environment(spec) if name not in site or name == MAX_CONNECTIONS)
-
-
-def cuda_graph_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
-    """TransformerConfig.__post_init__'s CUDA graph rules that need the model or the layout
-    (megatron/core/transformer/transformer_config.py), with its words."""
-    out: list[tuple[str, str]] = []
-    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
-    if impl == "none":
-        return out
-    if impl != "full_iteration":
-        if not model.is_moe and ({"moe", "moe_router"} & set(mods)):
-            out.append(("CUDA_GRAPH_MOE_NEEDS_MOE", "moe cuda graph is only supported for MoE."))
-        if model.is_moe and "mlp" in mods and all(model.moe_layer_pattern()):
-            out.append(("CUDA_GRAPH_MLP_NEEDS_DENSE", "mlp cuda graph is only supported for dense layers, but not "
-                        "found in the model."))
-        if model.is_moe and "moe" in mods:
-            out.append(("CUDA_GRAPH_MOE_NEEDS_DROP_PAD", "moe cuda graph is only supported with drop-padding MoE."))
-    if layout.recompute == "full" and impl != "full_iteration":
-        out.append(("CUDA_GRAPH_FULL_RECOMPUTE", "full recompute is only supported with full iteration CUDA graph."))
-    return out
-
-
-def gather_with_optimizer_violations(layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
-    """``--overlap-param-gather-with-optimizer-step``'s asserts (arguments.py ``validate_args``), with their words."""
-    if not training.overlap_param_gather_with_optimizer_step:
-        return []
-    rules = ((layout.dist_opt, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_DIST_OPT",
-              "--overlap-param-gather-with-optimizer-step only supported with distributed optimizer"),
-             (layout.overlap_param_gather, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_OVERLAP",
-              "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather"),
-             (layout.vp > 1, "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_VP",
-              "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism"))
-    return [(code, message) for ok, code, message in rules if not ok]
-
-
-def moe_overlap_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
-    """TransformerConfig.__post_init__'s rules on the expert-parallel overlap knobs, with Megatron's words."""
-    out: list[tuple[str, str]] = []
-    if training.delay_wgrad_compute and layout.schedule != "combined_1f1b":  # TC
-        out.append(("DELAY_WGRAD_NEEDS_EP_OVERLAP", "overlap_moe_expert_parallel_comm must be enabled "
-                    "when enabling delay_wgrad_compute"))
-    if model.is_moe and training.moe_shared_expert_overlap and layout.schedule == "combined_1f1b":  # TC
-        out.append(("SHARED_EXPERT_OVERLAP_WITH_EP_OVERLAP", "disable moe_shared_expert_overlap when enabling "
-                    "overlap_moe_expert_parallel_comm"))
-    return out
-
-
-def precision_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec,
-                         arch: str) -> list[tuple[str, str]]:
-    """What Transformer Engine / Megatron-Core refuse in the low-precision recipe: MXFP8 and NVFP4 before
-    Blackwell (TE ``check_mxfp8_support`` / ``check_nvfp4_support``), more bf16 first/last layers than a
-    pipeline stage holds (TransformerConfig ``__post_init__``)."""
-    out: list[tuple[str, str]] = []
-    if arch not in BLACKWELL_ARCHS:
-        for what, on in (("mxfp8", training.precision == "fp8" and training.fp8_recipe == "mxfp8"),
-                         ("fp4", training.precision == "fp4")):
-            if on:
-                flag = "--fp8-recipe mxfp8" if what == "mxfp8" else "--fp4-format e2m1"
-                out.append((f"{what.upper()}_NEEDS_BLACKWELL", f"{flag} needs a Blackwell GPU (B200, GB200, B300, "
-                            f"GB300; this one is {arch or 'not'}): Transformer Engine: "
-                            f"'{BLACKWELL_ONLY_MESSAGES[what]}'"))
-    if training.first_last_layers_bf16:
-        per_stage = model.num_layers // layout.pp
-        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
-            if not 0 <= getattr(training, name) <= per_stage:
-                out.append(("BF16_LAYERS_PER_STAGE", f"{name} ({getattr(training, name)}) must be between 0 and "
-                            f"number of layers per pipeline stage ({per_stage})."))
-    return out
+    return frozenset(name for name, _, _ in environment(spec)
+                     if name not in site or name in (MAX_CONNECTIONS, CPU_OFFLOAD_V1))
 
 
 def launch_violations(model: ModelSpec, layout: ParallelLayout, training: TrainingSpec | None = None,
@@ -376,8 +317,6 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
                     f"{NOT_IN_MEGATRON}; launch writes 1f1b, interleaved or combined_1f1b"))
     if model.is_moe and model.add_bias_linear and layout.etp != 1:
         out.append(("MOE_BIAS_NEEDS_ETP1", "Bias in Moe is only supported when ETP==1"))
-    if training is not None:
-        out += precision_violations(model, layout, training, arch)
     if fp8_delayed(training) and layout.recompute == "selective" and \
             {"moe_act", "layernorm"} & set(layout.recompute_modules):
         out.append(("FP8_DELAYED_RECOMPUTE", "Delayed scaling does not support moe_act and layernorm "
@@ -395,9 +334,7 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
         out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
     if training is not None:
-        out += moe_overlap_violations(model, layout, training)
-        out += cuda_graph_violations(model, layout, training)
-        out += gather_with_optimizer_violations(layout, training)
+        out += knob_violations(model, layout, training, arch)
     if layout.overlap_param_gather and not layout.dist_opt:
         out.append(("OVERLAP_PARAM_GATHER_NEEDS_DIST_OPT", "--overlap-param-gather only supported "
                     "with distributed optimizer, megatron fsdp, or dist_muon"))

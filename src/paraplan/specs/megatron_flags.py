@@ -644,6 +644,8 @@ def _cp_comm_type(values: tuple[str, ...]) -> str:
     if "a2a+p2p" in kinds:
         raise SpecError(f"{flag} a2a+p2p (hierarchical context parallelism) is not modelled; use one of "
                         f"{', '.join(choices)}")
+    if "allgather" in kinds:  # TE attn_forward_func_with_cp compares with "all_gather"
+        raise SpecError(f"{flag} allgather: Transformer Engine spells it all_gather; use one of {', '.join(choices)}")
     if len(kinds) != 1 or kinds[0] not in choices:
         got = " ".join(values) if values else "nothing"
         raise SpecError(f"{flag} must be one of {', '.join(choices)} for every layer, got {brief(got)}")

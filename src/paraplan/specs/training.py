@@ -35,7 +35,7 @@ MainParamsDtype = Literal["fp32", "fp16"]
 MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 MoeDispatcher = Literal["alltoall", "allgather", "flex"]
 MoeFlexBackend = Literal["deepep", "hybridep"]
-CpCommType = Literal["p2p", "a2a", "allgather"]
+CpCommType = Literal["p2p", "a2a", "all_gather"]
 AttentionKernel = Literal["current", "fa2"]
 ATTENTION_KERNELS: Final = ("current", "fa2")
 """``TrainingSpec.attention_kernel`` choices (paraplan's, not a Megatron-LM flag)."""
@@ -46,7 +46,7 @@ DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype
                         "moe_flex_dispatcher_backend": ("deepep", "hybridep"),
                         "cuda_graph_impl": CUDA_GRAPH_IMPLS,
                         "fp4_recipe": FP4_RECIPES,
-                        "cp_comm_type": ("p2p", "a2a", "allgather")}
+                        "cp_comm_type": ("p2p", "a2a", "all_gather")}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 OFFLOAD_MODULES: Final = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
                           "fused_group_mlp")
@@ -352,6 +352,18 @@ class TrainingSpec:
         if self.optimizer_cpu_offload and not self.use_precision_aware_optimizer:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
+        self._check_optimizer_dtypes()
+
+    def _check_optimizer_dtypes(self) -> None:
+        """megatron/core/optimizer/optimizer_config.py ``__post_init__``: lower-precision optimizer tensors need the
+        precision-aware optimizer."""
+        if self.use_precision_aware_optimizer:
+            return
+        for fname in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            if getattr(self, fname) != "fp32":
+                raise SpecError(f"{fname} {getattr(self, fname)} (--{fname.replace('_', '-')}) needs "
+                                "use_precision_aware_optimizer (--use-precision-aware-optimizer): Megatron-LM's "
+                                f"'{fname} can only be fp32 when not using precision-aware optimizer'")
 
     def _check_offload(self) -> None:
         """Megatron-LM's asserts on activation offloading (``TransformerConfig.__post_init__``)."""

@@ -15,7 +15,7 @@ dot_product_attention/context_parallel.py).
 - ``a2a`` (Ulysses, ``AttnFuncWithCPAndQKVOA2A``): all-to-alls of Q, K, V before attention and of O after
   it (backward: dO before, dQ, dK, dV after) turn the sequence shard into a head shard; attention then runs
   as one kernel over the whole sequence on heads/c heads. Nothing hides the all-to-alls.
-- ``allgather`` (``AttnFuncWithCPAndKVAllGather``): an all-gather of K and V before attention (again in
+- ``all_gather`` (``AttnFuncWithCPAndKVAllGather``): an all-gather of K and V before attention (again in
   the backward) and a reduce-scatter of dK, dV after the backward; nothing hides them.
 ``a2a+p2p`` (hierarchical CP, ``--hierarchical-context-parallel-sizes``) is not modelled.
 """
@@ -37,7 +37,7 @@ from paraplan.specs.num import Int, Num
 
 KV_TENSORS: Final = 2
 """K and V."""
-CP_COMM_TYPES: Final = ("p2p", "a2a", "allgather")
+CP_COMM_TYPES: Final = ("p2p", "a2a", "all_gather")
 """The ``--cp-comm-type`` values paraplan models (Megatron-LM also takes ``a2a+p2p`` and a list per layer)."""
 P2P_BWD_BOTH_FACTOR: Final = 2.0
 """Backward ring steps 1 .. c-2 send K,V and the dK,dV accumulated so far in one buffer of twice the K,V
@@ -175,6 +175,6 @@ def cp_times(cluster: ClusterSpec, group: Group, comm_type: str, model: ModelSpe
     q, o = q_block_bytes(model, tokens, tp), o_block_bytes(model, tokens, tp)
     if comm_type == "a2a":
         return a2a_times(cluster, group, kv, q, o)
-    if comm_type == "allgather":
+    if comm_type == "all_gather":
         return allgather_times(cluster, group, kv)
     return p2p_times(cluster, group, kv, q, o, attn_fwd_s)
