@@ -228,6 +228,16 @@ def test_moe_layer_freq_string_round_trips() -> None:
     assert eval(moe_layer_freq_string((0,) * 3 + (1,) * 58)) == [0] * 3 + [1] * 58  # Megatron evals it
 
 
+@pytest.mark.parametrize("text", ["\u00b2", "[1]*\u00b2", "[0]*\u0663+[1]"])
+def test_moe_layer_freq_refuses_non_ascii_digits_in_one_line(text: str) -> None:
+    from paraplan.errors import SpecError
+    from paraplan.specs.megatron_args import parse_moe_layer_freq
+
+    with pytest.raises(SpecError, match=r"^moe_layer_freq: cannot read"):  # str.isdigit('\u00b2') is True
+        parse_moe_layer_freq(text, 4)
+    assert parse_moe_layer_freq("[0]*1+[1]*3", 4) == (0, 1, 1, 1)
+
+
 def test_data_and_tokenizer_are_marked_placeholders() -> None:
     words = argv(megatron_args(load_model("llama3-8b"), ParallelLayout(), TRAIN))
     assert "${DATA_PATH:?set DATA_PATH" in words[words.index("--data-path") + 1]

@@ -41,6 +41,7 @@ from paraplan.cli.options import (
 from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
+from paraplan.specs.training import KNOB_FLAGS
 
 
 @app.command("estimate")
@@ -90,12 +91,13 @@ def estimate(
                 raise SpecError(f"--recipe names the model, layout and batch; drop --{opt_name} (or drop --recipe)")
         result, block = _from_recipe(ctx, recipe, recipes_file, gpu=gpu, num_gpus=num_gpus,
                                      gpus_per_node=gpus_per_node, seq_len=seq_len, gbs=gbs, precision=precision,
-                                     attention_backend=attention_backend,
+                                     attention_backend=attention_backend, knob=knob,
                                      flags=flags, gpu_set=gpu_set, profile=profile, mfu_peak=mfu_peak.value,
                                      options=memory_options(workspace_gib, fragmentation))
         from dataclasses import replace
 
-        _emit(replace(result, headroom=margin), fmt, recipe=block)
+        # the default margin is the model family's, as plain estimate and check (A7)
+        _emit(replace(result, headroom=margin.for_model(result.model.is_moe)), fmt, recipe=block)
         return
     if recipes_file is not None:
         raise SpecError("--recipes gives recipes for --recipe NAME; add --recipe (or drop --recipes)")
@@ -160,7 +162,8 @@ def _given(ctx: typer.Context, name: str) -> bool:
 
 def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu: str | None, num_gpus: int | None,
                  gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: PrecisionChoice,
-                 attention_backend: AttentionChoice, flags: LayoutFlags, gpu_set: list[str] | None,
+                 attention_backend: AttentionChoice, knob: list[str] | None, flags: LayoutFlags,
+                 gpu_set: list[str] | None,
                  profile: str | None, mfu_peak: str, options: MemoryOptions) -> tuple[Estimate, dict[str, Any]]:
     """Estimate a recipe with the flags given beside it winning over its own values; the JSON ``recipe`` block."""
     from paraplan.api import catalogue, estimate_run, find_recipe, recipe_run, run_dict
@@ -187,12 +190,52 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
     given = [f"--{f.replace('_', '-')}" for f in ("gpu", "num_gpus", "seq_len", "gbs", "precision",
                                                   "attention_backend", *_FLAG_FIELDS, "pipeline_split")
              if _given(ctx, f)]
+    knobs = _recipe_knobs(run, knob)
+    given += [f"--knob {item.strip()}" for item in knob or ()]
     if given:
         from dataclasses import replace
 
         run = replace(run, notes=(*run.notes, f"given beside the recipe, winning over its values: {', '.join(given)}"))
     return (estimate_run(run, gpus_per_node=gpus_per_node, gpu_spec=gpu_spec, memory_options=options,
-                         mfu_peak=mfu_peak), run_dict(run, given))
+                         mfu_peak=mfu_peak, knobs=knobs), run_dict(run, given))
+
+
+_KNOB_CONTEXT: dict[str, tuple[str, ...]] = {
+    "moe_token_dispatcher_type": ("moe-flex-dispatcher-backend", "moe-hybridep-num-sms"),
+    "cuda_graph_impl": ("cuda-graph-modules", "cuda-graph-scope"),
+    "fine_grained_activation_offloading": ("offload-modules",),
+    "optimizer_cpu_offload": ("optimizer-offload-fraction",),
+    "use_precision_aware_optimizer": ("main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype",
+                                      "optimizer-cpu-offload"),
+}
+"""A recipe knob -> the --knob names it refines: given beside a recipe without the knob they refine, they are
+read with the recipe's value of it (as a Megatron command line carrying both)."""
+
+
+def _recipe_knobs(run: Any, knob: list[str] | None) -> dict[str, Any] | None:
+    """The recipe's memory knobs with ``--knob`` items winning, read by the same rules as without --recipe
+    (``knob_fields``, at the run's precision), so what plain ``estimate --knob`` refuses is refused here."""
+    if not knob:
+        return None
+    from paraplan.cli.options import knob_fields
+    from paraplan.recipes.knobs import training_knobs
+
+    base = training_knobs(run.recipe, run.job.precision)
+    names = {item.partition("=")[0].strip().lstrip("-") for item in knob}
+    context: list[str] = []
+    for key, refined in _KNOB_CONTEXT.items():
+        flag = KNOB_FLAGS[key][2:]
+        value = base.get(key)
+        if flag in names or value in (None, False, "none", "alltoall") or not names & set(refined):
+            continue
+        context.append(flag if value is True else f"{flag}={value}")
+    merged = {**base, **knob_fields([*context, *knob], run.job.precision)}
+    # the recipe's refinements of a knob that --knob turned off go with it (Megatron ignores them then)
+    for key, refined in _KNOB_CONTEXT.items():
+        if key != "use_precision_aware_optimizer" and merged.get(key) in (None, False, "none", "alltoall"):
+            for name in refined:
+                merged.pop(name.replace("-", "_"), None)
+    return merged
 
 
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,

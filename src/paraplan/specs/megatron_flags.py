@@ -512,7 +512,7 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         elif key in DTYPE_CHOICES:
             raw = r.text(flag)
             if raw not in DTYPE_CHOICES[key]:
-                raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
+                raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {_got(raw)}")
             out[key] = raw
         elif key in ("cuda_graph_modules", "gradient_accumulation_fusion"):
             continue  # _cuda_graph_knobs, _grad_accumulation_knob
@@ -521,7 +521,7 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             try:
                 out[key] = int(raw)
             except ValueError:
-                raise SpecError(f"{flag} {brief(raw)} is not an integer") from None
+                raise SpecError(f"{flag} {_got(raw)} is not an integer") from None
         elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms"):
             out[key] = _number_knob(r, key, flag)
         else:
@@ -565,17 +565,22 @@ def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
     return {"gradient_accumulation_fusion": False}
 
 
+def _got(raw: str | None) -> str:
+    """A flag's value quoted for an error line; "no value" when the flag was given bare."""
+    return "no value" if not raw else brief(raw)
+
+
 def _number_knob(r: _Reader, key: str, flag: str) -> float | int | None:
     """A numeric knob's value: the SMs an integer; a negative capacity factor is dropless (TC: __post_init__)."""
     raw = r.text(flag) or ""
     if key == "moe_hybridep_num_sms":
-        if not raw.isdigit():
-            raise SpecError(f"{flag} must be a positive integer, got {brief(raw)}")
+        if not (raw.isascii() and raw.isdigit()):
+            raise SpecError(f"{flag} must be a positive integer, got {_got(raw)}")
         return int(raw)
     try:
         value = float(raw)
     except ValueError:
-        raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+        raise SpecError(f"{flag} {_got(raw)} is not a number") from None
     return None if key == "moe_expert_capacity_factor" and value < 0 else value
 
 
