@@ -605,11 +605,13 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
         modules_flag = "--cuda-graph-scope"
     if not r.has(modules_flag):
         return out
-    words = [w for word in r.v[modules_flag] for w in word.split(",") if w]
+    # one module a word (nargs='+', type CudaGraphModule[word]: arguments.py _parse_cuda_graph_modules_arg), so
+    # 'attn,mlp' is refused as Megatron's argparse does; --knob splits its comma lists itself (cli.options)
+    words = list(r.v[modules_flag])
     for w in words:
         if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
             raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
-                            f"got {brief(w)}")
+                            f"one a word, got {brief(w)}")
     if "full" in words and words != ["full"]:
         raise SpecError(f"{modules_flag}: full scope cannot be used with other scopes.")
     if "full_iteration" in words:
@@ -669,7 +671,9 @@ _INT_KNOBS: Final = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
 
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
-    Megatron rejects (its assert's words) and FP8 knobs without FP8."""
+    Megatron rejects (its assert's words) and FP8 knobs without FP8. A value may be a comma list (``attn,mlp``),
+    as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
+    words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
     allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope"}
     for flag in [*unknown, *values]:
