@@ -41,6 +41,7 @@ from paraplan.cli.options import (
 from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
+from paraplan.launch.megatron import dense_moe_knobs_note
 from paraplan.specs.training import KNOB_FLAGS
 
 
@@ -124,6 +125,7 @@ def estimate(
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                             profile=profile, attention_backend=attention_backend.value, knobs=knob)
     layout, notes = flags.layout(num_gpus, inputs.model)
+    notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training)])]
     from paraplan.api import launch_violations
 
     broken = launch_violations(inputs.model, layout, inputs.training, inputs.cluster.gpu.arch)

@@ -40,6 +40,7 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
+from paraplan.launch.megatron import dense_moe_knobs_note
 from paraplan.units import GIB
 
 
@@ -134,6 +135,7 @@ def launch(
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                                 profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
+        notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training)])]
         result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())
