@@ -7,7 +7,16 @@ from typing import Any
 
 import typer
 
-from paraplan.api import RECOMPUTE_MODULES, Estimate, Headroom, MemoryOptions, dumps_json, parse_headroom
+from paraplan.api import (
+    KNOB_FLAGS,
+    RECOMPUTE_MODULES,
+    Estimate,
+    Headroom,
+    MemoryOptions,
+    dense_moe_knobs_note,
+    dumps_json,
+    parse_headroom,
+)
 from paraplan.api import estimate as run_estimate
 from paraplan.cli._app import app, state
 from paraplan.cli.options import (
@@ -41,8 +50,6 @@ from paraplan.cli.options import (
 from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import estimate_csv, render_estimate
 from paraplan.errors import LayoutError, SpecError
-from paraplan.launch.megatron import dense_moe_knobs_note
-from paraplan.specs.training import KNOB_FLAGS
 
 
 @app.command("estimate")
@@ -219,8 +226,8 @@ def _recipe_knobs(run: Any, knob: list[str] | None) -> dict[str, Any] | None:
     (``knob_fields``, at the run's precision), so what plain ``estimate --knob`` refuses is refused here."""
     if not knob:
         return None
+    from paraplan.api import training_knobs
     from paraplan.cli.options import knob_fields
-    from paraplan.recipes.knobs import training_knobs
 
     base = training_knobs(run.recipe, run.job.precision)
     names = {item.partition("=")[0].strip().lstrip("-") for item in knob}

@@ -14,6 +14,7 @@ from paraplan.api import (
     LaunchSpec,
     advise,
     candidate_id,
+    dense_moe_knobs_note,
     load_site,
     memory_knobs_of,
     render_files,
@@ -40,7 +41,6 @@ from paraplan.cli.options import (
 )
 from paraplan.cli.render import console, safe
 from paraplan.errors import SpecError
-from paraplan.launch.megatron import dense_moe_knobs_note
 from paraplan.units import GIB
 
 
