@@ -200,6 +200,8 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
                                                   "attention_backend", *_FLAG_FIELDS, "pipeline_split")
              if _given(ctx, f)]
     knobs = _recipe_knobs(run, knob)
+    if knobs is not None:
+        _refuse_new_violations(run, knobs, gpu_spec.arch)
     given += [f"--knob {item.strip()}" for item in knob or ()]
     if given:
         from dataclasses import replace
@@ -207,6 +209,25 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
         run = replace(run, notes=(*run.notes, f"given beside the recipe, winning over its values: {', '.join(given)}"))
     return (estimate_run(run, gpus_per_node=gpus_per_node, gpu_spec=gpu_spec, memory_options=options,
                          mfu_peak=mfu_peak, knobs=knobs), run_dict(run, given))
+
+
+def _refuse_new_violations(run: Any, knobs: dict[str, Any], arch: str) -> None:
+    """The first of Megatron's flag rules (``launch_violations``) the recipe breaks with ``knobs`` and not with its
+    own knobs, as a LayoutError: a --knob beside a recipe is refused where plain ``estimate --knob`` refuses it (the
+    recipe's own settings are Bridge's business, as without --knob)."""
+    from paraplan.api import TrainingSpec, launch_violations, training_knobs
+
+    job = run.job
+
+    def broken(fields: dict[str, Any]) -> list[tuple[str, str]]:
+        training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,
+                                attention_backend=job.attention_backend, **fields)
+        return launch_violations(run.model, run.layout, training, arch)
+
+    own = {code for code, _ in broken(training_knobs(run.recipe, job.precision))}
+    new = [(code, message) for code, message in broken(knobs) if code not in own]
+    if new:
+        raise LayoutError(new[0][1], reason=new[0][0])
 
 
 _KNOB_CONTEXT: dict[str, tuple[str, ...]] = {
