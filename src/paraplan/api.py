@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from paraplan.launch.check import suggest_alternative as suggest_alternative
     from paraplan.launch.megatron import MEGATRON_COMMIT as MEGATRON_COMMIT
     from paraplan.launch.megatron import CheckpointArgs as CheckpointArgs
+    from paraplan.launch.megatron import dense_moe_knobs_note as dense_moe_knobs_note
     from paraplan.launch.megatron import launch_violations as launch_violations
     from paraplan.launch.parse import parse_file as parse_file
     from paraplan.launch.parse import parse_script as parse_script
@@ -90,6 +91,7 @@ if TYPE_CHECKING:
     from paraplan.recipes.knobs import estimate_run as estimate_run
     from paraplan.recipes.knobs import recipe_run as recipe_run
     from paraplan.recipes.knobs import run_dict as run_dict
+    from paraplan.recipes.knobs import training_knobs as training_knobs
     from paraplan.recipes.user import catalogue as catalogue
     from paraplan.report import build_context as build_context
     from paraplan.report import charts as charts
@@ -216,6 +218,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "suggest_alternative": ("paraplan.launch.check", "What ``plan`` would choose for the same job."),
     "CheckResult": ("paraplan.launch.check", "What ``paraplan check`` reports for one script."),
     "launch_violations": ("paraplan.launch.megatron", "Megatron's rules on the flags themselves, in Megatron's words."),
+    "dense_moe_knobs_note": ("paraplan.launch.megatron", "The note for MoE knobs given for a dense model."),
     "MEGATRON_COMMIT": ("paraplan.launch.megatron", "The Megatron-LM commit the flags and rules follow."),
     "CheckpointArgs": ("paraplan.launch.megatron", "The checkpoint flags ``launch`` writes for a layout."),
     "LaunchSpec": ("paraplan.launch.render", "Everything the launch files are made from."),
@@ -235,6 +238,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "cell_text": ("paraplan.recipes.catalogue", "A recipe field as the CSV writes it."),
     "recipe_run": ("paraplan.recipes.knobs", "A recipe as model, job and layout, with overrides."),
     "estimate_run": ("paraplan.recipes.knobs", "The estimate of a recipe run."),
+    "training_knobs": ("paraplan.recipes.knobs", "A recipe's TrainingSpec memory knobs at a precision."),
     "run_dict": ("paraplan.recipes.knobs", "The ``recipe`` block of ``estimate --recipe``'s JSON."),
     "compare_with_plan": ("paraplan.recipes.compare", "The closest recipe for a plan's model and GPU, estimated."),
     "RecipeComparison": ("paraplan.recipes.compare", "A recipe, how it was run, and its estimate."),

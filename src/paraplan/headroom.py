@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from paraplan.errors import SpecError
-from paraplan.units import GIB
+from paraplan.units import GIB, MIB
 
 MEMORY_UNDER_PREDICTION_QUANTILE = 0.8
 """The quantile of the signed memory error the session-5 margin was (one-sided)."""
@@ -132,7 +132,12 @@ def fit_text(peak_bytes: float, usable_bytes: float, headroom: Headroom) -> str:
     free = usable_bytes - peak_bytes
     margin = headroom.margin_bytes(usable_bytes)
     if free < 0:
-        return f"does not fit: {-free / GIB:.1f} GiB over usable memory"
+        return f"does not fit: {_size(-free)} over usable memory"
     if free < margin:
-        return f"inside the margin: {free / GIB:.1f} GiB free, less than the {headroom.describe(usable_bytes)}"
-    return f"fits with {free / GIB:.1f} GiB free; {headroom.describe(usable_bytes)}"
+        return f"inside the margin: {_size(free)} free, less than the {headroom.describe(usable_bytes)}"
+    return f"fits with {_size(free)} free; {headroom.describe(usable_bytes)}"
+
+
+def _size(num_bytes: float) -> str:
+    """GiB to one decimal; MiB under 0.05 GiB (which would print as 0.0 GiB)."""
+    return f"{num_bytes / MIB:.0f} MiB" if num_bytes < 0.05 * GIB else f"{num_bytes / GIB:.1f} GiB"

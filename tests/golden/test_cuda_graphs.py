@@ -163,6 +163,8 @@ def test_graph_knobs_read_from_megatron_args(words: list[str], fields: dict[str,
     (["--cuda-graph-modules", "attn", "--cuda-graph-scope", "attn"], "cannot be used together"),
     (["--enable-cuda-graph", "--cuda-graph-impl", "local"], "Do not use --enable-cuda-graph"),
     (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "full_iteration"], "cannot be combined"),
+    # argparse's type is CudaGraphModule[word] (arguments.py _parse_cuda_graph_modules_arg): KeyError 'attn,mlp'
+    (["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn,mlp"], "one a word, got 'attn,mlp'"),
 ])
 def test_bad_graph_args_one_line(words: list[str], message: str) -> None:
     with pytest.raises(SpecError) as err:

@@ -323,3 +323,35 @@ def test_plan_searches_with_the_knobs(capsys: pytest.CaptureFixture[str]) -> Non
     assert knob["config"]["memory_knobs"] == {"grad_reduce_in_bf16": True} and "memory_knobs" not in plain["config"]
     for a, b in zip(plain["memory"]["per_stage"], knob["memory"]["per_stage"], strict=True):
         assert b["grads_bytes"] == pytest.approx(a["grads_bytes"] / 2)
+
+
+def test_knob_line_is_written_as_megatron_takes_it() -> None:
+    from paraplan.cli.render import knob_words
+
+    t = TrainingSpec(seq_len=4096, global_batch_size=64, cuda_graph_impl="transformer_engine",
+                     cuda_graph_modules=("attn", "moe_router"), gradient_accumulation_fusion=False)
+    words = knob_words(t)
+    assert "--cuda-graph-modules attn moe_router" in words and "(" not in words
+    assert words.endswith("--no-gradient-accumulation-fusion")  # a store-false flag takes no value
+    # the words read back as the same knobs
+    back = read_flags(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                       "--seq-length", "4096", "--max-position-embeddings", "4096", *words.split()])
+    assert back.training_fields["cuda_graph_modules"] == ("attn", "moe_router")
+    assert back.training_fields["gradient_accumulation_fusion"] is False
+
+
+@pytest.mark.parametrize(("knob", "text"), [
+    ("cuda-graph-impl", "--cuda-graph-impl must be one of none, local, transformer_engine, full_iteration, "
+                        "got no value"),
+    ("moe-hybridep-num-sms=\u00b2", "--moe-hybridep-num-sms must be a positive integer, got '\u00b2'"),
+    ("moe-hybridep-num-sms", "--moe-hybridep-num-sms must be a positive integer, got no value"),
+    ("cpu-offloading-num-layers=\u00b2", "--cpu-offloading-num-layers"),
+])
+def test_bad_knob_values_are_one_line(knob: str, text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    args = ["estimate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+            "--gbs", "64", "--knob", "moe-token-dispatcher-type=flex", "--knob", knob]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and text in err, err

@@ -229,6 +229,39 @@ def test_moe_layer_freq_string_round_trips() -> None:
     assert eval(moe_layer_freq_string((0,) * 3 + (1,) * 58)) == [0] * 3 + [1] * 58  # Megatron evals it
 
 
+@pytest.mark.parametrize("text", ["\u00b2", "[1]*\u00b2", "[0]*\u0663+[1]"])
+def test_moe_layer_freq_refuses_non_ascii_digits_in_one_line(text: str) -> None:
+    from paraplan.errors import SpecError
+    from paraplan.specs.megatron_args import parse_moe_layer_freq
+
+    with pytest.raises(SpecError, match=r"^moe_layer_freq: cannot read"):  # str.isdigit('\u00b2') is True
+        parse_moe_layer_freq(text, 4)
+    assert parse_moe_layer_freq("[0]*1+[1]*3", 4) == (0, 1, 1, 1)
+
+
+def test_moe_knobs_on_a_dense_model_are_noted_not_half_written(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+    from paraplan.launch.megatron import dense_moe_knobs_note
+
+    t = replace(TRAIN, moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+                moe_hybridep_num_sms=16, moe_permute_fusion=True)
+    dense, moe = load_model("llama3-8b"), load_model("qwen3-30b-a3b")
+    words = argv(megatron_args(dense, ParallelLayout(), t))
+    assert not [w for w in words if w.startswith("--moe-")]  # _moe_mla writes no dispatcher for a dense model
+    note = dense_moe_knobs_note(dense, t)
+    assert note is not None and "--moe-flex-dispatcher-backend" in note and "--moe-permute-fusion" in note
+    assert dense_moe_knobs_note(moe, t) is None and dense_moe_knobs_note(dense, TRAIN) is None
+    moe_words = argv(megatron_args(moe, ParallelLayout(ep=8, dp=8), t))
+    assert moe_words[moe_words.index("--moe-token-dispatcher-type") + 1] == "flex"
+    assert moe_words[moe_words.index("--moe-flex-dispatcher-backend") + 1] == "hybridep"
+    assert main(["estimate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096",
+                 "--gbs", "64", "--knob", "moe-permute-fusion", "--format", "json"]) in (0, 4)
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("no MoE layers: --moe-permute-fusion ignored" in n for n in notes)
+
+
 def test_data_and_tokenizer_are_marked_placeholders() -> None:
     words = argv(megatron_args(load_model("llama3-8b"), ParallelLayout(), TRAIN))
     assert "${DATA_PATH:?set DATA_PATH" in words[words.index("--data-path") + 1]

@@ -209,3 +209,51 @@ def test_estimate_without_recipe_still_needs_gpu(capsys: pytest.CaptureFixture[s
     code, err = run_json(["estimate", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len",
                           "4096", "--gbs", "8", "--recipes", "x.yaml"], capsys)
     assert code == 1 and isinstance(err, str) and "add --recipe" in err
+
+
+def test_knobs_beside_the_recipe_win_over_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    name = "qwen3-235b-a22b-gb200-nvfp4-256"  # flex / HybridEP, TE CUDA graphs of attn, moe_router, moe_preprocess
+    code, base = run_json(["estimate", "--recipe", name, "--format", "json"], capsys)
+    assert isinstance(base, dict) and code == fit_code(base)
+    code, out = run_json(["estimate", "--recipe", name, "--knob", "moe-token-dispatcher-type=alltoall",
+                          "--knob", "cuda-graph-modules=attn", "--format", "json"], capsys)
+    assert isinstance(out, dict) and code == fit_code(out)
+    knobs, bknobs = out["config"]["memory_knobs"], base["config"]["memory_knobs"]  # type: ignore[index]
+    assert bknobs["moe_token_dispatcher_type"] == "flex" and "moe_token_dispatcher_type" not in knobs
+    assert "moe_flex_dispatcher_backend" not in knobs  # refines the flex dispatcher only
+    assert knobs["cuda_graph_modules"] == ["attn"] and knobs["cuda_graph_impl"] == "transformer_engine"  # the recipe's
+    assert knobs["fp4_param_gather"] is True  # the recipe's knobs not named stay
+    assert out["time"]["step_s"] != base["time"]["step_s"]  # type: ignore[index]
+    assert out["recipe"]["overridden"] == ["--knob moe-token-dispatcher-type=alltoall",  # type: ignore[index]
+                                           "--knob cuda-graph-modules=attn"]
+    assert any(n.startswith("given beside the recipe") and "--knob cuda-graph-modules=attn" in n
+               for n in out["notes"])  # type: ignore[union-attr]
+    # a knob refining one of the recipe's is read with it: the flex dispatcher's SMs
+    code, sms = run_json(["estimate", "--recipe", name, "--knob", "moe-hybridep-num-sms=16", "--format", "json"],
+                         capsys)
+    assert isinstance(sms, dict) and code == fit_code(sms)
+    assert sms["config"]["memory_knobs"]["moe_hybridep_num_sms"] == 16  # type: ignore[index]
+    assert bknobs["moe_hybridep_num_sms"] != 16
+
+
+@pytest.mark.parametrize(("recipe", "knob", "text"), [
+    ("llama3-8b-b200-nvfp4-8", "fp8-recipe=mxfp8", "--knob fp8-recipe needs --precision fp8"),
+    ("llama3-8b-b200-bf16-8", "fp8-param-gather", "--knob fp8-param-gather needs --precision fp8"),
+    ("llama3-8b-b200-bf16-8", "cuda-graph-impl", "--cuda-graph-impl must be one of"),
+    ("llama3-8b-b200-bf16-8", "bogus-knob", "not a memory knob"),
+    ("llama3-8b-h100-bf16-8", "cuda-graph-modules=moe", "moe cuda graph is only supported for MoE."),  # a flag rule
+])
+def test_knobs_beside_the_recipe_are_refused_as_without_it(recipe: str, knob: str, text: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    graphs = ["--knob", "cuda-graph-impl=transformer_engine"] if knob.startswith("cuda-graph-modules") else []
+    code, err = run_json(["estimate", "--recipe", recipe, *graphs, "--knob", knob], capsys)
+    assert code == 1 and isinstance(err, str) and err.count("\n") == 1 and text in err, err
+
+
+def test_recipe_estimate_uses_the_model_family_margin(capsys: pytest.CaptureFixture[str]) -> None:
+    code, moe = run_json(["estimate", "--recipe", "deepseek-v3-gb200-fp8mx-256", "--format", "json"], capsys)
+    assert isinstance(moe, dict) and code == fit_code(moe)
+    assert moe["memory"]["headroom"]["source"].startswith("moe memory error band")  # type: ignore[index]
+    code, dense = run_json(["estimate", "--recipe", "llama3-8b-h100-bf16-8", "--format", "json"], capsys)
+    assert isinstance(dense, dict) and code == fit_code(dense)
+    assert dense["memory"]["headroom"]["source"].startswith("dense memory error band")  # type: ignore[index]

@@ -91,6 +91,10 @@ def test_fit_text_says_free_memory_and_the_margin() -> None:
     assert fit_text(60 * GIB, 80 * GIB, h).startswith("fits with 20.0 GiB free; margin 10.0 GiB")
     assert fit_text(75 * GIB, 80 * GIB, h).startswith("inside the margin: 5.0 GiB free")
     assert fit_text(85 * GIB, 80 * GIB, h) == "does not fit: 5.0 GiB over usable memory"
+    # under 0.05 GiB (0.0 GiB to one decimal) the size is in MiB: 20 MiB over, 40 MiB free
+    assert fit_text(80 * GIB + 20 * 2**20, 80 * GIB, h) == "does not fit: 20 MiB over usable memory"
+    assert fit_text(80 * GIB - 40 * 2**20, 80 * GIB, h).startswith("inside the margin: 40 MiB free")
+    assert fit_text(80 * GIB - 0.06 * GIB, 80 * GIB, h).startswith("inside the margin: 0.1 GiB free")
 
 
 # ------------------------------------------------------------------------------- the packaged band

@@ -7,7 +7,16 @@ from typing import Any
 
 import typer
 
-from paraplan.api import RECOMPUTE_MODULES, Estimate, Headroom, MemoryOptions, dumps_json, parse_headroom
+from paraplan.api import (
+    KNOB_FLAGS,
+    RECOMPUTE_MODULES,
+    Estimate,
+    Headroom,
+    MemoryOptions,
+    dense_moe_knobs_note,
+    dumps_json,
+    parse_headroom,
+)
 from paraplan.api import estimate as run_estimate
 from paraplan.cli._app import app, state
 from paraplan.cli.options import (
@@ -90,12 +99,13 @@ def estimate(
                 raise SpecError(f"--recipe names the model, layout and batch; drop --{opt_name} (or drop --recipe)")
         result, block = _from_recipe(ctx, recipe, recipes_file, gpu=gpu, num_gpus=num_gpus,
                                      gpus_per_node=gpus_per_node, seq_len=seq_len, gbs=gbs, precision=precision,
-                                     attention_backend=attention_backend,
+                                     attention_backend=attention_backend, knob=knob,
                                      flags=flags, gpu_set=gpu_set, profile=profile, mfu_peak=mfu_peak.value,
                                      options=memory_options(workspace_gib, fragmentation))
         from dataclasses import replace
 
-        _emit(replace(result, headroom=margin), fmt, recipe=block)
+        # the default margin is the model family's, as plain estimate and check (A7)
+        _emit(replace(result, headroom=margin.for_model(result.model.is_moe)), fmt, recipe=block)
         return
     if recipes_file is not None:
         raise SpecError("--recipes gives recipes for --recipe NAME; add --recipe (or drop --recipes)")
@@ -122,6 +132,7 @@ def estimate(
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                             profile=profile, attention_backend=attention_backend.value, knobs=knob)
     layout, notes = flags.layout(num_gpus, inputs.model)
+    notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training)])]
     from paraplan.api import launch_violations
 
     broken = launch_violations(inputs.model, layout, inputs.training, inputs.cluster.gpu.arch)
@@ -160,7 +171,8 @@ def _given(ctx: typer.Context, name: str) -> bool:
 
 def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu: str | None, num_gpus: int | None,
                  gpus_per_node: int | None, seq_len: int | None, gbs: int | None, precision: PrecisionChoice,
-                 attention_backend: AttentionChoice, flags: LayoutFlags, gpu_set: list[str] | None,
+                 attention_backend: AttentionChoice, knob: list[str] | None, flags: LayoutFlags,
+                 gpu_set: list[str] | None,
                  profile: str | None, mfu_peak: str, options: MemoryOptions) -> tuple[Estimate, dict[str, Any]]:
     """Estimate a recipe with the flags given beside it winning over its own values; the JSON ``recipe`` block."""
     from paraplan.api import catalogue, estimate_run, find_recipe, recipe_run, run_dict
@@ -187,12 +199,73 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
     given = [f"--{f.replace('_', '-')}" for f in ("gpu", "num_gpus", "seq_len", "gbs", "precision",
                                                   "attention_backend", *_FLAG_FIELDS, "pipeline_split")
              if _given(ctx, f)]
+    knobs = _recipe_knobs(run, knob)
+    if knobs is not None:
+        _refuse_new_violations(run, knobs, gpu_spec.arch)
+    given += [f"--knob {item.strip()}" for item in knob or ()]
     if given:
         from dataclasses import replace
 
         run = replace(run, notes=(*run.notes, f"given beside the recipe, winning over its values: {', '.join(given)}"))
     return (estimate_run(run, gpus_per_node=gpus_per_node, gpu_spec=gpu_spec, memory_options=options,
-                         mfu_peak=mfu_peak), run_dict(run, given))
+                         mfu_peak=mfu_peak, knobs=knobs), run_dict(run, given))
+
+
+def _refuse_new_violations(run: Any, knobs: dict[str, Any], arch: str) -> None:
+    """The first of Megatron's flag rules (``launch_violations``) the recipe breaks with ``knobs`` and not with its
+    own knobs, as a LayoutError: a --knob beside a recipe is refused where plain ``estimate --knob`` refuses it (the
+    recipe's own settings are Bridge's business, as without --knob)."""
+    from paraplan.api import TrainingSpec, launch_violations, training_knobs
+
+    job = run.job
+
+    def broken(fields: dict[str, Any]) -> list[tuple[str, str]]:
+        training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,
+                                attention_backend=job.attention_backend, **fields)
+        return launch_violations(run.model, run.layout, training, arch)
+
+    own = {code for code, _ in broken(training_knobs(run.recipe, job.precision))}
+    new = [(code, message) for code, message in broken(knobs) if code not in own]
+    if new:
+        raise LayoutError(new[0][1], reason=new[0][0])
+
+
+_KNOB_CONTEXT: dict[str, tuple[str, ...]] = {
+    "moe_token_dispatcher_type": ("moe-flex-dispatcher-backend", "moe-hybridep-num-sms"),
+    "cuda_graph_impl": ("cuda-graph-modules", "cuda-graph-scope"),
+    "fine_grained_activation_offloading": ("offload-modules",),
+    "optimizer_cpu_offload": ("optimizer-offload-fraction",),
+    "use_precision_aware_optimizer": ("main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype",
+                                      "optimizer-cpu-offload"),
+}
+"""A recipe knob -> the --knob names it refines: given beside a recipe without the knob they refine, they are
+read with the recipe's value of it (as a Megatron command line carrying both)."""
+
+
+def _recipe_knobs(run: Any, knob: list[str] | None) -> dict[str, Any] | None:
+    """The recipe's memory knobs with ``--knob`` items winning, read by the same rules as without --recipe
+    (``knob_fields``, at the run's precision), so what plain ``estimate --knob`` refuses is refused here."""
+    if not knob:
+        return None
+    from paraplan.api import training_knobs
+    from paraplan.cli.options import knob_fields
+
+    base = training_knobs(run.recipe, run.job.precision)
+    names = {item.partition("=")[0].strip().lstrip("-") for item in knob}
+    context: list[str] = []
+    for key, refined in _KNOB_CONTEXT.items():
+        flag = KNOB_FLAGS[key][2:]
+        value = base.get(key)
+        if flag in names or value in (None, False, "none", "alltoall") or not names & set(refined):
+            continue
+        context.append(flag if value is True else f"{flag}={value}")
+    merged = {**base, **knob_fields([*context, *knob], run.job.precision)}
+    # the recipe's refinements of a knob that --knob turned off go with it (Megatron ignores them then)
+    for key, refined in _KNOB_CONTEXT.items():
+        if key != "use_precision_aware_optimizer" and merged.get(key) in (None, False, "none", "alltoall"):
+            for name in refined:
+                merged.pop(name.replace("-", "_"), None)
+    return merged
 
 
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,

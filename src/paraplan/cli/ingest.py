@@ -30,6 +30,11 @@ class IngestFormat(StrEnum):
     json = "json"
 
 
+def _digits(text: str) -> bool:
+    """``text`` is an ASCII decimal number (``str.isdigit`` alone is true for '²', which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def _finite(obj: Any) -> Any:
     """Replace NaN/inf anywhere in a JSON-ready object by ``None`` (strict JSON)."""
     if isinstance(obj, float):
@@ -131,8 +136,8 @@ def _memory_table(log: RunLog) -> Table | None:
     table = Table(title=f"memory per rank ({len(peaks)} rank(s), largest report)")
     for col in ("rank", "allocated", "max allocated", "reserved", "max reserved"):
         table.add_column(col, justify="right")
-    ordered = sorted(peaks.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0] or 0)
-                                                    if kv[0].isdigit() else 0))
+    ordered = sorted(peaks.items(), key=lambda kv: (not _digits(kv[0]), int(kv[0])
+                                                    if _digits(kv[0]) else 0))
     for key, row in ordered[:_MAX_RANK_ROWS]:
         table.add_row(key, *(_gib(v) for v in row))
     if len(ordered) > _MAX_RANK_ROWS:

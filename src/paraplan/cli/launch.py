@@ -14,6 +14,7 @@ from paraplan.api import (
     LaunchSpec,
     advise,
     candidate_id,
+    dense_moe_knobs_note,
     load_site,
     render_files,
     write_files,
@@ -133,6 +134,7 @@ def launch(
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                                 profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
+        notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training)])]
         result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())

@@ -109,13 +109,20 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
 
 
 def knob_words(training: TrainingSpec) -> str:
-    """The memory knobs away from Megatron's defaults, as the Megatron flags that set them."""
+    """The memory knobs away from Megatron's defaults, as the Megatron flags that set them, written as Megatron
+    takes them: a list as its words (``--cuda-graph-modules attn moe_router``), a store-false flag bare
+    (``--no-gradient-accumulation-fusion``)."""
     from paraplan.api import KNOB_FLAGS, memory_knobs_of
 
     words = []
     for key, value in memory_knobs_of(training).items():
         flag = KNOB_FLAGS.get(key, key)
-        words.append(flag if value is True else f"{flag} {value}")
+        if value is True or (value is False and flag.startswith("--no-")):
+            words.append(flag)
+        elif isinstance(value, (tuple, list)):
+            words.append(" ".join([flag, *(str(v) for v in value)]))
+        else:
+            words.append(f"{flag} {value}")
     return " ".join(words)
 
 

@@ -212,16 +212,31 @@ def fp8_delayed(training: TrainingSpec | None) -> bool:
     return training is not None and training.precision == "fp8" and training.fp8_recipe == "delayed"
 
 
-def memory_knob_args(training: TrainingSpec) -> list[Arg]:
+def moe_knobs_set(training: TrainingSpec) -> list[str]:
+    """The MoE knobs (``--moe-*`` flags) away from Megatron-LM's defaults."""
+    defaults = TrainingSpec(seq_len=1, global_batch_size=1)
+    return [flag for key, flag in KNOB_FLAGS.items()
+            if key.startswith("moe_") and getattr(training, key) != getattr(defaults, key)]
+
+
+def dense_moe_knobs_note(model: ModelSpec, training: TrainingSpec) -> str | None:
+    """The note for MoE knobs given for a dense model (no MoE layer reads them; launch does not write them)."""
+    if model.is_moe or not (given := moe_knobs_set(training)):
+        return None
+    return f"{model.name} has no MoE layers: {', '.join(given)} ignored (not written into launch files)"
+
+
+def memory_knob_args(training: TrainingSpec, model: ModelSpec | None = None) -> list[Arg]:
     """The knobs of the training spec that differ from Megatron-LM's defaults, as Megatron flags
     (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``, ``--moe-token-dispatcher-type`` by ``_moe_mla``;
-    the flex backend and its SMs only with the flex dispatcher)."""
+    the flex backend and its SMs only with the flex dispatcher; no MoE knob for a dense ``model``, as ``_moe_mla``
+    writes no dispatcher for it)."""
     defaults = TrainingSpec(seq_len=1, global_batch_size=1)
     args: list[Arg] = []
     for key, flag in KNOB_FLAGS.items():
         value = getattr(training, key)
         if key in ("fp8_recipe", "fp4_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) \
-                or value is None:
+                or value is None or (model is not None and not model.is_moe and key.startswith("moe_")):
             continue  # fp8_recipe / fp4_recipe: fp8_args / fp4_args; the dispatcher: _moe_mla
         if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms", "moe_permute_fusion_into_hybridep") \
                 and training.moe_token_dispatcher_type != "flex":
@@ -552,7 +567,7 @@ def _batch_precision(m: ModelSpec, lay: ParallelLayout, training: TrainingSpec,
         args += fp8_args(arch, training.fp8_recipe)
     elif training.precision == "fp4":
         args += fp4_args(training.fp4_recipe)
-    args += memory_knob_args(training)
+    args += memory_knob_args(training, m)
     return ArgGroup("batch, sequence and precision", tuple(args))
 
 

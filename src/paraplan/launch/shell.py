@@ -154,7 +154,7 @@ class _Lexer:
     def _operator(self, i: int) -> int:
         text, c = self.text, self.text[i]
         if c in "<>":
-            if self.buf.isdigit() and not self.segs:  # 2>&1: drop the fd number
+            if self.buf.isascii() and self.buf.isdigit() and not self.segs:  # 2>&1: drop the fd number
                 self.buf, self.in_word = "", False
             self.op(c)
             j = i + 1

@@ -477,9 +477,10 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
 
 
 def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: Any = None,
-                 memory_options: Any = None, mfu_peak: str = "bf16") -> Estimate:
+                 memory_options: Any = None, mfu_peak: str = "bf16", knobs: dict[str, Any] | None = None) -> Estimate:
     """The estimate of a RecipeRun (LayoutError on the first broken rule, as ``paraplan estimate``); the
-    not-modelled knobs are the first notes."""
+    not-modelled knobs are the first notes (``knobs``: the TrainingSpec knob fields to use instead of the
+    recipe's, e.g. the recipe's with ``--knob`` given beside it)."""
     from paraplan.estimator import estimate
     from paraplan.specs.cluster import make_cluster
     from paraplan.specs.load import load_gpu
@@ -490,7 +491,7 @@ def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: 
     try:
         training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
                                 attention_backend=job.attention_backend,  # type: ignore[arg-type]
-                                **training_knobs(run.recipe, job.precision))
+                                **(knobs if knobs is not None else training_knobs(run.recipe, job.precision)))
     except SpecError as err:
         raise SpecError(f"{_where(run.recipe)}: {err}") from None
     notes = [f"recipe {run.recipe.alias} ({run.recipe.source})", *run.notes]

@@ -24,11 +24,11 @@ def parse_moe_layer_freq(value: Any, num_layers: int | None = None) -> int | tup
         return tuple(int(x) for x in value)
     if isinstance(value, str):
         text = value.strip()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             return int(text)
-        parts = re.findall(r"\[\s*([01](?:\s*,\s*[01])*)\s*\]\s*(?:\*\s*(\d+))?", text)
+        parts = re.findall(r"\[\s*([01](?:\s*,\s*[01])*)\s*\]\s*(?:\*\s*([0-9]+))?", text)
         cleaned = re.sub(r"[\s()]", "", text)
-        if parts and re.fullmatch(r"(\[[01](,[01])*\](\*\d+)?\+?)+", cleaned):
+        if parts and re.fullmatch(r"(\[[01](,[01])*\](\*[0-9]+)?\+?)+", cleaned):
             out: list[int] = []
             for items, times in parts:
                 seq = [int(x) for x in items.split(",")]

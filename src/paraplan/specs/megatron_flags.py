@@ -512,7 +512,7 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         elif key in DTYPE_CHOICES:
             raw = r.text(flag)
             if raw not in DTYPE_CHOICES[key]:
-                raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {brief(raw)}")
+                raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {_got(raw)}")
             out[key] = raw
         elif key in ("cuda_graph_modules", "gradient_accumulation_fusion"):
             continue  # _cuda_graph_knobs, _grad_accumulation_knob
@@ -521,7 +521,7 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             try:
                 out[key] = int(raw)
             except ValueError:
-                raise SpecError(f"{flag} {brief(raw)} is not an integer") from None
+                raise SpecError(f"{flag} {_got(raw)} is not an integer") from None
         elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms"):
             out[key] = _number_knob(r, key, flag)
         else:
@@ -572,17 +572,22 @@ def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
     return {"gradient_accumulation_fusion": False}
 
 
+def _got(raw: str | None) -> str:
+    """A flag's value quoted for an error line; "no value" when the flag was given bare."""
+    return "no value" if not raw else brief(raw)
+
+
 def _number_knob(r: _Reader, key: str, flag: str) -> float | int | None:
     """A numeric knob's value: the SMs an integer; a negative capacity factor is dropless (TC: __post_init__)."""
     raw = r.text(flag) or ""
     if key == "moe_hybridep_num_sms":
-        if not raw.isdigit():
-            raise SpecError(f"{flag} must be a positive integer, got {brief(raw)}")
+        if not (raw.isascii() and raw.isdigit()):
+            raise SpecError(f"{flag} must be a positive integer, got {_got(raw)}")
         return int(raw)
     try:
         value = float(raw)
     except ValueError:
-        raise SpecError(f"{flag} {brief(raw)} is not a number") from None
+        raise SpecError(f"{flag} {_got(raw)} is not a number") from None
     return None if key == "moe_expert_capacity_factor" and value < 0 else value
 
 
@@ -607,11 +612,13 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
         modules_flag = "--cuda-graph-scope"
     if not r.has(modules_flag):
         return out
-    words = [w for word in r.v[modules_flag] for w in word.split(",") if w]
+    # one module a word (nargs='+', type CudaGraphModule[word]: arguments.py _parse_cuda_graph_modules_arg), so
+    # 'attn,mlp' is refused as Megatron's argparse does; --knob splits its comma lists itself (cli.options)
+    words = list(r.v[modules_flag])
     for w in words:
         if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
             raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
-                            f"got {brief(w)}")
+                            f"one a word, got {brief(w)}")
     if "full" in words and words != ["full"]:
         raise SpecError(f"{modules_flag}: full scope cannot be used with other scopes.")
     if "full_iteration" in words:
@@ -673,7 +680,9 @@ _INT_KNOBS: Final = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
 
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
-    Megatron rejects (its assert's words) and FP8 knobs without FP8."""
+    Megatron rejects (its assert's words) and FP8 knobs without FP8. A value may be a comma list (``attn,mlp``),
+    as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
+    words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
     allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG}
     for flag in [*unknown, *values]:
