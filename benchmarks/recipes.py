@@ -73,8 +73,11 @@ def compare(r: Recipe) -> Row | str:
         return f"recipe rejected ({getattr(err, 'reason', '') or type(err).__name__})"
     job = recipe_run(r).job
     cluster = make_cluster(load_gpu(job.gpu), job.num_gpus)
+    # the dispatcher knobs, not --delay-wgrad-compute: it needs the EP-overlap schedule (combined_1f1b), which the
+    # default search does not explore (Megatron's rule DELAY_WGRAD_NEEDS_EP_OVERLAP would reject every layout)
+    dispatch = {k: v for k, v in moe_knobs(r).items() if k != "delay_wgrad_compute"}
     training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
-                            attention_backend=job.attention_backend, **moe_knobs(r))  # type: ignore[arg-type]
+                            attention_backend=job.attention_backend, **dispatch)  # type: ignore[arg-type]
     try:
         p = plan(est.model, cluster, training, top_k=TOP_K, recipes=job_recipe_layouts(est.model, cluster, training))
     except NoFeasiblePlanError:
