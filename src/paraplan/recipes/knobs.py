@@ -21,8 +21,8 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap; ``moe_a2a_overlap`` is
     the combined_1f1b schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. the MoE
-    dispatcher and its overlap, the process environment;
+    what paraplan's formulas assume (``ASSUMED``), e.g. the router dtype and fusion, NCCL userbuffers, manual GC,
+    the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
 """
