@@ -43,6 +43,17 @@ def test_launch_writes_every_target_with_the_prediction(tmp_path: Path, capsys: 
     assert "--partition=batch" in (out / "job.sbatch").read_text(encoding="utf-8")
 
 
+def test_repeated_target_writes_each_of_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--target bridge --target trainjob`` writes both sets of files (it used to keep the last one silently)."""
+    out = tmp_path / "run"
+    code, _, err = run([*BASE, "--target", "bridge", "--target", "trainjob", "--target", "bridge", "--out", str(out)],
+                       capsys)
+    assert code == 0, err
+    names = {p.name for p in out.iterdir()}
+    assert {"bridge_recipe.py", "bridge_overrides.txt", "trainjob.yaml", "manifest.json"} <= names
+    assert "job.sbatch" not in names and "pytorchjob.yaml" not in names
+
+
 def test_candidate_id_is_stable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ids = []
     for name in ("a", "b"):

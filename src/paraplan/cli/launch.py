@@ -87,9 +87,10 @@ def launch(
     knob: list[str] | None = KnobOpt,
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
-    target: Target = typer.Option(Target.all, "--target", "-t", help="Files to generate: megatron, torchrun, "
-                                  "slurm (= sbatch), k8s (= pytorchjob, Kubeflow v1, legacy), trainjob (Kubeflow "
-                                  "Trainer v2), bridge (Megatron-Bridge recipe + overrides), all."),
+    target: list[Target] | None = typer.Option(None, "--target", "-t", help="Files to generate, repeat for "
+                                               "several: megatron, torchrun, slurm (= sbatch), k8s (= pytorchjob, "
+                                               "Kubeflow v1, legacy), trainjob (Kubeflow Trainer v2), bridge "
+                                               "(Megatron-Bridge recipe + overrides), all (the default)."),
     out: str | None = typer.Option(None, "--out", "-o", help="Directory to write into (created)."),
     site: str | None = typer.Option(None, "--site", help="Site profile YAML (partition, account, "
                                     "container_image, container_mounts, modules, env, kubernetes, ...)."),
@@ -142,7 +143,7 @@ def launch(
     ckpt = CheckpointArgs(save_interval_iters=advice.save_interval_iters, ckpt_format=advice.size.ckpt_format,
                           async_save=advice.timing.async_save, reason=advice.reason())
     spec = replace(spec, site=site_profile, checkpoint=ckpt)
-    files = render_files(spec, [target.value])
+    files = render_files(spec, list(dict.fromkeys(t.value for t in (target or [Target.all]))))
     paths = write_files(files, out, force=force)
     con = console()
     con.print(f"candidate {candidate_id(spec)}: {spec.layout.short()} | peak "
