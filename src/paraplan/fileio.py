@@ -83,7 +83,7 @@ def read_input_text(path: str | Path, what: str, *, max_bytes: int = MAX_INPUT_B
             kind = ("is a directory (give a file)" if stat.S_ISDIR(mode)
                     else f"is {_not_regular(mode)}, not a regular file")
             raise SpecError(f"{what}: cannot read '{shown}': {kind}")
-        with open(path, "rb") as f:
+        with open_regular_file(path, what) as f:  # non-blocking open and fstat: a FIFO swapped in cannot block
             data = f.read(max_bytes + 1)
     except OSError as err:
         reason = _OS_REASONS.get(err.errno or 0, err.strerror or str(err))
