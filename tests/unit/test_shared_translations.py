@@ -87,3 +87,26 @@ def test_recipe_cells_and_megatron_args_translate_the_scopes_alike(impl: str, sc
 ])
 def test_recipe_scope_cells(impl: str, scope: list[str], fields: object) -> None:
     assert _from_recipe(impl, scope) == fields
+
+
+# --- paraplan models / gpus print their rows as data through one function ---------------------------------------
+
+def test_models_and_gpus_share_the_data_formats(capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+    import json
+
+    from paraplan.cli import main
+    from paraplan.cli.info import ListFormat, printed_as_data
+
+    rows = [{"name": "a", "n": 1}, {"name": "b,c", "n": 2}]
+    assert printed_as_data(rows, ListFormat.json) and json.loads(capsys.readouterr().out) == rows
+    assert printed_as_data(rows, ListFormat.csv)
+    assert list(csv.DictReader(io.StringIO(capsys.readouterr().out))) == [{"name": "a", "n": "1"},
+                                                                          {"name": "b,c", "n": "2"}]
+    assert not printed_as_data(rows, ListFormat.table) and capsys.readouterr().out == ""
+    for command in ("models", "gpus"):
+        assert main([command, "--format", "json"]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        assert main([command, "--format", "csv"]) == 0
+        assert [r["name"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out))] == [r["name"] for r in listed]
