@@ -203,3 +203,33 @@ def test_a_manifest_under_another_name_and_a_script_that_writes_one(tmp_path: Pa
     (tmp_path / "run.sh").write_text(script)
     p = parse_file(tmp_path / "run.sh")
     assert p.world_size == 2 and p.layout().tp == 1
+
+
+def test_a_kubectl_file_with_the_runtime_and_the_job(tmp_path: Path) -> None:
+    """GB200 jobs come with computedomain.yaml and clustertrainingruntime.yaml; ``kubectl apply -f`` files often hold
+    all of them: the one TrainJob among the documents is read."""
+    files = render_files(deepseek_gb200_spec(), ["trainjob"])
+    assert {"computedomain.yaml", "clustertrainingruntime.yaml"} <= set(files)
+    bundle = tmp_path / "all.yaml"
+    bundle.write_text("---\n".join(files[n] for n in ("computedomain.yaml", "clustertrainingruntime.yaml",
+                                                      "trainjob.yaml")))
+    (tmp_path / "trainjob.yaml").write_text(files["trainjob.yaml"])
+    one, alone = parse_file(bundle), parse_file(tmp_path / "trainjob.yaml")
+    assert (one.world_size, one.flags.layout_fields, one.flags.training_fields) == (
+        alone.world_size, alone.flags.layout_fields, alone.flags.training_fields)
+    two = tmp_path / "two.yaml"
+    two.write_text(files["trainjob.yaml"] + "---\n" + files["trainjob.yaml"])
+    with pytest.raises(SpecError, match="2 TrainJob / PyTorchJob documents; check reads one job a file"):
+        parse_file(two)
+    runtime_only = tmp_path / "runtime.yaml"
+    runtime_only.write_text(files["clustertrainingruntime.yaml"])
+    with pytest.raises(SpecError, match="a YAML 'ClusterTrainingRuntime'; check reads Kubeflow TrainJob"):
+        parse_file(runtime_only)
+
+
+def test_the_documents_of_a_stream_are_bounded() -> None:
+    from paraplan.fileio import MAX_YAML_DOCUMENTS, load_yaml_documents
+
+    assert load_yaml_documents("a: 1\n---\nb: 2\n", "x") == [{"a": 1}, {"b": 2}]
+    with pytest.raises(SpecError, match=f"more than {MAX_YAML_DOCUMENTS} YAML documents"):
+        load_yaml_documents("---\na: 1\n" * (MAX_YAML_DOCUMENTS + 1), "x")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from paraplan.errors import SpecError
-from paraplan.fileio import brief, load_yaml_text, path_exists, read_input_text
+from paraplan.fileio import brief, load_yaml_documents, path_exists, read_input_text
 from paraplan.launch.expand import MAX_SCRIPT_CHARS
 from paraplan.launch.shell import Command, Env, read_commands
 from paraplan.layout import ParallelLayout, layout_for_world
@@ -241,10 +241,10 @@ def parse_file(path: str | Path) -> ParsedScript:
         return parse_manifest(text, name=p.stem, source=str(p))
     if _MANIFEST_LINE.search(text):  # a manifest under another name; a script writing one (heredoc) is a script
         try:
-            doc = load_yaml_text(text, "script", str(p))
+            docs = load_yaml_documents(text, "script", str(p))
         except SpecError:
-            doc = None
-        if isinstance(doc, dict) and "apiVersion" in doc and "kind" in doc:
+            docs = []
+        if docs and all(isinstance(d, dict) and "apiVersion" in d and "kind" in d for d in docs if d is not None):
             return parse_manifest(text, name=p.stem, source=str(p))
     return parse_script(text, name=p.stem, source=str(p), base_dir=p.parent)
 
@@ -383,12 +383,17 @@ def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest")
     command and args with ``$(VAR)`` expanded from its env as Kubernetes does (``k8s_expand``), read as the
     command line they are (a ``bash -c`` script as a script); the world size is nodes x processes per node unless
     torchrun's own options say otherwise. Anything else is a one-line SpecError naming what it is."""
-    doc = load_yaml_text(text, "script", source)
-    kind = doc.get("kind") if isinstance(doc, dict) else None
-    if kind not in MANIFEST_KINDS:
-        what = f"a YAML {brief(kind)}" if isinstance(kind, str) else "a YAML file that is not a Kubernetes object"
+    docs = load_yaml_documents(text, "script", source)
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") in MANIFEST_KINDS]
+    if len(jobs) > 1:
+        raise SpecError(f"{source}: {len(jobs)} TrainJob / PyTorchJob documents; check reads one job a file")
+    if not jobs:
+        kinds = [d.get("kind") for d in docs if isinstance(d, dict) and isinstance(d.get("kind"), str)]
+        what = (f"a YAML {', '.join(map(brief, kinds))}" if kinds else "a YAML file that is not a Kubernetes object")
         raise SpecError(f"{source}: {what}; check reads Kubeflow TrainJob (trainer.kubeflow.org) and PyTorchJob "
                         "(kubeflow.org/v1) manifests, shell scripts and Megatron argument files")
+    doc = jobs[0]
+    kind = doc["kind"]
     api = doc.get("apiVersion")
     if not isinstance(api, str) or not api.startswith(MANIFEST_KINDS[kind]):
         raise SpecError(f"{source}: {kind} apiVersion must be {MANIFEST_KINDS[kind]}..., got {brief(api)}")
