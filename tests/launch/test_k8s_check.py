@@ -126,6 +126,14 @@ def test_a_manifest_without_a_world_size_says_which_field(tmp_path: Path, capsys
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "numNodes" in err and "--num-gpus" in err
     assert main(["check", str(f), "--num-gpus", "8", "--format", "json"]) == 0
+    capsys.readouterr()
+    container = {"name": "pytorch", "command": ["torchrun", "/m/pretrain_gpt.py"],
+                 "args": [a.replace("$(TP)", "1") for a in ARGS]}
+    f.write_text(yaml.safe_dump({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "spec": {
+        "pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": [container]}}}}}}))
+    assert main(["check", str(f)]) == 1
+    assert "the PyTorchJob sets no process count per node (spec.nprocPerNode, or a nvidia.com/gpu limit); " \
+        "pass --num-gpus" in capsys.readouterr().err
 
 
 def test_k8s_expand_as_kubernetes_does() -> None:

@@ -39,7 +39,7 @@ def fit_tip_flags(tip: FitTip) -> str:
     if tip.knob == "mbs":
         return f"micro-batch {tip.value:.0f} (--mbs {tip.value:.0f})"
     if tip.knob == "knob_rule":
-        from paraplan.specs.training import KNOB_FLAGS
+        from paraplan.api import KNOB_FLAGS
 
         knobs = ["--precision" if k == "precision" else f"--knob {KNOB_FLAGS[k][2:]}" for k in tip.knobs]
         return (f"{tip.rules_text()}: change {' or '.join(knobs) or 'the knobs it names'} (from --knob, --precision "

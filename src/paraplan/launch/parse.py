@@ -379,10 +379,10 @@ def _pytorchjob(doc: dict[str, Any], source: str) -> tuple[list[str], dict[str, 
 
 
 def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest") -> ParsedScript:
-    """A Kubeflow ``TrainJob`` or ``PyTorchJob`` (one YAML document; ``MANIFEST_KINDS``): the trainer container's
-    command and args with ``$(VAR)`` expanded from its env as Kubernetes does (``k8s_expand``), read as the
-    command line they are (a ``bash -c`` script as a script); the world size is nodes x processes per node unless
-    torchrun's own options say otherwise. Anything else is a one-line SpecError naming what it is."""
+    """A Kubeflow ``TrainJob`` or ``PyTorchJob`` (``MANIFEST_KINDS``; the one among a file's YAML documents): the
+    trainer container's command and args with ``$(VAR)`` expanded from its env as Kubernetes does (``k8s_expand``),
+    read as the command line they are (a ``bash -c`` script as a script); the world size is nodes x processes per
+    node unless torchrun's own options say otherwise. Anything else is a one-line SpecError naming what it is."""
     docs = load_yaml_documents(text, "script", source)
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") in MANIFEST_KINDS]
     if len(jobs) > 1:
@@ -401,7 +401,7 @@ def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest")
     words = [k8s_expand(w, env) for w in words]
     seed = {**env, **({"PET_NNODES": str(nodes)} if nodes else {}),
             **({"PET_NPROC_PER_NODE": str(per_node)} if per_node else {})}
-    shell = words[:1] and words[0].rsplit("/", 1)[-1] in _SHELLS and "-c" in words[1:]
+    shell = bool(words) and words[0].rsplit("/", 1)[-1] in _SHELLS and "-c" in words[1:]
     if shell and not any(w.rsplit("/", 1)[-1] == ENTRY_POINT for w in words):
         script = words[words.index("-c", 1) + 1:words.index("-c", 1) + 2]
         text = script[0] if script else ""
@@ -422,8 +422,9 @@ def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest")
         per_node = _count(opts.get("nproc-per-node")) or per_node
     else:  # python pretrain_gpt.py: one process a pod
         per_node = 1
-    hint = (f"the {kind} has no {'numNodes' if kind == 'TrainJob' else 'replicas'}" if nodes is None else
-            f"the {kind} sets no process count per node (numProcPerNode, or a {_GPU_RESOURCE} limit)")
+    per_node_field = "spec.trainer.numProcPerNode" if kind == "TrainJob" else "spec.nprocPerNode"
+    hint = (f"the {kind} sets no spec.trainer.numNodes" if nodes is None else
+            f"the {kind} sets no process count per node ({per_node_field}, or a {_GPU_RESOURCE} limit)")
     world = nodes * per_node if nodes and per_node else None
     return replace(parsed, world_size=world, gpus_per_node=per_node, num_nodes=nodes,
                    world_hint="" if world else hint)
