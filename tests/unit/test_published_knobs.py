@@ -37,7 +37,7 @@ def test_recipe_knobs_only_for_moe_rows_of_the_library_containers() -> None:
         if c.knobs:
             assert c.moe and c.source == "Megatron-Bridge"
             assert published_cases.row_container(notes[row]) in published_cases.RECIPE_CONTAINERS
-            TrainingSpec(seq_len=c.seq_len, global_batch_size=c.gbs, **c.knobs)  # valid TrainingSpec fields
+            TrainingSpec(seq_len=c.seq_len, global_batch_size=c.gbs, precision=c.precision, **c.knobs)  # valid
         elif c.source == "Megatron-Bridge" and published_cases.row_container(notes[row]) not in \
                 published_cases.RECIPE_CONTAINERS:
             assert "schedule" not in c.layout
@@ -53,6 +53,7 @@ def test_deepseek_gb300_mxfp8_runs_hybridep_with_the_overlap_schedule() -> None:
     assert c.knobs["moe_token_dispatcher_type"] == "flex"
     assert c.knobs["moe_flex_dispatcher_backend"] == "hybridep"
     assert c.knobs["delay_wgrad_compute"] is True
+    assert c.knobs["cuda_graph_impl"] == "full_iteration"  # cuda_graph_impl full_iteration in the recipe
     assert c.layout["schedule"] == "combined_1f1b"
 
 
