@@ -227,6 +227,7 @@ def activation_context(
         fp8=training.precision == "fp8", flash=flash, routed_load=routed_load_factor(training),
         offload_modules=training.offloaded_modules,
         fp4=training.precision == "fp4",
+        te_cross_entropy=training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te",
     )
 
 
