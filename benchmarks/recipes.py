@@ -99,6 +99,10 @@ def oom_physics(r: Recipe, est: Estimate) -> str:
     text = (f"stage {i}: {units:.0f} chunk micro-batches in flight x {act / units / GIB:.2f} GiB = {act / GIB:.1f} "
             f"GiB activations + {rest / GIB:.1f} GiB weights, grads, optimizer, other = {est.peak_bytes / GIB:.1f} "
             f"of {est.usable_bytes / GIB:.1f} GiB usable")
+    n_off = est.training.cpu_offloading_num_layers
+    if n_off:
+        layers = est.model.num_layers
+        text += f" (--cpu-offloading-num-layers {n_off}: {layers - n_off} of {layers} layers' activations stay)"
     doc = docstring_layout(r)
     if doc:
         alt = docstring_estimate(r, doc)
