@@ -59,10 +59,11 @@ def _backend(case: Case) -> str:
 
 def case_training(case: Case, backend: str) -> TrainingSpec:
     """The TrainingSpec a calibration row runs with (its precision, FP8 recipe and attention kernel generation,
-    ``backend`` attention)."""
-    return TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
-                        attention_backend=backend, fp8_recipe=case.fp8_recipe,  # type: ignore[arg-type]
-                        attention_kernel=case.attention_kernel)  # type: ignore[arg-type]
+    ``backend`` attention; the knobs of its recipe, ``Case.knobs``, win)."""
+    base: dict[str, Any] = dict(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,
+                                attention_backend=backend, fp8_recipe=case.fp8_recipe,
+                                attention_kernel=case.attention_kernel)
+    return TrainingSpec(**{**base, **case.knobs})
 
 
 def predict(case: Case, gpu_override: Any = None) -> float | str:
