@@ -294,8 +294,9 @@ class _Groups:
 
 
 def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
-                     options: MemoryOptions | None = None, *, groups: _Groups | None = None) -> NDArray[np.float64]:
-    """Peak per-GPU memory of every row: the largest of the representative stages."""
+                     options: MemoryOptions | None = None, *, groups: _Groups | None = None,
+                     arch: str = "hopper") -> NDArray[np.float64]:
+    """Peak per-GPU memory of every row: the largest of the representative stages (``arch``: the GPU's)."""
     max_positions, _ = max_positions_for(model, training)
     g = groups if groups is not None else _Groups.of(model, training, table)
     ranks = np.stack(g.ranks, axis=1)
@@ -312,7 +313,7 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=g.counts.take(rows), schedule=sub.schedule)
     totals = np.asarray(stage_memory(model, training, sub, stages, rank=rank, num_microbatches=m,
                                      max_positions=max_positions, options=options, per_layer=per_layer,
-                                     param_terms=g.params.take(g.params_of_row[rows])).memory.total_bytes,
+                                     param_terms=g.params.take(g.params_of_row[rows]), arch=arch).memory.total_bytes,
                         dtype=float)
     # rows ascend and every row has at least one stage: the maximum over each row's run
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
@@ -366,7 +367,7 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                          tokens_per_s_per_gpu=np.concatenate([p.tokens_per_s_per_gpu for p in parts]),
                          fits=np.concatenate([p.fits for p in parts]))
     groups = _Groups.of(model, training, table)
-    peak = peak_bytes_table(model, training, table, options, groups=groups)
+    peak = peak_bytes_table(model, training, table, options, groups=groups, arch=cluster.gpu.arch)
     usable = cluster.gpu.usable_bytes
     fits = peak + margin_bytes <= usable
     if time_all:

@@ -30,7 +30,7 @@ from paraplan.rules import (
 )
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import KNOB_FLAGS, TrainingSpec
+from paraplan.specs.training import KNOB_FLAGS, TE_CROSS_ENTROPY_MESSAGE, TrainingSpec
 
 if TYPE_CHECKING:  # the launch spec is only named here: render imports this module
     from paraplan.launch.render import LaunchSpec
@@ -355,6 +355,8 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
             and training.fp8_recipe != "delayed":
         out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
+    if training is not None and training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te":
+        out.append(("TE_CROSS_ENTROPY_FUSION", TE_CROSS_ENTROPY_MESSAGE))  # A: validate_args
     if training is not None:
         out += knob_violations(model, layout, training, arch)
     if layout.overlap_param_gather and not layout.dist_opt:

@@ -19,7 +19,13 @@ from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import DEPRECATED_SMS_FLAG, DTYPE_CHOICES, KNOB_FLAGS, OFFLOAD_MODULES
+from paraplan.specs.training import (
+    DEPRECATED_SMS_FLAG,
+    DTYPE_CHOICES,
+    KNOB_FLAGS,
+    OFFLOAD_MODULES,
+    TE_CROSS_ENTROPY_MESSAGE,
+)
 
 _DATA = Path(__file__).parent
 """Where ``megatron_flags.txt`` and ``megatron_dests.tsv`` lie (beside this module)."""
@@ -734,6 +740,8 @@ def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
             and out.get("fp8_recipe", "delayed") == "delayed":  # TC: __post_init__
         r.problems.append(("FIRST_LAST_BF16_DELAYED", "Delayed scaling does not support first / last layer in BF16."))
         out.pop("first_last_layers_bf16")
+    if out.get("cross_entropy_loss_fusion") and out.get("cross_entropy_fusion_impl") == "te":  # A: validate_args
+        r.problems.append(("TE_CROSS_ENTROPY_FUSION", TE_CROSS_ENTROPY_MESSAGE))
 
 
 def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
