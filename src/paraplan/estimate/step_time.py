@@ -75,6 +75,8 @@ class LayerKindTerms:
     """EP time exposed by a pass that runs alone (``ep.unpaired_exposed_s``, before ``ep_overlap_frac``)."""
     ep_paired_s: Num = 0.0
     """EP time exposed by a pass paired with another micro-batch's (``ep.paired_exposed_s``)."""
+    tp_exposed_s: Num = 0.0
+    """TP time that shows (``LayerTime.tp_exposed_s``: per GEMM pair under --tp-comm-overlap)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,8 @@ class StageTerms:
     parts: tuple[LayerKindTerms, ...]
     """Dense layers, then MoE layers (MoE models), then MTP layers (models with MTP)."""
     tp_exposed_frac: Num
-    """Share of TP communication not hidden (1 - the TP overlap)."""
+    """Share of the output layer's TP communication not hidden (1 - ``tp.overlap_frac``); the layers' exposed TP
+    time is their own (``LayerKindTerms.tp_exposed_s``)."""
     logits_s: Num
     """Output layer and loss of one head."""
     embedding_s: Num
@@ -150,7 +153,7 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     delay = training.delay_wgrad_compute
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
-                                 attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s,
+                                 attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s, tp_exposed_s=lt.tp_exposed_s,
                                  ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_gemm_fwd_s,
                                                                      shared_overlap=training.moe_shared_expert_overlap),
                                  ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
@@ -203,7 +206,8 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
                             max_positions=max_positions_for(model, training)[0]).total
         compute = compute + grad_accumulation_s(cluster, training, held)
     exposed: dict[str, Num] = {
-        "tp": terms.tp_exposed_frac * links["tp"],
+        "tp": sum(n * k.tp_exposed_s for k, n in parts)
+        + np.where(stage.has_output, terms.tp_exposed_frac * terms.output_tp_link_s, 0.0),
         "ep": (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_unpaired_s for k, n in parts),
         "cp": sum(n * k.cp_exposed_s for k, n in parts),
     }
