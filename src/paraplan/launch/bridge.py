@@ -97,8 +97,9 @@ PLANNED_OFF: Final[tuple[tuple[str, Scalar | list[str], str], ...]] = (
 """Benchmark-only settings of a performance recipe (``_benchmark_common`` and the recipe itself) that the plan
 did not model, reset to what the plan assumes (the knobs the plan did estimate, CUDA graphs among them, are
 written with their estimated values by ``knob_overrides``). Kept as the recipe sets them (stated in bridge_recipe.py):
-``train.manual_gc``, ``train.eval_iters = 0``, ``logger.log_interval = 1``, the NaN / large-gradient checks off,
-the fused kernels (``apply_rope_fusion``, ``cross_entropy_fusion_impl``): throughput settings that do not change
+``train.manual_gc`` (written when the plan sets ``--manual-gc``), ``train.eval_iters = 0``,
+``logger.log_interval = 1``, the NaN / large-gradient checks off, the fused kernels (``apply_rope_fusion``,
+``cross_entropy_fusion_impl``): throughput settings that do not change
 the layout the plan priced; re-enable the checks for a long run if you want them."""
 
 
@@ -225,6 +226,8 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.fine_grained_activation_offloading", t.fine_grained_activation_offloading),
         ("model.offload_modules", list(t.offload_modules)),
     ]
+    if t.manual_gc:  # modelled as no time: written when the plan sets it, else the recipe's own (PLANNED_OFF)
+        out += [("train.manual_gc", True), ("train.manual_gc_interval", t.manual_gc_interval)]
     if m.is_moe:
         out += [("model.moe_token_dispatcher_type", t.moe_token_dispatcher_type)]
         if t.moe_token_dispatcher_type == "flex":

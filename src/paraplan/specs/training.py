@@ -80,6 +80,7 @@ KNOB_FLAGS: Final = {
     "first_last_layers_bf16": "--first-last-layers-bf16",
     "num_layers_at_start_in_bf16": "--num-layers-at-start-in-bf16",
     "num_layers_at_end_in_bf16": "--num-layers-at-end-in-bf16",
+    "manual_gc": "--manual-gc", "manual_gc_interval": "--manual-gc-interval",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -283,6 +284,13 @@ class TrainingSpec:
     """``TransformerConfig.fp8_dot_product_attention`` (FP8 or FP4; no Megatron-LM flag at d98e8a6, a Bridge
     mixed-precision field): attention's score GEMMs run in FP8 (TE ``DelayedScaling``/``NVFP4BlockScaling``
     ``fp8_dpa``)."""
+    manual_gc: bool = False
+    """``--manual-gc``: Python's automatic garbage collector is off and ``gc.collect()`` runs every
+    ``manual_gc_interval`` steps (training.py ``train``: aligns GC pauses across ranks). Modelled as no time either way:
+    no primary source gives the length of a collection pause (docs/model.md section 4)."""
+    manual_gc_interval: int = 0
+    """``--manual-gc-interval`` (with ``manual_gc``; Megatron-LM's default 0: never collects; >= 0, training.py's
+    assert)."""
     attention_kernel: AttentionKernel = "current"
     """The flash-attention kernel generation (paraplan's own knob, ``--knob attention-kernel=fa2``; NOT a Megatron-LM
     flag: the kernel is what the container's Transformer Engine / cuDNN / flash-attn pick, so launch files and
@@ -326,7 +334,7 @@ class TrainingSpec:
                       "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
                       "moe_pad_expert_input_to_capacity",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
-                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention"):
+                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
@@ -340,7 +348,7 @@ class TrainingSpec:
         if self.fp4_param_gather and self.precision != "fp4":  # arguments.py validate_args
             raise SpecError("fp4_param_gather (--fp4-param-gather) needs precision fp4: Megatron-LM's "
                             "'--fp4-param-gather must be used together with --fp4-format.'")
-        for fname in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+        for fname in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "manual_gc_interval"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
                 raise SpecError(f"{fname} must be an integer >= 0, got {brief(value)}")
