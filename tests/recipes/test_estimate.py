@@ -90,10 +90,11 @@ def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
     # the knobs move the estimate: flip them to Megatron's defaults and stage memory rises
     plain = replace(r, fields={**r.fields, "grad_reduce_in_fp32": True, "fp8_param_gather": False})
     assert estimate_recipe(plain).peak_bytes > est.peak_bytes
-    # a gated column (the embedding wgrad deferral limit) is listed only when its gate is on
-    on = replace(r, fields={**r.fields, "defer_embedding_wgrad_compute": True, "wgrad_deferral_limit": 22})
-    assert "wgrad_deferral_limit=22" in not_modelled(on)
-    assert not any(s.startswith("wgrad_deferral_limit") for s in nm)
+    # a gated column (the outer DP sharding strategy) is listed only when its gate is on
+    on = replace(r, fields={**r.fields, "num_distributed_optimizer_instances": 2,
+                            "outer_dp_sharding_strategy": "optim"})
+    assert any(s.startswith("outer_dp_sharding_strategy=") for s in not_modelled(on))
+    assert not any(s.startswith("outer_dp_sharding_strategy") for s in nm)
     # CUDA graphs are modelled: applied to the TrainingSpec, not listed
     graphs = [x for x in bridge_recipes() if x.runnable
               and x.get("cuda_graph_impl") == "transformer_engine" and x.get("cuda_graph_scope")]

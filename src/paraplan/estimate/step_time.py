@@ -101,6 +101,9 @@ class StageTerms:
     (``first_last_layers_bf16``; ``bf16_layers_extra_s``)."""
     bf16_end_s: Num = 0.0
     """Same for the last stage's ``num_layers_at_end_in_bf16`` layers."""
+    logits_wgrad_s: Num = 0.0
+    """The output layer's weight-gradient GEMM of one micro-batch (part of ``logits_s``): what
+    ``--defer-embedding-wgrad-compute`` moves to the pipeline flush (``deferred_wgrad_terms``)."""
 
     def take(self, index: NDArray[np.int64]) -> StageTerms:
         """Rows ``index`` of every array field."""
@@ -111,7 +114,8 @@ class StageTerms:
         parts = tuple(LayerKindTerms(**{f.name: pick(getattr(k, f.name)) for f in fields(k)}) for k in self.parts)
         return StageTerms(parts=parts, tp_exposed_frac=pick(self.tp_exposed_frac), logits_s=pick(self.logits_s),
                           embedding_s=pick(self.embedding_s), output_tp_link_s=pick(self.output_tp_link_s),
-                          bf16_start_s=pick(self.bf16_start_s), bf16_end_s=pick(self.bf16_end_s))
+                          bf16_start_s=pick(self.bf16_start_s), bf16_end_s=pick(self.bf16_end_s),
+                          logits_wgrad_s=pick(self.logits_wgrad_s))
 
 
 def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -170,7 +174,31 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         logits_s=compute.logits_s(cluster, tokens, padded_vocab(model, layout.tp), layout.tp, h),
         embedding_s=compute.embedding_s(cluster, tokens, h, sh),
         output_tp_link_s=tp.output_link_s(cluster, tp_group, tokens, h),
+        logits_wgrad_s=gemm_s(cluster, compute.OUTPUT_LAYER_FP8, tokens, padded_vocab(model, layout.tp) / layout.tp, h),
     )
+
+
+FLUSH_IDLE_SHARE = 2.0 / 3.0
+"""Share of the pipeline bubble the last stage spends idle after its last backward (the flush): the backward's
+share of a micro-batch's forward + backward (``GEMM_FWD_BWD_FACTOR`` 3: backward 2 of 3)."""
+
+
+def deferred_wgrad_terms(training: TrainingSpec, layout: StepLayout, wgrad_s: Num, num_microbatches: Int,
+                         ) -> tuple[Num, Num]:
+    """(per micro-batch time the last stage saves, deferred work at the flush) of
+    ``--defer-embedding-wgrad-compute``: the output layer's weight-gradient GEMM (``wgrad_s`` per micro-batch) of
+    D = m micro-batches (``wgrad_deferral_limit`` 0) or min(limit, m) is kept back in its backward
+    (tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``: the activation and gradient go
+    to the buffers while fewer than the limit are held) and run after the last micro-batch (schedules.py
+    ``finish_embedding_wgrad_compute``): saved = D / m x wgrad, deferred = D x wgrad. (0, 0) without the knob or
+    with PP 1 (Megatron-Core refuses it there)."""
+    if not training.defer_embedding_wgrad_compute:
+        return 0.0, 0.0
+    m = np.asarray(num_microbatches)
+    limit = training.wgrad_deferral_limit
+    d = m if limit == 0 else np.minimum(limit, m)
+    on = np.asarray(layout.pp) > 1
+    return np.where(on, d / np.maximum(m, 1) * wgrad_s, 0.0), np.where(on, d * wgrad_s, 0.0)
 
 
 def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: StepLayout,
@@ -255,6 +283,10 @@ def step_time_from_stages(
     m = num_microbatches
     terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
     times = [stage_time(model, cluster, training, layout, st, terms) for st in stages]
+    saved, deferred = deferred_wgrad_terms(training, layout, terms.logits_wgrad_s, m)
+    if training.defer_embedding_wgrad_compute:  # the last stage's output-layer wgrad GEMMs leave the steady state
+        times = [replace(t, compute_s=t.compute_s - np.where(st.has_output, saved, 0.0))
+                 for t, st in zip(times, stages, strict=True)]
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     totals = np.stack([np.broadcast_to(np.asarray(st.total_s, dtype=float), np.shape(times[0].total_s))
                        for st in times])
@@ -315,6 +347,8 @@ def step_time_from_stages(
                                        for b, t in zip(moved, times, strict=True)])
         links["offload"] = m * offload.activation_offload_link_s(pick(moved), host)
     compute_s = m * pick([st.compute_s for st in times])
+    # the deferred GEMMs run in the last stage's idle time after its last backward; what does not fit shows
+    compute_s = compute_s + np.maximum(0.0, deferred - FLUSH_IDLE_SHARE * bubble)
     recompute = m * pick([st.recompute_s for st in times])
     overhead = eff.step_overhead_s
     step = compute_s + recompute + bubble + optimizer + overhead + sum(exposed.values())

@@ -112,7 +112,8 @@ HYDRA_DTYPES: Final = ("float32", "bfloat16", "float16")
 DTYPE_FIELDS: Final = ("optimizer.main_grads_dtype", "optimizer.main_params_dtype", "optimizer.exp_avg_dtype",
                        "optimizer.exp_avg_sq_dtype")
 COMM_OVERLAP_FIELDS: Final = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
-                              "overlap_moe_expert_parallel_comm", "delay_wgrad_compute")
+                              "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+                              "defer_embedding_wgrad_compute", "wgrad_deferral_limit")
 """Fields a recipe's ``comm_overlap`` (CommOverlapConfig) writes over model / optimizer / ddp in its setup
 (training/comm_overlap.py ``_override_user_cfgs`` + ``_apply_cfgs``: its defaults are False unless the user
 config sets them), so bridge_recipe.py sets them there too when the recipe has one."""
@@ -225,6 +226,8 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.cpu_offloading_num_layers", t.cpu_offloading_num_layers),
         ("model.fine_grained_activation_offloading", t.fine_grained_activation_offloading),
         ("model.offload_modules", list(t.offload_modules)),
+        ("model.defer_embedding_wgrad_compute", t.defer_embedding_wgrad_compute),
+        ("model.wgrad_deferral_limit", t.wgrad_deferral_limit),
     ]
     if t.manual_gc:  # modelled as no time: written when the plan sets it, else the recipe's own (PLANNED_OFF)
         out += [("train.manual_gc", True), ("train.manual_gc_interval", t.manual_gc_interval)]

@@ -81,6 +81,8 @@ KNOB_FLAGS: Final = {
     "num_layers_at_start_in_bf16": "--num-layers-at-start-in-bf16",
     "num_layers_at_end_in_bf16": "--num-layers-at-end-in-bf16",
     "manual_gc": "--manual-gc", "manual_gc_interval": "--manual-gc-interval",
+    "defer_embedding_wgrad_compute": "--defer-embedding-wgrad-compute",
+    "wgrad_deferral_limit": "--wgrad-deferral-limit",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -291,6 +293,14 @@ class TrainingSpec:
     manual_gc_interval: int = 0
     """``--manual-gc-interval`` (with ``manual_gc``; Megatron-LM's default 0: never collects; >= 0, training.py's
     assert)."""
+    defer_embedding_wgrad_compute: bool = False
+    """``--defer-embedding-wgrad-compute``: the last stage's output-layer weight-gradient GEMM of the first
+    ``wgrad_deferral_limit`` micro-batches (all with 0) is kept back and run at the pipeline flush
+    (tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``, schedules.py
+    ``finish_embedding_wgrad_compute``; ``step_time.deferred_wgrad_terms``). Needs PP > 1 and gradient accumulation
+    fusion (ModelParallelConfig.__post_init__)."""
+    wgrad_deferral_limit: int = 0
+    """``--wgrad-deferral-limit`` (with ``defer_embedding_wgrad_compute``): micro-batches deferred, 0 = all; >= 0."""
     attention_kernel: AttentionKernel = "current"
     """The flash-attention kernel generation (paraplan's own knob, ``--knob attention-kernel=fa2``; NOT a Megatron-LM
     flag: the kernel is what the container's Transformer Engine / cuDNN / flash-attn pick, so launch files and
@@ -334,7 +344,8 @@ class TrainingSpec:
                       "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
                       "moe_pad_expert_input_to_capacity",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
-                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc"):
+                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
+                      "defer_embedding_wgrad_compute"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
@@ -348,10 +359,14 @@ class TrainingSpec:
         if self.fp4_param_gather and self.precision != "fp4":  # arguments.py validate_args
             raise SpecError("fp4_param_gather (--fp4-param-gather) needs precision fp4: Megatron-LM's "
                             "'--fp4-param-gather must be used together with --fp4-format.'")
-        for fname in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "manual_gc_interval"):
+        for fname in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "manual_gc_interval",
+                      "wgrad_deferral_limit"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
                 raise SpecError(f"{fname} must be an integer >= 0, got {brief(value)}")
+        if self.defer_embedding_wgrad_compute and not self.gradient_accumulation_fusion:  # ModelParallelConfig
+            raise SpecError("defer_embedding_wgrad_compute needs gradient_accumulation_fusion: Megatron-Core's "
+                            "'Cannot defer embedding wgrad compute when gradient accumulation fusion is not used'")
         if self.fp8_dot_product_attention and self.precision not in LOW_PRECISIONS:
             raise SpecError("fp8_dot_product_attention needs precision fp8 or fp4")
         if self.first_last_layers_bf16 and self.precision == "fp8" and self.fp8_recipe == "delayed":
