@@ -27,7 +27,14 @@ from paraplan.estimate.memory import block_recompute_frac
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
 from paraplan.estimate.time import compute, dp, ep, fsdp, offload, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
-from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
+from paraplan.estimate.time.layer import (
+    LayerTime,
+    attention_layer_time,
+    frozen_wgrad_s,
+    launch_bound_layer,
+    layer_time,
+    recompute_s,
+)
 from paraplan.estimate.time.optimizer import grad_accumulation_s, optimizer_s
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import schedule_of
@@ -168,13 +175,16 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     h = model.hidden_size
     tp_group = Grid.inner(layout).tp_group
     bf16_start, bf16_end = bf16_layers_extra_s(model, cluster, training, layout)
+    vocab = padded_vocab(model, layout.tp)
+    wgrad = gemm_s(cluster, compute.OUTPUT_LAYER_FP8, tokens, vocab / layout.tp, h)
     return StageTerms(
         bf16_start_s=bf16_start, bf16_end_s=bf16_end,
         parts=parts, tp_exposed_frac=1.0 - tp.overlap_frac(layout, eff),
-        logits_s=compute.logits_s(cluster, tokens, padded_vocab(model, layout.tp), layout.tp, h),
+        # PEFT: the frozen output layer runs no weight-gradient GEMM (time.layer.frozen_wgrad_s)
+        logits_s=compute.logits_s(cluster, tokens, vocab, layout.tp, h) - frozen_wgrad_s(training, wgrad),
         embedding_s=compute.embedding_s(cluster, tokens, h, sh),
         output_tp_link_s=tp.output_link_s(cluster, tp_group, tokens, h),
-        logits_wgrad_s=gemm_s(cluster, compute.OUTPUT_LAYER_FP8, tokens, padded_vocab(model, layout.tp) / layout.tp, h),
+        logits_wgrad_s=wgrad - frozen_wgrad_s(training, wgrad),
     )
 
 
@@ -227,7 +237,7 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     compute = compute + np.where(stage.has_embedding, terms.bf16_start_s, 0.0) \
         + np.where(stage.has_output, terms.bf16_end_s, 0.0)
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
-    if not training.gradient_accumulation_fusion:  # the unfused main-grad adds of each micro-batch's backward
+    if not training.gradient_accumulation_fusion and not training.peft:  # the unfused main-grad adds (no frozen grads)
         from paraplan.estimate.positions import max_positions_for
 
         held = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,

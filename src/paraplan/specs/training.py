@@ -225,7 +225,9 @@ class TrainingSpec:
     """Parameter-efficient fine-tuning (Megatron-Bridge ``task=peft``, LoRA): the base weights are frozen
     (``requires_grad=False``), so they are in no DDP grad buffer (``param_and_grad_buffer.py`` takes only
     parameters that require grad) and in no optimizer shard. The adapters (rank 16 on ``linear_qkv`` in
-    NVIDIA's recipes: under 0.1% of the parameters) are neglected. No Megatron-LM flag."""
+    NVIDIA's recipes: under 0.1% of the parameters) are neglected. Time: no weight-gradient GEMMs for the frozen
+    weights (``time.layer.frozen_wgrad_s``), no gradient reduce, parameter gather or optimizer step on them
+    (``time.dp.dp_times``). No Megatron-LM flag."""
     cp_comm_type: CpCommType = "p2p"
     """``--cp-comm-type`` (one value for every layer): how attention exchanges K,V under context parallelism
     (``estimate/time/cp.py``); ``a2a+p2p`` is not modelled."""

@@ -63,6 +63,9 @@ class LayerTime:
     """The forward's part of ``cp_exposed_s`` (re-run by full and ``core_attn`` recompute)."""
     mla_up_gemm_fwd_s: Num = 0.0
     """Part of gemm_fwd_s in MLA's query and key-value up projections, for selective recompute of mla_up_proj."""
+    frozen_wgrad_s: Num = 0.0
+    """Weight-gradient GEMM time the backward skips because the weights are frozen (PEFT: ``training.peft``; one
+    forward's GEMM time, the wgrad's FLOPs; ``frozen_wgrad_s``)."""
     tp_exposed_s: Num = 0.0
     """The part of ``tp_link_s`` that shows, forward + backward (``tp.block_exposure``: per GEMM pair under
     --tp-comm-overlap)."""
@@ -76,8 +79,8 @@ class LayerTime:
     @property
     def gpu_s(self) -> Num:
         """GPU work, forward + backward (GEMMs, attention, element-wise)."""
-        return (GEMM_FWD_BWD_FACTOR * self.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s
-                + self.elementwise_s)
+        return (GEMM_FWD_BWD_FACTOR * self.gemm_fwd_s - self.frozen_wgrad_s
+                + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s + self.elementwise_s)
 
     @property
     def compute_s(self) -> Num:
@@ -113,6 +116,15 @@ def graph_captured_frac(training: TrainingSpec, block: str) -> float:
 def _issue_s(eff: EfficiencySpec, training: TrainingSpec, block: str) -> float:
     """Host issue time of one half-layer: ``block_overhead_s`` less what CUDA graphs replay."""
     return compute.block_overhead_s(eff) * (1.0 - graph_captured_frac(training, block))
+
+
+def frozen_wgrad_s(training: TrainingSpec, gemm_fwd_s: Num) -> Num:
+    """The weight-gradient GEMMs PEFT does not run: LoRA freezes the base weights (``requires_grad=False``), so
+    TE's linear backward computes dgrad only (transformer_engine/pytorch/module/linear.py ``_linear_backward``: the
+    wgrad GEMM runs only with ``requires_wgrad`` = the weight's ``requires_grad``): one forward GEMM time (wgrad =
+    forward FLOPs) with ``training.peft``, else 0. The adapters' own GEMMs (rank 16-32 on a few projections) are
+    neglected, as in the memory model (``TrainingSpec.peft``)."""
+    return gemm_fwd_s if training.peft else 0.0
 
 
 def fc1_width_factor(model: ModelSpec) -> int:
@@ -170,7 +182,8 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                      overhead_s=_issue_s(eff, training, "attn"),
                      tp_link_s=tpx.link_s, tp_exposed_s=tpx.exposed_s, tp_fwd_exposed_s=tpx.fwd_exposed_s,
                      ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s,
-                     cp_fwd_exposed_s=cpt.fwd_exposed_s, mla_up_gemm_fwd_s=up)
+                     cp_fwd_exposed_s=cpt.fwd_exposed_s, mla_up_gemm_fwd_s=up,
+                     frozen_wgrad_s=frozen_wgrad_s(training, g))
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
@@ -189,7 +202,7 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                             [(T, ffn * gate / t, h)], (T, h, ffn / t))
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=_issue_s(eff, training, "mlp"),
                      tp_link_s=tpx.link_s, tp_exposed_s=tpx.exposed_s, tp_fwd_exposed_s=tpx.fwd_exposed_s,
-                     ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
+                     ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g, frozen_wgrad_s=frozen_wgrad_s(training, g))
 
 
 def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> LayerTime:
@@ -219,7 +232,8 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # the routed experts' grouped GEMMs have no userbuffers pairs: their ETP traffic shows as without overlap
     etp_link = ep.etp_link_s(cluster, grid.etp_group, te, h)
     etp_exposed = (1.0 - eff.tp_overlap_frac) * etp_link
-    out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
+    moe_gemm = routed * (1.0 + eff.moe_overhead_frac) + router
+    out = LayerTime(gemm_fwd_s=moe_gemm, attn_fwd_s=0.0, frozen_wgrad_s=frozen_wgrad_s(training, moe_gemm),
                     elementwise_s=elem, overhead_s=_issue_s(eff, training, "moe"), host_sync_s=eff.moe_layer_overhead_s,
                     tp_link_s=etp_link, tp_exposed_s=etp_exposed, tp_fwd_exposed_s=etp_exposed / FWD_BWD_HALVES,
                     ep_link_s=ep.dispatcher_link_s(cluster, model, training, grid.ep_group, tp_ep, te, h),
