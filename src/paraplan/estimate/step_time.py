@@ -181,7 +181,8 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         bf16_start_s=bf16_start, bf16_end_s=bf16_end,
         parts=parts, tp_exposed_frac=1.0 - tp.overlap_frac(layout, eff),
         # PEFT: the frozen output layer runs no weight-gradient GEMM (time.layer.frozen_wgrad_s)
-        logits_s=compute.logits_s(cluster, tokens, vocab, layout.tp, h) - frozen_wgrad_s(training, wgrad),
+        logits_s=compute.logits_s(cluster, tokens, vocab, layout.tp, h, compute.loss_bytes_per_logit(training))
+        - frozen_wgrad_s(training, wgrad),
         embedding_s=compute.embedding_s(cluster, tokens, h, sh),
         output_tp_link_s=tp.output_link_s(cluster, tp_group, tokens, h),
         logits_wgrad_s=wgrad - frozen_wgrad_s(training, wgrad),

@@ -98,8 +98,9 @@ PLANNED_OFF: Final[tuple[tuple[str, Scalar | list[str], str], ...]] = (
 did not model, reset to what the plan assumes (the knobs the plan did estimate, CUDA graphs among them, are
 written with their estimated values by ``knob_overrides``). Kept as the recipe sets them (stated in bridge_recipe.py):
 ``train.manual_gc`` (written when the plan sets ``--manual-gc``), ``train.eval_iters = 0``,
-``logger.log_interval = 1``, the NaN / large-gradient checks off, the fused kernels (``apply_rope_fusion``,
-``cross_entropy_fusion_impl``): throughput settings that do not change
+``logger.log_interval = 1``, the NaN / large-gradient checks off, the fused RoPE kernel
+(``apply_rope_fusion``; the cross entropy's fusion is a knob, written with the plan's value): throughput settings
+that do not change
 the layout the plan priced; re-enable the checks for a long run if you want them."""
 
 
@@ -228,6 +229,8 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.offload_modules", list(t.offload_modules)),
         ("model.defer_embedding_wgrad_compute", t.defer_embedding_wgrad_compute),
         ("model.wgrad_deferral_limit", t.wgrad_deferral_limit),
+        ("model.cross_entropy_loss_fusion", t.cross_entropy_loss_fusion),
+        ("model.cross_entropy_fusion_impl", t.cross_entropy_fusion_impl),
     ]
     if t.manual_gc:  # modelled as no time: written when the plan sets it, else the recipe's own (PLANNED_OFF)
         out += [("train.manual_gc", True), ("train.manual_gc_interval", t.manual_gc_interval)]

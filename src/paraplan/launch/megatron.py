@@ -251,6 +251,8 @@ def memory_knob_args(training: TrainingSpec, model: ModelSpec | None = None) -> 
             continue
         if key == "wgrad_deferral_limit" and not training.defer_embedding_wgrad_compute:
             continue
+        if key == "cross_entropy_fusion_impl" and not training.cross_entropy_loss_fusion:
+            continue
         if key == "cuda_graph_modules":  # validated names (CUDA_GRAPH_MODULES), one word each
             if training.cuda_graph_impl not in ("none", "full_iteration"):
                 args.append(_a(flag, *value))
@@ -633,6 +635,10 @@ def megatron_args(
         raise LayoutError("--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing "
                           "yet (Megatron-LM's launch files use --ckpt-format torch_dist; drop the knob to launch)",
                           reason="OVERLAP_PARAM_GATHER_WITH_OPT_STEP_DIST_CKPT")
+    if training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te":  # arguments.py validate_args
+        raise LayoutError("Transformer Engine cross entropy loss fusion is disabled due to stability issues. Use "
+                          "--cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion (Megatron-LM's "
+                          "validate_args; the Bridge target runs it)", reason="CROSS_ENTROPY_TE_FUSION")
     m, lay = as_launched(model, layout, training)
     groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch, training), _recipe(m),
               _batch_precision(m, lay, training, arch), *_placeholders(lay, checkpoint))

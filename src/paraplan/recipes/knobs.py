@@ -17,7 +17,7 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel launches in time), activation
     offloading (layer-level and fine-grained), PEFT (``task``), manual GC (``manual_gc``, ``manual_gc_interval``:
     modelled as no time), the deferred output-layer wgrad (``defer_embedding_wgrad_compute``,
-    ``wgrad_deferral_limit``);
+    ``wgrad_deferral_limit``), the cross entropy's kernels (``cross_entropy_fusion_impl``, fused: Bridge's default);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
     ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap; ``moe_a2a_overlap`` is
@@ -86,15 +86,14 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "moe_paged_stash": ((False, ""), None),
     "nccl_ub": ((False,), None),
     "use_transformer_engine_op_fuser": ((False,), None),
-    "cross_entropy_fusion_impl": (("native",), None),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
     "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
     "other_env": (("",), None),
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
-Adam, grouped GEMMs, fp32 router, balanced dropless routing, the native
-cross entropy (fp32 logits copy), activation offloading of activations only (no weights), no environment effects."""
+Adam, grouped GEMMs, fp32 router, balanced dropless routing, activation offloading of activations only (no
+weights), no environment effects."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -114,7 +113,8 @@ MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precisi
                          "fsdp_double_buffer", "cuda_graph_impl", "cuda_graph_scope",
                          "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                          "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
-                         "manual_gc_interval", "defer_embedding_wgrad_compute", "wgrad_deferral_limit")
+                         "manual_gc_interval", "defer_embedding_wgrad_compute", "wgrad_deferral_limit",
+                         "cross_entropy_fusion_impl")
 MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
                       "moe_hybridep_num_sms": "moe_hybridep_num_sms", "delay_wgrad_compute": "delay_wgrad_compute",
@@ -170,6 +170,9 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     if not _bool(r, "gradient_accumulation_fusion"):
         out["gradient_accumulation_fusion"] = False
     out.update(_offload_knobs(r))
+    # Bridge's GPTModelProvider sets cross_entropy_loss_fusion True (no column); the recipe names the kernels
+    out.update(cross_entropy_loss_fusion=True,
+               cross_entropy_fusion_impl=_choice(r, "cross_entropy_fusion_impl", ("native", "te")))
     if _bool(r, "defer_embedding_wgrad_compute"):
         out.update(defer_embedding_wgrad_compute=True,
                    wgrad_deferral_limit=_int(r, "wgrad_deferral_limit", minimum=0))

@@ -545,6 +545,8 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
     if out.get("offload_modules") and not out.get("fine_grained_activation_offloading"):
         r.notes.append("--offload-modules is ignored without --fine-grained-activation-offloading")
         del out["offload_modules"]
+    if not out.get("cross_entropy_loss_fusion") and out.pop("cross_entropy_fusion_impl", None) is not None:
+        r.notes.append("--cross-entropy-fusion-impl is ignored without --cross-entropy-loss-fusion")
     if not out.get("defer_embedding_wgrad_compute") and out.pop("wgrad_deferral_limit", None) is not None:
         r.notes.append("--wgrad-deferral-limit is ignored without --defer-embedding-wgrad-compute")
     if not out.get("manual_gc") and out.pop("manual_gc_interval", None) is not None:

@@ -46,7 +46,8 @@ DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype
                         "moe_flex_dispatcher_backend": ("deepep", "hybridep"),
                         "cuda_graph_impl": CUDA_GRAPH_IMPLS,
                         "fp4_recipe": FP4_RECIPES,
-                        "cp_comm_type": ("p2p", "a2a", "all_gather")}
+                        "cp_comm_type": ("p2p", "a2a", "all_gather"),
+                        "cross_entropy_fusion_impl": ("native", "te")}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 OFFLOAD_MODULES: Final = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
                           "fused_group_mlp")
@@ -83,6 +84,8 @@ KNOB_FLAGS: Final = {
     "manual_gc": "--manual-gc", "manual_gc_interval": "--manual-gc-interval",
     "defer_embedding_wgrad_compute": "--defer-embedding-wgrad-compute",
     "wgrad_deferral_limit": "--wgrad-deferral-limit",
+    "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
+    "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -303,6 +306,17 @@ class TrainingSpec:
     fusion (ModelParallelConfig.__post_init__)."""
     wgrad_deferral_limit: int = 0
     """``--wgrad-deferral-limit`` (with ``defer_embedding_wgrad_compute``): micro-batches deferred, 0 = all; >= 0."""
+    cross_entropy_loss_fusion: bool = False
+    """``--cross-entropy-loss-fusion``: the loss runs fused (``cross_entropy_fusion_impl``) instead of the unfused
+    vocab-parallel cross entropy (language_module.py ``compute_language_model_loss``): its HBM traffic per logit
+    (``time.compute.loss_bytes_per_logit``). Memory is the same for all three: each keeps one fp32 tensor of the
+    logits' size for backward (the softmax natively, TE's fp32 gradient) beside the bf16 logits while it runs
+    (``activations.output_bytes``). Megatron-Bridge's GPTModelProvider turns it on."""
+    cross_entropy_fusion_impl: Literal["native", "te"] = "native"
+    """``--cross-entropy-fusion-impl`` (with ``cross_entropy_loss_fusion``): Megatron-Core's ``jit_fuser`` kernels
+    (fusions/fused_cross_entropy.py) or Transformer Engine's Triton kernels (``te_parallel_cross_entropy``; every
+    Bridge performance recipe but 9). Megatron-LM's validate_args refuses te with the fusion on (launch refuses to
+    write it, ``launch.megatron``); the Bridge target writes it."""
     attention_kernel: AttentionKernel = "current"
     """The flash-attention kernel generation (paraplan's own knob, ``--knob attention-kernel=fa2``; NOT a Megatron-LM
     flag: the kernel is what the container's Transformer Engine / cuDNN / flash-attn pick, so launch files and
@@ -347,7 +361,7 @@ class TrainingSpec:
                       "moe_pad_expert_input_to_capacity",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                       "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
-                      "defer_embedding_wgrad_compute"):
+                      "defer_embedding_wgrad_compute", "cross_entropy_loss_fusion"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
