@@ -294,10 +294,14 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
     path = SHARED / ("published_runs.csv" if split == "published" else "vtrain_runs.csv")
     cases: list[Case] = []
     skipped: dict[str, int] = {}
+    ub_off = bridge_rows_without_tp_comm_overlap() if split == "published" else set()
     with open(path, newline="") as f:
         for i, r in enumerate(csv.DictReader(f)):
             try:
-                cases.append(row_to_case(split, i, r))
+                case = row_to_case(split, i, r)
+                if i in ub_off:
+                    case.layout["tp_comm_overlap"] = False
+                cases.append(case)
             except Skip as err:
                 skipped[str(err)] = skipped.get(str(err), 0) + 1
     if split == "published":
@@ -363,6 +367,25 @@ def bridge_recipe_matches() -> list[BridgeMatch]:
                 continue
             found.sort(key=lambda x: (x.get("config_variant") not in (None, ""), x.alias))
             out.append(BridgeMatch(i, label, recipe=found[0]))
+    return out
+
+
+def bridge_rows_without_tp_comm_overlap() -> set[int]:
+    """Megatron-Bridge rows (published_runs.csv row numbers) that ran without userbuffers: the matched recipe sets
+    ``tp_comm_overlap`` False, or, unmatched, the row is NVFP4 (every NVFP4 recipe with TP > 1 in the library sets
+    it False). The others keep the source's default (``tp_overlap`` True)."""
+    out: set[int] = set()
+    nvfp4: set[int] = set()
+    with open(SHARED / "published_runs.csv", newline="") as f:
+        for i, r in enumerate(csv.DictReader(f)):
+            if r["source"].startswith(BRIDGE_SOURCE) and r["precision"].strip() == "nvfp4":
+                nvfp4.add(i)
+    for m in bridge_recipe_matches():
+        if m.recipe is not None:
+            if str(m.recipe.get("tp_comm_overlap")).lower() in ("false", "0", ""):
+                out.add(m.row)
+        elif m.row in nvfp4:
+            out.add(m.row)
     return out
 
 

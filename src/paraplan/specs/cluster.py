@@ -65,7 +65,8 @@ class EfficiencySpec:
     tp_overlap_frac: float = 0.0
     """Share of TP/SP communication hidden without --tp-comm-overlap."""
     tp_comm_overlap_frac: float = 0.6
-    """Share of TP/SP communication hidden with --tp-comm-overlap (userbuffers)."""
+    """No longer read: --tp-comm-overlap (userbuffers) is modelled per GEMM pair (``estimate.time.tp``
+    ``ub_block_exposure``), not as a share. Kept so that GPU presets and cluster profiles that carry it still load."""
     dp_overlap_frac: float = 0.8
     """Share of DP gradient reduce / param gather hidden by --overlap-grad-reduce/-param-gather."""
     cp_overlap_frac: float = 0.8
