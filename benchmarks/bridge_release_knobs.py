@@ -368,6 +368,7 @@ def release_yaml(git: Git, container: str, tag: str) -> list[dict[str, Any]]:
                     if prec == "common":
                         continue
                     f = {**base, **(vals or {})}
+                    prec = {"fp8_ss": "fp8_sc"}.get(prec, prec)  # the YAML's subchannel key
                     s = {**common, **_precision_cols(prec, presets, harness, f.get("use_megatron_fsdp") is True)}
                     if f.get("use_megatron_fsdp") is True:
                         s["use_megatron_fsdp"] = True

@@ -463,7 +463,7 @@ def release_config_matches() -> list[ReleaseMatch]:
                 m.reason = "no release for the container" if m.tag is None else "no paraplan preset"
                 continue
             key = (model, gpu, *(_i(r[c]) or 1 for c in ("tp", "pp", "cp", "vp", "ep", "mbs")))
-            precs = BRIDGE_PRECISIONS.get(r["precision"].strip())
+            precs = _row_precisions(r, gpu)
             n, gbs = _i(r["num_gpus"]) or 0, _i(r["gbs"]) or 0
             found = [c for c in index.get((container or "", key), [])
                      if (precs is None or c["precision"] in precs) and isinstance(c["num_gpus"], int)
@@ -471,9 +471,24 @@ def release_config_matches() -> list[ReleaseMatch]:
             if not found:
                 m.reason = "no config of the release with this layout, batch and precision"
                 continue
-            found.sort(key=lambda c: (c["num_gpus"] != n, c["variant"] not in ("", "v1"), c["name"]))
+            found.sort(key=lambda c: (c["num_gpus"] != n, c["variant"] not in ("", "v1"), c["precision"] != "fp8_ds",
+                                      c["name"]))
             m.config = found[0]
     return out
+
+
+def _row_precisions(r: dict[str, str], gpu: str) -> tuple[str, ...] | None:
+    """The config precisions a row may have run. The 25.09 table has no precision column (SOURCES.md): its page note
+    says the parenthesized numbers are "different FP8 quantization granularity (GB200/B200: 32x32 ...; H100: 128x128
+    ...)", i.e. MXFP8 on Blackwell and blockwise (subchannel) on H100; the primary numbers are the launcher's default
+    FP8 recipe, delayed scaling (v0.1.0rc3 scripts/performance/README.md: ``--fp8_recipe`` "Defaults to 'ds'"),
+    preferred over current scaling when both configs exist."""
+    text = r["precision"].strip()
+    if text or "precision column absent" not in r["notes"]:
+        return BRIDGE_PRECISIONS.get(text)
+    if "row built from the parenthesized values" in r["notes"]:
+        return ("fp8_sc",) if gpu == "h100" else ("fp8_mx",)
+    return ("fp8_ds", "fp8_cs")
 
 
 def release_recipe(config: dict[str, Any], case: Case) -> Any:
@@ -530,6 +545,42 @@ def release_match_lines() -> list[str]:
     for container in dict.fromkeys(m.container for m in matches):
         ms = [m for m in matches if m.container == container]
         ok = sum(m.config is not None for m in ms)
-        lines.append(f"  {container} ({ms[0].tag}): {ok}/{len(ms)} matched")
+        pre = [m for m in ms if m.reason != "no paraplan preset"]
+        lines.append(f"  {container} ({ms[0].tag}): {ok}/{len(pre)} matched ({len(ms) - len(pre)} without a preset)")
     ok = sum(m.config is not None for m in matches)
-    return [f"bridge rows with release knobs: {ok} matched, {len(matches) - ok} unmatched", *lines]
+    nopre = sum(m.reason == "no paraplan preset" for m in matches)
+    return [f"bridge rows with release knobs: {ok} matched, {len(matches) - ok - nopre} unmatched, "
+            f"{nopre} without a paraplan preset", *lines]
+
+
+def release_fit_line(cases: list[Case]) -> str:
+    """``bridge rows with release knobs: fit F/N`` (every Bridge row matched to its release config, estimated with
+    those knobs as calibration.py scores it; N counts the rows that could be estimated)."""
+    from calibration import _backend, case_training, load_gpu
+    from paraplan.cli.options import apply_pipeline_split
+    from paraplan.errors import PlannerError
+    from paraplan.estimator import estimate
+    from paraplan.layout import ParallelLayout
+    from paraplan.specs.cluster import make_cluster
+    from paraplan.specs.load import model_from_megatron_args
+
+    fit = total = 0
+    for c in cases:
+        if not c.knobs:
+            continue
+        try:
+            model = model_from_megatron_args(c.model, name=c.label)
+            layout, _ = apply_pipeline_split(model, ParallelLayout(**c.layout), "auto")
+            est = estimate(model, make_cluster(load_gpu(c.gpu), c.num_gpus, c.gpus_per_node),
+                           case_training(c, _backend(c)), layout)
+        except PlannerError:
+            continue
+        total += 1
+        fit += int(est.fits)
+    return f"bridge rows with release knobs: fit {fit}/{total}"
+
+
+if __name__ == "__main__":
+    # python benchmarks/published_cases.py: Bridge rows matched to their release's configs, per container, and fit
+    print("\n".join(release_match_lines()))
+    print(release_fit_line(load_cases("published")[0]))

@@ -95,3 +95,24 @@ def test_rows_whose_release_has_no_matching_config_keep_megatron_defaults() -> N
     for m in unmatched:
         if m.row in by_row:
             assert by_row[m.row].knobs == {}
+
+
+def test_25_09_rows_without_a_precision_column_take_the_page_note_s_fp8_recipe() -> None:
+    primary = {"precision": "", "notes": "container NeMo 25.09; precision column absent for 25.09"}
+    paren = {"precision": "", "notes": "container NeMo 25.09; row built from the parenthesized values of this table "
+                                       "row; precision column absent for 25.09"}
+    assert published_cases._row_precisions(primary, "gb200") == ("fp8_ds", "fp8_cs")
+    assert published_cases._row_precisions(paren, "gb200") == ("fp8_mx",)
+    assert published_cases._row_precisions(paren, "h100") == ("fp8_sc",)
+    assert published_cases._row_precisions({"precision": "mxfp8", "notes": ""}, "gb200") == ("fp8_mx",)
+    assert published_cases._row_precisions({"precision": "", "notes": ""}, "gb200") is None  # any
+
+
+@NEEDS_SHARED
+def test_release_match_lines_count_every_bridge_row() -> None:
+    lines = published_cases.release_match_lines()
+    matches = published_cases.release_config_matches()
+    head = lines[0]
+    ok = sum(m.config is not None for m in matches)
+    assert head.startswith(f"bridge rows with release knobs: {ok} matched")
+    assert len(lines) == 1 + len({m.container for m in matches})
