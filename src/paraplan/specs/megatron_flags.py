@@ -556,12 +556,25 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
         r.notes.append("--moe-permute-fusion-into-hybridep is ignored without --moe-flex-dispatcher-backend hybridep")
 
 
+DEPRECATED_DEEPEP_SMS_FLAG: Final = "--moe-deepep-num-sms"
+"""The other deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (DeepEP's SMs, TransformerConfig
+``moe_deepep_num_sms``), routed like ``DEPRECATED_SMS_FLAG``; both at different values without the current flag is
+refused, as Megatron does ("Conflicting deprecated SM-count knobs"): read, never written."""
+
+
 def _deprecated_sms_knob(r: _Reader) -> dict[str, Any]:
-    """``--moe-hybridep-num-sms`` (``DEPRECATED_SMS_FLAG``) as ``moe_hybridep_num_sms`` where
-    ``--moe-flex-dispatcher-num-sms`` is not given (TransformerConfig.__post_init__ routes it; the new flag wins)."""
-    if not r.has(DEPRECATED_SMS_FLAG) or r.has(KNOB_FLAGS["moe_hybridep_num_sms"]):
+    """``--moe-hybridep-num-sms`` (``DEPRECATED_SMS_FLAG``) or ``--moe-deepep-num-sms``
+    (``DEPRECATED_DEEPEP_SMS_FLAG``) as ``moe_hybridep_num_sms`` where ``--moe-flex-dispatcher-num-sms`` is not given
+    (TransformerConfig.__post_init__ routes either; the new flag wins; both at different values is refused, as
+    Megatron's "Conflicting deprecated SM-count knobs" ValueError)."""
+    given = [f for f in (DEPRECATED_DEEPEP_SMS_FLAG, DEPRECATED_SMS_FLAG) if r.has(f)]
+    if not given or r.has(KNOB_FLAGS["moe_hybridep_num_sms"]):
         return {}
-    return {"moe_hybridep_num_sms": _number_knob(r, "moe_hybridep_num_sms", DEPRECATED_SMS_FLAG)}
+    values = {f: _number_knob(r, "moe_hybridep_num_sms", f) for f in given}
+    if len(set(values.values())) > 1:
+        raise SpecError("Conflicting deprecated SM-count knobs " + ", ".join(f"{f} {v}" for f, v in values.items())
+                        + f"; set a single {KNOB_FLAGS['moe_hybridep_num_sms']} instead")
+    return {"moe_hybridep_num_sms": values[given[0]]}
 
 
 def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
@@ -684,7 +697,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
     words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
-    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG}
+    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG, DEPRECATED_DEEPEP_SMS_FLAG}
     for flag in [*unknown, *values]:
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
