@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paraplan.errors import SpecError
 from paraplan.estimate.time import ep
@@ -130,3 +132,20 @@ def test_bad_sm_count_one_line(value: object) -> None:
 def test_flex_sms_at_or_above_the_gpu_refused_one_line() -> None:
     with pytest.raises(SpecError, match="moe_hybridep_num_sms \\(132\\) must be below the GPU's sm_count \\(132\\)"):
         estimate(DSV3, H100, _flex(moe_hybridep_num_sms=132), LAYOUT)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ep_s=st.floats(0.0, 50.0), compute_s=st.floats(0.1, 50.0), mlp_frac=st.floats(0.0, 0.33),
+       share=st.floats(0.05, 1.0), lower=st.floats(0.0, 1.0), delay=st.booleans())
+def test_sm_share_costs_at_most_its_share_of_the_passes(ep_s: float, compute_s: float, mlp_frac: float,
+                                                        share: float, lower: float, delay: bool) -> None:
+    """Holding SMs never hides more, costs at most (1 - share) of the link time per layer, and costs more the
+    more SMs it holds (a lower share)."""
+    m = mlp_frac * compute_s
+    free = float(ep.paired_exposed_s(ep_s, compute_s, m, delay_wgrad=delay))
+    held = float(ep.paired_exposed_s(ep_s, compute_s, m, delay_wgrad=delay, compute_share=share))
+    more = float(ep.paired_exposed_s(ep_s, compute_s, m, delay_wgrad=delay, compute_share=share * lower + 0.01))
+    tol = 1e-9 * (1.0 + ep_s + compute_s)
+    assert free - tol <= held <= free + (1.0 - share) * ep_s + tol
+    if share * lower + 0.01 <= share:
+        assert more >= held - tol
