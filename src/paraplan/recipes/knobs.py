@@ -227,20 +227,20 @@ def _bool_or_false(r: Recipe, column: str) -> bool:
 
 def _cuda_graphs(r: Recipe) -> dict[str, Any]:
     """``cuda_graph_impl`` and ``cuda_graph_scope`` as TrainingSpec fields, as Megatron-Core reads them
-    (transformer/cuda_graph_config.py): the deprecated scope ``full_iteration`` is ``cuda_graph_impl=full_iteration``
-    and ``full`` the whole layer (no modules); impl none clears the scope (Bridge perf_recipes/_common.py)."""
-    from paraplan.specs.training import CUDA_GRAPH_IMPLS, CUDA_GRAPH_MODULES
+    (``specs.training.cuda_graph_scope``: the deprecated scope ``full_iteration`` is ``cuda_graph_impl=full_iteration``
+    and ``full`` the whole layer); impl none clears the scope (Bridge perf_recipes/_common.py)."""
+    from paraplan.specs.training import CUDA_GRAPH_IMPLS, CUDA_GRAPH_MODULES, cuda_graph_scope
 
     impl = _choice(r, "cuda_graph_impl", CUDA_GRAPH_IMPLS)
     scope = r.get("cuda_graph_scope")
     scope = [] if scope in (None, "") else scope
-    if not isinstance(scope, list) or any(m not in (*CUDA_GRAPH_MODULES, "full", "full_iteration") for m in scope):
+    if not isinstance(scope, list) or not all(isinstance(m, str) for m in scope):
         raise bad(r, "cuda_graph_scope", "a list of " + ", ".join(CUDA_GRAPH_MODULES) + " or [full_iteration]")
+    graphs, modules = cuda_graph_scope(impl, scope, f"{_where(r)}: column cuda_graph_scope")
     if impl == "none":
         return {}
-    if "full_iteration" in scope:
-        return {"cuda_graph_impl": "full_iteration"}
-    return {"cuda_graph_impl": impl, "cuda_graph_modules": tuple(m for m in scope if m != "full")}
+    return {"cuda_graph_impl": graphs} if graphs == "full_iteration" else {"cuda_graph_impl": graphs,
+                                                                            "cuda_graph_modules": modules}
 
 
 _BF16_LAYERS: Final = re.compile(r"True\(start=(\d{1,4}),end=(\d{1,4})\)")

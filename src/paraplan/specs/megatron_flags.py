@@ -608,8 +608,9 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
     """``--cuda-graph-impl`` / ``--cuda-graph-modules`` as Megatron-LM reads them (arguments.py ``validate_args``,
     transformer/cuda_graph_config.py): ``--enable-cuda-graph`` is local and ``--external-cuda-graph``
     transformer_engine (deprecated); ``--cuda-graph-scope`` is the deprecated name of ``--cuda-graph-modules``; the
-    module ``full`` is the whole layer and ``full_iteration`` means ``--cuda-graph-impl full_iteration``."""
-    from paraplan.specs.training import CUDA_GRAPH_MODULES
+    module ``full`` is the whole layer and ``full_iteration`` means ``--cuda-graph-impl full_iteration``
+    (``specs.training.cuda_graph_scope``)."""
+    from paraplan.specs.training import CUDA_GRAPH_MODULES, cuda_graph_scope
 
     out: dict[str, Any] = {}
     for flag, value in (("--enable-cuda-graph", "local"), ("--external-cuda-graph", "transformer_engine")):
@@ -628,22 +629,14 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
     # one module a word (nargs='+', type CudaGraphModule[word]: arguments.py _parse_cuda_graph_modules_arg), so
     # 'attn,mlp' is refused as Megatron's argparse does; --knob splits its comma lists itself (cli.options)
     words = list(r.v[modules_flag])
-    for w in words:
-        if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
-            raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
-                            f"one a word, got {brief(w)}")
-    if "full" in words and words != ["full"]:
-        raise SpecError(f"{modules_flag}: full scope cannot be used with other scopes.")
-    if "full_iteration" in words:
-        if len(set(words)) > 1 or impl not in ("none", "local", "full_iteration"):
-            raise SpecError(f"{modules_flag} full_iteration cannot be combined with other modules or with "
-                            f"--cuda-graph-impl {impl}")
-        out["cuda_graph_impl"] = "full_iteration"
-        return out
-    if impl == "none":
+    if comma := next((w for w in words if "," in w), None):
+        raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
+                        f"one a word, got {brief(comma)}")
+    new_impl, modules = cuda_graph_scope(impl, words, modules_flag)
+    if new_impl == "none":
         r.notes.append(f"{modules_flag} has no effect without --cuda-graph-impl")
         return out
-    out["cuda_graph_modules"] = tuple(dict.fromkeys(w for w in words if w != "full"))
+    out.update({"cuda_graph_impl": new_impl} if new_impl == "full_iteration" else {"cuda_graph_modules": modules})
     return out
 
 

@@ -451,3 +451,29 @@ def training_dict(training: TrainingSpec) -> dict[str, Any]:
 
 _KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention", "peft",
                                                "attention_kernel"}
+
+
+def cuda_graph_scope(impl: str, scope: list[str] | tuple[str, ...], where: str) -> tuple[str, tuple[str, ...]]:
+    """(``cuda_graph_impl``, ``cuda_graph_modules``) for an impl and a scope list that may hold the deprecated
+    scopes, as Megatron-Core migrates them (transformer/cuda_graph_config.py ``normalize_cuda_graph_modules``,
+    ``validate_deprecated_cuda_graph_modules_migration_inputs``; arguments.py ``_normalize_cuda_graph_modules_args``):
+    ``full`` only alone, the whole layer (no modules); ``full_iteration`` only alone and with impl none, local or
+    full_iteration, which it turns into ``full_iteration``; other names are ``CUDA_GRAPH_MODULES`` (kept once, in
+    order); impl none captures nothing (no modules). Read by the ``--cuda-graph-modules`` reader
+    (specs/megatron_flags.py) and the recipe library's ``cuda_graph_scope`` column (recipes/knobs.py); ``where``
+    names the flag or column in the one-line SpecError."""
+    words = list(scope)
+    for w in words:
+        if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
+            raise SpecError(f"{where} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
+                            f"got {brief(w)}")
+    if "full" in words and words != ["full"]:
+        raise SpecError(f"{where}: full scope cannot be used with other scopes.")
+    if "full_iteration" in words:
+        if len(set(words)) > 1 or impl not in ("none", "local", "full_iteration"):
+            raise SpecError(f"{where} full_iteration cannot be combined with other modules or with "
+                            f"--cuda-graph-impl {impl}")
+        return "full_iteration", ()
+    if impl == "none":
+        return impl, ()
+    return impl, tuple(dict.fromkeys(w for w in words if w != "full"))
