@@ -162,13 +162,15 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         mtp_lt = kinds[-1][0] if model.mtp_layer_is_moe else dense
         kinds.append((mtp_lt, bool(model.is_moe and model.mtp_layer_is_moe)))
     delay = training.delay_wgrad_compute
+    share = ep.ep_compute_share(cluster, training, Grid.inner(layout).ep_group) if model.is_moe else 1.0
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
                                  attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s, tp_exposed_s=lt.tp_exposed_s,
                                  ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_gemm_fwd_s,
-                                                                     shared_overlap=training.moe_shared_expert_overlap),
+                                                                     shared_overlap=training.moe_shared_expert_overlap,
+                                                                     compute_share=share),
                                  ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
-                                                                 delay_wgrad=delay))
+                                                                 delay_wgrad=delay, compute_share=share))
                   for lt, m in kinds)
     tokens = training.seq_len * layout.mbs / layout.cp
     sh = np.where(layout.sp, layout.tp, 1)

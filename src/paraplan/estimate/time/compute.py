@@ -9,7 +9,10 @@ bytes per token and hidden unit (``EfficiencySpec``); see docs/model.md section 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
+
+import numpy as np
 
 from paraplan.errors import SpecError
 from paraplan.estimate.flops import attention_head_dims
@@ -257,3 +260,39 @@ def embedding_s(cluster: ClusterSpec, tokens: Num, hidden: int, sp_shard: Num) -
     """Embedding lookup on the first stage, forward + backward: ``EMBEDDING_BYTES_PER_TOKEN_HIDDEN``
     per token and hidden unit (sharded by sequence parallelism) at ``hbm_rate``."""
     return EMBEDDING_BYTES_PER_TOKEN_HIDDEN * tokens * hidden / sp_shard / hbm_rate(cluster)
+
+
+def compute_share_beside(sm_count: int, comm_sms: Num, knob: str) -> Num:
+    """Share of the GPU a compute kernel gets while a communication kernel holding ``comm_sms`` of its ``sm_count``
+    SMs runs beside it: (SM_total - SM_comm) / SM_total. The GEMMs and attention kernels the transfer hides behind
+    are tensor-core bound and tile over every SM the scheduler gives them (a persistent communication kernel keeps
+    its SMs for its whole run: DeepEP / HybridEP launch exactly ``num_sms`` blocks, one per SM,
+    hybrid_ep_backend.cuh ``blockIdx.x < NUM_OF_BLOCKS``), so their rate scales with the SMs left. Refused in one
+    line naming ``knob`` (the setting that gave ``comm_sms``) when the kernel would hold every SM (HybridEP itself
+    asserts ``sm_count >= sms_dispatch``). Shared by every overlapped transfer whose SMs are known (EP: ``time.ep``;
+    TP userbuffers' ``num_sm`` can call it the same way)."""
+    sms = np.asarray(comm_sms, dtype=float)
+    if np.any(sms >= sm_count):
+        raise SpecError(f"{knob} ({int(np.max(sms))}) must be below the GPU's sm_count ({sm_count}): "
+                        "its communication kernels would leave no SM to the compute they overlap")
+    out: Num = (sm_count - sms) / sm_count
+    return out
+
+
+def slowed_end(start: Num, work_s: Num, busy: Sequence[tuple[Num, Num]], share: Num) -> Num:
+    """End of a compute kernel of ``work_s`` seconds (at the whole GPU) that starts at ``start`` on a stream beside
+    communication kernels running over the intervals ``busy`` ((begin, end) pairs in time order, disjoint: one
+    stream): it runs at full rate outside them and at ``share`` of it inside (``compute_share_beside``). For one
+    interval [start, start + a] and work c: end = start + c + (1 - share) min(a, c / share)."""
+    t = np.asarray(start, dtype=float)
+    w = np.asarray(work_s, dtype=float)
+    r = np.asarray(share, dtype=float)
+    for begin, end in busy:
+        free = np.minimum(w, np.clip(np.asarray(begin, dtype=float) - t, 0.0, None))  # full rate before it begins
+        t, w = t + free, w - free
+        overlap = np.clip(np.asarray(end, dtype=float) - np.maximum(t, begin), 0.0, None)
+        slow = np.minimum(w, r * overlap)  # work done at the reduced rate while it runs
+        t = np.where(slow > 0.0, np.maximum(t, begin) + slow / r, t)
+        w = w - slow
+    out: Num = t + w
+    return out
