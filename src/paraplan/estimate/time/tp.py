@@ -63,7 +63,8 @@ exchange splits into TP chunks)."""
 SMS_PER_GPU: Final = {"ampere": 108, "hopper": 132, "blackwell": 148}
 """Streaming multiprocessors per GPU by architecture (A100 108, H100/H200 SXM 132, B200/GB200 148: NVIDIA's
 architecture whitepapers; Blackwell Ultra B300/GB300 is taken at B200's 148, which moves the share of
-``UB_COMM_SMS`` by under one point). Other architectures: ``SMS_DEFAULT``."""
+``UB_COMM_SMS`` by under one point). Used where the GPU spec has no ``sm_count`` (the presets give it where a
+primary figure was read: A100, H100 SXM); other architectures: ``SMS_DEFAULT``."""
 CHUNKED_AT_WHOLE_RATE: Final = True
 """The chunks a ring exchange (m / TP rows) or a pipeline (m / ``UB_PIPELINE_SPLITS``) splits a GEMM into are costed
 at the whole GEMM's rate: ``compute.gemm_efficiency``'s shape is fitted on whole layers (its ``gemm_half_dim`` is
@@ -87,7 +88,8 @@ FWD_SHARE: Final = 0.5
 
 def comm_sm_share(cluster: ClusterSpec) -> float:
     """Share of the GPU's SMs one pipelined or bulk userbuffers kernel takes: ``UB_COMM_SMS`` / SMs."""
-    return UB_COMM_SMS / SMS_PER_GPU.get(cluster.gpu.arch, SMS_DEFAULT)
+    sm_count = cluster.gpu.sm_count or SMS_PER_GPU.get(cluster.gpu.arch, SMS_DEFAULT)
+    return UB_COMM_SMS / sm_count
 
 
 def ring_exchange_exposed_s(comm_s: Num, gemm_s_: Num, chunked_gemm_s: Num, tp: Num) -> Num:
