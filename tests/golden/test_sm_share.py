@@ -44,15 +44,18 @@ def _flex(**kw: object) -> TrainingSpec:
 
 def test_presets_carry_the_whitepaper_sm_counts() -> None:
     assert (load_gpu("a100-80gb").sm_count, load_gpu("a100-40gb").sm_count, H100_GPU.sm_count) == (108, 108, 132)
-    for name in ("h200-141gb", "b200", "b300", "gb200", "gb300", "mi300x"):  # no primary figure read: effect off
+    for name in ("h200-141gb", "b200", "b300", "gb200", "gb300", "mi300x"):  # no primary figure read
         assert load_gpu(name).sm_count is None
+    # the one fallback both TP userbuffers and the flex dispatcher read: the architecture's figure
+    assert [sm_count_of(make_cluster(load_gpu(g), 8, 8)) for g in ("h200-141gb", "b200", "gb300")] == [132, 148, 148]
 
 
 def test_compute_share_by_hand() -> None:
     assert float(compute_share_beside(132, 33, "k")) == pytest.approx(99 / 132, rel=1e-15)
     assert float(compute_share_beside(108, 20, "k")) == pytest.approx(88 / 108, rel=1e-15)
-    with pytest.raises(SpecError, match="must be below the GPU's sm_count"):
-        compute_share_beside(132, 132, "k")
+    assert float(compute_share_beside(132, 132, "k")) == pytest.approx(1 / 132)  # HybridEP accepts all: one left
+    with pytest.raises(SpecError, match="must be at most the GPU's 132 SMs"):
+        compute_share_beside(132, 133, "k")
 
 
 def test_flex_sms_defaults_per_backend() -> None:
@@ -129,9 +132,10 @@ def test_bad_sm_count_one_line(value: object) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_flex_sms_at_or_above_the_gpu_refused_one_line() -> None:
-    with pytest.raises(SpecError, match="moe_hybridep_num_sms \\(132\\) must be below the GPU's sm_count \\(132\\)"):
-        estimate(DSV3, H100, _flex(moe_hybridep_num_sms=132), LAYOUT)
+def test_flex_sms_above_the_gpu_refused_one_line_naming_the_flag() -> None:
+    estimate(DSV3, H100, _flex(moe_hybridep_num_sms=132), LAYOUT)  # Megatron and HybridEP accept every SM
+    with pytest.raises(SpecError, match="--moe-flex-dispatcher-num-sms \\(133\\) must be at most the GPU's 132 SMs"):
+        estimate(DSV3, H100, _flex(moe_hybridep_num_sms=133), LAYOUT)
 
 
 @settings(max_examples=300, deadline=None)
