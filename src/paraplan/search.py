@@ -25,7 +25,13 @@ from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
 from paraplan.estimate.params import ParamTerms, param_terms
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
-from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
+from paraplan.estimate.stages import (
+    PipelineCounts,
+    bf16_layers_of,
+    pipeline_counts,
+    representative_ranks,
+    stage_layers_table,
+)
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
@@ -278,7 +284,7 @@ class _Groups:
     @classmethod
     def of(cls, model: ModelSpec, training: TrainingSpec, table: LayoutTable) -> _Groups:
         max_positions, _ = max_positions_for(model, training)
-        counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
+        counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts, bf16_layers_of(training))
         keys, key_of_row = layer_key_table(table)
         (tp, pp, ep, etp), params_of_row = distinct_rows([table.tp, table.pp, table.ep, table.etp])
         return cls(counts=counts, ranks=representative_ranks(model, table.pp, table.vp, counts=counts),
