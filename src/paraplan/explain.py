@@ -271,10 +271,11 @@ def ranking_findings(plan: Plan) -> list[Finding]:
     best = float(ev.step_s.min())
     in_tier1 = int((ev.step_s <= best * (1 + ctx.tier_tolerance)).sum())
     text = (f"tier {plan.tiers[0]}: {in_tier1} of {plan.num_feasible} layouts that fit are within "
-            f"{100 * ctx.tier_tolerance:.1f}% of the fastest step time ({best:.3f} s): one tier, as the model orders "
-            "pairs this close as measured only about 60% of the time (benchmarks/ranking.py; the tolerance is the "
-            "resolution of that pairwise order, not the absolute step-time band, which is wider)")
+            f"{100 * ctx.tier_tolerance:.1f}% of the fastest step time ({best:.3f} s): one tier: within "
+            f"{100 * ctx.tier_tolerance:.1f}%, {ctx.tolerance_source}, the model's order of two layouts holds for "
+            "fewer than 80% of measured pairs (benchmarks/bands.py)")
     nums: dict[str, Any] = {"tier": plan.tiers[0], "tier_size": in_tier1, "tier_tolerance": ctx.tier_tolerance,
+                            "tier_tolerance_source": ctx.tolerance_source,
                             "fastest_step_s": best, "rules": list(ctx.rule_codes())}
     if len(plan.candidates) > 1 and plan.decided_by and plan.decided_by[0]:
         rule = plan.decided_by[0]

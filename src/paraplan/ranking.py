@@ -5,7 +5,8 @@ they do not depend on enumeration order:
 
     tier 1 = every layout with step_s <= best x (1 + tol); tier 2 = the same on the rest; and so on
 
-(``tol`` = ``tier_tolerance(model)``). Within a tier the order is, most significant first (``RULES``):
+(``tol`` = ``tier_tolerance(model)``, the measured within-job band of two layouts' error ratio). Within a tier
+the order is, most significant first (``RULES``):
 
 1. ``free_memory``: more free memory, counted in whole steps of ``memory_tie_step_bytes`` below the tier's most free
    layout (the memory model's error band on this GPU, at least 1 GiB: smaller differences are inside what the model
@@ -42,11 +43,10 @@ if TYPE_CHECKING:
     from paraplan.specs.model import ModelSpec
 
 PROVISIONAL_TIER_TOLERANCE: Final = 0.05
-"""PROVISIONAL (until a within-job step-time band exists; ``tier_tolerance`` says why not
-``paraplan.bands.band_for("step_s", family)``). Measured, not fitted: over the 11,544 layout pairs of
-benchmarks/ranking.py's job groups, pairs whose predicted step times differ by less than 5% are ordered as
-measured only 58-66% of the time (a coin flip is 50%), pairs 5-10% apart 72%, pairs 10% or more apart 80% and
-up. Below 5% the model does not rank."""
+"""Fallback when the packaged band file has no within-job band (``tier_tolerance``). Measured, not fitted: over the
+11,544 layout pairs of benchmarks/ranking.py's job groups (mostly vTrain, in-sample), pairs whose predicted step
+times differ by less than 5% are ordered as measured only 58-66% of the time (a coin flip is 50%), pairs 5-10%
+apart 72%, pairs 10% or more apart 80% and up."""
 
 MODEL_STATE_BINDS_FRAC: Final = 0.75
 """Model state (weights + gradients + optimizer states on the peak stage) binds when it is at least three quarters
@@ -75,6 +75,10 @@ _BITS: Final = (("tier", 20), ("free_memory", 12), ("distributed_optimizer", 1),
                 ("even_pipeline_split", 1), ("fewer_parallel_dims", 3), ("nvidia_recipe", 1))
 """Bits of each coarse rule in the packed key (most significant first; 40 of int64's 63)."""
 
+PROVISIONAL_SOURCE: Final = ("provisional: the packaged band file has no within-job band "
+                              "(paraplan.ranking.PROVISIONAL_TIER_TOLERANCE)")
+"""``tier_tolerance_source`` without a within-job band."""
+
 RECIPE_FIELDS: Final = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs", "recompute_code")
 """What makes a row the layout of a recipe (``recipes.compare.same_layout``'s fields)."""
 
@@ -97,16 +101,27 @@ def band_tier_tolerance(model: ModelSpec) -> float:
 
 
 def tier_tolerance(model: ModelSpec) -> float:
-    """Relative step-time difference below which two layouts of ``model`` are one tier.
+    """Relative step-time difference below which two layouts of ``model`` are one tier: the measured within-job band
+    of ``model``'s family (``paraplan.bands.tier_band_for``; benchmarks/bands.py ``tier_band``): over pairs of
+    held-out measured runs of one job with different layouts, the ratio of their error ratios (predicted / measured
+    step of one over the other's) is at most 1 + tolerance for 80% of pairs. A layout predicted more than that
+    slower than another is measured slower in at least 80% of pairs; closer, the model cannot order them at that
+    level. ``PROVISIONAL_TIER_TOLERANCE`` when the packaged file has no within-job band.
 
-    PROVISIONAL: ``PROVISIONAL_TIER_TOLERANCE`` (5%) for every family, the measured resolution of the model's
-    pairwise order. ``band_tier_tolerance`` (the absolute step-time band, ``paraplan.bands``) is the one-line
-    alternative, and it is not used: with its 13.3% (dense) tier 1 of benchmarks/ranking.py's job groups would hold
-    layouts median 19.8% (p90 33.6%) below the measured best, against 10.9% (21.9%) with 5%, although pairs
-    predicted 10-20% apart are ordered as measured 80-88% of the time. A band of the within-job ratio of two
-    layouts' errors is what belongs here."""
-    del model  # per family once a within-job (pairwise) band exists
-    return PROVISIONAL_TIER_TOLERANCE
+    Not the absolute step-time band (``band_tier_tolerance``): most of one estimate's error is shared by the layouts
+    of one job (the same GPU, model and efficiency constants)."""
+    from paraplan.bands import family_of, tier_band_for
+
+    band = tier_band_for(family_of(model.is_moe))
+    return PROVISIONAL_TIER_TOLERANCE if band is None else band.tolerance
+
+
+def tier_tolerance_source(model: ModelSpec) -> str:
+    """Where ``tier_tolerance(model)`` comes from, in words (plan notes, JSON, explain)."""
+    from paraplan.bands import family_of, tier_band_for
+
+    band = tier_band_for(family_of(model.is_moe))
+    return PROVISIONAL_SOURCE if band is None else band.describe()
 
 
 def memory_tie_step_bytes(usable_bytes: float, is_moe: bool = False) -> float:
@@ -149,7 +164,8 @@ class RankContext:
     recipe_layouts: tuple[tuple[int, ...], ...] = ()
     """``RECIPE_FIELDS`` of each matching recipe."""
     recipe_names: tuple[str, ...] = ()
-    tolerance_source: str = "provisional (paraplan.ranking.PROVISIONAL_TIER_TOLERANCE)"
+    tolerance_source: str = PROVISIONAL_SOURCE
+    """Where the tolerance comes from (``tier_tolerance_source``)."""
 
     def rule_codes(self) -> tuple[str, ...]:
         """The rule codes in order, with ``megatron_fsdp`` for rule 2 when model state binds."""

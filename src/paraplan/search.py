@@ -49,6 +49,7 @@ from paraplan.ranking import (
     sort_keys,
     tier_most_free,
     tier_tolerance,
+    tier_tolerance_source,
     tier_uppers,
     tiers_of,
 )
@@ -467,7 +468,8 @@ def rank_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     estimated through the scalar path, only when tier 1 also has Megatron-FSDP layouts) and the recipe layouts."""
     tol = tier_tolerance(model)
     ctx = RankContext(tier_tolerance=tol, memory_step_bytes=memory_tie_step_bytes(float(cluster.gpu.usable_bytes),
-                                                                                     model.is_moe))
+                                                                                     model.is_moe),
+                      tolerance_source=tier_tolerance_source(model))
     ctx = replace(ctx, recipe_layouts=recipes[0], recipe_names=recipes[1])
     best = float(np.min(ev.step_s))
     tier1 = ev.step_s <= best * (1.0 + tol)

@@ -161,12 +161,14 @@ def test_plan_json_says_the_tier_and_the_rule_of_every_layout() -> None:
     assert all(c["decided_by"] in codes for c in cands)
     assert doc["ranking"]["tier_tolerance"] == ranking.tier_tolerance(p.model)
     assert doc["ranking"]["rules"][0] == "tier"
-    assert any(n.startswith("ranking: layouts within 5.0%") for n in p.notes)
+    tol = ranking.tier_tolerance(p.model)
+    assert doc["ranking"]["tier_tolerance_source"] == ranking.tier_tolerance_source(p.model)
+    assert any(n.startswith(f"ranking: layouts within {100 * tol:.1f}%") for n in p.notes)
     ev = p.feasible
     assert ev is not None
     best = float(ev.step_s.min())
     for c, tier in zip(p.candidates, p.tiers, strict=True):  # tier 1 means within the band of the fastest
-        assert (float(c.time.step_s) <= best * 1.05 * (1 + 1e-12)) == (tier == 1)
+        assert (float(c.time.step_s) <= best * (1 + tol) * (1 + 1e-12)) == (tier == 1)
 
 
 def test_the_pick_is_the_first_of_the_full_ranking() -> None:
@@ -188,7 +190,7 @@ def test_model_state_binding_is_judged_on_the_fastest_distributed_optimizer_layo
     assert not ctx.prefer_fsdp
     ev = p.feasible
     assert ev is not None
-    dist = ev.table.distributed_optimizer & ~ev.table.fsdp & (ev.step_s <= ev.step_s.min() * 1.05)
+    dist = ev.table.distributed_optimizer & ~ev.table.fsdp & (ev.step_s <= ev.step_s.min() * (1 + ctx.tier_tolerance))
     i = int(np.flatnonzero(dist)[np.argmin(ev.step_s[dist])])
     est = search.estimate(p.model, p.cluster, p.training, ev.table.row(i))
     mem = est.stages[est.peak_stage].memory
@@ -218,7 +220,9 @@ def test_a_layout_in_the_picks_tier_is_called_equivalent_with_the_rule_that_put_
     nums: dict[str, object] = {}
     text = _tier_text(p, p.candidates[1], p.candidates[0], nums)
     assert nums["in_tier"] is True and nums["decided_by"] == p.decided_by[0]
-    assert "equivalent within the 5.0% step-time band" in text and ranking.rule_words(p.decided_by[0]) in text
+    assert p.ranking is not None
+    assert f"equivalent within the {100 * p.ranking.tier_tolerance:.1f}% step-time band" in text
+    assert ranking.rule_words(p.decided_by[0]) in text
     worse = [i for i, t in enumerate(p.tiers) if t > 1]
     if worse:
         nums = {}
@@ -232,4 +236,40 @@ def test_the_band_tolerance_comes_from_the_packaged_step_band() -> None:
     for name, family in (("llama3-8b", "dense"), ("deepseek-v3", "moe")):
         band = band_for("step_s", family)  # type: ignore[arg-type]
         assert ranking.band_tier_tolerance(load_model(name)) == pytest.approx((band.hi_ratio - band.lo_ratio) / 2)
-    assert ranking.tier_tolerance(load_model("llama3-8b")) == ranking.PROVISIONAL_TIER_TOLERANCE
+
+
+def test_the_tier_tolerance_is_the_packaged_within_job_band_per_family() -> None:
+    from paraplan.bands import packaged
+
+    tiers = packaged()["tiers"]
+    for name, family in (("llama3-8b", "dense"), ("deepseek-v3", "moe")):
+        t = tiers[family]
+        assert ranking.tier_tolerance(load_model(name)) == t["tolerance"] == pytest.approx(t["hi_ratio"] - 1)
+        words = ranking.tier_tolerance_source(load_model(name))
+        assert "within-job band" in words and f"{t['pairs']} held-out pairs of {t['jobs']} jobs" in words
+        assert ("no moe pairs of its own" in words) == (family == "moe" and t["pooled"])
+        assert 0 < t["tolerance"] < 1 and t["coverage"] >= 0.8 and t["pairs"] > 0
+
+
+def test_the_tier_tolerance_falls_back_when_the_file_has_no_within_job_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    from paraplan import bands
+
+    old = {k: v for k, v in bands.packaged().items() if k != "tiers"}  # a file written before the within-job band
+    monkeypatch.setattr(bands, "packaged", lambda: old)
+    bands.tier_band_for.cache_clear()
+    try:
+        assert bands.tier_band_for("dense") is None
+        assert ranking.tier_tolerance(load_model("llama3-8b")) == ranking.PROVISIONAL_TIER_TOLERANCE
+        assert ranking.tier_tolerance_source(load_model("llama3-8b")) == ranking.PROVISIONAL_SOURCE
+    finally:
+        bands.tier_band_for.cache_clear()
+
+
+def test_explain_states_the_tolerance_and_where_it_comes_from() -> None:
+    from paraplan.explain import ranking_findings
+
+    (f,) = ranking_findings(_PLAN)
+    tol = ranking.tier_tolerance(_PLAN.model)
+    assert f"one tier: within {100 * tol:.1f}%, the measured within-job band" in f.text
+    assert f.numbers["tier_tolerance"] == tol
+    assert f.numbers["tier_tolerance_source"] == ranking.tier_tolerance_source(_PLAN.model)
