@@ -233,13 +233,13 @@ def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") ->
 
 def _rule_detail(rule: str, a: Estimate, b: Estimate, plan: Plan) -> str:
     """The numbers behind a ranking rule between two listed layouts."""
-    from paraplan.ranking import parallel_dims
+    from paraplan.ranking import FREE_MEMORY_BANDS, parallel_dims
 
     la, lb = a.layout, b.layout
     if rule == "free_memory":
         step = plan.ranking.memory_step_bytes if plan.ranking else GIB
         return (f"{(a.usable_bytes - a.peak_bytes) / GIB:.1f} vs {(b.usable_bytes - b.peak_bytes) / GIB:.1f} GiB free "
-                f"(counted in steps of {step / GIB:.1f} GiB below the tier's most free layout)")
+                f"(counted in whole memory bands of {step / GIB:.1f} GiB free, up to {FREE_MEMORY_BANDS})")
     if rule in ("distributed_optimizer", "megatron_fsdp"):
         return f"{'Megatron-FSDP' if la.fsdp else 'distributed optimizer'} vs {'Megatron-FSDP' if lb.fsdp else 'not'}"
     if rule == "nvlink_domain":

@@ -8,9 +8,9 @@ they do not depend on enumeration order:
 (``tol`` = ``tier_tolerance(model)``, the measured within-job band of two layouts' error ratio). Within a tier
 the order is, most significant first (``RULES``):
 
-1. ``free_memory``: more free memory, counted in whole steps of ``memory_tie_step_bytes`` below the tier's most free
-   layout (the memory model's error band on this GPU, at least 1 GiB: smaller differences are inside what the model
-   can resolve);
+1. ``free_memory``: more free memory, counted in whole memory bands free (``memory_tie_step_bytes``: the memory
+   model's error band on this GPU, at least 1 GiB), up to ``FREE_MEMORY_BANDS``: differences inside one band are
+   ties, and free memory beyond three bands buys no measured safety (``free_memory_key``);
 2. ``distributed_optimizer``: the distributed optimizer over Megatron-FSDP, or ``megatron_fsdp`` (FSDP first) when
    model state is what binds: the weights, gradients and optimizer states of the tier-1 fastest distributed-optimizer
    layout are at least ``MODEL_STATE_BINDS_FRAC`` of its peak (Megatron-LM's parallelism guide lists Megatron-FSDP
@@ -53,6 +53,14 @@ MODEL_STATE_BINDS_FRAC: Final = 0.75
 of the peak of the fastest distributed-optimizer layout of tier 1: activations are then too small a part for
 recompute, CP or a longer pipeline to relieve, and only sharding the states further (Megatron-FSDP) does. Assumed
 (Megatron-LM's guide names model state as FSDP's constraint but gives no number)."""
+
+FREE_MEMORY_BANDS: Final = 3
+"""Whole memory bands of free memory beyond which more is not preferred (``free_memory_key``). From the held-out
+memory rows of benchmarks/bands.py (2026-12-01): the measured peak exceeded the prediction by more than k times the
+band's upper excess (predicted x (hi_ratio - 1) + hi_offset) on 49 / 25 / 6 of 507 dense rows for k = 1 / 2 / 3
+(11 / 6 / 0 of 130 MoE): each band free up to three lowers the share of runs that would not fit (about 10%, 5%,
+1%), a fourth cannot lower it measurably. Read from those rows, not fitted to the ranking: a layout that buys more
+free memory (full recompute, more model parallelism) pays its step time for nothing the memory model can show."""
 
 MEMORY_STEP_MIN_BYTES: Final = float(GIB)
 """Smallest free-memory step (``--headroom 0`` leaves no band to use): 1 GiB."""
@@ -181,13 +189,15 @@ class RankContext:
                  f"distributed-optimizer layout (binds at {100 * MODEL_STATE_BINDS_FRAC:.0f}%)")
         return (f"ranking: layouts within {100 * self.tier_tolerance:.1f}% of a tier's fastest step time are one "
                 f"tier ({self.tolerance_source}); within a tier: " + ", then ".join(words[:1]) +
-                f" (in steps of {self.memory_step_bytes / GIB:.1f} GiB, the memory band), then " +
+                f" (in whole memory bands of {self.memory_step_bytes / GIB:.1f} GiB, up to {FREE_MEMORY_BANDS}), "
+                "then " +
                 ", then ".join(words[1:]) + binds)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON: the tolerance, the memory step, the rules in order and what rule 2 decided."""
         return {"tier_tolerance": self.tier_tolerance, "tier_tolerance_source": self.tolerance_source,
                 "memory_step_bytes": self.memory_step_bytes, "prefer_fsdp": self.prefer_fsdp,
+                "free_memory_bands": FREE_MEMORY_BANDS,
                 "model_state_frac": self.model_state_frac, "model_state_binds_frac": MODEL_STATE_BINDS_FRAC,
                 "rules": list(self.rule_codes()), "recipes": list(self.recipe_names)}
 
@@ -219,25 +229,27 @@ def parallel_dims(table: LayoutTable) -> NDArray[np.int64]:
     return ((table.tp > 1).astype(np.int64) + (table.pp > 1) + (table.vp > 1) + (table.cp > 1) + (table.ep > 1))
 
 
-def tier_most_free(free_bytes: NDArray[np.float64], tier: NDArray[np.int64], n_uppers: int) -> NDArray[np.float64]:
-    """The most free memory in each tier (index = tier; -inf for tiers without rows)."""
-    most_free = np.full(n_uppers + 2, -np.inf)
-    np.maximum.at(most_free, tier, free_bytes)
-    return most_free
+def free_memory_key(free_bytes: NDArray[np.float64], step_bytes: float) -> NDArray[np.int64]:
+    """Rule 1's key (smaller is better): ``FREE_MEMORY_BANDS`` less the whole memory bands free, at least 0::
+
+        key = FREE_MEMORY_BANDS - min(FREE_MEMORY_BANDS, floor(free / step))
+
+    Counted from zero free, not from the tier's most free layout, so the order of two layouts does not depend on
+    which other layouts share their tier; layouts less than one band apart in the same band are ties, and layouts
+    with ``FREE_MEMORY_BANDS`` bands free or more all tie."""
+    bands = np.floor(np.maximum(free_bytes, 0.0) / step_bytes)
+    out: NDArray[np.int64] = (FREE_MEMORY_BANDS - np.minimum(bands, FREE_MEMORY_BANDS)).astype(np.int64)
+    return out
 
 
 def coarse_columns(table: LayoutTable, peak_bytes: NDArray[np.float64], step_s: NDArray[np.float64],
-                   ctx: RankContext, *, usable_bytes: float, nvlink_block_gpus: int, uppers: NDArray[np.float64],
-                   most_free: NDArray[np.float64] | None = None) -> dict[str, NDArray[np.int64]]:
-    """Rules 1 to 6 and the tier, one small non-negative integer column each (smaller is better), in order
-    (``most_free``: ``tier_most_free`` of every row of these rows' tiers, when the rows are not all of them)."""
+                   ctx: RankContext, *, usable_bytes: float, nvlink_block_gpus: int,
+                   uppers: NDArray[np.float64]) -> dict[str, NDArray[np.int64]]:
+    """Rules 1 to 6 and the tier, one small non-negative integer column each (smaller is better), in order; each
+    row's values depend on that row alone (and the tiers' bounds)."""
     tier = tiers_of(step_s, uppers)
-    free = usable_bytes - peak_bytes
-    if most_free is None:
-        most_free = tier_most_free(free, tier, len(uppers))
-    steps_below = np.floor((most_free[tier] - free) / ctx.memory_step_bytes)
     fsdp = table.fsdp.astype(np.int64)
-    cols = {"tier": tier, "free_memory": steps_below.astype(np.int64),
+    cols = {"tier": tier, "free_memory": free_memory_key(usable_bytes - peak_bytes, ctx.memory_step_bytes),
             "distributed_optimizer": 1 - fsdp if ctx.prefer_fsdp else fsdp,
             "nvlink_domain": _in_domain(table, nvlink_block_gpus),
             "even_pipeline_split": table.uneven.astype(np.int64),

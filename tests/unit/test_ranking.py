@@ -68,12 +68,33 @@ def test_a_faster_tier_wins_over_free_memory() -> None:
     assert order == [a, b] and decided[0] == "tier"
 
 
-def test_free_memory_decides_in_steps_of_the_memory_band() -> None:
-    a, b, c = lay(tp=2, dp=32), lay(tp=4, dp=16), lay(tp=8, dp=8)
-    # b has 10 GiB more free than a (2.5 steps); c 3 GiB less than b (inside one step of the most free)
-    order, decided = _decided(_ev([a, b, c], [60.0, 50.0, 53.0], [10.0, 10.2, 10.1]), CTX)
-    assert order == [c, b, a]  # b and c tie on memory (same step below the most free); c is faster
-    assert decided == ("step_time", "free_memory", "")
+USABLE_GIB = make_cluster(H100, 64).gpu.usable_bytes / GIB
+
+
+def _peaks(*free_gib: float) -> list[float]:
+    return [USABLE_GIB - f for f in free_gib]
+
+
+def test_free_memory_counts_whole_memory_bands_up_to_three() -> None:
+    """Bands of 4 GiB: 5 GiB free is one band, 9 two, 12.5 three, 30 seven; three or more all tie."""
+    assert ranking.FREE_MEMORY_BANDS == 3
+    key = ranking.free_memory_key(np.array([0.5, 5.0, 9.0, 12.5, 30.0]) * GIB, 4 * GIB)
+    assert key.tolist() == [3, 2, 1, 0, 0]
+    a, b, c, d = lay(tp=2, dp=32), lay(tp=4, dp=16), lay(tp=8, dp=8), lay(tp=8, dp=8, mbs=2)
+    order, decided = _decided(_ev([a, b, c, d], _peaks(5.0, 9.0, 12.5, 30.0), [10.0, 10.1, 10.2, 10.3]), CTX)
+    # c and d both have three bands or more: the faster goes first, d's extra 17.5 GiB buys nothing
+    assert order == [c, d, b, a]
+    assert decided == ("step_time", "free_memory", "free_memory", "")
+
+
+def test_free_memory_inside_one_band_is_a_tie_whatever_else_is_in_the_tier() -> None:
+    """x (9.5 GiB free) and y (10.5 GiB) both have two bands: a tie, the faster x first. A third layout with more free
+    memory does not split them (counting from the tier's most free layout, 13.7 GiB, put y one step ahead)."""
+    x, y, z = lay(tp=2, dp=32), lay(tp=4, dp=16), lay(tp=8, dp=8)
+    alone, decided = _decided(_ev([y, x], _peaks(10.5, 9.5), [10.1, 10.0]), CTX)
+    assert alone == [x, y] and decided[0] == "step_time"
+    order, _ = _decided(_ev([y, x, z], _peaks(10.5, 9.5, 13.7), [10.1, 10.0, 10.2]), CTX)
+    assert order == [z, x, y]
 
 
 def test_the_distributed_optimizer_goes_before_fsdp_unless_model_state_binds() -> None:
@@ -122,6 +143,7 @@ def test_the_issue_case_of_a_larger_micro_batch_for_0_07_percent() -> None:
     m8, m4 = lay(dp=64, mbs=8), lay(dp=64, mbs=4)
     order, decided = _decided(_ev([m8, m4], [72.6, 40.7], [10.0, 10.007]), CTX)
     assert order == [m4, m8] and decided[0] == "free_memory"
+    assert ranking.free_memory_key(np.array([USABLE_GIB - 72.6, USABLE_GIB - 40.7]) * GIB, 4 * GIB).tolist() == [2, 0]
 
 
 def _space_plan(*variants: str) -> search.Plan:
