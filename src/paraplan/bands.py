@@ -130,9 +130,9 @@ class TierBand:
     """Leave-one-job-out coverage of the bound."""
 
     def describe(self) -> str:
-        """``the measured within-job band (80% of 411 held-out pairs of 20 jobs)``, for the output."""
-        pooled = f"; no {self.family} pairs of its own: all families'" if self.pooled else ""
-        return f"the measured within-job band ({self.pairs} held-out pairs of {self.jobs} jobs{pooled})"
+        """``the within-job band measured on 411 held-out pairs of 20 jobs``, for the output."""
+        pooled = f" (no {self.family} pairs of its own: all families')" if self.pooled else ""
+        return f"the within-job band measured on {self.pairs} held-out pairs of {self.jobs} jobs{pooled}"
 
 
 @cache

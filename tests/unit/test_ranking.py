@@ -292,6 +292,6 @@ def test_explain_states_the_tolerance_and_where_it_comes_from() -> None:
 
     (f,) = ranking_findings(_PLAN)
     tol = ranking.tier_tolerance(_PLAN.model)
-    assert f"one tier: within {100 * tol:.1f}%, the measured within-job band" in f.text
+    assert f"one tier: within {100 * tol:.1f}%, the within-job band measured on" in f.text
     assert f.numbers["tier_tolerance"] == tol
     assert f.numbers["tier_tolerance_source"] == ranking.tier_tolerance_source(_PLAN.model)
