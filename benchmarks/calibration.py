@@ -41,8 +41,9 @@ from paraplan.errors import PlannerError, SpecError  # noqa: E402
 from paraplan.estimator import estimate  # noqa: E402
 from paraplan.layout import ParallelLayout  # noqa: E402
 from paraplan.search import SearchSpace, plan  # noqa: E402
-from paraplan.specs.cluster import make_cluster  # noqa: E402
+from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster  # noqa: E402
 from paraplan.specs.load import load_gpu, model_from_megatron_args  # noqa: E402
+from paraplan.specs.model import ModelSpec  # noqa: E402
 from paraplan.specs.training import TrainingSpec  # noqa: E402
 from published_cases import Case, load_cases, pct  # noqa: E402
 
@@ -59,21 +60,26 @@ def _backend(case: Case) -> str:
 
 def case_training(case: Case, backend: str) -> TrainingSpec:
     """The TrainingSpec a calibration row runs with (its precision, FP8 recipe and attention kernel generation,
-    ``backend`` attention)."""
-    return TrainingSpec(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,  # type: ignore[arg-type]
-                        attention_backend=backend, fp8_recipe=case.fp8_recipe,  # type: ignore[arg-type]
-                        attention_kernel=case.attention_kernel)  # type: ignore[arg-type]
+    ``backend`` attention; the knobs of its recipe, ``Case.knobs``, win)."""
+    base: dict[str, Any] = dict(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,
+                                attention_backend=backend, fp8_recipe=case.fp8_recipe,
+                                attention_kernel=case.attention_kernel)
+    return TrainingSpec(**{**base, **case.knobs})
+
+
+def case_inputs(case: Case, gpu: GpuSpec, backend: str) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, ParallelLayout]:
+    """The estimate inputs of a calibration row on ``gpu``: its model, cluster, TrainingSpec (``case_training``) and
+    layout with the pipeline split resolved (SpecError when refused); shared with cross_validate.py ``prepare``."""
+    model = model_from_megatron_args(case.model, name=case.label)
+    layout, _ = apply_pipeline_split(model, ParallelLayout(**case.layout), "auto")
+    return model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), case_training(case, backend), layout
 
 
 def predict(case: Case, gpu_override: Any = None) -> float | str:
     """Predicted tokens/s/GPU, or the reason the estimate was refused."""
     gpu = gpu_override or _GPUS.setdefault(case.gpu, load_gpu(case.gpu))
     try:
-        model = model_from_megatron_args(case.model, name=case.label)
-        layout = ParallelLayout(**case.layout)
-        layout, _ = apply_pipeline_split(model, layout, "auto")
-        training = case_training(case, _backend(case))
-        est = estimate(model, make_cluster(gpu, case.num_gpus, case.gpus_per_node), training, layout)
+        est = estimate(*case_inputs(case, gpu, _backend(case)))
     except SpecError as err:
         return str(err)
     return float(est.throughput.tokens_per_s_per_gpu)

@@ -23,14 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from calibration import case_training
+from calibration import case_inputs
 from fit_efficiency import ARCH_GPUS, fit_arch, fitted_names
-from paraplan.cli.options import apply_pipeline_split
 from paraplan.errors import SpecError
 from paraplan.estimate.step_time import step_time
 from paraplan.layout import ParallelLayout
-from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec, make_cluster
-from paraplan.specs.load import load_gpu, model_from_megatron_args
+from paraplan.specs.cluster import ClusterSpec, EfficiencySpec, GpuSpec
+from paraplan.specs.load import load_gpu
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 from published_cases import Case, load_cases
@@ -82,10 +81,7 @@ def prepare(case: Case) -> Prepared | str:
     gpu = _GPUS.setdefault(case.gpu, load_gpu(case.gpu))
     out: Prepared | str
     try:
-        model = model_from_megatron_args(case.model, name=case.label)
-        layout, _ = apply_pipeline_split(model, ParallelLayout(**case.layout), "auto")
-        training = case_training(case, "flash")
-        cluster = make_cluster(gpu, case.num_gpus, case.gpus_per_node)
+        model, cluster, training, layout = case_inputs(case, gpu, "flash")
         out = Prepared(model, cluster, training, layout, layout.num_microbatches(case.gbs))
     except SpecError as err:
         out = str(err)

@@ -109,6 +109,8 @@ class Case:
     """``--fp8-recipe`` of an FP8 row (``FP8_RECIPE``)."""
     attention_kernel: str = "current"
     """The flash-attention kernel generation the source ran (``SOURCES`` ``kernel``; TrainingSpec.attention_kernel)."""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    """TrainingSpec knobs the row ran with (``attach_recipe_knobs``); empty: Megatron's defaults."""
 
 
 def _i(x: str | None) -> int | None:
@@ -298,6 +300,8 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
                 cases.append(row_to_case(split, i, r))
             except Skip as err:
                 skipped[str(err)] = skipped.get(str(err), 0) + 1
+    if split == "published":
+        attach_recipe_knobs(cases)
     return cases, skipped
 
 
@@ -382,3 +386,42 @@ def bridge_fit_line(matches: list[BridgeMatch]) -> str:
 def bridge_unmatched_lines(matches: list[BridgeMatch]) -> list[str]:
     """The Bridge rows that match no recipe, one indented line each with the reason."""
     return [f"  unmatched: {m.label}: {m.reason}" for m in matches if m.recipe is None]
+
+
+RECIPE_CONTAINERS = ("26.08", "26.06.01", "26.06")
+"""NeMo containers whose Megatron-Bridge performance configs set the MoE dispatcher knobs of the packaged recipe
+library (bridge_perf_recipes.csv, Bridge @067f987, the commit of the 26.08 performance summary). 26.06 and 26.06.01
+were released with Bridge v0.5.0 (2026-06-16) / v0.5.1 (2026-07-20): their ``scripts/performance/configs/{qwen,
+deepseek}/*_workload_base_configs.py`` set the same dispatcher (flex, HybridEP) and, for the FP8-MX recipes on
+GB200/GB300, the same ``moe_a2a_overlap=True`` (with delay-wgrad), ``cuda_graph_impl="full_iteration"`` and
+``fp8_dot_product_attention`` as the library. Bridge v0.4.x (NeMo 26.04, 26.04.01) set ``moe_a2a_overlap`` only for
+Qwen3-235B on H100 and had other CUDA-graph scopes, and older releases' configs are not the library's: those rows keep
+Megatron's defaults (``Case.knobs`` empty)."""
+
+
+def row_container(notes: str) -> str | None:
+    """The NeMo container a Bridge row was measured in (``container NeMo X`` in its notes), or None."""
+    found = re.search(r"container NeMo ([0-9][0-9.]*[0-9])", notes)
+    return found.group(1) if found else None
+
+
+def attach_recipe_knobs(cases: list[Case]) -> None:
+    """Give each MoE Bridge row of a ``RECIPE_CONTAINERS`` container the TrainingSpec knobs of its matched recipe
+    (``bridge_recipe_matches``; ``knobs.training_knobs`` at the row's precision, as ``estimate --recipe``: the MoE
+    dispatcher, flex backend and SMs, delay-wgrad, permute fusion, shared-expert overlap, CUDA graphs, FP8 recipe and
+    parameter gather, gradient and optimizer-state dtypes) and, where the recipe sets ``moe_a2a_overlap``, the
+    combined_1f1b schedule it runs (``knobs.layout_fields``). The row's own layout is kept (it matched the recipe's).
+    Dense rows (the dense helpers' configs were not checked against Bridge v0.5.x) and other containers keep
+    Megatron's defaults."""
+    from paraplan.recipes.knobs import training_knobs
+
+    with open(SHARED / "published_runs.csv", newline="") as f:
+        notes = [r["notes"] for r in csv.DictReader(f)]
+    by_row = {int(c.id.split(":")[1]): c for c in cases if c.id.startswith("published:") and c.moe}
+    for m in bridge_recipe_matches():
+        case = by_row.get(m.row)
+        if case is None or m.recipe is None or row_container(notes[m.row]) not in RECIPE_CONTAINERS:
+            continue
+        case.knobs = training_knobs(m.recipe, case.precision)
+        if m.recipe.get("moe_a2a_overlap") is True:
+            case.layout["schedule"] = "combined_1f1b"

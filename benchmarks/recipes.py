@@ -11,8 +11,16 @@ search space, as ``paraplan plan`` runs it). Per recipe:
   time within the tier tolerance of the fastest layout that fits, or faster);
 - within 10%: its predicted tokens/s/GPU is at least 90% of the top pick's.
 
-Recipes Megatron-Core itself rejects (bridge_perf_recipes.md's notes) and jobs where nothing fits are counted apart.
+Recipes Megatron-Core itself rejects (bridge_perf_recipes.md's notes) and jobs where nothing fits are counted apart,
+and so is a recipe whose coded layout is predicted not to fit when the reference CSV notes that its docstring names
+another layout ("docstring says PP=8; docstring says CP=2") and that layout fits with the recipe's knobs: the
+in-flight activations the coded layout keeps are Megatron's own schedule (``schedules.py``
+``get_pp_rank_microbatches``: rank r of p keeps 2(p - r - 1) + (v - 1) p + 1 chunk micro-batches of the interleaved
+schedule), so the code, not the count, disagrees with the published layout. ``--rows`` prints, for every recipe
+predicted not to fit, the physics: the peak stage's chunk micro-batches in flight x activation bytes per chunk, the
+other terms, against usable memory, and the docstring's layout when the notes name one.
 The recipe CSV holds settings only, no measurements: this measures agreement with NVIDIA's choices, not accuracy.
+The job is planned with the recipe's task (PEFT: frozen base weights, ``TrainingSpec.peft``) and its MoE knobs.
 
 Last line (issue 14 reads it):
 
@@ -27,14 +35,19 @@ Usage: python benchmarks/recipes.py [--model PRESET] [--gpu PRESET] [--rows]
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 from paraplan.recipes.catalogue import Recipe, bridge_recipes
 from paraplan.recipes.compare import job_recipe_layouts, same_layout
 from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_run
+
+if TYPE_CHECKING:
+    from paraplan.estimator import Estimate
 
 TOP_K = 1
 """Layouts the plan lists (the benchmark needs the pick and its tier only)."""
@@ -54,10 +67,56 @@ class Row:
     tier_how: str = ""
     """Why it is top tier: ``same layout`` as the pick, ``in the band`` of the fastest, ``faster`` than every
     searched layout (its knobs are outside the search), or "" (not top tier)."""
+    physics: str = ""
+    """Why the recipe does not fit (``oom_physics``), "" when it fits."""
 
     @property
     def within(self) -> bool:
         return self.ratio >= 1.0 - WITHIN
+
+
+DOCSTRING_LAYOUT = re.compile(r"docstring says (TP|PP|CP|VP|EP)=(\d+)")
+"""A reference-CSV note naming the layout a recipe's docstring gives where the code differs (bridge_perf_recipes.md)."""
+CODED_LAYOUT_OOM = "coded layout does not fit, the docstring's does"
+
+
+def docstring_layout(r: Recipe) -> dict[str, int]:
+    """The layout fields the CSV notes say ``r``'s docstring gives instead of the coded ones (empty: none)."""
+    notes = r.get("notes")
+    return {k.lower(): int(v) for k, v in DOCSTRING_LAYOUT.findall(notes)} if isinstance(notes, str) else {}
+
+
+def oom_physics(r: Recipe, est: Estimate) -> str:
+    """Why ``est`` (``r`` with its knobs) does not fit: the peak stage's chunk micro-batches in flight x activation
+    bytes per chunk, the other terms, usable memory; and the docstring's layout when the notes name one."""
+    from paraplan.units import GIB
+
+    i = est.peak_stage
+    st = est.stages[i]
+    mem, units = st.memory, float(st.in_flight)
+    act = float(mem.activations_bytes)
+    rest = float(mem.total_bytes) - act
+    text = (f"stage {i}: {units:.0f} chunk micro-batches in flight x {act / units / GIB:.2f} GiB = {act / GIB:.1f} "
+            f"GiB activations + {rest / GIB:.1f} GiB weights, grads, optimizer, other = {est.peak_bytes / GIB:.1f} "
+            f"of {est.usable_bytes / GIB:.1f} GiB usable")
+    n_off = est.training.cpu_offloading_num_layers
+    if n_off:
+        layers = est.model.num_layers
+        text += f" (--cpu-offloading-num-layers {n_off}: {layers - n_off} of {layers} layers' activations stay)"
+    doc = docstring_layout(r)
+    if doc:
+        alt = docstring_estimate(r, doc)
+        text += (f"; notes: {r.get('notes')}: " + (f"{alt.layout.short()} peak {alt.peak_bytes / GIB:.1f} GiB, "
+                 + ("fits" if alt.fits else "does NOT fit") if alt is not None else "rejected"))
+    return text
+
+
+def docstring_estimate(r: Recipe, doc: dict[str, int]) -> Estimate | None:
+    """``r`` with its knobs at the docstring's layout (None when Megatron's rules reject it)."""
+    try:
+        return estimate_recipe(r, layout_overrides=doc)
+    except PlannerError:
+        return None
 
 
 def compare(r: Recipe) -> Row | str:
@@ -71,13 +130,18 @@ def compare(r: Recipe) -> Row | str:
         est = estimate_recipe(r)
     except PlannerError as err:
         return f"recipe rejected ({getattr(err, 'reason', '') or type(err).__name__})"
+    if not est.fits and docstring_layout(r):
+        alt = docstring_estimate(r, docstring_layout(r))
+        if alt is not None and alt.fits:
+            return CODED_LAYOUT_OOM
     job = recipe_run(r).job
     cluster = make_cluster(load_gpu(job.gpu), job.num_gpus)
     # the dispatcher knobs, not --delay-wgrad-compute: it needs the EP-overlap schedule (combined_1f1b), which the
     # default search does not explore (Megatron's rule DELAY_WGRAD_NEEDS_EP_OVERLAP would reject every layout)
     dispatch = {k: v for k, v in moe_knobs(r).items() if k != "delay_wgrad_compute"}
     training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
-                            attention_backend=job.attention_backend, **dispatch)  # type: ignore[arg-type]
+                            attention_backend=job.attention_backend, peft=r.get("task") == "peft",
+                            **dispatch)  # type: ignore[arg-type]
     try:
         p = plan(est.model, cluster, training, top_k=TOP_K, recipes=job_recipe_layouts(est.model, cluster, training))
     except NoFeasiblePlanError:
@@ -89,7 +153,7 @@ def compare(r: Recipe) -> Row | str:
            else "in the band" if in_tier else "")
     return Row(alias=r.alias, fits=est.fits, top_tier=bool(how),
                ratio=float(est.throughput.tokens_per_s_per_gpu) / float(top.throughput.tokens_per_s_per_gpu),
-               pick=top.layout.short(), tier_how=how)
+               pick=top.layout.short(), tier_how=how, physics="" if est.fits else oom_physics(r, est))
 
 
 def summary(rows: list[Row], skipped: Counter[str]) -> str:
@@ -121,11 +185,15 @@ def main(argv: list[str] | None = None) -> int:
             skipped[got] += 1
             if args.rows:
                 print(f"  {r.alias:<42} skipped: {got}")
+                if got == CODED_LAYOUT_OOM:
+                    print(f"    {oom_physics(r, estimate_recipe(r))}")
             continue
         rows.append(got)
         if args.rows:
             print(f"  {got.alias:<42} {'fits' if got.fits else 'OOM ':<4} {got.tier_how or '-':<11} "
                   f"{100 * got.ratio:5.1f}% of the pick ({got.pick})")
+            if got.physics:
+                print(f"    {got.physics}")
     per_model: dict[str, list[Row]] = {}
     for row in rows:
         per_model.setdefault(row.alias.split("-")[0] + "-" + row.alias.split("-")[1], []).append(row)

@@ -213,7 +213,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "PARAM_BOUNDS": ("paraplan.calibrate", "The bounds of each fitted efficiency parameter."),
     # launch scripts
     "parse_script": ("paraplan.launch.parse", "Parse a launch script, arguments file or one-line command."),
-    "parse_file": ("paraplan.launch.parse", "Parse a script or arguments file (SpecError when it cannot be read)."),
+    "parse_file": ("paraplan.launch.parse", "Parse a script, arguments file or Kubeflow TrainJob/PyTorchJob YAML."),
     "check_parsed": ("paraplan.launch.check", "Broken rules and, if none, the estimate of a parsed script."),
     "suggest_alternative": ("paraplan.launch.check", "What ``plan`` would choose for the same job."),
     "CheckResult": ("paraplan.launch.check", "What ``paraplan check`` reports for one script."),

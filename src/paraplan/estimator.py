@@ -249,7 +249,7 @@ def layout_notes(model: ModelSpec, layout: ParallelLayout, cluster: ClusterSpec)
 
 def _stage_memories(model: ModelSpec, training: TrainingSpec, layout: ParallelLayout, stages: list[StageLayers], *,
                     num_microbatches: int, max_positions: int,
-                    options: MemoryOptions | None) -> tuple[StageMemory, ...]:
+                    options: MemoryOptions | None, arch: str = "hopper") -> tuple[StageMemory, ...]:
     """``stage_memory`` of every rank, evaluated as one array over the ranks and split back: the
     same element-wise formulas, one pass instead of one per rank."""
     def col(name: str) -> NDArray[Any]:
@@ -261,7 +261,7 @@ def _stage_memories(model: ModelSpec, training: TrainingSpec, layout: ParallelLa
                         num_bf16_end_layers=col("num_bf16_end_layers"))
     mem = stage_memory(model, training, layout, ranks, rank=np.arange(len(stages)), num_microbatches=num_microbatches,
                        max_positions=max_positions, options=options,
-                       per_layer=layer_activations(model, training, layout))
+                       per_layer=layer_activations(model, training, layout), arch=arch)
 
     def at(obj: Any, r: int) -> Any:
         return type(obj)(**{f.name: (v if np.ndim(v := getattr(obj, f.name)) == 0 else v[r]) for f in fields(obj)})
@@ -299,7 +299,7 @@ def estimate(
     m = layout.num_microbatches(training.global_batch_size)
     ranks = all_stage_layers(model, layout, bf16_layers_of(training))
     stages = _stage_memories(model, training, layout, ranks, num_microbatches=m,
-                             max_positions=max_positions, options=memory_options)
+                             max_positions=max_positions, options=memory_options, arch=cluster.gpu.arch)
     t = step_time(model, cluster, training, layout, num_microbatches=m)
     return Estimate(
         model=model, cluster=cluster, training=training, layout=layout, num_microbatches=m,

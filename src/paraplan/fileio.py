@@ -83,7 +83,7 @@ def read_input_text(path: str | Path, what: str, *, max_bytes: int = MAX_INPUT_B
             kind = ("is a directory (give a file)" if stat.S_ISDIR(mode)
                     else f"is {_not_regular(mode)}, not a regular file")
             raise SpecError(f"{what}: cannot read '{shown}': {kind}")
-        with open(path, "rb") as f:
+        with open_regular_file(path, what) as f:  # non-blocking open and fstat: a FIFO swapped in cannot block
             data = f.read(max_bytes + 1)
     except OSError as err:
         reason = _OS_REASONS.get(err.errno or 0, err.strerror or str(err))
@@ -181,11 +181,33 @@ _SafeLoader.add_constructor("tag:yaml.org,2002:int", _SafeLoader.construct_yaml_
 def load_yaml_text(text: str, what: str, source: str = "") -> Any:
     """The YAML document in ``text`` through the safe loader; SpecError in one line naming ``what``
     (and ``source``, the file) on a syntax error or a limit."""
+    return _load_yaml(text, what, source, many=False)
+
+
+MAX_YAML_DOCUMENTS: Final = 64
+"""Documents ``load_yaml_documents`` reads from one stream (a ``kubectl apply -f`` file holds a few)."""
+
+
+def load_yaml_documents(text: str, what: str, source: str = "") -> list[Any]:
+    """Every document of a ``---``-separated YAML stream (at most MAX_YAML_DOCUMENTS; the alias and nesting limits
+    hold over the whole stream), as ``load_yaml_text`` reads one."""
+    docs: list[Any] = _load_yaml(text, what, source, many=True)
+    return docs
+
+
+def _load_yaml(text: str, what: str, source: str, *, many: bool) -> Any:
     where = f"'{_shown(source)}' " if source else ""
     loader: _SafeLoader | None = None
     try:
         loader = _SafeLoader(text)  # PyYAML's reader checks the characters here (a control byte: ReaderError)
-        return loader.get_single_data()
+        if not many:
+            return loader.get_single_data()
+        docs: list[Any] = []
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            if len(docs) == MAX_YAML_DOCUMENTS:
+                raise SpecError(f"{what}: {where}holds more than {MAX_YAML_DOCUMENTS} YAML documents (the limit)")
+            docs.append(loader.get_data())
+        return docs
     except yaml.YAMLError as err:
         raise SpecError(f"{what}: {where}is not valid YAML: {yaml_error_text(err)}") from None
     except RecursionError:  # not reached under MAX_NESTING; kept so that no input is a traceback

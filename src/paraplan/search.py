@@ -12,6 +12,7 @@ key (fewer parallel axes, smaller TP, PP, ...), so it does not depend on enumera
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,7 +57,7 @@ from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.cluster import MAX_NUM_GPUS, ClusterSpec
 from paraplan.specs.grid import Grid
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.training import TrainingSpec
+from paraplan.specs.training import KNOB_FLAGS, TrainingSpec
 from paraplan.units import GIB
 
 Objective = Literal["throughput", "memory-headroom"]
@@ -298,8 +299,9 @@ class _Groups:
 
 
 def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
-                     options: MemoryOptions | None = None, *, groups: _Groups | None = None) -> NDArray[np.float64]:
-    """Peak per-GPU memory of every row: the largest of the representative stages."""
+                     options: MemoryOptions | None = None, *, groups: _Groups | None = None,
+                     arch: str = "hopper") -> NDArray[np.float64]:
+    """Peak per-GPU memory of every row: the largest of the representative stages (``arch``: the GPU's)."""
     max_positions, _ = max_positions_for(model, training)
     g = groups if groups is not None else _Groups.of(model, training, table)
     ranks = np.stack(g.ranks, axis=1)
@@ -316,7 +318,7 @@ def peak_bytes_table(model: ModelSpec, training: TrainingSpec, table: LayoutTabl
     stages = stage_layers_table(model, sub.pp, sub.vp, rank, counts=g.counts.take(rows), schedule=sub.schedule)
     totals = np.asarray(stage_memory(model, training, sub, stages, rank=rank, num_microbatches=m,
                                      max_positions=max_positions, options=options, per_layer=per_layer,
-                                     param_terms=g.params.take(g.params_of_row[rows])).memory.total_bytes,
+                                     param_terms=g.params.take(g.params_of_row[rows]), arch=arch).memory.total_bytes,
                         dtype=float)
     # rows ascend and every row has at least one stage: the maximum over each row's run
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
@@ -370,7 +372,7 @@ def evaluate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                          tokens_per_s_per_gpu=np.concatenate([p.tokens_per_s_per_gpu for p in parts]),
                          fits=np.concatenate([p.fits for p in parts]))
     groups = _Groups.of(model, training, table)
-    peak = peak_bytes_table(model, training, table, options, groups=groups)
+    peak = peak_bytes_table(model, training, table, options, groups=groups, arch=cluster.gpu.arch)
     usable = cluster.gpu.usable_bytes
     fits = peak + margin_bytes <= usable
     if time_all:
@@ -517,7 +519,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
         for r in rules_for(schedule_named(space.schedule))]
     masks += [(code, np.broadcast_to(np.asarray(mask, dtype=bool), (n_total,)), None)
               for code, mask in _placement_masks(cluster, table, space).items()]
-    masks += knob_masks(model, training, table, cluster.gpu.arch)
+    knob_rules = knob_masks(model, training, table, cluster.gpu.arch)
+    masks += knob_rules
     if not space.fsdp_everywhere:
         masks.append(("FSDP_NOT_BENCHMARKED",
                       table.fsdp & ~fsdp.benchmarked(table.tp, table.pp, table.cp, cluster.gpu.arch),
@@ -549,7 +552,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
             examples[key] = f"smallest footprint {examples[key]}"
         hint = "OOM" if smallest is None or smallest[1] > usable else "OOM_MARGIN"
         summary = _no_fit_message(model, cluster, training, rejections, examples, hint=hint)
-        advice = fit_advice(cluster, space, smallest, headroom)
+        advice = knob_rule_tip(model, training, cluster.gpu.arch, table, masks, {c for c, _, _ in knob_rules},
+                               rejections, examples, valid=len(valid)) or fit_advice(cluster, space, smallest, headroom)
         raise NoFeasiblePlanError(f"{summary}; {advice_text(advice)}", rejections=rejections, summary=summary,
                                   advice=advice, examples=examples, num_evaluated=n_total)
     fit_idx = np.nonzero(ev.fits)[0]
@@ -612,6 +616,45 @@ def knob_masks(model: ModelSpec, training: TrainingSpec, table: LayoutTable,
         return lambda c: dict(knob_violations(model, c.layout, training, arch))[code]
 
     return [(code, mask, message(code)) for code, mask in hits.items()]
+
+
+KNOB_RULE_FIELDS: Final = (*KNOB_FLAGS, "precision")
+"""The TrainingSpec fields a knob rule can be lifted by (``knob_rule_tip``): the knobs and the precision."""
+
+
+def knob_rule_tip(model: ModelSpec, training: TrainingSpec, arch: str, table: LayoutTable,
+                  masks: Sequence[tuple[str, NDArray[np.bool_], Any]], knob_codes: set[str],
+                  rejections: dict[str, int], examples: dict[str, str], *, valid: int = 0) -> tuple[FitTip, ...]:
+    """The advice when the knob rules (``knob_masks``) rejected every layout the other rules leave (``valid``
+    layouts were left after all rules): which rules (most rejections first), Megatron's words of the first, and
+    the training fields set away from their default whose default lifts a rule on its first rejected layout.
+    Empty when layouts were left, or when the other rules leave none either (the search space is what to relax)."""
+    codes = sorted((c for c in knob_codes if rejections.get(c)), key=lambda c: -rejections[c])
+    if valid or not codes:
+        return ()
+    left = np.ones(len(table), dtype=bool)
+    for code, mask, _ in masks:
+        if code not in knob_codes:
+            left &= ~mask
+    if not left.any():
+        return ()
+    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainingSpec)}
+    knobs: list[str] = []
+    for code in codes:
+        hit = left & next(mask for c, mask, _ in masks if c == code)
+        row = table.row(int(np.argmax(hit)))
+        for name in KNOB_RULE_FIELDS:
+            if getattr(training, name) == defaults[name] or name in knobs:
+                continue
+            try:
+                lifted = replace(training, **{name: defaults[name]})
+            except SpecError:  # the default does not stand alone with the other knobs
+                continue
+            if code not in dict(knob_violations(model, row, lifted, arch)):
+                knobs.append(name)
+    reason = examples.get(codes[0], "")
+    return (FitTip("knob_rule", float(sum(rejections[c] for c in codes)), rules=tuple(codes), knobs=tuple(knobs),
+                   reason=reason),)
 
 
 def _count_oom(valid: LayoutTable, ev: Evaluated, usable: float, headroom: Headroom,
@@ -787,7 +830,7 @@ def first_rule(p: Plan, a: RankKeys, b: RankKeys) -> str:
     return decided_by(p.ranking, a.coarse, b.coarse, a.step, b.step, a.simpler, b.simpler)
 
 
-FitKnob = Literal["search_space", "headroom", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory"]
+FitKnob = Literal["search_space", "headroom", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory", "knob_rule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -798,12 +841,17 @@ class FitTip:
     than ``value`` bytes (the smallest layout fits only inside it); ``num_gpus``: ``value`` GPUs or more
     (``ratio``: the smallest layout's peak over the usable memory, less the margin with ``less_margin``);
     ``recompute``: allow full recompute; ``pipeline``: allow more pipeline stages; ``mbs``: micro-batch
-    ``value`` (1); ``gpu_memory``: a GPU with more than ``value`` bytes usable."""
+    ``value`` (1); ``gpu_memory``: a GPU with more than ``value`` bytes usable; ``knob_rule``: the knob rules
+    ``rules`` (Megatron's words of the first: ``reason``) rejected the ``value`` layouts the other rules leave:
+    change the training fields ``knobs`` (``knob_rule_tip``)."""
 
     knob: FitKnob
     value: float | None = None
     ratio: float | None = None
     less_margin: bool = False
+    rules: tuple[str, ...] = ()
+    knobs: tuple[str, ...] = ()
+    reason: str = ""
 
     def describe(self) -> str:
         """The tip in the library's terms (``SearchSpace`` fields and ``plan`` arguments)."""
@@ -821,7 +869,18 @@ class FitTip:
             return "allow more pipeline stages (SearchSpace.max_pp/pp)"
         if self.knob == "mbs":
             return f"micro-batch {self.value:.0f} (SearchSpace.mbs)"
+        if self.knob == "knob_rule":
+            return (f"{self.rules_text(words=False)}: change {' or '.join(self.knobs) or 'the knobs it names'} "
+                    "(TrainingSpec), or what the rule asks for (NoFeasiblePlanError.examples has its words)")
         return f"a GPU with more than {(self.value or 0.0) / GIB:.0f} GiB usable"
+
+
+    def rules_text(self, *, words: bool = True) -> str:
+        """``knob_rule``: which rules rejected how many layouts (with Megatron's words of the first: ``words``)."""
+        many = len(self.rules) > 1
+        why = f": {self.reason}" if words and self.reason else ""
+        return (f"Megatron's knob rule{'s' * many} {', '.join(self.rules)} reject{'' if many else 's'} every layout "
+                f"the other rules accept ({self.value or 0:,.0f}{why})")
 
 
 def fit_advice(cluster: ClusterSpec, space: SearchSpace, smallest: tuple[Any, float] | None,

@@ -219,6 +219,29 @@ def test_moe_knobs_read_from_megatron_args() -> None:
                for n in deepep.notes)
 
 
+def test_deprecated_deepep_sms_flag_read_as_megatron_routes_it() -> None:
+    # TransformerConfig.__post_init__: moe_deepep_num_sms and moe_hybridep_num_sms are routed to
+    # moe_flex_dispatcher_num_sms (an explicit one wins); two different deprecated values are a ValueError
+    flex = [*MOE_FLAGS, "--moe-token-dispatcher-type", "flex"]
+    flags = read_flags([*flex, "--moe-deepep-num-sms", "20"])
+    assert flags.training_fields["moe_hybridep_num_sms"] == 20 and not flags.unknown_flags
+    assert read_flags([*flex, "--moe-deepep-num-sms", "20", "--moe-hybridep-num-sms", "20"]).training_fields[
+        "moe_hybridep_num_sms"] == 20
+    assert read_flags([*flex, "--moe-deepep-num-sms", "20", "--moe-hybridep-num-sms", "32",
+                       "--moe-flex-dispatcher-num-sms", "24"]).training_fields["moe_hybridep_num_sms"] == 24
+    with pytest.raises(SpecError, match=r"^Conflicting deprecated SM-count knobs --moe-deepep-num-sms 20, "
+                                        r"--moe-hybridep-num-sms 32; set a single --moe-flex-dispatcher-num-sms"):
+        read_flags([*flex, "--moe-deepep-num-sms", "20", "--moe-hybridep-num-sms", "32"])
+    with pytest.raises(SpecError, match=r"^--moe-deepep-num-sms must be a positive integer, got 'x'"):
+        read_flags([*flex, "--moe-deepep-num-sms", "x"])
+    assert memory_knobs_from_words(["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "24"],
+                                   "bf16")["moe_hybridep_num_sms"] == 24
+    # written back under the current flag only
+    words = argv(megatron_args(DSV3, LAYOUT, _t(moe_token_dispatcher_type="flex", moe_hybridep_num_sms=20)),
+                 resolve=True)
+    assert words[words.index("--moe-flex-dispatcher-num-sms") + 1] == "20" and "--moe-deepep-num-sms" not in words
+
+
 def test_megatron_default_dispatcher_is_allgather() -> None:
     flags = read_flags(list(MOE_FLAGS))
     assert flags.training_fields["moe_token_dispatcher_type"] == "allgather"

@@ -1,5 +1,5 @@
 """Invariants of the memory knobs (hypothesis): bf16 gradients, precision-aware low-precision moments, FP8 param
-gather and optimizer CPU offload never raise a stage's memory."""
+gather, optimizer CPU offload and the fused cross entropy never raise a stage's memory."""
 
 from __future__ import annotations
 
@@ -83,3 +83,10 @@ def test_optimizer_offload_never_raises_memory(s: tuple, f1: float, f2: float) -
     _never_more((model, layout, off_lo), replace(off_lo, optimizer_offload_fraction=hi))
     aware = t if t.use_precision_aware_optimizer else replace(t, use_precision_aware_optimizer=True)
     _never_more((model, layout, aware), replace(aware, optimizer_cpu_offload=True, optimizer_offload_fraction=1.0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(knobbed(), st.sampled_from(["native", "te"]))
+def test_cross_entropy_fusion_never_raises_memory(s: tuple, impl: str) -> None:
+    """Fusing the loss keeps at most the unfused loss's logits (TE's: the bf16 logits only), on every stage."""
+    _never_more(s, replace(s[2], cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=impl))

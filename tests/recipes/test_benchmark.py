@@ -32,3 +32,34 @@ def test_one_recipe_against_its_plan() -> None:
     assert row.fits == est.fits and 0 < row.ratio
     rejected = next(x for x in bridge_recipes() if x.runnable and "does not divide num_gpus" in str(x.get("notes")))
     assert bench.compare(rejected) == "recipe rejected (EXPERT_GRID)"
+
+
+def test_a_coded_layout_that_cannot_fit_is_counted_apart_only_when_the_docstring_layout_fits() -> None:
+    """Llama-3.1-405B on 128 B200, coded tp4 pp16 vp8: rank 1 of Megatron's interleaved schedule keeps
+    2(p - r - 1) + (v - 1) p + 1 = 2 x 14 + 7 x 16 + 1 = 141 one-layer chunk micro-batches; the CSV notes say the
+    docstring's layout is PP 8, CP 2, which fits."""
+    from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+    from paraplan.recipes.knobs import estimate_recipe
+
+    r = find_recipe("llama3.1-405b-b200-bf16-128", bridge_recipes())
+    assert bench.docstring_layout(r) == {"pp": 8, "cp": 2}
+    est = estimate_recipe(r)
+    assert not est.fits and est.stages[1].in_flight == 2 * 14 + 7 * 16 + 1
+    assert bench.compare(r) == bench.CODED_LAYOUT_OOM
+    physics = bench.oom_physics(r, est)
+    assert physics.startswith("stage 1: 141 chunk micro-batches in flight x ")
+    assert "tp4 pp8 vp8 cp2 dp2 mbs1 none" in physics and physics.endswith("fits")
+    # no docstring note: predicted not to fit, compared, with its physics
+    no_note = find_recipe("llama3.1-405b-gb200-fp8cs-128", bridge_recipes())
+    assert bench.docstring_layout(no_note) == {}
+    row = bench.compare(no_note)
+    assert isinstance(row, bench.Row) and not row.fits and row.physics.startswith("stage 1: 77 chunk")
+
+
+def test_a_peft_recipe_is_planned_as_peft() -> None:
+    """The job plan carries the recipe's task: with frozen base weights (no grads, no optimizer state) a layout of
+    Llama-3-70B fits on 8 H100, as the recipe's does; planned as pretraining, none did."""
+    from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+
+    row = bench.compare(find_recipe("llama3-70b-h100-bf16-8-peft", bridge_recipes()))
+    assert isinstance(row, bench.Row) and row.fits

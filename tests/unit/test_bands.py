@@ -214,6 +214,29 @@ def test_fast_predictions_equal_calibration_predict() -> None:
 
 
 @needs_shared
+def test_cross_validation_builds_its_inputs_as_calibration_does() -> None:
+    """cross_validate.prepare takes calibration.case_inputs's model, cluster, training and layout (flash attention),
+    and refuses with the same line where it refuses."""
+    _bands_module()
+    calibration = pytest.importorskip("calibration")
+    cv = pytest.importorskip("cross_validate")
+    from paraplan.errors import SpecError
+    from paraplan.specs.load import load_gpu
+    from published_cases import load_cases  # type: ignore[import-not-found]
+
+    cases, _ = load_cases("published")
+    for c in cases[::5]:
+        p = cv.prepare(c)
+        try:
+            inputs = calibration.case_inputs(c, load_gpu(c.gpu), "flash")
+        except SpecError as err:
+            assert p == str(err)
+            continue
+        assert (p.model, p.cluster, p.training, p.layout) == inputs
+        assert p.num_microbatches == inputs[3].num_microbatches(c.gbs)
+
+
+@needs_shared
 def test_a_held_out_row_is_predicted_without_its_own_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     """Changing a row's measured value leaves its held-out prediction unchanged and moves the others' (the fit is
     redone per fold, on the other folds only). Hopper rows, a short fit, to stay fast."""

@@ -112,7 +112,7 @@ def test_python_tags_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert err.startswith("error: --gpu-set hbm_gib:")
 
 
-@pytest.mark.parametrize("kind", ["gpu", "model", "site", "profile", "plan", "manifest", "script", "runs"])
+@pytest.mark.parametrize("kind", ["gpu", "model", "site", "profile", "plan", "manifest", "script", "runs", "recipes"])
 def test_non_utf8_files_are_one_line(kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / f"latin.{'json' if kind in ('plan', 'manifest') else 'sh' if kind == 'script' else 'yaml'}"
     write(p, b"# caf\xe9\nbase: h100-80gb\n")
@@ -120,9 +120,42 @@ def test_non_utf8_files_are_one_line(kind: str, tmp_path: Path, capsys: pytest.C
             "site": ["launch", *EST[1:11], "--site", str(p), "--out", str(tmp_path / "o")],
             "profile": [*EST, "--profile", str(p)], "plan": ["launch", "--plan", str(p), "--out", str(tmp_path / "o")],
             "manifest": ["tune", "--manifest", str(p), "--log", str(p)], "script": ["check", str(p)],
-            "runs": ["calibrate", "--runs", str(p), "-g", "h100-80gb", "--out", str(tmp_path / "p.yaml")]}[kind]
+            "runs": ["calibrate", "--runs", str(p), "-g", "h100-80gb", "--out", str(tmp_path / "p.yaml")],
+            "recipes": ["recipes", "--recipes", str(p)]}[kind]
     err = one_line_error(argv, capsys)
     assert "is not UTF-8 text (byte 5)" in err
+
+
+def test_a_fifo_swapped_in_after_the_check_does_not_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_input_text opens non-blocking and checks the open file (fileio.open_regular_file): a FIFO that replaces
+    the file between the stat and the open is refused, not waited on."""
+    import stat as stat_module
+    import threading
+
+    import paraplan.fileio as fileio
+
+    fifo = tmp_path / "swapped.yaml"
+    os.mkfifo(fifo)
+    real_stat = os.stat
+
+    def regular(path: object, *args: object, **kwargs: object) -> os.stat_result:  # what the check saw, before the swap
+        st = real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+        return os.stat_result((stat_module.S_IFREG | 0o644, *st[1:]))
+
+    monkeypatch.setattr(fileio.os, "stat", regular)
+    outcome: list[str] = []
+
+    def read() -> None:
+        try:
+            read_input_text(fifo, "model")
+            outcome.append("read")
+        except SpecError as err:
+            outcome.append(str(err))
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert outcome and "FIFO" in outcome[0], "read_input_text blocked on a FIFO"
 
 
 def test_utf8_bom_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

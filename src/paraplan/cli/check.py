@@ -68,7 +68,8 @@ def render_check(result: CheckResult, script: str) -> None:
 @app.command("check")
 def check(
     script: str = typer.Argument(..., help="Shell script, Slurm batch file or arguments file with a "
-                                 "pretrain_gpt.py command line (torchrun/srun/python)."),
+                                 "pretrain_gpt.py command line (torchrun/srun/python), or a Kubeflow "
+                                 "TrainJob / PyTorchJob YAML (its trainer container's command and args)."),
     num_gpus: int | None = typer.Option(None, "--num-gpus", "-n",
                                         help="World size (default: from torchrun/srun/#SBATCH)."),
     gpu: str = typer.Option(DEFAULT_GPU, "--gpu", "-g", help=GPU_HELP),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 import typer
 from rich import box
@@ -55,6 +56,15 @@ def preset_table(title: str, columns: list[tuple[str, bool]], rows: list[list[st
     return table
 
 
+def printed_as_data(rows: list[dict[str, Any]], fmt: ListFormat) -> bool:
+    """Print ``rows`` as JSON or CSV when ``fmt`` asks for it (True); False for the table."""
+    if fmt == ListFormat.json:
+        print(json.dumps(rows, indent=1, allow_nan=False))
+    elif fmt == ListFormat.csv:
+        print(rows_csv(rows), end="")
+    return fmt != ListFormat.table
+
+
 @app.command("models")
 def models(fmt: ListFormat = _FORMAT) -> None:
     """List the built-in model presets with their sizes and sources.
@@ -65,11 +75,7 @@ def models(fmt: ListFormat = _FORMAT) -> None:
     from paraplan.units import format_count
 
     rows = preset_rows("models")
-    if fmt == ListFormat.json:
-        print(json.dumps(rows, indent=1, allow_nan=False))
-        return
-    if fmt == ListFormat.csv:
-        print(rows_csv(rows), end="")
+    if printed_as_data(rows, fmt):
         return
     con = Console(highlight=False)
     cells = [[safe(r["name"]), str(r["layers"]), str(r["hidden"]), str(r["heads"]), str(r["kv_heads"]),
@@ -92,11 +98,7 @@ def gpus(fmt: ListFormat = _FORMAT) -> None:
     from paraplan.api import preset_rows
 
     rows = preset_rows("gpus")
-    if fmt == ListFormat.json:
-        print(json.dumps(rows, indent=1, allow_nan=False))
-        return
-    if fmt == ListFormat.csv:
-        print(rows_csv(rows), end="")
+    if printed_as_data(rows, fmt):
         return
     con = Console(highlight=False)
     cells = [[safe(r["name"]), f"{r['hbm_gib']:.1f}", f"{r['hbm_tbyte_per_s']:.2f}", f"{r['bf16_tflops']:.0f}",

@@ -289,7 +289,8 @@ KnobOpt = typer.Option(
          "moe-permute-fusion-into-hybridep, moe-shared-expert-overlap, "
          "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity; CUDA graphs: "
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
-         "no-gradient-accumulation-fusion; paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
+         "no-gradient-accumulation-fusion, cross-entropy-loss-fusion, cross-entropy-fusion-impl=native|te; "
+         "paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

@@ -38,6 +38,12 @@ def fit_tip_flags(tip: FitTip) -> str:
         return "allow more pipeline stages (--max-pp/--pp)"
     if tip.knob == "mbs":
         return f"micro-batch {tip.value:.0f} (--mbs {tip.value:.0f})"
+    if tip.knob == "knob_rule":
+        from paraplan.api import KNOB_FLAGS
+
+        knobs = ["--precision" if k == "precision" else f"--knob {KNOB_FLAGS[k][2:]}" for k in tip.knobs]
+        return (f"{tip.rules_text()}: change {' or '.join(knobs) or 'the knobs it names'} (from --knob, --precision "
+                "or --recipe), or what the rule's words ask for")
     return tip.describe()  # a GPU with more memory: no flag to name
 
 

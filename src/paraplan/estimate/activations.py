@@ -62,6 +62,9 @@ class ActivationContext:
     """Routed token copies over the dropless T k (``time.ep.routed_load_factor``: token drop / padding)."""
     fp4: bool = False
     """NVFP4 training: saved GEMM inputs are TE's columnwise NVFP4 copies (``NVFP4_BYTES``)."""
+    te_cross_entropy: bool = False
+    """Transformer Engine's fused cross entropy (``TrainingSpec.cross_entropy_loss_fusion`` with
+    ``cross_entropy_fusion_impl`` te): no fp32 logits copy (``output_bytes``)."""
 
     @property
     def tokens(self) -> Num:
@@ -239,11 +242,24 @@ def embedding_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     return ids + mask
 
 
+TE_CROSS_ENTROPY_GRAD_BYTES = 0.0
+"""Bytes per logit element that Transformer Engine's fused cross entropy keeps beyond the bf16 logits: none. Its
+forward writes the softmax gradient into the logits in place and saves them for backward (TE
+``pytorch/triton/cross_entropy.py`` ``cross_entropy_forward``: ``return loss, _input``; TE <= 2.17, the releases of
+the NeMo 25.x-26.06 containers every Megatron-Bridge calibration row ran). Assumed, not fitted: TE 2.18 (commit
+01bbe3e, "Store the input gradient in FP32") allocates an fp32 gradient beside the logits (4 B), as the unfused
+loss does; set this to ``FP32_BYTES`` for that release."""
+
+
 def output_bytes(model: ModelSpec, ctx: ActivationContext, *, padded_vocab: Num) -> Num:
     """Last stage, one micro-batch: final-norm input and output 2*2Th/sh, then the logits:
     bf16 logits 2TV/t and the fp32 copy the vocab-parallel cross entropy keeps 4TV/t
-    (``tensor_parallel.vocab_parallel_cross_entropy(logits.float(), ...)``)."""
+    (``tensor_parallel.vocab_parallel_cross_entropy``: ``calculate_logits_max`` casts ``.float()``, the softmax is
+    saved; MCore's fused ``native`` loss, ``fusions/fused_cross_entropy.py``, the same). TE's fused loss
+    (``ctx.te_cross_entropy``): 2TV/t + ``TE_CROSS_ENTROPY_GRAD_BYTES`` TV/t, the gradient written into the
+    logits (``language_module.py`` ``compute_language_model_loss`` -> ``te_parallel_cross_entropy``)."""
     T, t, sh, h = ctx.tokens, ctx.tp, ctx.seq_shard, model.hidden_size
     norms = 2 * BF16_BYTES * T * h / sh
-    logits = (BF16_BYTES + FP32_BYTES) * T * padded_vocab / t
+    kept = TE_CROSS_ENTROPY_GRAD_BYTES if ctx.te_cross_entropy else FP32_BYTES
+    logits = (BF16_BYTES + kept) * T * padded_vocab / t
     return norms + logits

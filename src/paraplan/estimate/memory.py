@@ -46,6 +46,13 @@ NVFP4_COPY_BYTES = 0.5 + 1.0 / 16
 """One NVFP4 copy of a weight per element (TE ``NVFP4Tensor``, ``NVFP4BlockScaling``): packed 4-bit E2M1 data
 (``fp4_utils.get_nvfp4_rowwise_packed_shape``: last dim // 2) and one E4M3 scale per 16 elements (the 16 x 16
 weight blocks' scales are stored per 1 x 16 row block); the fp32 per-tensor scale is negligible."""
+SINGLE_FP8_COPY_ARCHS = ("blackwell",)
+"""GPU architectures whose FP8 GEMMs take any operand layout, so Transformer Engine keeps one FP8 tensor for the
+rowwise and the columnwise use of a per-tensor-scaled weight (delayed and tensorwise scaling): no transpose copy
+(TE ``common/transformer_engine.cpp`` ``nvte_is_non_tn_fp8_gemm_supported``: sm 10.x and 11.x, B200/GB200/B300/
+GB300; ``pytorch/csrc/quantizer.cpp`` ``Float8Quantizer`` / ``Float8CurrentScalingQuantizer::create_tensor``:
+``with_transpose = columnwise_usage && !is_non_tn_fp8_gemm_supported``). MXFP8 and blockwise scales run along one
+direction, so their columnwise copy stays (``MXFP8Quantizer``, ``Float8BlockQuantizer``)."""
 FSDP_LAYERS_IN_FLIGHT = 2
 """Megatron-FSDP holds the unsharded gradients of about two layers at a time: the one computing and the one
 being reduce-scattered (the guide: "at least two FSDP units worth of un-sharded gradient memory")."""
@@ -154,15 +161,18 @@ def weight_bytes_per_param(training: TrainingSpec) -> float:
     return PARAM_BYTES
 
 
-def fp8_cache_bytes_per_param(training: TrainingSpec) -> float:
+def fp8_cache_bytes_per_param(training: TrainingSpec, arch: str = "hopper") -> float:
     """FP8 weight copies TE keeps beside the weights (0 without FP8): rowwise and columnwise (transpose) copies,
     1 B each plus the recipe's scales; with ``--fp8-param-gather`` the rowwise copy is the weight itself
-    (``weight_bytes_per_param``), only the columnwise one is extra."""
+    (``weight_bytes_per_param``), only the columnwise one is extra. On ``SINGLE_FP8_COPY_ARCHS`` (``arch``: the
+    GPU's) delayed and tensorwise scaling keep one copy for both uses: 1 B, 0 with the param gather."""
     if training.precision == "fp4":  # rowwise (fprop) and columnwise (dgrad) NVFP4 copies, as FP8
         return NVFP4_COPY_BYTES * (1.0 if training.fp4_param_gather else FP8_WEIGHT_CACHE_BYTES)
     if training.precision != "fp8":
         return 0.0
     copies = 1.0 if training.fp8_param_gather else FP8_WEIGHT_CACHE_BYTES
+    if arch in SINGLE_FP8_COPY_ARCHS and training.fp8_recipe in ("delayed", "tensorwise"):
+        copies -= 1.0  # no transpose: the rowwise data serves the columnwise use
     return copies * (1.0 + FP8_SCALE_BYTES_PER_ELEMENT[training.fp8_recipe])
 
 
@@ -228,6 +238,7 @@ def activation_context(
         fp8=training.precision == "fp8", flash=flash, routed_load=routed_load_factor(training),
         offload_modules=training.offloaded_modules,
         fp4=training.precision == "fp4",
+        te_cross_entropy=training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te",
     )
 
 
@@ -365,9 +376,10 @@ def block_recompute_frac(layout: StepLayout, stage: StageLayers) -> Num:
 def stage_other_bytes(
     model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, params: StageParams,
     activations_bytes: Num, *, options: MemoryOptions, per_layer: LayerActivations | None = None,
+    arch: str = "hopper",
 ) -> OtherBytes:
-    """Logits (last stage, one micro-batch, plus one per MTP layer), FP8 weight copies,
-    FSDP gather buffers, workspace and fragmentation."""
+    """Logits (last stage, one micro-batch, plus one per MTP layer), FP8 weight copies (``arch``: the GPU's,
+    ``fp8_cache_bytes_per_param``), FSDP gather buffers, workspace and fragmentation."""
     la = per_layer if per_layer is not None else layer_activations(model, training, layout)
     heads = 1 + np.asarray(stage.num_mtp_layers)
     logits = np.where(stage.has_output, heads * la.output, 0.0)
@@ -383,7 +395,7 @@ def stage_other_bytes(
     fp8_held = np.where(layout.fsdp, weight_units * per_layer_params, params.total)
     if training.precision == "fp4" or training.first_last_layers_bf16:
         fp8_held = np.where(layout.fsdp, fp8_held, quantized_layers(training, stage) * per_layer_params)
-    fp8_cache = fp8_cache_bytes_per_param(training) * fp8_held
+    fp8_cache = fp8_cache_bytes_per_param(training, arch) * fp8_held
     dynamic = activations_bytes + logits
     return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,
                       workspace_bytes=options.workspace_bytes, fragmentation_bytes=options.fragmentation_frac * dynamic)
@@ -436,11 +448,11 @@ def cuda_graph_pool_bytes(model: ModelSpec, training: TrainingSpec, layout: Step
 def stage_memory(
     model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, *,
     rank: Int, num_microbatches: Int, max_positions: int, options: MemoryOptions | None = None,
-    per_layer: LayerActivations | None = None, param_terms: ParamTerms | None = None,
+    per_layer: LayerActivations | None = None, param_terms: ParamTerms | None = None, arch: str = "hopper",
 ) -> StageMemory:
     """Memory breakdown of one pipeline rank (vectorised over candidates). ``per_layer`` and
     ``param_terms``: the layout's ``layer_activations`` and ``params.param_terms`` when already
-    computed (the search gathers them)."""
+    computed (the search gathers them); ``arch``: the GPU's architecture (``GPUSpec.arch``)."""
     options = options or MemoryOptions()
     per_layer = per_layer if per_layer is not None else layer_activations(model, training, layout)
     params = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
@@ -451,7 +463,7 @@ def stage_memory(
         per_layer=per_layer,
     )
     other = stage_other_bytes(model, training, layout, stage, params, activations, options=options,
-                              per_layer=per_layer)
+                              per_layer=per_layer, arch=arch)
     if training.cuda_graph_impl != "none":
         other = replace(other, cuda_graph_bytes=cuda_graph_pool_bytes(model, training, layout, stage, units))
     return StageMemory(

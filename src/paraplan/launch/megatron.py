@@ -30,7 +30,7 @@ from paraplan.rules import (
 )
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import KNOB_FLAGS, TrainingSpec
+from paraplan.specs.training import KNOB_FLAGS, TE_CROSS_ENTROPY_MESSAGE, TrainingSpec
 
 if TYPE_CHECKING:  # the launch spec is only named here: render imports this module
     from paraplan.launch.render import LaunchSpec
@@ -212,11 +212,20 @@ def fp8_delayed(training: TrainingSpec | None) -> bool:
     return training is not None and training.precision == "fp8" and training.fp8_recipe == "delayed"
 
 
+_MEGATRON_DEFAULTS: Final = TrainingSpec(seq_len=1, global_batch_size=1)
+"""Megatron-LM's default for every knob (the TrainingSpec field defaults; seq_len and GBS are placeholders)."""
+
+
+def knobs_set(training: TrainingSpec) -> list[tuple[str, str, Any]]:
+    """(field, Megatron flag, value) of each ``KNOB_FLAGS`` knob of ``training`` away from Megatron-LM's default,
+    in ``KNOB_FLAGS`` order."""
+    return [(key, flag, value) for key, flag in KNOB_FLAGS.items()
+            if (value := getattr(training, key)) != getattr(_MEGATRON_DEFAULTS, key)]
+
+
 def moe_knobs_set(training: TrainingSpec) -> list[str]:
     """The MoE knobs (``--moe-*`` flags) away from Megatron-LM's defaults."""
-    defaults = TrainingSpec(seq_len=1, global_batch_size=1)
-    return [flag for key, flag in KNOB_FLAGS.items()
-            if key.startswith("moe_") and getattr(training, key) != getattr(defaults, key)]
+    return [flag for key, flag, _ in knobs_set(training) if key.startswith("moe_")]
 
 
 def dense_moe_knobs_note(model: ModelSpec, training: TrainingSpec) -> str | None:
@@ -231,11 +240,9 @@ def memory_knob_args(training: TrainingSpec, model: ModelSpec | None = None) -> 
     (``KNOB_FLAGS``; ``--fp8-recipe`` is written by ``fp8_args``, ``--moe-token-dispatcher-type`` by ``_moe_mla``;
     the flex backend and its SMs only with the flex dispatcher; no MoE knob for a dense ``model``, as ``_moe_mla``
     writes no dispatcher for it)."""
-    defaults = TrainingSpec(seq_len=1, global_batch_size=1)
     args: list[Arg] = []
-    for key, flag in KNOB_FLAGS.items():
-        value = getattr(training, key)
-        if key in ("fp8_recipe", "fp4_recipe", "moe_token_dispatcher_type") or value == getattr(defaults, key) \
+    for key, flag, value in knobs_set(training):
+        if key in ("fp8_recipe", "fp4_recipe", "moe_token_dispatcher_type") \
                 or value is None or (model is not None and not model.is_moe and key.startswith("moe_")):
             continue  # fp8_recipe / fp4_recipe: fp8_args / fp4_args; the dispatcher: _moe_mla
         if key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms", "moe_permute_fusion_into_hybridep") \
@@ -348,6 +355,8 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
             and training.fp8_recipe != "delayed":
         out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
+    if training is not None and training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te":
+        out.append(("TE_CROSS_ENTROPY_FUSION", TE_CROSS_ENTROPY_MESSAGE))  # A: validate_args
     if training is not None:
         out += knob_violations(model, layout, training, arch)
     if layout.overlap_param_gather and not layout.dist_opt:

@@ -25,11 +25,11 @@ AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
 
 _MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
-MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash", "cross_entropy_fusion_impl",
+MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash",
                 "PYTORCH_CUDA_ALLOC_CONF")
-"""Not-modelled columns that lower a recipe's memory below paraplan's estimate (fused cross entropy, expandable
-segments); gradient and optimizer dtypes, FP8 and FP4 parameter gather, optimizer and activation offloading and
-PEFT are modelled (``knobs.training_knobs``)."""
+"""Not-modelled columns that lower a recipe's memory below paraplan's estimate (expandable segments); gradient and
+optimizer dtypes, FP8 and FP4 parameter gather, optimizer and activation offloading, PEFT and the fused cross
+entropy are modelled (``knobs.training_knobs``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
     for bf16 Adam), optimizer CPU offload, BF16 first/last layers, FP8 dot-product attention, CUDA graphs
     (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel launches in time), activation
-    offloading (layer-level and fine-grained), PEFT (``task``);
+    offloading (layer-level and fine-grained), PEFT (``task``), the cross-entropy fusion (``cross_entropy_fusion_impl``,
+    fused as Megatron-Bridge's ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
     ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap; ``moe_a2a_overlap`` is
@@ -86,7 +87,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "wgrad_deferral_limit": ((), _on("defer_embedding_wgrad_compute", True)),
     "nccl_ub": ((False,), None),
     "use_transformer_engine_op_fuser": ((False,), None),
-    "cross_entropy_fusion_impl": (("native",), None),
     "manual_gc": ((False,), None),
     "manual_gc_interval": ((), _on("manual_gc", True)),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
@@ -95,8 +95,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
-Adam, grouped GEMMs, fp32 router, balanced dropless routing, the native
-cross entropy (fp32 logits copy), activation offloading of activations only (no weights), no environment effects."""
+Adam, grouped GEMMs, fp32 router, balanced dropless routing, activation offloading of activations only (no weights),
+no environment effects."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -115,7 +115,8 @@ MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precisi
                          "offload_modules", "peft",
                          "fsdp_double_buffer", "cuda_graph_impl", "cuda_graph_scope",
                          "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
-                         "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention")
+                         "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention",
+                         "cross_entropy_fusion_impl")
 MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
                       "moe_hybridep_num_sms": "moe_hybridep_num_sms", "delay_wgrad_compute": "delay_wgrad_compute",
@@ -173,6 +174,10 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     out.update(_offload_knobs(r))
     if r.get("task") == "peft":
         out["peft"] = True
+    # Megatron-Bridge's GPTModelProvider: cross_entropy_loss_fusion = True (models/gpt_provider.py); the perf recipes
+    # choose the kernel (_benchmark_common: cross_entropy_fusion_impl, "te" unless a recipe passes "native")
+    out.update(cross_entropy_loss_fusion=True,
+               cross_entropy_fusion_impl=_choice(r, "cross_entropy_fusion_impl", ("native", "te")))
     return out
 
 
@@ -227,20 +232,20 @@ def _bool_or_false(r: Recipe, column: str) -> bool:
 
 def _cuda_graphs(r: Recipe) -> dict[str, Any]:
     """``cuda_graph_impl`` and ``cuda_graph_scope`` as TrainingSpec fields, as Megatron-Core reads them
-    (transformer/cuda_graph_config.py): the deprecated scope ``full_iteration`` is ``cuda_graph_impl=full_iteration``
-    and ``full`` the whole layer (no modules); impl none clears the scope (Bridge perf_recipes/_common.py)."""
-    from paraplan.specs.training import CUDA_GRAPH_IMPLS, CUDA_GRAPH_MODULES
+    (``specs.training.cuda_graph_scope``: the deprecated scope ``full_iteration`` is ``cuda_graph_impl=full_iteration``
+    and ``full`` the whole layer); impl none clears the scope (Bridge perf_recipes/_common.py)."""
+    from paraplan.specs.training import CUDA_GRAPH_IMPLS, CUDA_GRAPH_MODULES, cuda_graph_scope
 
     impl = _choice(r, "cuda_graph_impl", CUDA_GRAPH_IMPLS)
     scope = r.get("cuda_graph_scope")
     scope = [] if scope in (None, "") else scope
-    if not isinstance(scope, list) or any(m not in (*CUDA_GRAPH_MODULES, "full", "full_iteration") for m in scope):
+    if not isinstance(scope, list) or not all(isinstance(m, str) for m in scope):
         raise bad(r, "cuda_graph_scope", "a list of " + ", ".join(CUDA_GRAPH_MODULES) + " or [full_iteration]")
+    graphs, modules = cuda_graph_scope(impl, scope, f"{_where(r)}: column cuda_graph_scope")
     if impl == "none":
         return {}
-    if "full_iteration" in scope:
-        return {"cuda_graph_impl": "full_iteration"}
-    return {"cuda_graph_impl": impl, "cuda_graph_modules": tuple(m for m in scope if m != "full")}
+    return {"cuda_graph_impl": graphs} if graphs == "full_iteration" else {"cuda_graph_impl": graphs,
+                                                                            "cuda_graph_modules": modules}
 
 
 _BF16_LAYERS: Final = re.compile(r"True\(start=(\d{1,4}),end=(\d{1,4})\)")

@@ -26,19 +26,6 @@ from paraplan.recipes.catalogue import (
 )
 
 
-def _read_text(path: str) -> str:
-    from paraplan.fileio import open_regular_file
-
-    with open_regular_file(path, "--recipes") as fh:
-        data = fh.read(MAX_USER_FILE_BYTES + 1)
-    if len(data) > MAX_USER_FILE_BYTES:
-        raise SpecError(f"--recipes {path}: larger than {MAX_USER_FILE_BYTES // 2**20} MiB")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise SpecError(f"--recipes {path}: not UTF-8 text (byte {err.start})") from None
-
-
 def _check_columns(path: str, names: list[str], where: str) -> None:
     allowed = columns()
     for name in names:
@@ -146,7 +133,9 @@ def _check_row(path: str, r: Recipe) -> None:
 
 def read_user_recipes(path: str) -> list[Recipe]:
     """The recipes of a user file, each checked (SpecError in one line naming the row and column)."""
-    text = _read_text(path)
+    from paraplan.fileio import read_input_text
+
+    text = read_input_text(path, "--recipes", max_bytes=MAX_USER_FILE_BYTES)
     is_csv = path.lower().endswith(".csv")
     rows = _csv_rows(path, text) if is_csv else _yaml_rows(path, text)
     out: list[Recipe] = []

@@ -19,7 +19,13 @@ from paraplan.fileio import brief
 from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
-from paraplan.specs.training import DEPRECATED_SMS_FLAG, DTYPE_CHOICES, KNOB_FLAGS, OFFLOAD_MODULES
+from paraplan.specs.training import (
+    DEPRECATED_SMS_FLAG,
+    DTYPE_CHOICES,
+    KNOB_FLAGS,
+    OFFLOAD_MODULES,
+    TE_CROSS_ENTROPY_MESSAGE,
+)
 
 _DATA = Path(__file__).parent
 """Where ``megatron_flags.txt`` and ``megatron_dests.tsv`` lie (beside this module)."""
@@ -556,12 +562,25 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
         r.notes.append("--moe-permute-fusion-into-hybridep is ignored without --moe-flex-dispatcher-backend hybridep")
 
 
+DEPRECATED_DEEPEP_SMS_FLAG: Final = "--moe-deepep-num-sms"
+"""The other deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (DeepEP's SMs, TransformerConfig
+``moe_deepep_num_sms``), routed like ``DEPRECATED_SMS_FLAG``; both at different values without the current flag is
+refused, as Megatron does ("Conflicting deprecated SM-count knobs"): read, never written."""
+
+
 def _deprecated_sms_knob(r: _Reader) -> dict[str, Any]:
-    """``--moe-hybridep-num-sms`` (``DEPRECATED_SMS_FLAG``) as ``moe_hybridep_num_sms`` where
-    ``--moe-flex-dispatcher-num-sms`` is not given (TransformerConfig.__post_init__ routes it; the new flag wins)."""
-    if not r.has(DEPRECATED_SMS_FLAG) or r.has(KNOB_FLAGS["moe_hybridep_num_sms"]):
+    """``--moe-hybridep-num-sms`` (``DEPRECATED_SMS_FLAG``) or ``--moe-deepep-num-sms``
+    (``DEPRECATED_DEEPEP_SMS_FLAG``) as ``moe_hybridep_num_sms`` where ``--moe-flex-dispatcher-num-sms`` is not given
+    (TransformerConfig.__post_init__ routes either; the new flag wins; both at different values is refused, as
+    Megatron's "Conflicting deprecated SM-count knobs" ValueError)."""
+    given = [f for f in (DEPRECATED_DEEPEP_SMS_FLAG, DEPRECATED_SMS_FLAG) if r.has(f)]
+    if not given or r.has(KNOB_FLAGS["moe_hybridep_num_sms"]):
         return {}
-    return {"moe_hybridep_num_sms": _number_knob(r, "moe_hybridep_num_sms", DEPRECATED_SMS_FLAG)}
+    values = {f: _number_knob(r, "moe_hybridep_num_sms", f) for f in given}
+    if len(set(values.values())) > 1:
+        raise SpecError("Conflicting deprecated SM-count knobs " + ", ".join(f"{f} {v}" for f, v in values.items())
+                        + f"; set a single {KNOB_FLAGS['moe_hybridep_num_sms']} instead")
+    return {"moe_hybridep_num_sms": values[given[0]]}
 
 
 def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
@@ -595,8 +614,9 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
     """``--cuda-graph-impl`` / ``--cuda-graph-modules`` as Megatron-LM reads them (arguments.py ``validate_args``,
     transformer/cuda_graph_config.py): ``--enable-cuda-graph`` is local and ``--external-cuda-graph``
     transformer_engine (deprecated); ``--cuda-graph-scope`` is the deprecated name of ``--cuda-graph-modules``; the
-    module ``full`` is the whole layer and ``full_iteration`` means ``--cuda-graph-impl full_iteration``."""
-    from paraplan.specs.training import CUDA_GRAPH_MODULES
+    module ``full`` is the whole layer and ``full_iteration`` means ``--cuda-graph-impl full_iteration``
+    (``specs.training.cuda_graph_scope``)."""
+    from paraplan.specs.training import CUDA_GRAPH_MODULES, cuda_graph_scope
 
     out: dict[str, Any] = {}
     for flag, value in (("--enable-cuda-graph", "local"), ("--external-cuda-graph", "transformer_engine")):
@@ -615,22 +635,14 @@ def _cuda_graph_knobs(r: _Reader, impl: str) -> dict[str, Any]:
     # one module a word (nargs='+', type CudaGraphModule[word]: arguments.py _parse_cuda_graph_modules_arg), so
     # 'attn,mlp' is refused as Megatron's argparse does; --knob splits its comma lists itself (cli.options)
     words = list(r.v[modules_flag])
-    for w in words:
-        if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
-            raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
-                            f"one a word, got {brief(w)}")
-    if "full" in words and words != ["full"]:
-        raise SpecError(f"{modules_flag}: full scope cannot be used with other scopes.")
-    if "full_iteration" in words:
-        if len(set(words)) > 1 or impl not in ("none", "local", "full_iteration"):
-            raise SpecError(f"{modules_flag} full_iteration cannot be combined with other modules or with "
-                            f"--cuda-graph-impl {impl}")
-        out["cuda_graph_impl"] = "full_iteration"
-        return out
-    if impl == "none":
+    if comma := next((w for w in words if "," in w), None):
+        raise SpecError(f"{modules_flag} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
+                        f"one a word, got {brief(comma)}")
+    new_impl, modules = cuda_graph_scope(impl, words, modules_flag)
+    if new_impl == "none":
         r.notes.append(f"{modules_flag} has no effect without --cuda-graph-impl")
         return out
-    out["cuda_graph_modules"] = tuple(dict.fromkeys(w for w in words if w != "full"))
+    out.update({"cuda_graph_impl": new_impl} if new_impl == "full_iteration" else {"cuda_graph_modules": modules})
     return out
 
 
@@ -684,7 +696,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
     words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
-    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG}
+    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG, DEPRECATED_DEEPEP_SMS_FLAG}
     for flag in [*unknown, *values]:
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
@@ -728,6 +740,8 @@ def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
             and out.get("fp8_recipe", "delayed") == "delayed":  # TC: __post_init__
         r.problems.append(("FIRST_LAST_BF16_DELAYED", "Delayed scaling does not support first / last layer in BF16."))
         out.pop("first_last_layers_bf16")
+    if out.get("cross_entropy_loss_fusion") and out.get("cross_entropy_fusion_impl") == "te":  # A: validate_args
+        r.problems.append(("TE_CROSS_ENTROPY_FUSION", TE_CROSS_ENTROPY_MESSAGE))
 
 
 def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",

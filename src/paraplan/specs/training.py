@@ -46,7 +46,8 @@ DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype
                         "moe_flex_dispatcher_backend": ("deepep", "hybridep"),
                         "cuda_graph_impl": CUDA_GRAPH_IMPLS,
                         "fp4_recipe": FP4_RECIPES,
-                        "cp_comm_type": ("p2p", "a2a", "all_gather")}
+                        "cp_comm_type": ("p2p", "a2a", "all_gather"),
+                        "cross_entropy_fusion_impl": ("native", "te")}
 """Allowed values of the string knobs (Megatron-LM's ``choices``; fp8 moments are uint8 + a scale)."""
 OFFLOAD_MODULES: Final = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
                           "fused_group_mlp")
@@ -80,11 +81,17 @@ KNOB_FLAGS: Final = {
     "first_last_layers_bf16": "--first-last-layers-bf16",
     "num_layers_at_start_in_bf16": "--num-layers-at-start-in-bf16",
     "num_layers_at_end_in_bf16": "--num-layers-at-end-in-bf16",
+    "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
+    "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
 has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by default). ``moe_hybridep_num_sms`` is written as
 ``--moe-flex-dispatcher-num-sms``: ``--moe-hybridep-num-sms`` is deprecated (``DEPRECATED_SMS_FLAG``)."""
+TE_CROSS_ENTROPY_MESSAGE: Final = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. "
+                                   "Use --cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
+"""Megatron-LM ``arguments.py`` ``validate_args``' assert on ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl
+te`` (launch, check; Megatron-Bridge builds TransformerConfig itself, where it is only a warning)."""
 DEPRECATED_SMS_FLAG: Final = "--moe-hybridep-num-sms"
 """Megatron-LM's deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (TransformerConfig.__post_init__ routes
 ``moe_hybridep_num_sms`` to ``moe_flex_dispatcher_num_sms`` and warns; an explicit ``moe_flex_dispatcher_num_sms``
@@ -283,6 +290,15 @@ class TrainingSpec:
     """``TransformerConfig.fp8_dot_product_attention`` (FP8 or FP4; no Megatron-LM flag at d98e8a6, a Bridge
     mixed-precision field): attention's score GEMMs run in FP8 (TE ``DelayedScaling``/``NVFP4BlockScaling``
     ``fp8_dpa``)."""
+    cross_entropy_loss_fusion: bool = False
+    """``--cross-entropy-loss-fusion`` (Megatron-LM's default off; Megatron-Bridge's ``GPTModelProvider`` default on):
+    the loss runs as one fused kernel, ``cross_entropy_fusion_impl`` says whose (``language_module.py``
+    ``compute_language_model_loss``)."""
+    cross_entropy_fusion_impl: Literal["native", "te"] = "native"
+    """``--cross-entropy-fusion-impl`` (with ``cross_entropy_loss_fusion``): ``native`` (MCore's fused kernel, an fp32
+    softmax copy as the unfused loss keeps) or ``te`` (Transformer Engine's ``parallel_cross_entropy``, whose
+    gradient overwrites the bf16 logits: ``activations.output_bytes``). Megatron-LM's ``validate_args`` rejects the
+    te fusion ("disabled due to stability issues"); Megatron-Bridge's perf recipes run it (``_benchmark_common``)."""
     attention_kernel: AttentionKernel = "current"
     """The flash-attention kernel generation (paraplan's own knob, ``--knob attention-kernel=fa2``; NOT a Megatron-LM
     flag: the kernel is what the container's Transformer Engine / cuDNN / flash-attn pick, so launch files and
@@ -326,7 +342,8 @@ class TrainingSpec:
                       "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
                       "moe_pad_expert_input_to_capacity",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
-                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention"):
+                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention",
+                      "cross_entropy_loss_fusion"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
@@ -451,3 +468,29 @@ def training_dict(training: TrainingSpec) -> dict[str, Any]:
 
 _KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention", "peft",
                                                "attention_kernel"}
+
+
+def cuda_graph_scope(impl: str, scope: list[str] | tuple[str, ...], where: str) -> tuple[str, tuple[str, ...]]:
+    """(``cuda_graph_impl``, ``cuda_graph_modules``) for an impl and a scope list that may hold the deprecated
+    scopes, as Megatron-Core migrates them (transformer/cuda_graph_config.py ``normalize_cuda_graph_modules``,
+    ``validate_deprecated_cuda_graph_modules_migration_inputs``; arguments.py ``_normalize_cuda_graph_modules_args``):
+    ``full`` only alone, the whole layer (no modules); ``full_iteration`` only alone and with impl none, local or
+    full_iteration, which it turns into ``full_iteration``; other names are ``CUDA_GRAPH_MODULES`` (kept once, in
+    order); impl none captures nothing (no modules). Read by the ``--cuda-graph-modules`` reader
+    (specs/megatron_flags.py) and the recipe library's ``cuda_graph_scope`` column (recipes/knobs.py); ``where``
+    names the flag or column in the one-line SpecError."""
+    words = list(scope)
+    for w in words:
+        if w not in (*CUDA_GRAPH_MODULES, "full", "full_iteration"):
+            raise SpecError(f"{where} must be among {', '.join(CUDA_GRAPH_MODULES)}, full or full_iteration, "
+                            f"got {brief(w)}")
+    if "full" in words and words != ["full"]:
+        raise SpecError(f"{where}: full scope cannot be used with other scopes.")
+    if "full_iteration" in words:
+        if len(set(words)) > 1 or impl not in ("none", "local", "full_iteration"):
+            raise SpecError(f"{where} full_iteration cannot be combined with other modules or with "
+                            f"--cuda-graph-impl {impl}")
+        return "full_iteration", ()
+    if impl == "none":
+        return impl, ()
+    return impl, tuple(dict.fromkeys(w for w in words if w != "full"))

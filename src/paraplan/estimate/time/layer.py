@@ -187,7 +187,10 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> LayerTime:
     """MoE MLP: router, routed experts as grouped GEMMs with m = tokens per local expert (times the
     capacity's ``ep.routed_load_factor``), permutation traffic (``ep.permute_copies``), the dispatcher's
-    dispatch + combine, forward + backward (``ep.dispatcher_link_s``), shared expert."""
+    dispatch + combine, forward + backward (``ep.dispatcher_link_s``), shared expert. The router's gating GEMM
+    (T/sp x h)(h x E) runs on the BF16 tensor cores whatever ``--moe-router-dtype`` says: fp32 only makes its
+    output fp32 (moe_utils.py ``RouterGatingLinearFunction.forward``: ``te_general_gemm(weight, inp, router_dtype)``
+    on the bf16 operands; fp64 falls back to ``torch.mm`` in fp64, not modelled)."""
     assert model.num_experts is not None
     eff = cluster.gpu.efficiency
     fp8 = compute.gemm_precision(training)
