@@ -61,9 +61,13 @@ def _backend(case: Case) -> str:
 def case_training(case: Case, backend: str) -> TrainingSpec:
     """The TrainingSpec a calibration row runs with (its precision, FP8 recipe and attention kernel generation,
     ``backend`` attention; the knobs of its recipe, ``Case.knobs``, win)."""
+    # the Megatron-Bridge performance runs: GPTModelProvider's cross_entropy_loss_fusion True, and _benchmark_common's
+    # cross_entropy_fusion_impl "te" (perf_recipes/_common.py); the other sources run Megatron-LM's unfused default
+    bridge = case.source == "Megatron-Bridge"
     base: dict[str, Any] = dict(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,
                                 attention_backend=backend, fp8_recipe=case.fp8_recipe,
-                                attention_kernel=case.attention_kernel)
+                                attention_kernel=case.attention_kernel, cross_entropy_loss_fusion=bridge,
+                                cross_entropy_fusion_impl="te" if bridge else "native")
     return TrainingSpec(**{**base, **case.knobs})
 
 

@@ -43,7 +43,6 @@ PARAMS = {
     "elementwise_bytes_per_token_hidden": (10.0, 200.0),
     "moe_overhead_frac": (0.0, 3.0),
     "moe_layer_overhead_s": (0.0, 5e-3),
-    "tp_comm_overlap_frac": (0.0, 0.95),
     "dp_overlap_frac": (0.3, 0.9),
 }
 

@@ -294,10 +294,14 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
     path = SHARED / ("published_runs.csv" if split == "published" else "vtrain_runs.csv")
     cases: list[Case] = []
     skipped: dict[str, int] = {}
+    ub_off = bridge_rows_without_tp_comm_overlap() if split == "published" else set()
     with open(path, newline="") as f:
         for i, r in enumerate(csv.DictReader(f)):
             try:
-                cases.append(row_to_case(split, i, r))
+                case = row_to_case(split, i, r)
+                if i in ub_off:
+                    case.layout["tp_comm_overlap"] = False
+                cases.append(case)
             except Skip as err:
                 skipped[str(err)] = skipped.get(str(err), 0) + 1
     if split == "published":
@@ -366,6 +370,25 @@ def bridge_recipe_matches() -> list[BridgeMatch]:
     return out
 
 
+def bridge_rows_without_tp_comm_overlap() -> set[int]:
+    """Megatron-Bridge rows (published_runs.csv row numbers) that ran without userbuffers: the matched recipe sets
+    ``tp_comm_overlap`` False, or, unmatched, the row is NVFP4 (every NVFP4 recipe with TP > 1 in the library sets
+    it False). The others keep the source's default (``tp_overlap`` True)."""
+    out: set[int] = set()
+    nvfp4: set[int] = set()
+    with open(SHARED / "published_runs.csv", newline="") as f:
+        for i, r in enumerate(csv.DictReader(f)):
+            if r["source"].startswith(BRIDGE_SOURCE) and r["precision"].strip() == "nvfp4":
+                nvfp4.add(i)
+    for m in bridge_recipe_matches():
+        if m.recipe is not None:
+            if str(m.recipe.get("tp_comm_overlap")).lower() in ("false", "0", ""):
+                out.add(m.row)
+        elif m.row in nvfp4:
+            out.add(m.row)
+    return out
+
+
 def bridge_fit_line(matches: list[BridgeMatch]) -> str:
     """``bridge rows with recipe knobs: N matched, M unmatched; fit F/N`` (each matched row estimated with its
     recipe's knobs, ``estimate --recipe``)."""
@@ -388,15 +411,124 @@ def bridge_unmatched_lines(matches: list[BridgeMatch]) -> list[str]:
     return [f"  unmatched: {m.label}: {m.reason}" for m in matches if m.recipe is None]
 
 
-RECIPE_CONTAINERS = ("26.08", "26.06.01", "26.06")
-"""NeMo containers whose Megatron-Bridge performance configs set the MoE dispatcher knobs of the packaged recipe
-library (bridge_perf_recipes.csv, Bridge @067f987, the commit of the 26.08 performance summary). 26.06 and 26.06.01
-were released with Bridge v0.5.0 (2026-06-16) / v0.5.1 (2026-07-20): their ``scripts/performance/configs/{qwen,
-deepseek}/*_workload_base_configs.py`` set the same dispatcher (flex, HybridEP) and, for the FP8-MX recipes on
-GB200/GB300, the same ``moe_a2a_overlap=True`` (with delay-wgrad), ``cuda_graph_impl="full_iteration"`` and
-``fp8_dot_product_attention`` as the library. Bridge v0.4.x (NeMo 26.04, 26.04.01) set ``moe_a2a_overlap`` only for
-Qwen3-235B on H100 and had other CUDA-graph scopes, and older releases' configs are not the library's: those rows keep
-Megatron's defaults (``Case.knobs`` empty)."""
+RELEASE_KNOBS = Path(__file__).resolve().parent / "data" / "bridge_release_knobs.json"
+"""Per NeMo container, the Megatron-Bridge release's performance-config settings (``bridge_release_knobs.py``)."""
+RELEASE_MODELS = {"Llama-3 8B": "llama3_8b", "Llama-3 70B": "llama3_70b", "Llama-3.1 405B": "llama31_405b",
+                  "DeepSeek-V3": "deepseek_v3", "Qwen3-235B-A22B": "qwen3_235b_a22b", "Qwen3-30B-A3B": "qwen3_30b_a3b"}
+"""Published model names -> the configs' model names (every release names its configs so)."""
+RELEASE_GPUS = {"h100-80gb": "h100", "b200": "b200", "b300": "b300", "gb200": "gb200", "gb300": "gb300"}
+_MEGATRON_COLUMNS: dict[str, Any] = {
+    "grad_reduce_in_fp32": True, "fp8_param_gather": False, "fp4_param_gather": False,
+    "use_precision_aware_optimizer": False, "optimizer": "",
+    "optimizer_state_dtypes": "main_grads=fp32;main_params=fp32;exp_avg=fp32;exp_avg_sq=fp32",
+    "cuda_graph_impl": "none", "cuda_graph_scope": [], "first_last_layers_bf16": False,
+    "fp8_dot_product_attention": False, "use_megatron_fsdp": False, "fsdp_double_buffer": False,
+    "overlap_param_gather_with_optimizer_step": False, "gradient_accumulation_fusion": True, "cpu_offloading": False,
+    "cpu_offloading_num_layers": 0, "fine_grained_activation_offloading": False, "optimizer_cpu_offload": False,
+    "moe_token_dispatcher_type": "", "moe_flex_dispatcher_backend": "", "moe_hybridep_num_sms": "",
+    "moe_a2a_overlap": False, "delay_wgrad_compute": "", "moe_permute_fusion": "", "moe_shared_expert_overlap": "",
+    "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None, "recompute_modules": None,
+    "task": "pretrain"}
+"""A release config's unread columns: Megatron-LM's defaults (what a row without knobs runs: fp32 gradient buffers,
+no parameter gather in FP8, fp32 optimizer states, no CUDA graphs, no offload, no recompute) and, for MoE, the
+model's own dispatcher settings (empty: TrainingSpec's defaults)."""
+
+
+@dataclass
+class ReleaseMatch:
+    """A Megatron-Bridge row and the performance config of its container's release it ran (or why none)."""
+
+    row: int
+    label: str
+    container: str | None
+    tag: str | None = None
+    config: dict[str, Any] | None = None
+    reason: str = ""
+
+
+def release_configs() -> dict[str, Any]:
+    """The committed ``bridge_release_knobs.json``."""
+    import json
+
+    data: dict[str, Any] = json.loads(RELEASE_KNOBS.read_text())
+    return data
+
+
+def _config_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    def n(x: Any) -> int:
+        return x if isinstance(x, int) and not isinstance(x, bool) else 1
+
+    return (c["model"], c["gpu"], n(c["tp"]), n(c["pp"]), n(c["cp"]), n(c["vp"]), n(c["ep"]),
+            n(c["micro_batch_size"]))
+
+
+def release_config_matches() -> list[ReleaseMatch]:
+    """Every Megatron-Bridge row of published_runs.csv joined to a performance config of its container's release
+    (``bridge_release_knobs.json``) on model, GPU, layout (TP, PP, CP, VP, EP), micro batch, precision and global
+    batch per GPU (the harness weak-scales the config's global batch with the GPU count, utils/overrides.py
+    ``set_post_overrides``); among several, the one at the row's GPU count, then the first variant."""
+    data = release_configs()
+    tags = {r["container"]: r["tag"] for r in data["releases"]}
+    index: dict[tuple[str, tuple[Any, ...]], list[dict[str, Any]]] = {}
+    for c in data["configs"]:
+        index.setdefault((c["container"], _config_key(c)), []).append(c)
+    out: list[ReleaseMatch] = []
+    with open(SHARED / "published_runs.csv", newline="") as f:
+        for i, r in enumerate(csv.DictReader(f)):
+            if not r["source"].startswith(BRIDGE_SOURCE):
+                continue
+            label = f"{r['model']} {r['gpu']} x{r['num_gpus']} {r['precision'] or '?'} (line {i + 2})"
+            container = row_container(r["notes"])
+            m = ReleaseMatch(i, label, container, tags.get(container or ""))
+            out.append(m)
+            model, gpu = RELEASE_MODELS.get(r["model"]), RELEASE_GPUS.get(GPU_MAP.get(r["gpu"], ""))
+            if m.tag is None or model is None or gpu is None:
+                m.reason = "no release for the container" if m.tag is None else "no paraplan preset"
+                continue
+            key = (model, gpu, *(_i(r[c]) or 1 for c in ("tp", "pp", "cp", "vp", "ep", "mbs")))
+            precs = _row_precisions(r, gpu)
+            n, gbs = _i(r["num_gpus"]) or 0, _i(r["gbs"]) or 0
+            found = [c for c in index.get((container or "", key), [])
+                     if (precs is None or c["precision"] in precs) and isinstance(c["num_gpus"], int)
+                     and isinstance(c["global_batch_size"], int) and gbs * c["num_gpus"] == c["global_batch_size"] * n]
+            if not found:
+                m.reason = "no config of the release with this layout, batch and precision"
+                continue
+            found.sort(key=lambda c: (c["num_gpus"] != n, c["variant"] not in ("", "v1"), c["precision"] != "fp8_ds",
+                                      c["name"]))
+            m.config = found[0]
+    return out
+
+
+def _row_precisions(r: dict[str, str], gpu: str) -> tuple[str, ...] | None:
+    """The config precisions a row may have run. The 25.09 table has no precision column (SOURCES.md): its page note
+    says the parenthesized numbers are "different FP8 quantization granularity (GB200/B200: 32x32 ...; H100: 128x128
+    ...)", i.e. MXFP8 on Blackwell and blockwise (subchannel) on H100; the primary numbers are the launcher's default
+    FP8 recipe, delayed scaling (v0.1.0rc3 scripts/performance/README.md: ``--fp8_recipe`` "Defaults to 'ds'"),
+    preferred over current scaling when both configs exist."""
+    text = r["precision"].strip()
+    if text or "precision column absent" not in r["notes"]:
+        return BRIDGE_PRECISIONS.get(text)
+    if "row built from the parenthesized values" in r["notes"]:
+        return ("fp8_sc",) if gpu == "h100" else ("fp8_mx",)
+    return ("fp8_ds", "fp8_cs")
+
+
+def release_recipe(config: dict[str, Any], case: Case) -> Any:
+    """A release config as a recipe row of the library (``paraplan.recipes``): the row's layout and job, the
+    config's read columns, Megatron's defaults for the rest (``_MEGATRON_COLUMNS``)."""
+    from paraplan.recipes.catalogue import Recipe
+
+    lay = case.layout
+    settings = {k: v for k, v in config["settings"].items() if v != "?"}
+    fields: dict[str, Any] = {**_MEGATRON_COLUMNS, **settings, "source": config["name"],
+                              "precision": config["precision"], "tp": lay["tp"], "pp": lay["pp"], "cp": lay["cp"],
+                              "vp": lay["vp"] if lay["vp"] > 1 else None, "ep": lay["ep"], "etp": None,
+                              "micro_batch_size": lay["mbs"], "sequence_parallel": lay["sequence_parallel"],
+                              "use_distributed_optimizer": True, "overlap_grad_reduce": True,
+                              "overlap_param_gather": True, "tp_comm_overlap": lay["tp_comm_overlap"]}
+    return Recipe(fields=fields, alias=config["name"], model_preset=None, gpu_preset=None,
+                  origin=f"bridge {config['tag']}")
 
 
 def row_container(notes: str) -> str | None:
@@ -406,22 +538,72 @@ def row_container(notes: str) -> str | None:
 
 
 def attach_recipe_knobs(cases: list[Case]) -> None:
-    """Give each MoE Bridge row of a ``RECIPE_CONTAINERS`` container the TrainingSpec knobs of its matched recipe
-    (``bridge_recipe_matches``; ``knobs.training_knobs`` at the row's precision, as ``estimate --recipe``: the MoE
-    dispatcher, flex backend and SMs, delay-wgrad, permute fusion, shared-expert overlap, CUDA graphs, FP8 recipe and
-    parameter gather, gradient and optimizer-state dtypes) and, where the recipe sets ``moe_a2a_overlap``, the
-    combined_1f1b schedule it runs (``knobs.layout_fields``). The row's own layout is kept (it matched the recipe's).
-    Dense rows (the dense helpers' configs were not checked against Bridge v0.5.x) and other containers keep
-    Megatron's defaults."""
-    from paraplan.recipes.knobs import training_knobs
+    """Give each Bridge row the settings of its container's release config (``release_config_matches``), as the
+    library's ``estimate --recipe`` applies a recipe: the TrainingSpec knobs (``knobs.training_knobs`` at the row's
+    precision: gradient and optimizer-state dtypes, FP8 recipe and parameter gather, CUDA graphs, activation offload,
+    FP8 attention, first/last layers in bf16, the MoE dispatcher, flex backend and SMs, delay-wgrad, shared-expert
+    overlap), the combined_1f1b schedule where it sets ``moe_a2a_overlap``, Megatron-FSDP and the recompute it sets
+    (``knobs.layout_fields``). The row's own layout is kept (it matched the config's). Rows without a match keep
+    Megatron's defaults (``Case.knobs`` empty)."""
+    from paraplan.recipes.knobs import layout_fields, training_knobs
 
-    with open(SHARED / "published_runs.csv", newline="") as f:
-        notes = [r["notes"] for r in csv.DictReader(f)]
-    by_row = {int(c.id.split(":")[1]): c for c in cases if c.id.startswith("published:") and c.moe}
-    for m in bridge_recipe_matches():
+    by_row = {int(c.id.split(":")[1]): c for c in cases if c.id.startswith("published:")}
+    for m in release_config_matches():
         case = by_row.get(m.row)
-        if case is None or m.recipe is None or row_container(notes[m.row]) not in RECIPE_CONTAINERS:
+        if case is None or m.config is None:
             continue
-        case.knobs = training_knobs(m.recipe, case.precision)
-        if m.recipe.get("moe_a2a_overlap") is True:
-            case.layout["schedule"] = "combined_1f1b"
+        rec = release_recipe(m.config, case)
+        case.knobs = training_knobs(rec, case.precision)
+        fields, _ = layout_fields(rec)
+        for key in ("recompute", "recompute_modules", "recompute_method", "recompute_num_layers", "schedule"):
+            if key in fields:
+                case.layout[key] = fields[key]
+        if fields["fsdp"]:
+            case.layout.update(fsdp=True, distributed_optimizer=False, overlap_param_gather=True)
+
+
+def release_match_lines() -> list[str]:
+    """Bridge rows matched to a release config, per container (``bridge rows with release knobs``)."""
+    lines, matches = [], release_config_matches()
+    for container in dict.fromkeys(m.container for m in matches):
+        ms = [m for m in matches if m.container == container]
+        ok = sum(m.config is not None for m in ms)
+        pre = [m for m in ms if m.reason != "no paraplan preset"]
+        lines.append(f"  {container} ({ms[0].tag}): {ok}/{len(pre)} matched ({len(ms) - len(pre)} without a preset)")
+    ok = sum(m.config is not None for m in matches)
+    nopre = sum(m.reason == "no paraplan preset" for m in matches)
+    return [f"bridge rows with release knobs: {ok} matched, {len(matches) - ok - nopre} unmatched, "
+            f"{nopre} without a paraplan preset", *lines]
+
+
+def release_fit_line(cases: list[Case]) -> str:
+    """``bridge rows with release knobs: fit F/N`` (every Bridge row matched to its release config, estimated with
+    those knobs as calibration.py scores it; N counts the rows that could be estimated)."""
+    from calibration import _backend, case_training, load_gpu
+    from paraplan.cli.options import apply_pipeline_split
+    from paraplan.errors import PlannerError
+    from paraplan.estimator import estimate
+    from paraplan.layout import ParallelLayout
+    from paraplan.specs.cluster import make_cluster
+    from paraplan.specs.load import model_from_megatron_args
+
+    fit = total = 0
+    for c in cases:
+        if not c.knobs:
+            continue
+        try:
+            model = model_from_megatron_args(c.model, name=c.label)
+            layout, _ = apply_pipeline_split(model, ParallelLayout(**c.layout), "auto")
+            est = estimate(model, make_cluster(load_gpu(c.gpu), c.num_gpus, c.gpus_per_node),
+                           case_training(c, _backend(c)), layout)
+        except PlannerError:
+            continue
+        total += 1
+        fit += int(est.fits)
+    return f"bridge rows with release knobs: fit {fit}/{total}"
+
+
+if __name__ == "__main__":
+    # python benchmarks/published_cases.py: Bridge rows matched to their release's configs, per container, and fit
+    print("\n".join(release_match_lines()))
+    print(release_fit_line(load_cases("published")[0]))

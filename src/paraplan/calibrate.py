@@ -45,7 +45,7 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {  # physical bounds of every fit
     "fp8_gemm_speedup": (1.0, 2.0), "hbm_frac": (0.4, 0.95), "elementwise_bytes_per_token_hidden": (10.0, 200.0),
     "nvlink_bus_frac": (0.3, 0.95), "network_bus_frac": (0.2, 0.98), "collective_latency_s": (1e-6, 2e-4),
     "layer_overhead_s": (0.0, 1e-3), "step_overhead_s": (0.0, 5.0), "tp_overlap_frac": (0.0, 0.9),
-    "tp_comm_overlap_frac": (0.0, 0.95), "dp_overlap_frac": (0.0, 0.95), "cp_overlap_frac": (0.0, 0.95),
+    "dp_overlap_frac": (0.0, 0.95), "cp_overlap_frac": (0.0, 0.95),
     "pp_overlap_frac": (0.0, 0.95), "ep_overlap_frac": (0.0, 0.9), "moe_overhead_frac": (0.0, 3.0),
 }
 DEFAULT_PARAMS = ("gemm_max_frac", "attention_frac", "nvlink_bus_frac", "network_bus_frac", "dp_overlap_frac",

@@ -356,4 +356,13 @@ def knob_violations(model: ModelSpec, layout: ParallelLayout, training: Training
     recompute, the pipeline or offloading, ``--overlap-param-gather-with-optimizer-step``, the expert-parallel
     overlap knobs, the low-precision recipe); ``plan`` filters its layouts by them (``search.knob_masks``)."""
     return (precision_violations(model, layout, training, arch) + moe_overlap_violations(model, layout, training)
-            + cuda_graph_violations(model, layout, training) + gather_with_optimizer_violations(layout, training))
+            + cuda_graph_violations(model, layout, training) + gather_with_optimizer_violations(layout, training)
+            + defer_wgrad_violations(layout, training))
+
+
+def defer_wgrad_violations(layout: ParallelLayout, training: TrainingSpec) -> list[tuple[str, str]]:
+    """``--defer-embedding-wgrad-compute`` without pipeline parallelism (ModelParallelConfig.__post_init__)."""
+    if training.defer_embedding_wgrad_compute and layout.pp == 1:
+        return [("DEFER_EMBEDDING_WGRAD_NEEDS_PP",
+                 "Cannot defer embedding wgrad compute when pipeline model parallel is not used")]
+    return []

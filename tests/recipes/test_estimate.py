@@ -85,14 +85,19 @@ def test_knobs_paraplan_does_not_model_are_listed_not_dropped() -> None:
     est = estimate_recipe(r)
     t = est.training
     assert (t.grad_reduce_in_bf16, t.fp8_param_gather, t.fp8_recipe) == (True, True, "tensorwise")
-    assert "manual_gc=True" in nm and any("manual_gc=True" in n for n in est.notes)
+    env = "CUDA_DEVICE_MAX_CONNECTIONS=1"
+    assert env in nm and any(env in n for n in est.notes)
+    assert t.cross_entropy_loss_fusion and t.cross_entropy_fusion_impl == "te"  # modelled: applied, not listed
+    assert not any(s.startswith("cross_entropy") for s in nm)
+    assert not any(s.startswith("manual_gc") for s in nm) and t.manual_gc  # modelled (as no time): applied
     # the knobs move the estimate: flip them to Megatron's defaults and stage memory rises
     plain = replace(r, fields={**r.fields, "grad_reduce_in_fp32": True, "fp8_param_gather": False})
     assert estimate_recipe(plain).peak_bytes > est.peak_bytes
-    # a gated column (the manual GC interval) is listed only when its gate is on
-    assert any(s.startswith("manual_gc_interval=") for s in nm)
-    off = replace(r, fields={**r.fields, "manual_gc": False})
-    assert not any(s.startswith("manual_gc") for s in not_modelled(off))
+    # a gated column (the outer DP sharding strategy) is listed only when its gate is on
+    on = replace(r, fields={**r.fields, "num_distributed_optimizer_instances": 2,
+                            "outer_dp_sharding_strategy": "optim"})
+    assert any(s.startswith("outer_dp_sharding_strategy=") for s in not_modelled(on))
+    assert not any(s.startswith("outer_dp_sharding_strategy") for s in nm)
     # CUDA graphs are modelled: applied to the TrainingSpec, not listed
     graphs = [x for x in bridge_recipes() if x.runnable
               and x.get("cuda_graph_impl") == "transformer_engine" and x.get("cuda_graph_scope")]

@@ -22,25 +22,30 @@ def test_row_container_reads_the_notes() -> None:
 
 
 @NEEDS_SHARED
-def test_recipe_knobs_only_for_moe_rows_of_the_library_containers() -> None:
-    import csv
-
+def test_knobs_only_for_bridge_rows_matched_to_their_release_config() -> None:
     from paraplan.specs.training import TrainingSpec
 
-    with open(published_cases.SHARED / "published_runs.csv", newline="") as f:
-        notes = [r["notes"] for r in csv.DictReader(f)]
+    matches = {m.row: m for m in published_cases.release_config_matches()}
     cases, _ = published_cases.load_cases("published")
     with_knobs = [c for c in cases if c.knobs]
-    assert with_knobs, "no Bridge MoE row of a recipe container was matched"
+    assert len(with_knobs) >= 80, "most Bridge rows with a preset should match a config of their release"
+    tags = {r["container"]: r["tag"] for r in published_cases.release_configs()["releases"]}
     for c in cases:
-        row = int(c.id.split(":")[1])
+        m = matches.get(int(c.id.split(":")[1]))
         if c.knobs:
-            assert c.moe and c.source == "Megatron-Bridge"
-            assert published_cases.row_container(notes[row]) in published_cases.RECIPE_CONTAINERS
+            assert c.source == "Megatron-Bridge" and m is not None and m.config is not None
+            assert m.config["container"] == m.container and m.config["tag"] == tags[m.container]
             TrainingSpec(seq_len=c.seq_len, global_batch_size=c.gbs, precision=c.precision, **c.knobs)  # valid
-        elif c.source == "Megatron-Bridge" and published_cases.row_container(notes[row]) not in \
-                published_cases.RECIPE_CONTAINERS:
+        else:
+            assert m is None or m.config is None
             assert "schedule" not in c.layout
+
+
+@NEEDS_SHARED
+def test_every_container_of_the_bridge_rows_has_a_release() -> None:
+    containers = {m.container for m in published_cases.release_config_matches()}
+    tags = {r["container"] for r in published_cases.release_configs()["releases"]}
+    assert containers <= tags
 
 
 @NEEDS_SHARED
@@ -58,14 +63,56 @@ def test_deepseek_gb300_mxfp8_runs_hybridep_with_the_overlap_schedule() -> None:
 
 
 @NEEDS_SHARED
-def test_same_job_in_an_older_container_keeps_megatron_defaults() -> None:
-    # row 77: Qwen3-30B-A3B GB200 x8 ep8 mbs4 in NeMo 26.04, the job of a library recipe (26.04 shipped Bridge v0.4.x,
-    # whose config set no moe_a2a_overlap); row 15: the same job in 26.06.01 runs the recipe's knobs
+def test_same_job_runs_each_release_s_own_knobs() -> None:
+    # row 77: Qwen3-30B-A3B GB200 x8 ep8 mbs4 fp8-mx in NeMo 26.04 (Bridge v0.4.0): qwen3_workload_base_configs.py
+    # QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1 sets moe_flex_dispatcher_backend="hybridep",
+    # cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe_router", "moe_preprocess"] and no moe_a2a_overlap;
+    # row 15: the same job in 26.06.01 (v0.5.1) adds moe_a2a_overlap=True, cuda_graph_impl="full_iteration" and
+    # fp8_dot_product_attention=True
     cases, _ = published_cases.load_cases("published")
     old = next(c for c in cases if c.id == "published:0077")
     new = next(c for c in cases if c.id == "published:0015")
     assert (old.label, old.gpu, old.layout["ep"], old.layout["mbs"]) == (new.label, new.gpu, 8, 4)
-    matched = {m.row for m in published_cases.bridge_recipe_matches() if m.recipe is not None}
-    assert {15, 77} <= matched
-    assert old.knobs == {} and "schedule" not in old.layout
-    assert new.knobs["moe_token_dispatcher_type"] == "flex" and new.layout["schedule"] == "combined_1f1b"
+    assert old.knobs["moe_token_dispatcher_type"] == "flex" and old.knobs["moe_flex_dispatcher_backend"] == "hybridep"
+    assert old.knobs["cuda_graph_impl"] == "transformer_engine"
+    assert old.knobs["cuda_graph_modules"] == ("moe_router", "moe_preprocess")
+    assert old.knobs["fp8_dot_product_attention"] is False and "schedule" not in old.layout
+    assert "delay_wgrad_compute" not in old.knobs
+    assert new.knobs["cuda_graph_impl"] == "full_iteration" and new.knobs["fp8_dot_product_attention"] is True
+    assert new.knobs["delay_wgrad_compute"] is True and new.layout["schedule"] == "combined_1f1b"
+    # both: set_qwen3_common_configs' grad_reduce_in_fp32 = False; the MXFP8 preset's fp8_param_gather = True
+    for c in (old, new):
+        assert c.knobs["grad_reduce_in_bf16"] is True and c.knobs["fp8_param_gather"] is True
+        assert c.knobs["fp8_recipe"] == "mxfp8"
+
+
+@NEEDS_SHARED
+def test_rows_whose_release_has_no_matching_config_keep_megatron_defaults() -> None:
+    unmatched = [m for m in published_cases.release_config_matches() if m.config is None]
+    assert unmatched
+    cases, _ = published_cases.load_cases("published")
+    by_row = {int(c.id.split(":")[1]): c for c in cases}
+    for m in unmatched:
+        if m.row in by_row:
+            assert by_row[m.row].knobs == {}
+
+
+def test_25_09_rows_without_a_precision_column_take_the_page_note_s_fp8_recipe() -> None:
+    primary = {"precision": "", "notes": "container NeMo 25.09; precision column absent for 25.09"}
+    paren = {"precision": "", "notes": "container NeMo 25.09; row built from the parenthesized values of this table "
+                                       "row; precision column absent for 25.09"}
+    assert published_cases._row_precisions(primary, "gb200") == ("fp8_ds", "fp8_cs")
+    assert published_cases._row_precisions(paren, "gb200") == ("fp8_mx",)
+    assert published_cases._row_precisions(paren, "h100") == ("fp8_sc",)
+    assert published_cases._row_precisions({"precision": "mxfp8", "notes": ""}, "gb200") == ("fp8_mx",)
+    assert published_cases._row_precisions({"precision": "", "notes": ""}, "gb200") is None  # any
+
+
+@NEEDS_SHARED
+def test_release_match_lines_count_every_bridge_row() -> None:
+    lines = published_cases.release_match_lines()
+    matches = published_cases.release_config_matches()
+    head = lines[0]
+    ok = sum(m.config is not None for m in matches)
+    assert head.startswith(f"bridge rows with release knobs: {ok} matched")
+    assert len(lines) == 1 + len({m.container for m in matches})

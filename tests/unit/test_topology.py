@@ -106,7 +106,7 @@ def test_bad_topology_is_one_line(overrides: dict[str, object], message: str) ->
 
 def test_spine_oversubscription_moves_the_plan_off_the_spine() -> None:
     """4:1 spine over 256-GPU leaves, 2,048 H100s: among the flat network's best layouts is one (CP 2, PP 4)
-    that reduces gradients over a DP x CP group spanning the whole job, within 1% of the flat winner (CP 1,
+    that reduces gradients over a DP x CP group spanning the whole job, within 2% of the flat winner (CP 1,
     PP 8, since CP pays for its ring steps' merges); behind the spine that group's ring gets a quarter of each
     NIC, so its DP time grows and nothing else changes, while the tiered best layout keeps its DP x CP group
     inside one leaf."""
@@ -120,7 +120,7 @@ def test_spine_oversubscription_moves_the_plan_off_the_spine() -> None:
     spans = np.asarray(Grid.of(ev_flat.table).dp_cp_group.span)
     rows = np.flatnonzero(spans > 256)  # the fastest layout whose DP x CP group spans more than one leaf
     wide = estimate(model, flat, training, ev_flat.table.row(int(rows[np.argmin(ev_flat.step_s[rows])])))
-    assert float(wide.time.step_s) <= 1.01 * fastest_flat_s
+    assert float(wide.time.step_s) <= 1.02 * fastest_flat_s
     tiered_plan = plan(model, tiered, training, top_k=1)
     ev = tiered_plan.feasible
     assert ev is not None

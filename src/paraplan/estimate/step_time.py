@@ -27,7 +27,14 @@ from paraplan.estimate.memory import block_recompute_frac
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
 from paraplan.estimate.time import compute, dp, ep, fsdp, offload, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
-from paraplan.estimate.time.layer import LayerTime, attention_layer_time, launch_bound_layer, layer_time, recompute_s
+from paraplan.estimate.time.layer import (
+    LayerTime,
+    attention_layer_time,
+    frozen_wgrad_s,
+    launch_bound_layer,
+    layer_time,
+    recompute_s,
+)
 from paraplan.estimate.time.optimizer import grad_accumulation_s, optimizer_s
 from paraplan.layout import ParallelLayout
 from paraplan.schedules import schedule_of
@@ -75,6 +82,8 @@ class LayerKindTerms:
     """EP time exposed by a pass that runs alone (``ep.unpaired_exposed_s``, before ``ep_overlap_frac``)."""
     ep_paired_s: Num = 0.0
     """EP time exposed by a pass paired with another micro-batch's (``ep.paired_exposed_s``)."""
+    tp_exposed_s: Num = 0.0
+    """TP time that shows (``LayerTime.tp_exposed_s``: per GEMM pair under --tp-comm-overlap)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +95,8 @@ class StageTerms:
     parts: tuple[LayerKindTerms, ...]
     """Dense layers, then MoE layers (MoE models), then MTP layers (models with MTP)."""
     tp_exposed_frac: Num
-    """Share of TP communication not hidden (1 - the TP overlap)."""
+    """Share of the output layer's TP communication not hidden (1 - ``tp.overlap_frac``); the layers' exposed TP
+    time is their own (``LayerKindTerms.tp_exposed_s``)."""
     logits_s: Num
     """Output layer and loss of one head."""
     embedding_s: Num
@@ -99,6 +109,9 @@ class StageTerms:
     (``StageLayers.num_bf16_start_layers``)."""
     bf16_end_s: Num = 0.0
     """Same for one of the model's last ``num_layers_at_end_in_bf16`` layers."""
+    logits_wgrad_s: Num = 0.0
+    """The output layer's weight-gradient GEMM of one micro-batch (part of ``logits_s``): what
+    ``--defer-embedding-wgrad-compute`` moves to the pipeline flush (``deferred_wgrad_terms``)."""
 
     def take(self, index: NDArray[np.int64]) -> StageTerms:
         """Rows ``index`` of every array field."""
@@ -109,7 +122,8 @@ class StageTerms:
         parts = tuple(LayerKindTerms(**{f.name: pick(getattr(k, f.name)) for f in fields(k)}) for k in self.parts)
         return StageTerms(parts=parts, tp_exposed_frac=pick(self.tp_exposed_frac), logits_s=pick(self.logits_s),
                           embedding_s=pick(self.embedding_s), output_tp_link_s=pick(self.output_tp_link_s),
-                          bf16_start_s=pick(self.bf16_start_s), bf16_end_s=pick(self.bf16_end_s))
+                          bf16_start_s=pick(self.bf16_start_s), bf16_end_s=pick(self.bf16_end_s),
+                          logits_wgrad_s=pick(self.logits_wgrad_s))
 
 
 def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -151,26 +165,56 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         mtp_lt = kinds[-1][0] if model.mtp_layer_is_moe else dense
         kinds.append((mtp_lt, bool(model.is_moe and model.mtp_layer_is_moe)))
     delay = training.delay_wgrad_compute
+    share = ep.ep_compute_share(cluster, training, Grid.inner(layout).ep_group) if model.is_moe else 1.0
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
-                                 attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s,
+                                 attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s, tp_exposed_s=lt.tp_exposed_s,
                                  ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_gemm_fwd_s,
-                                                                     shared_overlap=training.moe_shared_expert_overlap),
+                                                                     shared_overlap=training.moe_shared_expert_overlap,
+                                                                     compute_share=share),
                                  ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
-                                                                 delay_wgrad=delay))
+                                                                 delay_wgrad=delay, compute_share=share))
                   for lt, m in kinds)
     tokens = training.seq_len * layout.mbs / layout.cp
     sh = np.where(layout.sp, layout.tp, 1)
     h = model.hidden_size
     tp_group = Grid.inner(layout).tp_group
     bf16_start, bf16_end = bf16_layers_extra_s(model, cluster, training, layout)
+    vocab = padded_vocab(model, layout.tp)
+    wgrad = gemm_s(cluster, compute.OUTPUT_LAYER_FP8, tokens, vocab / layout.tp, h)
     return StageTerms(
         bf16_start_s=bf16_start, bf16_end_s=bf16_end,
         parts=parts, tp_exposed_frac=1.0 - tp.overlap_frac(layout, eff),
-        logits_s=compute.logits_s(cluster, tokens, padded_vocab(model, layout.tp), layout.tp, h),
+        # PEFT: the frozen output layer runs no weight-gradient GEMM (time.layer.frozen_wgrad_s)
+        logits_s=compute.logits_s(cluster, tokens, vocab, layout.tp, h, compute.loss_bytes_per_logit(training))
+        - frozen_wgrad_s(training, wgrad),
         embedding_s=compute.embedding_s(cluster, tokens, h, sh),
         output_tp_link_s=tp.output_link_s(cluster, tp_group, tokens, h),
+        logits_wgrad_s=wgrad - frozen_wgrad_s(training, wgrad),
     )
+
+
+FLUSH_IDLE_SHARE = 2.0 / 3.0
+"""Share of the pipeline bubble the last stage spends idle after its last backward (the flush): the backward's
+share of a micro-batch's forward + backward (``GEMM_FWD_BWD_FACTOR`` 3: backward 2 of 3)."""
+
+
+def deferred_wgrad_terms(training: TrainingSpec, layout: StepLayout, wgrad_s: Num, num_microbatches: Int,
+                         ) -> tuple[Num, Num]:
+    """(per micro-batch time the last stage saves, deferred work at the flush) of
+    ``--defer-embedding-wgrad-compute``: the output layer's weight-gradient GEMM (``wgrad_s`` per micro-batch) of
+    D = m micro-batches (``wgrad_deferral_limit`` 0) or min(limit, m) is kept back in its backward
+    (tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``: the activation and gradient go
+    to the buffers while fewer than the limit are held) and run after the last micro-batch (schedules.py
+    ``finish_embedding_wgrad_compute``): saved = D / m x wgrad, deferred = D x wgrad. (0, 0) without the knob or
+    with PP 1 (Megatron-Core refuses it there)."""
+    if not training.defer_embedding_wgrad_compute:
+        return 0.0, 0.0
+    m = np.asarray(num_microbatches)
+    limit = training.wgrad_deferral_limit
+    d = m if limit == 0 else np.minimum(limit, m)
+    on = np.asarray(layout.pp) > 1
+    return np.where(on, d / np.maximum(m, 1) * wgrad_s, 0.0), np.where(on, d * wgrad_s, 0.0)
 
 
 def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: StepLayout,
@@ -199,14 +243,15 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     # the model's first / last BF16 layers by global layer number, wherever they sit (StageLayers)
     compute = compute + stage.num_bf16_start_layers * terms.bf16_start_s + stage.num_bf16_end_layers * terms.bf16_end_s
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
-    if not training.gradient_accumulation_fusion:  # the unfused main-grad adds of each micro-batch's backward
+    if not training.gradient_accumulation_fusion and not training.peft:  # the unfused main-grad adds (no frozen grads)
         from paraplan.estimate.positions import max_positions_for
 
         held = stage_params(model, stage, tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                             max_positions=max_positions_for(model, training)[0]).total
         compute = compute + grad_accumulation_s(cluster, training, held)
     exposed: dict[str, Num] = {
-        "tp": terms.tp_exposed_frac * links["tp"],
+        "tp": sum(n * k.tp_exposed_s for k, n in parts)
+        + np.where(stage.has_output, terms.tp_exposed_frac * terms.output_tp_link_s, 0.0),
         "ep": (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_unpaired_s for k, n in parts),
         "cp": sum(n * k.cp_exposed_s for k, n in parts),
     }
@@ -254,6 +299,10 @@ def step_time_from_stages(
     m = num_microbatches
     terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
     times = [stage_time(model, cluster, training, layout, st, terms) for st in stages]
+    saved, deferred = deferred_wgrad_terms(training, layout, terms.logits_wgrad_s, m)
+    if training.defer_embedding_wgrad_compute:  # the last stage's output-layer wgrad GEMMs leave the steady state
+        times = [replace(t, compute_s=t.compute_s - np.where(st.has_output, saved, 0.0))
+                 for t, st in zip(times, stages, strict=True)]
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     totals = np.stack([np.broadcast_to(np.asarray(st.total_s, dtype=float), np.shape(times[0].total_s))
                        for st in times])
@@ -314,6 +363,8 @@ def step_time_from_stages(
                                        for b, t in zip(moved, times, strict=True)])
         links["offload"] = m * offload.activation_offload_link_s(pick(moved), host)
     compute_s = m * pick([st.compute_s for st in times])
+    # the deferred GEMMs run in the last stage's idle time after its last backward; what does not fit shows
+    compute_s = compute_s + np.maximum(0.0, deferred - FLUSH_IDLE_SHARE * bubble)
     recompute = m * pick([st.recompute_s for st in times])
     overhead = eff.step_overhead_s
     step = compute_s + recompute + bubble + optimizer + overhead + sum(exposed.values())

@@ -97,8 +97,10 @@ PLANNED_OFF: Final[tuple[tuple[str, Scalar | list[str], str], ...]] = (
 """Benchmark-only settings of a performance recipe (``_benchmark_common`` and the recipe itself) that the plan
 did not model, reset to what the plan assumes (the knobs the plan did estimate, CUDA graphs among them, are
 written with their estimated values by ``knob_overrides``). Kept as the recipe sets them (stated in bridge_recipe.py):
-``train.manual_gc``, ``train.eval_iters = 0``, ``logger.log_interval = 1``, the NaN / large-gradient checks off,
-the fused kernels (``apply_rope_fusion``, ``cross_entropy_fusion_impl``): throughput settings that do not change
+``train.manual_gc`` (written when the plan sets ``--manual-gc``), ``train.eval_iters = 0``,
+``logger.log_interval = 1``, the NaN / large-gradient checks off, the fused RoPE kernel
+(``apply_rope_fusion``; the cross entropy's fusion is a knob, written with the plan's value): throughput settings
+that do not change
 the layout the plan priced; re-enable the checks for a long run if you want them."""
 
 
@@ -111,7 +113,8 @@ HYDRA_DTYPES: Final = ("float32", "bfloat16", "float16")
 DTYPE_FIELDS: Final = ("optimizer.main_grads_dtype", "optimizer.main_params_dtype", "optimizer.exp_avg_dtype",
                        "optimizer.exp_avg_sq_dtype")
 COMM_OVERLAP_FIELDS: Final = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
-                              "overlap_moe_expert_parallel_comm", "delay_wgrad_compute")
+                              "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+                              "defer_embedding_wgrad_compute", "wgrad_deferral_limit")
 """Fields a recipe's ``comm_overlap`` (CommOverlapConfig) writes over model / optimizer / ddp in its setup
 (training/comm_overlap.py ``_override_user_cfgs`` + ``_apply_cfgs``: its defaults are False unless the user
 config sets them), so bridge_recipe.py sets them there too when the recipe has one."""
@@ -224,7 +227,13 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.cpu_offloading_num_layers", t.cpu_offloading_num_layers),
         ("model.fine_grained_activation_offloading", t.fine_grained_activation_offloading),
         ("model.offload_modules", list(t.offload_modules)),
+        ("model.defer_embedding_wgrad_compute", t.defer_embedding_wgrad_compute),
+        ("model.wgrad_deferral_limit", t.wgrad_deferral_limit),
+        ("model.cross_entropy_loss_fusion", t.cross_entropy_loss_fusion),
+        ("model.cross_entropy_fusion_impl", t.cross_entropy_fusion_impl),
     ]
+    if t.manual_gc:  # modelled as no time: written when the plan sets it, else the recipe's own (PLANNED_OFF)
+        out += [("train.manual_gc", True), ("train.manual_gc_interval", t.manual_gc_interval)]
     if m.is_moe:
         out += [("model.moe_token_dispatcher_type", t.moe_token_dispatcher_type)]
         if t.moe_token_dispatcher_type == "flex":

@@ -254,6 +254,12 @@ def memory_knob_args(training: TrainingSpec, model: ModelSpec | None = None) -> 
             continue
         if key.startswith("num_layers_at_") and not training.first_last_layers_bf16:
             continue
+        if key == "manual_gc_interval" and not training.manual_gc:
+            continue
+        if key == "wgrad_deferral_limit" and not training.defer_embedding_wgrad_compute:
+            continue
+        if key == "cross_entropy_fusion_impl" and not training.cross_entropy_loss_fusion:
+            continue
         if key == "cuda_graph_modules":  # validated names (CUDA_GRAPH_MODULES), one word each
             if training.cuda_graph_impl not in ("none", "full_iteration"):
                 args.append(_a(flag, *value))

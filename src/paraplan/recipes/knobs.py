@@ -15,14 +15,16 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
     for bf16 Adam), optimizer CPU offload, BF16 first/last layers, FP8 dot-product attention, CUDA graphs
     (``cuda_graph_impl`` / ``cuda_graph_scope``: graph pools in memory, kernel launches in time), activation
-    offloading (layer-level and fine-grained), PEFT (``task``), the cross-entropy fusion (``cross_entropy_fusion_impl``,
-    fused as Megatron-Bridge's ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``);
+    offloading (layer-level and fine-grained), PEFT (``task``), manual GC (``manual_gc``, ``manual_gc_interval``:
+    modelled as no time), the deferred output-layer wgrad (``defer_embedding_wgrad_compute``,
+    ``wgrad_deferral_limit``), the cross-entropy fusion (``cross_entropy_fusion_impl``, fused as Megatron-Bridge's
+    ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
     ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap; ``moe_a2a_overlap`` is
     the combined_1f1b schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
-    what paraplan's formulas assume (``ASSUMED``), e.g. the router dtype and fusion, NCCL userbuffers, manual GC,
+    what paraplan's formulas assume (``ASSUMED``), e.g. the router dtype and fusion, NCCL userbuffers,
     the process environment;
   * identity only: ``source``, ``family``, ``model``, ``gpu``, ``num_gpus``, ``task``, ``config_variant``,
     ``dp`` (checked against num_gpus / (TP x PP x CP)), ``notes``.
@@ -83,12 +85,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "moe_router_force_load_balancing": ((True, ""), None),
     "moe_expert_capacity_factor": ((None, ""), None),
     "moe_paged_stash": ((False, ""), None),
-    "defer_embedding_wgrad_compute": ((False,), None),
-    "wgrad_deferral_limit": ((), _on("defer_embedding_wgrad_compute", True)),
     "nccl_ub": ((False,), None),
     "use_transformer_engine_op_fuser": ((False,), None),
-    "manual_gc": ((False,), None),
-    "manual_gc_interval": ((), _on("manual_gc", True)),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
     "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
     "other_env": (("",), None),
@@ -115,7 +113,8 @@ MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precisi
                          "offload_modules", "peft",
                          "fsdp_double_buffer", "cuda_graph_impl", "cuda_graph_scope",
                          "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
-                         "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention",
+                         "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
+                         "manual_gc_interval", "defer_embedding_wgrad_compute", "wgrad_deferral_limit",
                          "cross_entropy_fusion_impl")
 MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
@@ -172,6 +171,11 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     if not _bool(r, "gradient_accumulation_fusion"):
         out["gradient_accumulation_fusion"] = False
     out.update(_offload_knobs(r))
+    if _bool(r, "defer_embedding_wgrad_compute"):
+        out.update(defer_embedding_wgrad_compute=True,
+                   wgrad_deferral_limit=_int(r, "wgrad_deferral_limit", minimum=0))
+    if _bool(r, "manual_gc"):
+        out.update(manual_gc=True, manual_gc_interval=_int(r, "manual_gc_interval", minimum=0))
     if r.get("task") == "peft":
         out["peft"] = True
     # Megatron-Bridge's GPTModelProvider: cross_entropy_loss_fusion = True (models/gpt_provider.py); the perf recipes

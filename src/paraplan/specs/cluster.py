@@ -65,7 +65,8 @@ class EfficiencySpec:
     tp_overlap_frac: float = 0.0
     """Share of TP/SP communication hidden without --tp-comm-overlap."""
     tp_comm_overlap_frac: float = 0.6
-    """Share of TP/SP communication hidden with --tp-comm-overlap (userbuffers)."""
+    """No longer read: --tp-comm-overlap (userbuffers) is modelled per GEMM pair (``estimate.time.tp``
+    ``ub_block_exposure``), not as a share. Kept so that GPU presets and cluster profiles that carry it still load."""
     dp_overlap_frac: float = 0.8
     """Share of DP gradient reduce / param gather hidden by --overlap-grad-reduce/-param-gather."""
     cp_overlap_frac: float = 0.8
@@ -115,6 +116,10 @@ GPU_RANGES: dict[str, tuple[float, float, str]] = {
 }
 """(lowest, highest, unit) of GpuSpec's capacities, bandwidths and peaks: physical bounds, far around
 any real GPU (H100: 80 GB, 3.35e12 bytes/s, 9.9e14 FLOP/s), so that times stay finite and readable."""
+
+
+MAX_SM_COUNT: Final = 1024
+"""Largest ``sm_count`` accepted (GPUs have at most a few hundred SMs; H100 SXM5 132)."""
 
 
 HOST_LINK_DEFAULT_BYTES_PER_S: Final = {"pcie5": 64e9, "pcie4": 32e9, "nvlink_c2c": 450e9}
@@ -182,6 +187,11 @@ class GpuSpec:
     tiers, NVLink domain and network, from the rates above."""
     peak_fp4_flops_per_s: float | None = None
     """Dense NVFP4 tensor-core peak (Blackwell); None where the GPU has no FP4 tensor cores."""
+    sm_count: int | None = None
+    """Streaming multiprocessors (SMs) of the GPU as shipped (NVIDIA's architecture whitepapers: A100 108, H100 SXM5
+    132): what a communication kernel holding some of them leaves to the compute it overlaps
+    (``estimate.time.ep.compute_share_beside``); None where no primary figure was read for this repo (Blackwell,
+    MI300X): that slowdown is then not modelled."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
     efficiency_calibrated: bool = True
@@ -222,6 +232,9 @@ class GpuSpec:
             lo, hi, unit = GPU_RANGES[fname]
             if not lo <= value <= hi:
                 raise SpecError(f"gpu.{fname} must be in [{lo:g}, {hi:g}] {unit}, got {brief(value)}")
+        sms = self.sm_count
+        if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SM_COUNT):
+            raise SpecError(f"gpu.sm_count must be an integer from 1 to {MAX_SM_COUNT} or unset, got {brief(sms)}")
         for fname in ("gpus_per_node", "nvlink_domain_size"):
             value = getattr(self, fname)
             if not 1 <= value <= MAX_GPUS_PER_DOMAIN:

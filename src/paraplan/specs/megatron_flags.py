@@ -551,6 +551,12 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
     if out.get("offload_modules") and not out.get("fine_grained_activation_offloading"):
         r.notes.append("--offload-modules is ignored without --fine-grained-activation-offloading")
         del out["offload_modules"]
+    if not out.get("cross_entropy_loss_fusion") and out.pop("cross_entropy_fusion_impl", None) is not None:
+        r.notes.append("--cross-entropy-fusion-impl is ignored without --cross-entropy-loss-fusion")
+    if not out.get("defer_embedding_wgrad_compute") and out.pop("wgrad_deferral_limit", None) is not None:
+        r.notes.append("--wgrad-deferral-limit is ignored without --defer-embedding-wgrad-compute")
+    if not out.get("manual_gc") and out.pop("manual_gc_interval", None) is not None:
+        r.notes.append("--manual-gc-interval is ignored without --manual-gc")
     if not out.get("optimizer_cpu_offload") and r.has("--optimizer-offload-fraction"):
         r.notes.append("--optimizer-offload-fraction is ignored without --optimizer-cpu-offload")
     if out.get("moe_token_dispatcher_type", "alltoall") != "flex":
@@ -686,7 +692,8 @@ def _low_precision_knobs(r: _Reader, out: dict[str, Any], precision: str) -> Non
                 r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --fp8-format or --fp4-format")
 
 
-_INT_KNOBS: Final = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
+_INT_KNOBS: Final = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "manual_gc_interval",
+                     "wgrad_deferral_limit")
 """Integer-valued knobs (``type=int`` in arguments.py)."""
 
 

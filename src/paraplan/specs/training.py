@@ -81,6 +81,9 @@ KNOB_FLAGS: Final = {
     "first_last_layers_bf16": "--first-last-layers-bf16",
     "num_layers_at_start_in_bf16": "--num-layers-at-start-in-bf16",
     "num_layers_at_end_in_bf16": "--num-layers-at-end-in-bf16",
+    "manual_gc": "--manual-gc", "manual_gc_interval": "--manual-gc-interval",
+    "defer_embedding_wgrad_compute": "--defer-embedding-wgrad-compute",
+    "wgrad_deferral_limit": "--wgrad-deferral-limit",
     "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
     "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
 }
@@ -229,7 +232,9 @@ class TrainingSpec:
     """Parameter-efficient fine-tuning (Megatron-Bridge ``task=peft``, LoRA): the base weights are frozen
     (``requires_grad=False``), so they are in no DDP grad buffer (``param_and_grad_buffer.py`` takes only
     parameters that require grad) and in no optimizer shard. The adapters (rank 16 on ``linear_qkv`` in
-    NVIDIA's recipes: under 0.1% of the parameters) are neglected. No Megatron-LM flag."""
+    NVIDIA's recipes: under 0.1% of the parameters) are neglected. Time: no weight-gradient GEMMs for the frozen
+    weights (``time.layer.frozen_wgrad_s``), no gradient reduce, parameter gather or optimizer step on them
+    (``time.dp.dp_times``). No Megatron-LM flag."""
     cp_comm_type: CpCommType = "p2p"
     """``--cp-comm-type`` (one value for every layer): how attention exchanges K,V under context parallelism
     (``estimate/time/cp.py``); ``a2a+p2p`` is not modelled."""
@@ -290,6 +295,21 @@ class TrainingSpec:
     """``TransformerConfig.fp8_dot_product_attention`` (FP8 or FP4; no Megatron-LM flag at d98e8a6, a Bridge
     mixed-precision field): attention's score GEMMs run in FP8 (TE ``DelayedScaling``/``NVFP4BlockScaling``
     ``fp8_dpa``)."""
+    manual_gc: bool = False
+    """``--manual-gc``: Python's automatic garbage collector is off and ``gc.collect()`` runs every
+    ``manual_gc_interval`` steps (training.py ``train``: aligns GC pauses across ranks). Modelled as no time either way:
+    no primary source gives the length of a collection pause (docs/model.md section 4)."""
+    manual_gc_interval: int = 0
+    """``--manual-gc-interval`` (with ``manual_gc``; Megatron-LM's default 0: never collects; >= 0, training.py's
+    assert)."""
+    defer_embedding_wgrad_compute: bool = False
+    """``--defer-embedding-wgrad-compute``: the last stage's output-layer weight-gradient GEMM of the first
+    ``wgrad_deferral_limit`` micro-batches (all with 0) is kept back and run at the pipeline flush
+    (tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``, schedules.py
+    ``finish_embedding_wgrad_compute``; ``step_time.deferred_wgrad_terms``). Needs PP > 1 and gradient accumulation
+    fusion (ModelParallelConfig.__post_init__)."""
+    wgrad_deferral_limit: int = 0
+    """``--wgrad-deferral-limit`` (with ``defer_embedding_wgrad_compute``): micro-batches deferred, 0 = all; >= 0."""
     cross_entropy_loss_fusion: bool = False
     """``--cross-entropy-loss-fusion`` (Megatron-LM's default off; Megatron-Bridge's ``GPTModelProvider`` default on):
     the loss runs as one fused kernel, ``cross_entropy_fusion_impl`` says whose (``language_module.py``
@@ -342,8 +362,8 @@ class TrainingSpec:
                       "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
                       "moe_pad_expert_input_to_capacity",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
-                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention",
-                      "cross_entropy_loss_fusion"):
+                      "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
+                      "defer_embedding_wgrad_compute", "cross_entropy_loss_fusion"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction
@@ -357,10 +377,14 @@ class TrainingSpec:
         if self.fp4_param_gather and self.precision != "fp4":  # arguments.py validate_args
             raise SpecError("fp4_param_gather (--fp4-param-gather) needs precision fp4: Megatron-LM's "
                             "'--fp4-param-gather must be used together with --fp4-format.'")
-        for fname in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+        for fname in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16", "manual_gc_interval",
+                      "wgrad_deferral_limit"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
                 raise SpecError(f"{fname} must be an integer >= 0, got {brief(value)}")
+        if self.defer_embedding_wgrad_compute and not self.gradient_accumulation_fusion:  # ModelParallelConfig
+            raise SpecError("defer_embedding_wgrad_compute needs gradient_accumulation_fusion: Megatron-Core's "
+                            "'Cannot defer embedding wgrad compute when gradient accumulation fusion is not used'")
         if self.fp8_dot_product_attention and self.precision not in LOW_PRECISIONS:
             raise SpecError("fp8_dot_product_attention needs precision fp8 or fp4")
         if self.first_last_layers_bf16 and self.precision == "fp8" and self.fp8_recipe == "delayed":

@@ -9,7 +9,10 @@ bytes per token and hidden unit (``EfficiencySpec``); see docs/model.md section 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
+
+import numpy as np
 
 from paraplan.errors import SpecError
 from paraplan.estimate.flops import attention_head_dims
@@ -47,11 +50,30 @@ probabilities and writes 2 (Megatron ``FusedScaleMaskSoftmax``, bf16)."""
 DROPOUT_BYTES_PER_SCORE: Final = 10.0
 """Attention dropout on the scores, forward (read 2, write 2 + 1-byte mask) + backward (read 2 +
 mask, write 2); only when ``attention_dropout`` > 0."""
-LOSS_BYTES_PER_LOGIT: Final = 16.0
-"""HBM bytes per logit element of the vocab-parallel cross entropy, forward + backward, as the model
-counts them: the bf16 logits read and upcast to fp32 (2 + 4), the fp32 softmax read back (4), the
-gradient written in fp32 and cast to bf16 (4 + 2) (the tensors of docs/model.md section 3: bf16
-logits + the fp32 copy; an accounting, not a measured figure)."""
+LOSS_BYTES_PER_LOGIT: Final = 52.0
+"""HBM bytes per logit element of the unfused vocab-parallel cross entropy (Megatron-LM's default), forward +
+backward, kernel by kernel (megatron/core/tensor_parallel/cross_entropy.py ``_VocabParallelCrossEntropy``): the
+bf16 logits upcast (read 2, write 4), the max (4), the max subtracted in place (4 + 4), exp in place (4 + 4), the
+sum (4), the division in place (4 + 4): 38 forward; the gradient scaled in place (4 + 4) and cast to the bf16
+logits' dtype by autograd (4 + 2): 14 backward. Per-token terms (the target gather, the loss) are neglected."""
+LOSS_BYTES_PER_LOGIT_FUSED: Final = {"native": 28.0, "te": 22.0}
+"""Same with ``--cross-entropy-loss-fusion``, by ``cross_entropy_fusion_impl``. native (fusions/
+fused_cross_entropy.py, ``jit_fuser`` kernels): upcast + max (2 + 4), subtract + exp + sum (4 + 4), division
+(4 + 4): 22 forward; the gradient scaled and cast to bf16 in one kernel (4 + 2): 6 backward. te (Transformer Engine
+pytorch/triton/cross_entropy.py): ``online_softmax_kernel`` reads the bf16 logits (2), ``cross_entropy_kernel``
+reads them again and writes the fp32 gradient (2 + 4): 8 forward; ``element_mul_kernel`` scales it in place
+(4 + 4: Megatron's per-token loss makes grad_output a tensor, not 1.0) and autograd casts it to bf16 (4 + 2): 14
+backward."""
+
+
+def loss_bytes_per_logit(training: TrainingSpec) -> float:
+    """HBM bytes per logit element of the cross entropy ``training`` runs: ``LOSS_BYTES_PER_LOGIT`` unfused, else
+    ``LOSS_BYTES_PER_LOGIT_FUSED`` of its implementation (language_module.py ``compute_language_model_loss``)."""
+    if not training.cross_entropy_loss_fusion:
+        return LOSS_BYTES_PER_LOGIT
+    return LOSS_BYTES_PER_LOGIT_FUSED[training.cross_entropy_fusion_impl]
+
+
 EMBEDDING_BYTES_PER_TOKEN_HIDDEN: Final = 8.0
 """HBM bytes per token and hidden unit of the embedding lookup, forward + backward, as the model
 counts them: the bf16 row written forward (2), its gradient read and accumulated into the fp32
@@ -225,15 +247,52 @@ def block_overhead_s(eff: EfficiencySpec) -> float:
     return HALF_LAYER_SHARE * eff.layer_overhead_s
 
 
-def logits_s(cluster: ClusterSpec, tokens: Num, vocab: Num, tp: Num, hidden: int) -> Num:
+def logits_s(cluster: ClusterSpec, tokens: Num, vocab: Num, tp: Num, hidden: int,
+             loss_bytes: float = LOSS_BYTES_PER_LOGIT) -> Num:
     """Output layer and loss of one head per micro-batch, forward + backward: the (T x h)(h x V/t)
-    GEMM (``GEMM_FWD_BWD_FACTOR``, in BF16: ``OUTPUT_LAYER_FP8``) plus ``LOSS_BYTES_PER_LOGIT``
+    GEMM (``GEMM_FWD_BWD_FACTOR``, in BF16: ``OUTPUT_LAYER_FP8``) plus ``loss_bytes`` (``loss_bytes_per_logit``)
     per local logit (T V / t, padded vocabulary) at ``hbm_rate``."""
     return (GEMM_FWD_BWD_FACTOR * gemm_s(cluster, OUTPUT_LAYER_FP8, tokens, vocab / tp, hidden)
-            + LOSS_BYTES_PER_LOGIT * tokens * vocab / tp / hbm_rate(cluster))
+            + loss_bytes * tokens * vocab / tp / hbm_rate(cluster))
 
 
 def embedding_s(cluster: ClusterSpec, tokens: Num, hidden: int, sp_shard: Num) -> Num:
     """Embedding lookup on the first stage, forward + backward: ``EMBEDDING_BYTES_PER_TOKEN_HIDDEN``
     per token and hidden unit (sharded by sequence parallelism) at ``hbm_rate``."""
     return EMBEDDING_BYTES_PER_TOKEN_HIDDEN * tokens * hidden / sp_shard / hbm_rate(cluster)
+
+
+def compute_share_beside(sm_count: int, comm_sms: Num, knob: str) -> Num:
+    """Share of the GPU a compute kernel gets while a communication kernel holding ``comm_sms`` of its ``sm_count``
+    SMs runs beside it: (SM_total - SM_comm) / SM_total. The GEMMs and attention kernels the transfer hides behind
+    are tensor-core bound and tile over every SM the scheduler gives them (a persistent communication kernel keeps
+    its SMs for its whole run: DeepEP / HybridEP launch exactly ``num_sms`` blocks, one per SM,
+    hybrid_ep_backend.cuh ``blockIdx.x < NUM_OF_BLOCKS``), so their rate scales with the SMs left. Refused in one
+    line naming ``knob`` (the setting that gave ``comm_sms``) when the kernel would hold every SM (HybridEP itself
+    asserts ``sm_count >= sms_dispatch``). Shared by every overlapped transfer whose SMs are known (EP: ``time.ep``;
+    TP userbuffers' ``num_sm`` can call it the same way)."""
+    sms = np.asarray(comm_sms, dtype=float)
+    if np.any(sms >= sm_count):
+        raise SpecError(f"{knob} ({int(np.max(sms))}) must be below the GPU's sm_count ({sm_count}): "
+                        "its communication kernels would leave no SM to the compute they overlap")
+    out: Num = (sm_count - sms) / sm_count
+    return out
+
+
+def slowed_end(start: Num, work_s: Num, busy: Sequence[tuple[Num, Num]], share: Num) -> Num:
+    """End of a compute kernel of ``work_s`` seconds (at the whole GPU) that starts at ``start`` on a stream beside
+    communication kernels running over the intervals ``busy`` ((begin, end) pairs in time order, disjoint: one
+    stream): it runs at full rate outside them and at ``share`` of it inside (``compute_share_beside``). For one
+    interval [start, start + a] and work c: end = start + c + (1 - share) min(a, c / share)."""
+    t = np.asarray(start, dtype=float)
+    w = np.asarray(work_s, dtype=float)
+    r = np.asarray(share, dtype=float)
+    for begin, end in busy:
+        free = np.minimum(w, np.clip(np.asarray(begin, dtype=float) - t, 0.0, None))  # full rate before it begins
+        t, w = t + free, w - free
+        overlap = np.clip(np.asarray(end, dtype=float) - np.maximum(t, begin), 0.0, None)
+        slow = np.minimum(w, r * overlap)  # work done at the reduced rate while it runs
+        t = np.where(slow > 0.0, np.maximum(t, begin) + slow / r, t)
+        w = w - slow
+    out: Num = t + w
+    return out

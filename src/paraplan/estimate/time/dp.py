@@ -72,7 +72,8 @@ def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: 
     (``main_grad_bytes``: bf16 with ``--grad-reduce-in-bf16``); gather: all-gather of its bf16 parameters, FP8
     ones with ``--fp8-param-gather``, NVFP4 ones with ``--fp4-param-gather`` (``memory.weight_bytes_per_param``;
     distributed optimizer only); one latency
-    term per ``DDP_BUCKET_PARAMS`` bucket; dense and expert groups in turn."""
+    term per ``DDP_BUCKET_PARAMS`` bucket; dense and expert groups in turn. PEFT (``training.peft``): none of the
+    three, the frozen weights are in no DDP buffer (param_and_grad_buffer.py) and no optimizer shard."""
     gb = main_grad_bytes(training)
     low = training.fp8_param_gather or training.fp4_param_gather
     pb = weight_bytes_per_param(training) if low else PARAM_GATHER_BYTES_PER_PARAM
@@ -90,6 +91,8 @@ def dp_times(model: ModelSpec, cluster: ClusterSpec, layout: StepLayout, stage: 
     grad = np.where(layout.dist_opt, rs, ar)
     gather = np.where(layout.dist_opt, ag, 0.0)
     local = np.where(layout.dist_opt, p.dense / n_dense + p.expert / n_exp, p.total)
+    if training.peft:  # frozen base weights: in no grad buffer and no optimizer shard (adapters neglected)
+        return 0.0 * grad, 0.0 * gather, 0.0 * local
     return grad, gather, local
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from paraplan.estimate import comm
 from paraplan.estimate.layouts import StepLayout
 from paraplan.estimate.time import tp
-from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR
+from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR, compute_share_beside, slowed_end
 from paraplan.estimate.time.tp import ACTIVATION_BYTES_PER_ELEMENT
 from paraplan.schedules import Schedule
 from paraplan.specs.cluster import ClusterSpec
@@ -184,18 +184,59 @@ def etp_link_s(cluster: ClusterSpec, group: Group, routed_tokens: Num, hidden: i
     return np.where(group.size > 1, tp.block_link_s(cluster, group, routed_tokens, hidden), 0.0)
 
 
-def unpaired_exposed_s(ep_s: Num, shared_fwd_s: Num, *, shared_overlap: bool) -> Num:
+FLEX_DEFAULT_SMS: Final = {"deepep": (20, 20), "hybridep": (24, 8)}
+"""SMs the flex dispatcher's dispatch / combine kernels hold without ``--moe-flex-dispatcher-num-sms``, per backend:
+(EP group inside one NVLink domain, EP group over several). DeepEP: 20 (Megatron ``_DeepepManager.__init__``,
+token_dispatcher.py: ``set_deepep_num_sms(config.moe_flex_dispatcher_num_sms if ... is not None else 20)``, "DeepEP's
+historical mcore default"). HybridEP: ``num_sms_dispatch_api.value_or((num_of_nodes == 1) ? 24 : 8)`` and the same
+for combine (DeepEP hybrid-ep branch, csrc/hybrid_ep/config.cuh ``Configurer``; ``num_of_nodes`` = EP ranks / ranks
+per NVLink domain, hybrid_ep_buffer.py)."""
+
+
+def flex_comm_sms(training: TrainingSpec, ep_size: Num, ranks_per_domain: Num) -> Num:
+    """SMs one flex dispatch or combine kernel holds while it runs: ``moe_hybridep_num_sms``
+    (``--moe-flex-dispatcher-num-sms``, passed to both backends: ``set_deepep_num_sms`` and HybridEP's
+    ``num_sms_dispatch_api`` / ``num_sms_combine_api``), else ``FLEX_DEFAULT_SMS`` of the backend, its multi-domain
+    figure when the EP group of ``ep_size`` ranks spans more than ``ranks_per_domain`` (one NVLink domain)."""
+    if training.moe_hybridep_num_sms is not None:
+        return float(training.moe_hybridep_num_sms)
+    one, several = FLEX_DEFAULT_SMS[training.moe_flex_dispatcher_backend]
+    out: Num = np.where(np.asarray(ep_size) > np.asarray(ranks_per_domain), float(several), float(one))
+    return out
+
+
+def ep_compute_share(cluster: ClusterSpec, training: TrainingSpec, ep_group: Group) -> Num:
+    """Share of the GPU left to the compute an EP dispatch / combine hides behind (``compute_share_beside``): the
+    flex dispatcher's ``flex_comm_sms`` on a GPU whose ``sm_count`` is known; 1 (no slowdown) for the alltoall and
+    allgather dispatchers (NCCL's kernels run one CTA per channel, ``comm->p2pnChannels``: graph/paths.cc
+    ``ncclTopoComputeP2pChannels`` takes it from the topology search's channel count, which this model does not
+    derive) and for GPUs without an ``sm_count``."""
+    sm_count = cluster.gpu.sm_count
+    if training.moe_token_dispatcher_type != "flex" or sm_count is None:
+        return 1.0
+    per_domain = cluster.topology.peers_within(ep_group.size, ep_group.stride, cluster.topology.nvlink)
+    return compute_share_beside(sm_count, flex_comm_sms(training, ep_group.size, per_domain), "moe_hybridep_num_sms")
+
+
+def unpaired_exposed_s(ep_s: Num, shared_fwd_s: Num, *, shared_overlap: bool, compute_share: Num = 1.0) -> Num:
     """EP time a MoE layer leaves exposed per micro-batch when no other micro-batch runs beside it: all of it,
     unless ``--moe-shared-expert-overlap`` runs the shared expert on a side stream (``shared_experts.py``:
     fc1 beside the dispatch, fc2 beside the combine forward, twice as long backward), so each pass a = ep_s / 4
-    hides behind its share: 2 max(a - S / 2, 0) + 2 max(a - S, 0), S = the shared expert's forward GEMMs
-    (``SHARED_FC1_SHARE`` of S beside each forward pass, ``BWD_OVER_FWD`` x that beside each backward one)."""
+    hides behind its share w: 2 (max(a, e(S / 2)) - S / 2) + 2 (max(a, e(2 S / 2)) - 2 S / 2), S = the shared
+    expert's forward GEMMs (``SHARED_FC1_SHARE`` of S beside each forward pass, ``BWD_OVER_FWD`` x that beside each
+    backward one), e(w) = ``slowed_end`` of w beside the pass at ``compute_share`` (``ep_compute_share``): the SMs the
+    pass holds slow what it hides behind; e(w) = w at a share of 1 (max(a - w, 0))."""
     if not shared_overlap:
         return ep_s
-    a = ep_s / EP_ALL_TO_ALLS_PER_LAYER
-    fwd = SHARED_FC1_SHARE * shared_fwd_s
-    return (DISPATCH_PASSES_PER_DIRECTION * np.maximum(a - fwd, 0.0)
-            + DISPATCH_PASSES_PER_DIRECTION * np.maximum(a - BWD_OVER_FWD * fwd, 0.0))
+    a = np.asarray(ep_s, dtype=float) / EP_ALL_TO_ALLS_PER_LAYER
+    fwd = SHARED_FC1_SHARE * np.asarray(shared_fwd_s, dtype=float)
+
+    def exposed(work: Num) -> Num:
+        """One pass beside ``work`` seconds of shared-expert GEMMs, both starting together."""
+        out: Num = np.maximum(a, slowed_end(0.0, work, [(0.0, a)], compute_share)) - work
+        return out
+
+    return DISPATCH_PASSES_PER_DIRECTION * exposed(fwd) + DISPATCH_PASSES_PER_DIRECTION * exposed(BWD_OVER_FWD * fwd)
 
 
 PAIRED_STEADY_LAYERS: Final = 4
@@ -204,7 +245,8 @@ PAIRED_SIMULATED_LAYERS: Final = 2 * PAIRED_STEADY_LAYERS
 """Layers ``paired_exposed_s`` simulates: the warm-up ``PAIRED_STEADY_LAYERS``, then as many timed ones."""
 
 
-def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: bool) -> Num:
+def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: bool,
+                     compute_share: Num = 1.0) -> Num:
     """EP time a MoE layer leaves exposed per micro-batch when its forward runs paired with another
     micro-batch's backward (``model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run``): a compute
     stream and a communication stream, each in program order, with the data dependencies of the layer,
@@ -219,23 +261,32 @@ def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: 
     splits the weight gradients off (``backward_dw``), so the dispatch backward starts after the MLP dgrad
     and the attention wgrad runs beside the next combine backward. Each pass takes a = ep_s / 4; M = the MLP
     forward GEMMs, A = (compute - 3 M) / 3 the attention half's forward (backward = 2x,
-    ``GEMM_FWD_BWD_FACTOR``). Exposed = the steady per-layer period (``PAIRED_STEADY_LAYERS``) - 3 (A + M)."""
+    ``GEMM_FWD_BWD_FACTOR``). Each compute kernel runs at ``compute_share`` of the GPU while a pass runs beside it
+    (``slowed_end``, ``ep_compute_share``: the SMs the dispatch / combine kernels hold), at full rate otherwise.
+    Exposed = the steady per-layer period (``PAIRED_STEADY_LAYERS``) - 3 (A + M): what the passes cost, in link time
+    left uncovered and in compute slowed beside them."""
     a = np.asarray(ep_s, dtype=float) / EP_ALL_TO_ALLS_PER_LAYER
     m = np.asarray(mlp_fwd_s, dtype=float)
     att = np.maximum(np.asarray(compute_s, dtype=float) - GEMM_FWD_BWD_FACTOR * m, 0.0) / GEMM_FWD_BWD_FACTOR
-    comp = comm = grad_ready = fwd_ready = np.zeros(np.broadcast(a, m, att).shape)
+    r = compute_share
+    zero = np.zeros(np.broadcast(a, m, att, r).shape)
+    comp: Num = zero
+    fwd_ready: Num = zero
+    k1 = (zero, zero + a)                                           # the first combine backward
     ends = []
     for _ in range(PAIRED_SIMULATED_LAYERS):
-        k1 = np.maximum(comm, grad_ready) + a                       # combine backward
-        c1 = np.maximum(comp, fwd_ready) + att                      # attention forward
-        k2 = np.maximum(k1, c1) + a                                 # dispatch forward
-        dgrad = np.maximum(c1, k1) + (m if delay_wgrad else BWD_OVER_FWD * m)
-        k3 = np.maximum(k2, dgrad) + a                              # dispatch backward
-        c3 = np.maximum(dgrad + (m if delay_wgrad else 0.0), k2) + m  # [MLP wgrad], MLP forward
-        k4 = np.maximum(k3, c3) + a                                 # combine forward
-        c4 = np.maximum(c3, k3) + (att if delay_wgrad else BWD_OVER_FWD * att)  # attention dgrad [+ wgrad]
-        comp, comm, grad_ready, fwd_ready = c4 + (att if delay_wgrad else 0.0), k4, c4, k4
-        ends.append(np.maximum(comp, comm))
+        c1 = slowed_end(np.maximum(comp, fwd_ready), att, [k1], r)  # attention forward
+        k2 = (np.maximum(k1[1], c1), np.maximum(k1[1], c1) + a)      # dispatch forward
+        dgrad = slowed_end(np.maximum(c1, k1[1]), m if delay_wgrad else BWD_OVER_FWD * m, [k2], r)
+        k3 = (np.maximum(k2[1], dgrad), np.maximum(k2[1], dgrad) + a)  # dispatch backward
+        wgrad = slowed_end(dgrad, m, [k2, k3], r) if delay_wgrad else dgrad  # [MLP wgrad]
+        c3 = slowed_end(np.maximum(wgrad, k2[1]), m, [k3], r)       # MLP forward
+        k4 = (np.maximum(k3[1], c3), np.maximum(k3[1], c3) + a)      # combine forward
+        c4 = slowed_end(np.maximum(c3, k3[1]), att if delay_wgrad else BWD_OVER_FWD * att, [k4], r)  # attention dgrad
+        k1 = (np.maximum(k4[1], c4), np.maximum(k4[1], c4) + a)      # the next layer's combine backward
+        comp = slowed_end(c4, att, [k4, k1], r) if delay_wgrad else c4  # [attention wgrad]
+        fwd_ready = k4[1]
+        ends.append(np.maximum(comp, k4[1]))
     period = (ends[-1] - ends[PAIRED_STEADY_LAYERS - 1]) / PAIRED_STEADY_LAYERS
     out: Num = np.maximum(period - GEMM_FWD_BWD_FACTOR * (att + m), 0.0)
     return out

@@ -63,6 +63,14 @@ class LayerTime:
     """The forward's part of ``cp_exposed_s`` (re-run by full and ``core_attn`` recompute)."""
     mla_up_gemm_fwd_s: Num = 0.0
     """Part of gemm_fwd_s in MLA's query and key-value up projections, for selective recompute of mla_up_proj."""
+    frozen_wgrad_s: Num = 0.0
+    """Weight-gradient GEMM time the backward skips because the weights are frozen (PEFT: ``training.peft``; one
+    forward's GEMM time, the wgrad's FLOPs; ``frozen_wgrad_s``)."""
+    tp_exposed_s: Num = 0.0
+    """The part of ``tp_link_s`` that shows, forward + backward (``tp.block_exposure``: per GEMM pair under
+    --tp-comm-overlap)."""
+    tp_fwd_exposed_s: Num = 0.0
+    """The forward's part of ``tp_exposed_s`` (re-run by full recompute)."""
     shared_gemm_fwd_s: Num = 0.0
     """Forward GEMMs of the MoE layer's shared expert (part of gemm_fwd_s): what selective recompute of
     shared_experts re-runs, and what ``--moe-shared-expert-overlap`` hides the dispatch behind
@@ -71,8 +79,8 @@ class LayerTime:
     @property
     def gpu_s(self) -> Num:
         """GPU work, forward + backward (GEMMs, attention, element-wise)."""
-        return (GEMM_FWD_BWD_FACTOR * self.gemm_fwd_s + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s
-                + self.elementwise_s)
+        return (GEMM_FWD_BWD_FACTOR * self.gemm_fwd_s - self.frozen_wgrad_s
+                + (1.0 + ATTENTION_BWD_FACTOR) * self.attn_fwd_s + self.elementwise_s)
 
     @property
     def compute_s(self) -> Num:
@@ -108,6 +116,15 @@ def graph_captured_frac(training: TrainingSpec, block: str) -> float:
 def _issue_s(eff: EfficiencySpec, training: TrainingSpec, block: str) -> float:
     """Host issue time of one half-layer: ``block_overhead_s`` less what CUDA graphs replay."""
     return compute.block_overhead_s(eff) * (1.0 - graph_captured_frac(training, block))
+
+
+def frozen_wgrad_s(training: TrainingSpec, gemm_fwd_s: Num) -> Num:
+    """The weight-gradient GEMMs PEFT does not run: LoRA freezes the base weights (``requires_grad=False``), so
+    TE's linear backward computes dgrad only (transformer_engine/pytorch/module/linear.py ``_linear_backward``: the
+    wgrad GEMM runs only with ``requires_wgrad`` = the weight's ``requires_grad``): one forward GEMM time (wgrad =
+    forward FLOPs) with ``training.peft``, else 0. The adapters' own GEMMs (rank 16-32 on a few projections) are
+    neglected, as in the memory model (``TrainingSpec.peft``)."""
+    return gemm_fwd_s if training.peft else 0.0
 
 
 def fc1_width_factor(model: ModelSpec) -> int:
@@ -158,13 +175,15 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
+    tpx = tp.block_exposure(cluster, grid.tp_group, layout, eff, fp8, T, h, shapes[:-1], shapes[-1])
     cpt = cp.cp_times(cluster, grid.cp_group, training.cp_comm_type, model, T, t, kv_width, attn)
     elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster) + cpt.merge_s
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
                      overhead_s=_issue_s(eff, training, "attn"),
-                     tp_link_s=tp.block_link_s(cluster, grid.tp_group, T, h),
+                     tp_link_s=tpx.link_s, tp_exposed_s=tpx.exposed_s, tp_fwd_exposed_s=tpx.fwd_exposed_s,
                      ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s,
-                     cp_fwd_exposed_s=cpt.fwd_exposed_s, mla_up_gemm_fwd_s=up)
+                     cp_fwd_exposed_s=cpt.fwd_exposed_s, mla_up_gemm_fwd_s=up,
+                     frozen_wgrad_s=frozen_wgrad_s(training, g))
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
@@ -179,9 +198,11 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     quant = compute.quantize_bytes(training, T, ffn * gate / t, h) + compute.quantize_bytes(training, T, h, ffn / t)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t + quant) / compute.hbm_rate(cluster)
-    tp_link = tp.block_link_s(cluster, Grid.inner(layout).tp_group, T, h)
+    tpx = tp.block_exposure(cluster, Grid.inner(layout).tp_group, layout, eff, fp8, T, h,
+                            [(T, ffn * gate / t, h)], (T, h, ffn / t))
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=_issue_s(eff, training, "mlp"),
-                     tp_link_s=tp_link, ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g)
+                     tp_link_s=tpx.link_s, tp_exposed_s=tpx.exposed_s, tp_fwd_exposed_s=tpx.fwd_exposed_s,
+                     ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g, frozen_wgrad_s=frozen_wgrad_s(training, g))
 
 
 def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> LayerTime:
@@ -211,9 +232,13 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local)) / hbm
     grid = Grid.inner(layout)
     tp_ep = grid.group(Axis.TP, Axis.EP, expert=True)
-    out = LayerTime(gemm_fwd_s=routed * (1.0 + eff.moe_overhead_frac) + router, attn_fwd_s=0.0,
+    # the routed experts' grouped GEMMs have no userbuffers pairs: their ETP traffic shows as without overlap
+    etp_link = ep.etp_link_s(cluster, grid.etp_group, te, h)
+    etp_exposed = (1.0 - eff.tp_overlap_frac) * etp_link
+    moe_gemm = routed * (1.0 + eff.moe_overhead_frac) + router
+    out = LayerTime(gemm_fwd_s=moe_gemm, attn_fwd_s=0.0, frozen_wgrad_s=frozen_wgrad_s(training, moe_gemm),
                     elementwise_s=elem, overhead_s=_issue_s(eff, training, "moe"), host_sync_s=eff.moe_layer_overhead_s,
-                    tp_link_s=ep.etp_link_s(cluster, grid.etp_group, te, h),
+                    tp_link_s=etp_link, tp_exposed_s=etp_exposed, tp_fwd_exposed_s=etp_exposed / FWD_BWD_HALVES,
                     ep_link_s=ep.dispatcher_link_s(cluster, model, training, grid.ep_group, tp_ep, te, h),
                     cp_link_s=0.0, mlp_gemm_fwd_s=routed)
     if model.shared_ffn:
@@ -252,7 +277,7 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
                 moe: bool) -> Num:
     """Recompute time of one layer for one micro-batch. Full: one more forward of the layer (its
     forward GEMMs, attention, 1 / ``ELEMENTWISE_FWD_BWD_RATIO`` of its element-wise traffic, half
-    of its kernel issue, host syncs and exposed TP / EP communication: ``FWD_BWD_HALVES``).
+    of its kernel issue, host syncs and EP communication: ``FWD_BWD_HALVES``; its forward's exposed TP time).
     Selective modules follow Megatron-Core's TransformerLayer/MoELayer: "mlp" recomputes dense
     MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
     ``recompute_mlp``, moe/moe_layer.py); "shared_experts" the shared expert's forward GEMMs of MoE layers
@@ -263,7 +288,7 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
             + lt.host_sync_s / FWD_BWD_HALVES)
-    full = (full + (1.0 - tp.overlap_frac(layout, eff)) * lt.tp_link_s / FWD_BWD_HALVES
+    full = (full + lt.tp_fwd_exposed_s
             + lt.ep_link_s / FWD_BWD_HALVES + lt.cp_fwd_exposed_s)
     sel = (lt.attn_fwd_s + lt.cp_fwd_exposed_s) * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)

@@ -62,6 +62,10 @@ OVERRIDES = {
     'model.cpu_offloading_num_layers': 0,
     'model.fine_grained_activation_offloading': False,
     'model.offload_modules': [],
+    'model.defer_embedding_wgrad_compute': False,
+    'model.wgrad_deferral_limit': 0,
+    'model.cross_entropy_loss_fusion': False,
+    'model.cross_entropy_fusion_impl': 'native',
     'optimizer.use_precision_aware_optimizer': False,
     'optimizer.main_grads_dtype': 'float32',
     'optimizer.main_params_dtype': 'float32',
@@ -94,6 +98,8 @@ TP_COMM_OVERLAP = False
 COMM_OVERLAP = {  # also set on the recipe's comm_overlap, whose setup writes them over model/optimizer
     'overlap_grad_reduce': True,
     'overlap_param_gather': True,
+    'defer_embedding_wgrad_compute': False,
+    'wgrad_deferral_limit': 0,
     'overlap_param_gather_with_optimizer_step': False,
 }
 DTYPE_FIELDS = [  # fields set to getattr(torch, value)

@@ -1,0 +1,102 @@
+"""``--defer-embedding-wgrad-compute`` / ``--wgrad-deferral-limit``, by hand from Megatron-LM d98e8a6:
+tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication`` keeps the output layer's activation
+and gradient of the first ``limit`` micro-batches (all with 0) instead of running its weight-gradient GEMM, and
+pipeline_parallel/schedules.py ``finish_embedding_wgrad_compute`` runs them after the last micro-batch;
+ModelParallelConfig.__post_init__ refuses it without PP or without gradient accumulation fusion."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paraplan.errors import SpecError
+from paraplan.estimate.params import padded_vocab
+from paraplan.estimate.step_time import FLUSH_IDLE_SHARE, deferred_wgrad_terms, stage_terms, step_time
+from paraplan.estimate.time.compute import gemm_s
+from paraplan.launch.bridge import choose_recipe, overrides
+from paraplan.launch.megatron import argv, launch_violations, megatron_args
+from paraplan.layout import ParallelLayout
+from paraplan.recipes.catalogue import bridge_recipes
+from paraplan.recipes.knobs import not_modelled, training_knobs
+from paraplan.specs.cluster import make_cluster
+from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.megatron_flags import memory_knobs_from_words, read_flags
+from paraplan.specs.training import TrainingSpec
+from tests.launch.test_bridge import _knob_spec
+
+LLAMA = load_model("llama3-8b")
+H100 = load_gpu("h100-80gb")
+PP4 = ParallelLayout(tp=1, pp=4, dp=2, mbs=1, recompute="none", distributed_optimizer=True)
+OFF = TrainingSpec(seq_len=4096, global_batch_size=64)
+ON = replace(OFF, defer_embedding_wgrad_compute=True)
+
+
+@pytest.mark.parametrize(("limit", "m", "saved", "deferred"), [
+    (0, 32, 1.0, 32.0),       # 0: every micro-batch deferred
+    (22, 32, 22 / 32, 22.0),  # the first 22 of 32
+    (22, 8, 1.0, 8.0),        # a limit above m defers all m
+])
+def test_deferred_terms_golden(limit: int, m: int, saved: float, deferred: float) -> None:
+    s, d = deferred_wgrad_terms(replace(ON, wgrad_deferral_limit=limit), PP4, 1.0, m)
+    assert (float(s), float(d)) == pytest.approx((saved, deferred))
+    assert deferred_wgrad_terms(OFF, PP4, 1.0, m) == (0.0, 0.0)
+    assert tuple(map(float, deferred_wgrad_terms(ON, replace(PP4, pp=1), 1.0, m))) == (0.0, 0.0)
+
+
+def test_step_time_by_hand() -> None:
+    """Llama-3-8B on 8 H100, TP1 PP4 DP2, 32 micro-batches: the last stage (the slowest, it holds the output layer)
+    loses its output-layer wgrad GEMM (T x h)(h x V) each micro-batch; the 32 deferred GEMMs hide in its flush idle
+    time, 2/3 of the bubble, and only what is longer shows."""
+    cluster = make_cluster(H100, 8, 8)
+    a, b = step_time(LLAMA, cluster, OFF, PP4, num_microbatches=32), step_time(LLAMA, cluster, ON, PP4,
+                                                                            num_microbatches=32)
+    wgrad = float(gemm_s(cluster, False, 4096, padded_vocab(LLAMA, 1), LLAMA.hidden_size))
+    assert float(stage_terms(LLAMA, cluster, ON, PP4).logits_wgrad_s) == pytest.approx(wgrad)
+    assert int(a.slowest_stage) == 3 and int(b.slowest_stage) == 3
+    assert float(a.compute_s - b.compute_s) == pytest.approx(
+        32 * wgrad - max(0.0, 32 * wgrad - FLUSH_IDLE_SHARE * float(b.bubble_s)))
+    # the bubble shrinks with the slowest stage: (p-1)/m of it
+    assert float(b.bubble_s) == pytest.approx(float(a.bubble_s) - 3 / 32 * 32 * wgrad)
+    assert float(b.step_s) < float(a.step_s)
+
+
+def test_megatron_rules() -> None:
+    assert [c for c, _ in launch_violations(LLAMA, replace(PP4, pp=1, dp=8), ON)
+            if c.startswith("DEFER")] == ["DEFER_EMBEDDING_WGRAD_NEEDS_PP"]
+    assert not [c for c, _ in launch_violations(LLAMA, PP4, ON) if c.startswith("DEFER")]
+    with pytest.raises(SpecError, match="gradient accumulation fusion"):
+        replace(ON, gradient_accumulation_fusion=False)
+    with pytest.raises(SpecError, match="wgrad_deferral_limit must be an integer >= 0"):
+        replace(ON, wgrad_deferral_limit=-1)
+
+
+FLAGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
+         "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+         "--pipeline-model-parallel-size 2").split()
+
+
+def test_read_from_megatron_args_and_written_back() -> None:
+    got = read_flags([*FLAGS, "--defer-embedding-wgrad-compute", "--wgrad-deferral-limit", "22"]).training_fields
+    assert (got["defer_embedding_wgrad_compute"], got["wgrad_deferral_limit"]) == (True, 22)
+    plain = read_flags([*FLAGS, "--wgrad-deferral-limit", "22"])
+    assert "wgrad_deferral_limit" not in plain.training_fields
+    assert memory_knobs_from_words(["--defer-embedding-wgrad-compute"], "bf16") == {
+        "defer_embedding_wgrad_compute": True}
+    words = argv(megatron_args(LLAMA, PP4, replace(ON, wgrad_deferral_limit=22)), resolve=True)
+    assert "--defer-embedding-wgrad-compute" in words and words[words.index("--wgrad-deferral-limit") + 1] == "22"
+    assert "--wgrad-deferral-limit" not in argv(megatron_args(LLAMA, PP4, OFF), resolve=True)
+    spec = _knob_spec(defer_embedding_wgrad_compute=True, wgrad_deferral_limit=22)
+    items = dict(overrides(spec, choose_recipe(spec)))
+    assert (items["model.defer_embedding_wgrad_compute"], items["model.wgrad_deferral_limit"]) == (True, 22)
+
+
+def test_taken_from_the_recipes() -> None:
+    rows = [r for r in bridge_recipes() if r.get("defer_embedding_wgrad_compute") is True]
+    assert rows
+    knobs = training_knobs(rows[0], "bf16")
+    assert (knobs["defer_embedding_wgrad_compute"], knobs["wgrad_deferral_limit"]) == (
+        True, rows[0].get("wgrad_deferral_limit"))
+    assert not any(s.startswith(("defer_embedding", "wgrad_deferral")) for s in not_modelled(rows[0]))
+    plain = next(r for r in bridge_recipes() if r.get("defer_embedding_wgrad_compute") is False)
+    assert "defer_embedding_wgrad_compute" not in training_knobs(plain, "bf16")

@@ -1,0 +1,145 @@
+"""benchmarks/bridge_release_knobs.py: per Megatron-Bridge release, the settings of each performance config."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+brk = pytest.importorskip("bridge_release_knobs")
+
+MIRROR = os.environ.get("BRIDGE_MIRROR", "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
+NEEDS_MIRROR = pytest.mark.skipif(not Path(MIRROR).is_dir() or not (ROOT.parent / "shared" / "reference").is_dir(),
+                                  reason="no Megatron-Bridge mirror (BRIDGE_MIRROR) or ../shared/reference")
+
+WORKLOAD = '''
+from dataclasses import replace
+BASE = WorkloadBaseConfig(num_gpus=64, global_batch_size=128)
+LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V1 = replace(BASE, micro_batch_size=2, use_megatron_fsdp=True,
+                                                     cpu_offloading_num_layers=40)
+LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_CS_V1 = LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V1
+X = replace(LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V1, recompute_num_layers=SOME_NAME)
+'''
+
+
+def test_workload_configs_inherit_through_replace_and_take_the_class_defaults() -> None:
+    env = brk.workload_configs(WORKLOAD, {"micro_batch_size": 1, "tensor_model_parallel_size": 1,
+                                          "cpu_offloading_num_layers": None})
+    c = env["LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V1"]
+    assert (c["num_gpus"], c["global_batch_size"], c["micro_batch_size"]) == (64, 128, 2)
+    assert c["use_megatron_fsdp"] is True and c["cpu_offloading_num_layers"] == 40
+    assert c["tensor_model_parallel_size"] == 1  # the class default
+    assert env["LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_CS_V1"] == c  # a plain alias
+    assert env["X"]["recompute_num_layers"] == "?"  # a name, not a literal: unknown
+    assert env["BASE"]["micro_batch_size"] == 1
+
+
+def test_config_names_of_both_naming_schemes() -> None:
+    m = brk._NAME.match("QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2")
+    assert m and (m["model"], m["task"], m["gpu"], m["prec"], m["variant"]) == \
+        ("QWEN3_235B_A22B", "PRETRAIN", "H100", "FP8_CS", "V2")
+    m = brk._NAME_V02.match("LLAMA3_70B_GB200_FP8_MX_BASE_CONFIG")
+    assert m and (m["model"], m["gpu"], m["prec"], m["task"]) == ("LLAMA3_70B", "GB200", "FP8_MX", None)
+    m = brk._NAME_V02.match("LLAMA3_70B_GB200_SFT_BF16_BASE_CONFIG")
+    assert m and m["task"] == "SFT"
+
+
+def test_common_assignments_are_the_unconditional_literal_ones() -> None:
+    text = '''
+def set_llama3_common_configs(cfg):
+    cfg.mixed_precision.grad_reduce_in_fp32 = False
+    cfg.model.recompute_granularity = "selective"
+    cfg.model.moe_router_dtype = some_value()
+    if cfg.ddp.use_megatron_fsdp:
+        cfg.ddp.fsdp_double_buffer = True
+        cfg.model.moe_permute_fusion = True
+def llama3_70b_pretrain_config_h100(cfg):
+    cfg.model.cuda_graph_impl = "local"
+'''
+    assert brk.common_assignments(text) == {"grad_reduce_in_fp32": False, "recompute_granularity": "selective",
+                                            "moe_router_dtype": "?"}
+
+
+def test_apply_workload_as_set_workload_base_configs() -> None:
+    harness = 'delay_wgrad_compute = True\nmoe_shared_expert_overlap = False\nmoe_hybridep_num_sms = 32\n' \
+              'moe_token_dispatcher_type = "alltoall"\ncross_entropy_fusion_impl = "te"'
+    s = brk.apply_workload({"moe_a2a_overlap": True, "moe_flex_dispatcher_backend": "hybridep",
+                            "recompute_num_layers": 5, "cpu_offloading_num_layers": 0,
+                            "cuda_graph_impl": "transformer_engine", "cuda_graph_scope": "attn"},
+                           "gb200", True, harness, "26.06")
+    assert s["moe_a2a_overlap"] is True and s["delay_wgrad_compute"] is True
+    assert s["moe_shared_expert_overlap"] is False
+    assert (s["moe_token_dispatcher_type"], s["moe_flex_dispatcher_backend"], s["moe_hybridep_num_sms"]) == \
+        ("flex", "hybridep", 32)
+    assert (s["recompute_granularity"], s["recompute_method"], s["recompute_num_layers"]) == ("full", "block", 5)
+    assert "cpu_offloading" not in s  # 0 layers: no offload
+    assert s["cuda_graph_scope"] == ["attn"] and s["cross_entropy_fusion_impl"] == "te"
+    # no backend on a MoE model: alltoall (where the release's harness says so)
+    assert brk.apply_workload({}, "h100", True, harness, "26.04")["moe_token_dispatcher_type"] == "alltoall"
+    assert "moe_token_dispatcher_type" not in brk.apply_workload({}, "h100", True, "", "26.04")
+    assert "moe_token_dispatcher_type" not in brk.apply_workload({}, "h100", False, harness, "26.04")
+
+
+def test_deepep_where_it_cannot_run_leaves_the_dispatcher_unknown() -> None:
+    harness = 'moe_token_dispatcher_type = "alltoall"'
+    assert brk.apply_workload({"moe_flex_dispatcher_backend": "deepep"}, "h100", True, harness, "26.04")[
+        "moe_flex_dispatcher_backend"] == "deepep"
+    for gpu, container in (("gb200", "26.04"), ("gb300", "26.06"), ("h100", "26.02")):
+        s = brk.apply_workload({"moe_flex_dispatcher_backend": "deepep"}, gpu, True, harness, container)
+        assert "moe_token_dispatcher_type" not in s and "moe_flex_dispatcher_backend" not in s
+
+
+def test_harness_precision_edits_follow_the_branch() -> None:
+    func = ast.parse('''
+def get_precision_config(compute_dtype):
+    if compute_dtype == "fp8_cs":
+        c = bf16_with_fp8_current_scaling_mixed()
+        c.first_last_layers_bf16 = False
+        return c
+    elif compute_dtype == "fp8_mx":
+        return bf16_with_mxfp8_mixed()
+''').body[0]
+    out: dict[str, dict[str, object]] = {p: {"first_last_layers_bf16": True} for p in brk.PRESETS}
+    assert isinstance(func, ast.FunctionDef)
+    brk._harness_edits(func.body, None, out)
+    assert out["fp8_cs"]["first_last_layers_bf16"] is False and out["fp8_mx"]["first_last_layers_bf16"] is True
+
+
+def test_committed_data_lists_every_release_and_every_column_once() -> None:
+    data = brk.load()
+    assert [(r["container"], r["tag"]) for r in data["releases"]] == [(c, t) for c, t, _ in brk.RELEASES]
+    for c in data["configs"]:
+        read = {k for k, v in c["settings"].items() if v != "?"}
+        assert read | set(c["unknown"]) == set(brk.COLUMNS) and not read & set(c["unknown"])
+        assert c["container"] in {r[0] for r in brk.RELEASES}
+        assert c["model"] in brk.MODELS and c["gpu"] in brk.GPUS
+
+
+@NEEDS_MIRROR
+def test_committed_data_is_what_the_mirror_gives() -> None:
+    assert brk.dumps(brk.extract(MIRROR)) == brk.OUT.read_text()
+
+
+@NEEDS_MIRROR
+def test_deepseek_gb300_fp8_mx_gained_the_a2a_overlap_in_v0_5_0() -> None:
+    # deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1: v0.4.0 sets no moe_a2a_overlap;
+    # v0.5.0 sets moe_a2a_overlap=True, cuda_graph_impl="full_iteration", fp8_dot_product_attention=True
+    data = json.loads(brk.OUT.read_text())
+    by = {(c["tag"], c["name"]): c["settings"] for c in data["configs"]}
+    old = by[("v0.4.0", "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1")]
+    new = by[("v0.5.0", "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V1")]
+    assert "moe_a2a_overlap" not in old and old.get("cuda_graph_impl") != "full_iteration"
+    assert new["moe_a2a_overlap"] is True and new["delay_wgrad_compute"] is True
+    assert new["cuda_graph_impl"] == "full_iteration" and new["fp8_dot_product_attention"] is True
+
+
+def test_main_without_a_mirror_skips(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("BRIDGE_MIRROR", "/nonexistent/mirror")
+    assert brk.main() == 0
+    assert "skipped" in capsys.readouterr().out
