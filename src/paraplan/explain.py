@@ -298,19 +298,28 @@ modules) when it is at least 3% faster than the plan's pick."""
 
 def _what_if(plan: Plan, **change: Any) -> tuple[Estimate, float] | None:
     """The best layout of the plan's search with ``change`` applied to its space, and its
-    throughput gain over the plan's pick; None without a space or a feasible layout."""
+    throughput gain over the plan's pick; None without a space or a feasible layout. With both searches' feasible
+    rows (throughput objective), the fastest layout of each: the gain is the change's, not that of the in-tier rules
+    (``paraplan.ranking``), which may pick a slower layout of a step-time tier in either search."""
     from dataclasses import replace
 
     from paraplan.errors import NoFeasiblePlanError
+    from paraplan.estimator import estimate
     from paraplan.search import plan as search
 
     if plan.space is None:
         return None
     try:
         alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, **change),
-                     objective=plan.objective, top_k=1)  # type: ignore[arg-type]
+                     objective=plan.objective, top_k=1, headroom=plan.headroom)  # type: ignore[arg-type]
     except NoFeasiblePlanError:
         return None
+    ev, alt_ev = plan.feasible, alt.feasible
+    both = ev is not None and alt_ev is not None and len(ev.step_s) > 0 and len(alt_ev.step_s) > 0
+    if plan.objective == "throughput" and both and ev is not None and alt_ev is not None:
+        other = estimate(plan.model, plan.cluster, plan.training, alt_ev.table.row(int(np.argmin(alt_ev.step_s))),
+                         headroom=plan.headroom)
+        return other, float(np.min(ev.step_s)) / float(other.time.step_s) - 1.0  # tokens/s ~ 1 / step
     other = alt.candidates[0]
     base = float(plan.candidates[0].throughput.tokens_per_s_per_gpu)
     return other, float(other.throughput.tokens_per_s_per_gpu) / base - 1.0

@@ -372,7 +372,7 @@ def test_megatron_args_with_model_or_layout_flags_is_an_error(capsys: pytest.Cap
 
 def test_explain_texts_match_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
     # Qwen3-235B on 256 H100s with Megatron-FSDP: the winner has TP 1, PP 1 and FSDP; explain must not credit TP
-    # (by default the distributed optimizer's tp1 pp8 vp8 wins its 12.2% tier over it: rule 2)
+    # (by default the distributed optimizer's tp1 pp8 vp8 wins its (about 12%) tier over it: rule 2)
     code, out, _ = run(["explain", "--model", "qwen3-235b-a22b", "--gpu", "h100-80gb", "--num-gpus", "256",
                         "--seq-len", "4096", "--gbs", "1024", "--dp-variant", "fsdp", "--format", "json"], capsys)
     assert code == 0

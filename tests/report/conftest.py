@@ -28,7 +28,7 @@ def plan_8b() -> Plan:
     these layouts, which the default margin would change): #1 tp1 pp2 vp8 dp8 mbs2, #2 the same with Megatron-FSDP
     (put there by hand: the tests compare a log with an FSDP layout of #1's sizes, which the search no longer ranks
     second since FSDP gathers are hidden layer by layer), #3 the search's #2, vp6 (one step-time tier with vp8,
-    which goes first as an even pipeline split). TP 1 and CP 1 only: in the 12.2% step-time tier CP 2 layouts with
+    which goes first as an even pipeline split). TP 1 and CP 1 only: in the (about 12%) step-time tier CP 2 layouts with
     more free memory would go first."""
     import dataclasses
 
