@@ -233,7 +233,8 @@ def unpaired_exposed_s(ep_s: Num, shared_fwd_s: Num, *, shared_overlap: bool, co
 
     def exposed(work: Num) -> Num:
         """One pass beside ``work`` seconds of shared-expert GEMMs, both starting together."""
-        out: Num = np.maximum(a, slowed_end(0.0, work, [(0.0, a)], compute_share)) - work
+        # never below 0: the end is at least ``work`` (rounding of slowed_end's intervals aside)
+        out: Num = np.maximum(np.maximum(a, slowed_end(0.0, work, [(0.0, a)], compute_share)) - work, 0.0)
         return out
 
     return DISPATCH_PASSES_PER_DIRECTION * exposed(fwd) + DISPATCH_PASSES_PER_DIRECTION * exposed(BWD_OVER_FWD * fwd)
