@@ -65,6 +65,16 @@ _WORD: Final = re.compile(r"[A-Za-z0-9_.:/+-]+")
 _LAYOUT: Final = re.compile(r"[EtmL|]+")
 
 Scalar = int | float | bool | str | None
+SMS_FIELD: Final = "model.moe_flex_dispatcher_num_sms"
+"""The flex dispatcher's SM count for every backend (Megatron-LM TransformerConfig.moe_flex_dispatcher_num_sms)."""
+SMS_LEGACY_FIELDS: Final = {"deepep": "model.moe_deepep_num_sms", "hybridep": "model.moe_hybridep_num_sms"}
+"""The deprecated per-backend fields it unifies, where an older Megatron-Core lacks it: HybridEP's for hybridep,
+DeepEP's for every other backend (Bridge training/model_load_save.py ``_normalize_moe_dispatcher_sm_config``)."""
+
+
+def sms_legacy_field(backend: str) -> str:
+    """The deprecated SM-count field Bridge maps ``backend``'s count to (``SMS_LEGACY_FIELDS``)."""
+    return SMS_LEGACY_FIELDS["hybridep" if backend == "hybridep" else "deepep"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +248,10 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         out += [("model.moe_token_dispatcher_type", t.moe_token_dispatcher_type)]
         if t.moe_token_dispatcher_type == "flex":
             out += [("model.moe_flex_dispatcher_backend", t.moe_flex_dispatcher_backend),
-                    ("model.moe_hybridep_num_sms", t.moe_hybridep_num_sms)]
+                    # the deprecated per-backend keys first, cleared: a recipe's own value would be routed over an
+                    # unset unified field (TransformerConfig.__post_init__); the unified key is every backend's
+                    *[(key, None) for key in SMS_LEGACY_FIELDS.values()],
+                    (SMS_FIELD, t.moe_hybridep_num_sms)]
             if t.moe_flex_dispatcher_backend == "hybridep":
                 out += [("model.moe_permute_fusion_into_hybridep", t.moe_permute_fusion_into_hybridep)]
         out += [("model.moe_permute_fusion", t.moe_permute_fusion),
@@ -447,6 +460,10 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "DTYPE_FIELDS = [  # fields set to getattr(torch, value)",
         *[f"    {k!r}," for k in DTYPE_FIELDS],
         "]",
+        "FALLBACK_FIELDS = {  # a field an older Megatron-Core lacks: the deprecated one it replaces",
+        *([f"    {SMS_FIELD!r}: {sms_legacy_field(spec.training.moe_flex_dispatcher_backend)!r},"]
+          if any(k == SMS_FIELD for k, _ in items) else []),
+        "}",
         "",
         "",
         "def _set(cfg, path, value):",
@@ -456,6 +473,8 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "        obj = cfg.mixed_precision = get_mixed_precision_config(obj)",
         "    if path in DTYPE_FIELDS:",
         "        value = getattr(torch, value)",
+        "    if not hasattr(obj, name) and path in FALLBACK_FIELDS:",
+        "        return _set(cfg, FALLBACK_FIELDS[path], value)",
         "    if not hasattr(obj, name):",
         "        raise AttributeError(f'{path}: not a field of the recipe')",
         "    setattr(obj, name, value)",

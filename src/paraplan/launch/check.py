@@ -110,7 +110,7 @@ def _env_violations(parsed: ParsedScript, layout: ParallelLayout, gpu: GpuSpec) 
     value = parsed.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if needs_max_connections_1(layout, gpu.arch) and value != "1":
         return [("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS_MESSAGE
-                 + (" (not set in the script)" if value is None else f" (the script sets {value})"))]
+                 + (f" (not set in {parsed.env_source})" if value is None else f" ({parsed.env_source} sets {value})"))]
     if layout.fsdp and fsdp_rejects_max_connections(value):
         return [("CUDA_DEVICE_MAX_CONNECTIONS", FSDP_MAX_CONNECTIONS_MESSAGE)]
     return []
@@ -133,8 +133,8 @@ def knob_flag_violations(parsed: ParsedScript, training: TrainingSpec) -> list[t
     if training.fine_grained_activation_offloading and parsed.launcher \
             and parsed.env.get(CPU_OFFLOAD_V1) != "1":
         value = parsed.env.get(CPU_OFFLOAD_V1)
-        found.append((CPU_OFFLOAD_V1, CPU_OFFLOAD_V1_MESSAGE + (" (not set in the script)" if value is None
-                                                               else f" (the script sets {value})")))
+        found.append((CPU_OFFLOAD_V1, CPU_OFFLOAD_V1_MESSAGE + (f" (not set in {parsed.env_source})" if value is None
+                                                               else f" ({parsed.env_source} sets {value})")))
     return found
 
 

@@ -1,6 +1,7 @@
 """Parameter expansion for ``paraplan.launch.shell``: ``$NAME``, ``${NAME}``, ``${NAME:-default}``,
-``${NAME:=default}``, ``${NAME:+alt}``, ``${NAME[@]}``, with bash word splitting of unquoted
-expansions. Unknown variables and other forms (``$(...)``, ``$((...))``) stay as literal text.
+``${NAME:=default}``, ``${NAME:+alt}``, ``${NAME[@]}``, the positional parameters (``$@``, ``$*``, ``$1``, when
+the caller knows them: a ``bash -c`` command's words), with bash word splitting of unquoted expansions. Unknown
+variables and other forms (``$(...)``, ``$((...))``) stay as literal text.
 
 Expansion is bounded (a variable that doubles itself 40 times would need 2^40 characters): one word
 expands to at most MAX_WORD_CHARS, a whole script to MAX_SCRIPT_CHARS in at most MAX_SCRIPT_FIELDS
@@ -30,7 +31,7 @@ MAX_SUBSTITUTIONS: Final = 200_000
 """Most variable substitutions in one script (a long launch script has a few hundred)."""
 
 _EXPANSION: Final = re.compile(
-    r"\$(?:\{(?P<brace>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
+    r"\$(?:\{(?P<brace>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*)|(?P<special>[@*0-9]))"
 )
 
 
@@ -46,6 +47,9 @@ class Env:
     """Fields produced by expansions so far (bounded by MAX_SCRIPT_FIELDS)."""
     substitutions: int = 0
     """Variable substitutions so far (bounded by MAX_SUBSTITUTIONS)."""
+    positional: list[str] | None = None
+    """``$0``, ``$1``, ...: the words after a ``bash -c`` command string (None: not known, ``$@`` / ``$1`` stay
+    as written)."""
 
     def lookup(self, name: str) -> list[str] | None:
         if name in self.arrays:
@@ -55,8 +59,23 @@ class Env:
         return None
 
 
+def _positional(name: str, env: Env) -> tuple[list[str] | None, bool]:
+    """Fields of ``$@`` (one a parameter), ``$*`` (joined by a space) and ``$N`` (empty when unset), as bash
+    expands them; None (left as written) when the parameters are not known."""
+    if env.positional is None:
+        return None, False
+    if name == "@":
+        return env.positional[1:], True
+    if name == "*":
+        return [" ".join(env.positional[1:])], False
+    k = int(name)
+    return [env.positional[k] if k < len(env.positional) else ""], False
+
+
 def _expand_braced(body: str, env: Env) -> tuple[list[str] | None, bool]:
     """Fields of ${body} (None = unresolved) and whether they are array elements."""
+    if re.fullmatch(r"[@*]|[0-9]+", body):
+        return _positional(body, env)
     m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]", body)
     if m:
         return (list(env.arrays.get(m.group(1), [])) if m.group(1) in env.arrays else None), True
@@ -148,6 +167,8 @@ class _Fields:
             if m.group("plain"):
                 found = env.lookup(m.group("plain"))
                 values, is_array = (None if found is None else [" ".join(found)]), False
+            elif m.group("special"):
+                values, is_array = _positional(m.group("special"), env)
             else:
                 values, is_array = _expand_braced(m.group("brace"), env)
             if values is None:

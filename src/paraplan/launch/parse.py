@@ -23,7 +23,7 @@ from typing import Any, Final
 from paraplan.errors import SpecError
 from paraplan.fileio import brief, load_yaml_documents, path_exists, read_input_text
 from paraplan.launch.expand import MAX_SCRIPT_CHARS
-from paraplan.launch.shell import Command, Env, read_commands
+from paraplan.launch.shell import Command, Env, read_commands, shell_c
 from paraplan.layout import ParallelLayout, layout_for_world
 from paraplan.specs.megatron_flags import MegatronFlags, read_flags
 from paraplan.specs.training import TrainingSpec
@@ -53,6 +53,8 @@ class ParsedScript:
     """The words before ``pretrain_gpt.py`` (torchrun/srun and their options)."""
     world_hint: str = ""
     """Where the world size would come from, when it is unknown (a Kubernetes manifest's fields)."""
+    env_source: str = "the script"
+    """Where ``env`` was set, for messages: the script, or a manifest's container env."""
 
     @property
     def unknown_flags(self) -> tuple[str, ...]:
@@ -205,14 +207,16 @@ def _includer(base_dir: Path | None) -> Callable[[str], str | None]:
 
 
 def parse_script(text: str, *, name: str = "custom", source: str = "",
-                 base_dir: str | Path | None = None, env_seed: dict[str, str] | None = None) -> ParsedScript:
+                 base_dir: str | Path | None = None, env_seed: dict[str, str] | None = None,
+                 positional: list[str] | None = None) -> ParsedScript:
     """Parse a script, an arguments file or a one-line command (see the module docstring).
 
     ``source``d files are read from ``base_dir`` (the script's folder) when they exist there; ``env_seed``:
-    variables set before the script runs (a container's environment).
+    variables set before the script runs (a container's environment); ``positional``: ``$0``, ``$1``, ... (the
+    words after a ``bash -c`` string), None when unknown.
     """
     sbatch = _sbatch_options(text)
-    env = Env(scalars=dict(env_seed or {}))
+    env = Env(scalars=dict(env_seed or {}), positional=None if positional is None else list(positional))
     for key, names in _SLURM_SEED.items():
         value = sbatch.get(key.replace("_", "-"))
         if key == "gpus_per_node" and not value and "gres" in sbatch:
@@ -255,14 +259,38 @@ MANIFEST_KINDS: Final = {"TrainJob": "trainer.kubeflow.org/", "PyTorchJob": "kub
 """The manifests ``check`` reads, with their API group: Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/
 v1alpha1) and Kubeflow Training Operator v1 ``PyTorchJob`` (kubeflow.org/v1), as ``launch.kubernetes`` writes them."""
 _K8S_REF: Final = re.compile(r"\$\$|\$\(([^()$\s]+)\)")
-_SHELLS: Final = ("bash", "sh", "dash", "zsh")
 _GPU_RESOURCE: Final = "nvidia.com/gpu"
+_REPLICA_TYPES: Final = ("Master", "Worker")
+_ENV_READ: Final = ("CUDA_", "NVTE_", "NCCL_", "TORCH_", "PYTORCH_", "PET_")
+"""Prefixes of the variables a Megatron job reads from its environment (beside those its command line names)."""
 
 
 def k8s_expand(text: str, env: dict[str, str]) -> str:
     """``text`` as Kubernetes passes it to the container: ``$(VAR)`` is the value of the container's ``VAR`` when
     it is set (else left as written) and ``$$`` is ``$`` (k8s.io/kubernetes third_party/forked/golang/expansion)."""
     return _K8S_REF.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def _k8s_names(text: str) -> list[str]:
+    """The names ``text`` refers to as ``$(VAR)`` (not the ``$$(VAR)`` escapes)."""
+    return [m.group(1) for m in _K8S_REF.finditer(text) if m.group(1)]
+
+
+@dataclass(frozen=True, slots=True)
+class _ContainerEnv:
+    """A container's ``env`` as Kubernetes sets it."""
+
+    values: dict[str, str]
+    """name -> value, ``$(VAR)`` of earlier entries expanded."""
+    unset: dict[str, list[str]]
+    """name -> the ``$(VAR)`` its value keeps as written (VAR not set before it)."""
+    elsewhere: frozenset[str]
+    """Names set from ``valueFrom`` (a Secret, ConfigMap or pod field: not known from the file)."""
+
+    def unset_in(self, text: str) -> list[str]:
+        """The ``$(VAR)`` that stay as written in ``text`` expanded with this env (directly or through a value)."""
+        names = _k8s_names(text)
+        return [*(n for n in names if n not in self.values), *(u for n in names for u in self.unset.get(n, ()))]
 
 
 def _at(doc: Any, path: str, source: str, prefix: str = "") -> Any:
@@ -288,26 +316,44 @@ def _words(value: Any, where: str, source: str) -> list[str]:
     return value
 
 
-def _container_env(entries: Any, where: str, source: str) -> dict[str, str]:
+def _container_env(entries: Any, where: str, source: str) -> _ContainerEnv:
     """A container's ``env`` with ``$(VAR)`` of earlier entries expanded, as Kubernetes sets it (``valueFrom``
-    entries are not known from the file: left out, so their references stay as written)."""
+    entries are not known from the file: left out, so their references stay as written). A value naming a later
+    entry is a SpecError: Kubernetes expands only the entries before it (k8s.io/kubernetes pkg/kubelet
+    kubelet_pods.go makeEnvironmentVariables), so the reference would stay as written."""
     out: dict[str, str] = {}
+    unset: dict[str, list[str]] = {}
+    elsewhere: set[str] = set()
     if entries is None:
-        return out
+        return _ContainerEnv(out, unset, frozenset())
     if not isinstance(entries, list):
         raise SpecError(f"{source}: {where} must be a list of name/value entries, got {brief(entries)}")
+    names = [e.get("name") if isinstance(e, dict) else None for e in entries]
     size = 0
-    for e in entries:
+    for k, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("name"), str):
             raise SpecError(f"{source}: {where}: each entry needs a name, got {brief(e)}")
-        value = e.get("value")
+        name, value = e["name"], e.get("value")
         if value is None:
+            if e.get("valueFrom") is not None:
+                elsewhere.add(name)
             continue
-        out[e["name"]] = k8s_expand(str(value), out)
-        size += len(out[e["name"]])
+        if isinstance(value, (dict, list)):
+            raise SpecError(f"{source}: {where}: {name}'s value must be a string, got {brief(value)}")
+        text = str(value)
+        missing = [n for n in _k8s_names(text) if n not in out]
+        later = next((n for n in missing if n in names[k + 1:]), None)
+        if later is not None:
+            raise SpecError(f"{source}: {where}: {name} refers to $({later}), which is set after it; Kubernetes "
+                            f"expands only the entries before one, so {name} would be {brief(text)} as written "
+                            f"(move {later} above {name})")
+        unset[name] = [*missing, *(u for n in _k8s_names(text) if n in out for u in unset.get(n, ()))]
+        out[name] = k8s_expand(text, out)
+        elsewhere.discard(name)
+        size += len(out[name])
         if size > MAX_SCRIPT_CHARS:
             raise SpecError(f"{source}: {where} expands to more than {MAX_SCRIPT_CHARS // 2**20} MiB")
-    return out
+    return _ContainerEnv(out, unset, frozenset(elsewhere))
 
 
 def _count_field(value: Any, where: str, source: str, gpus: int | None) -> int | None:
@@ -327,10 +373,25 @@ def _gpus(resources: Any, where: str, source: str) -> int | None:
     return None if limit is None else _count_field(limit, f"{where}.limits.{_GPU_RESOURCE}", source, None)
 
 
-def _trainjob(doc: dict[str, Any], source: str) -> tuple[list[str], dict[str, str], int | None, int | None, str]:
-    """(command + args, env, nodes, processes per node, where they are) of a TrainJob's ``spec.trainer``: the
-    torch plugin gives torchrun ``numNodes`` and ``numProcPerNode`` (default auto: the GPUs of
-    ``resourcesPerNode``; kubeflow/trainer pkg/runtime/framework/plugins/torch)."""
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What a manifest's trainer container runs, and on how many nodes and processes."""
+
+    words: list[str]
+    """command + args, as written (before ``$(VAR)`` expansion)."""
+    env: _ContainerEnv
+    nodes: int | None
+    per_node: int | None
+    where: str
+    """The container's path in the manifest."""
+    nodes_field: str
+    """Where ``nodes`` comes from."""
+
+
+def _trainjob(doc: dict[str, Any], source: str) -> _Job:
+    """The command + args, env, nodes and processes per node of a TrainJob's ``spec.trainer``: the torch plugin
+    gives torchrun ``numNodes`` and ``numProcPerNode`` (default auto: the GPUs of ``resourcesPerNode``;
+    kubeflow/trainer pkg/runtime/framework/plugins/torch)."""
     trainer = _at(doc, "spec.trainer", source)
     if not isinstance(trainer, dict):
         raise SpecError(f"{source}: TrainJob has no spec.trainer (the command is in the runtime, not this file)")
@@ -340,19 +401,38 @@ def _trainjob(doc: dict[str, Any], source: str) -> tuple[list[str], dict[str, st
     gpus = _gpus(trainer.get("resourcesPerNode"), "spec.trainer.resourcesPerNode", source)
     nodes = _count_field(trainer.get("numNodes"), "spec.trainer.numNodes", source, None)
     per_node = _count_field(trainer.get("numProcPerNode"), "spec.trainer.numProcPerNode", source, gpus)
-    return words, env, nodes, per_node, "spec.trainer"
+    return _Job(words, env, nodes, per_node, "spec.trainer", "spec.trainer.numNodes")
 
 
-def _pytorchjob(doc: dict[str, Any], source: str) -> tuple[list[str], dict[str, str], int | None, int | None, str]:
+def _replica_specs(specs: dict[Any, Any], source: str) -> dict[str, Any]:
+    """The replica specs by type, read as the training operator does: any case of Master / Worker is that type
+    (kubeflow/trainer release-1.9 pkg/apis/kubeflow.org/v1 defaulting_utils.go setTypeNameToCamelCase); another
+    type, or one type written twice, is a SpecError (the operator's webhook refuses other types:
+    pkg/webhooks/pytorch validatePyTorchReplicaSpecs)."""
+    out: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    for key, rs in specs.items():
+        role = next((r for r in _REPLICA_TYPES if isinstance(key, str) and key.lower() == r.lower()), None)
+        if role is None:
+            raise SpecError(f"{source}: spec.pytorchReplicaSpecs.{brief(key)}: a replica type must be Master or "
+                            "Worker (the training operator refuses others)")
+        if role in out:
+            raise SpecError(f"{source}: spec.pytorchReplicaSpecs has both {written[role]!r} and {key!r} (the "
+                            f"training operator reads either as {role} and keeps one); write one")
+        out[role], written[role] = rs, key
+    return out
+
+
+def _pytorchjob(doc: dict[str, Any], source: str) -> _Job:
     """The same for a PyTorchJob: the ``pytorch`` container of the Master replica (else the Worker's), nodes the
-    replicas of both, processes per node ``spec.nprocPerNode`` (auto/gpu: the container's GPU limit)."""
+    replicas of both, processes per node ``spec.nprocPerNode`` (auto/gpu: the container's GPU limit). The
+    Master and Worker containers must run the same command line with the same environment."""
     specs = _at(doc, "spec.pytorchReplicaSpecs", source)
     if not isinstance(specs, dict) or not specs:
         raise SpecError(f"{source}: PyTorchJob has no spec.pytorchReplicaSpecs")
-    found: list[tuple[str, dict[str, Any]]] = []
+    found: list[tuple[str, dict[str, Any], _ContainerEnv]] = []
     nodes = 0
-    for role in ("Master", "Worker"):
-        rs = specs.get(role)
+    for role, rs in sorted(_replica_specs(specs, source).items(), key=lambda kv: _REPLICA_TYPES.index(kv[0])):
         if rs is None:
             continue
         containers = _at(rs, "template.spec.containers", source, f"spec.pytorchReplicaSpecs.{role}")
@@ -362,28 +442,84 @@ def _pytorchjob(doc: dict[str, Any], source: str) -> tuple[list[str], dict[str, 
         c = next((c for c in containers if isinstance(c, dict) and c.get("name") == "pytorch"), None)
         if c is None:
             raise SpecError(f"{source}: {where} has no container named pytorch (the operator's training container)")
-        found.append((f"{where}[pytorch]", c))
-        nodes += _count_field(rs.get("replicas", 1), f"spec.pytorchReplicaSpecs.{role}.replicas", source, None) or 1
+        replicas = _count_field(rs.get("replicas", 1), f"spec.pytorchReplicaSpecs.{role}.replicas", source, None) or 1
+        if role == "Master" and replicas != 1:
+            raise SpecError(f"{source}: spec.pytorchReplicaSpecs.Master.replicas must be 1 (the training operator's "
+                            f"webhook), got {replicas}")
+        nodes += replicas
+        found.append((f"{where}[pytorch]", c, _container_env(c.get("env"), f"{where}[pytorch].env", source)))
     if not found:
         raise SpecError(f"{source}: spec.pytorchReplicaSpecs has no Master or Worker replica")
     if any((c.get("command"), c.get("args")) != (found[0][1].get("command"), found[0][1].get("args"))
-           for _, c in found):
+           for _, c, _ in found):
         raise SpecError(f"{source}: the Master and Worker pytorch containers run different commands; check reads one "
                         "command line")
-    where, c = found[0]
+    where, c, env = found[0]
     words = [*_words(c.get("command"), f"{where}.command", source), *_words(c.get("args"), f"{where}.args", source)]
-    env = _container_env(c.get("env"), f"{where}.env", source)
+    for _, _, other in found[1:]:
+        _same_env(env, other, " ".join(words), source)
     gpus = _gpus(c.get("resources"), f"{where}.resources", source)
     per_node = _count_field(_at(doc, "spec.nprocPerNode", source), "spec.nprocPerNode", source, gpus)
-    return words, env, nodes, per_node, where
+    return _Job(words, env, nodes, per_node, where, "spec.pytorchReplicaSpecs.*.replicas")
+
+
+def _same_env(master: _ContainerEnv, worker: _ContainerEnv, command: str, source: str) -> None:
+    """SpecError when the Master and Worker containers set a variable differently that the job reads: one its
+    command line names (``$(VAR)``, ``$VAR``, ``${VAR}``) or one of the ``_ENV_READ`` families."""
+    for name in sorted(set(master.values) | set(worker.values) | master.elsewhere | worker.elsewhere):
+        a, b = master.values.get(name), worker.values.get(name)
+        if a == b and (name in master.elsewhere) == (name in worker.elsewhere):
+            continue
+        named = re.search(rf"\$(?:\({re.escape(name)}\)|\{{{re.escape(name)}\b|{re.escape(name)}\b)", command)
+        if named or name.startswith(_ENV_READ):
+            shown = ["from valueFrom" if name in e.elsewhere else "not set" if v is None else brief(v)
+                     for v, e in ((a, master), (b, worker))]
+            raise SpecError(f"{source}: the Master and Worker pytorch containers set {name} differently (Master "
+                            f"{shown[0]}, Worker {shown[1]}); every process of the job must read the same value")
+
+
+def _kinds(docs: list[Any], source: str) -> None:
+    """SpecError when a document's ``kind`` is not a string (Kubernetes' is: the object's type name)."""
+    for k, d in enumerate(docs):
+        kind = d.get("kind") if isinstance(d, dict) else None
+        if kind is not None and not isinstance(kind, str):
+            at = f"document {k + 1}: " if len(docs) > 1 else ""
+            raise SpecError(f"{source}: {at}kind must be a string (check reads {' and '.join(MANIFEST_KINDS)}), "
+                            f"got {brief(kind)}")
+
+
+def _flag_of(words: list[str], name: str) -> str:
+    """The flag whose value holds ``$(name)`` (for messages)."""
+    ref = f"$({name})"
+    for k, w in enumerate(words):
+        if ref in w:
+            if w.startswith("--"):
+                return w.split("=", 1)[0]
+            return words[k - 1] if k and words[k - 1].startswith("--") else brief(w)
+    return ref
+
+
+def _nnodes_problem(value: str | None, nodes: int | None, kind: str, field_: str) -> tuple[str, str] | None:
+    """torchrun ``--nnodes`` (N or MIN:MAX) against the nodes the job starts: its rendezvous waits for them."""
+    m = re.fullmatch(r"(\d+)(?::(\d+))?", (value or "").strip())
+    if m is None or nodes is None:
+        return None
+    low, high = int(m.group(1)), int(m.group(2) or m.group(1))
+    if low <= nodes <= high:
+        return None
+    return ("NNODES_MISMATCH", f"torchrun --nnodes={value} but the {kind} starts {nodes} node{'s' * (nodes != 1)} "
+            f"({field_}): torchrun's rendezvous waits for {low} node{'s' * (low != 1)}, so the job would not start")
 
 
 def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest") -> ParsedScript:
     """A Kubeflow ``TrainJob`` or ``PyTorchJob`` (``MANIFEST_KINDS``; the one among a file's YAML documents): the
     trainer container's command and args with ``$(VAR)`` expanded from its env as Kubernetes does (``k8s_expand``),
-    read as the command line they are (a ``bash -c`` script as a script); the world size is nodes x processes per
-    node unless torchrun's own options say otherwise. Anything else is a one-line SpecError naming what it is."""
+    read as the command line they are (a ``bash -c`` script as a script, with the words after it as ``$0``, ``$1``,
+    ...); the world size is nodes x processes per node unless torchrun's own options say otherwise (a torchrun
+    ``--nnodes`` the job's node count does not meet is a problem). Anything else is a one-line SpecError naming
+    what it is."""
     docs = load_yaml_documents(text, "script", source)
+    _kinds(docs, source)
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") in MANIFEST_KINDS]
     if len(jobs) > 1:
         raise SpecError(f"{source}: {len(jobs)} TrainJob / PyTorchJob documents; check reads one job a file")
@@ -397,26 +533,39 @@ def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest")
     api = doc.get("apiVersion")
     if not isinstance(api, str) or not api.startswith(MANIFEST_KINDS[kind]):
         raise SpecError(f"{source}: {kind} apiVersion must be {MANIFEST_KINDS[kind]}..., got {brief(api)}")
-    words, env, nodes, per_node, where = (_trainjob if kind == "TrainJob" else _pytorchjob)(doc, source)
-    words = [k8s_expand(w, env) for w in words]
+    job = (_trainjob if kind == "TrainJob" else _pytorchjob)(doc, source)
+    env, nodes, per_node, where = job.env.values, job.nodes, job.per_node, job.where
+    unset = [n for w in job.words for n in job.env.unset_in(w)]
+    words = [k8s_expand(w, env) for w in job.words]
     seed = {**env, **({"PET_NNODES": str(nodes)} if nodes else {}),
             **({"PET_NPROC_PER_NODE": str(per_node)} if per_node else {})}
-    shell = bool(words) and words[0].rsplit("/", 1)[-1] in _SHELLS and "-c" in words[1:]
-    if shell and not any(w.rsplit("/", 1)[-1] == ENTRY_POINT for w in words):
-        script = words[words.index("-c", 1) + 1:words.index("-c", 1) + 2]
-        text = script[0] if script else ""
-    else:
-        text = shlex.join(words)
+    shell = shell_c(words)
+    text, positional = (shell[0], shell[1]) if shell is not None else (shlex.join(words), None)
     not_run = SpecError(f"{source}: the {kind}'s {where} command and args do not run {ENTRY_POINT} (got "
                         f"{brief(' '.join(words)) if words else 'none: the runtime has the command'})")
-    if ENTRY_POINT not in text:
+    if ENTRY_POINT not in text and not any(ENTRY_POINT in w for w in positional or ()):
         raise not_run
-    parsed = parse_script(text, name=name, source=source, env_seed=seed)
+    try:
+        parsed = parse_script(text, name=name, source=source, env_seed=seed, positional=positional)
+    except SpecError as err:
+        for ref in dict.fromkeys(unset):
+            if f"$({ref})" not in str(err):
+                continue
+            flag = _flag_of(words, ref)
+            if ref in job.env.elsewhere:
+                raise SpecError(f"{source}: {flag} takes $({ref}) from a valueFrom entry of {where}.env (a Secret, "
+                                "ConfigMap or pod field), which the file does not hold; write the value") from None
+            if shell is None:  # in a bash -c string an unset $(NAME) is bash's command substitution
+                raise SpecError(f"{source}: {flag} gets $({ref}) as written: {ref} is not set in the container env "
+                                f"({where}.env), and Kubernetes leaves $(VAR) unexpanded when no env entry sets "
+                                "VAR before it") from None
+        raise
     if not parsed.launcher:
         raise not_run
     names = [w.rsplit("/", 1)[-1] for w in parsed.launcher]
     torch_at = next((k for k, w in enumerate(names) if w in _TORCHRUN), None)
     opts = _options(parsed.launcher[torch_at + 1:]) if torch_at is not None else {}
+    problem = _nnodes_problem(opts.get("nnodes"), nodes, kind, job.nodes_field)
     if torch_at is not None:
         nodes = _count(opts.get("nnodes")) or nodes
         per_node = _count(opts.get("nproc-per-node")) or per_node
@@ -426,8 +575,10 @@ def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest")
     hint = (f"the {kind} sets no spec.trainer.numNodes" if nodes is None else
             f"the {kind} sets no process count per node ({per_node_field}, or a {_GPU_RESOURCE} limit)")
     world = nodes * per_node if nodes and per_node else None
-    return replace(parsed, world_size=world, gpus_per_node=per_node, num_nodes=nodes,
-                   world_hint="" if world else hint)
+    flags = parsed.flags if problem is None else replace(parsed.flags, problems=(*parsed.flags.problems, problem))
+    return replace(parsed, flags=flags, world_size=world, gpus_per_node=per_node, num_nodes=nodes,
+                   world_hint="" if world else hint,
+                   env_source="the container env" if shell is None else "the container env or its bash -c script")
 
 
 def parsed_summary(parsed: ParsedScript) -> dict[str, Any]:

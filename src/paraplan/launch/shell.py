@@ -18,7 +18,7 @@ from typing import Final
 
 from paraplan.launch.expand import Env, Seg, Word, expand_word
 
-__all__ = ["Command", "Env", "Token", "expand_word", "lex", "read_commands", "word_text"]
+__all__ = ["SHELLS", "Command", "Env", "Token", "expand_word", "lex", "read_commands", "shell_c", "word_text"]
 
 Token = Word | str
 """A word, or an operator string: ; & | && || ( ) < >."""
@@ -276,10 +276,47 @@ def _run_command(tokens: list[Token], env: Env, out: list[Command], nesting: int
             out.extend(read_commands(text, env, nesting=nesting + 1, include=include))
         return
     for k, f in enumerate(fields[:-1]):
-        if f == "-c" and k > 0 and fields[k - 1].rsplit("/", 1)[-1] in ("bash", "sh"):
-            for inner in read_commands(fields[k + 1], env, nesting=nesting + 1, include=include):
-                out.append(Command(tuple(fields[:k - 1]) + inner.fields))
+        found = shell_c(fields[k:]) if f.rsplit("/", 1)[-1] in SHELLS else None
+        if found is not None:
+            saved, env.positional = env.positional, found[1]
+            try:
+                for inner in read_commands(found[0], env, nesting=nesting + 1, include=include):
+                    out.append(Command(tuple(fields[:k]) + inner.fields))
+            finally:
+                env.positional = saved
             break
+
+
+SHELLS: Final = ("bash", "sh", "dash", "zsh")
+_OPTION_ARG: Final = ("--rcfile", "--init-file")
+
+
+def shell_c(words: list[str] | tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """(command string, [$0, $1, ...]) of ``bash [options] -c STRING [NAME [ARG...]]`` (``words[0]`` a shell), None
+    when it does not run a ``-c`` string. As bash reads its options: ``-c`` also inside combined short options
+    (``-lc``, ``-ec``, ``-xec``), ``-o``/``-O`` take the next word, long options only before the short ones, ``--``
+    ends them; the string is the first word after them, ``$0`` the next one (default: the shell's name) and the
+    positional parameters the rest."""
+    if not words or words[0].rsplit("/", 1)[-1] not in SHELLS:
+        return None
+    c, short, i = False, False, 1
+    while i < len(words):
+        w = words[i]
+        if w in ("--", "-"):
+            i += 1
+            break
+        if w.startswith("--"):
+            if short:  # bash reads long options only before the short ones ("invalid option")
+                return None
+            i += 2 if w in _OPTION_ARG else 1
+        elif len(w) > 1 and w[0] in "-+":
+            c, short = c or (w[0] == "-" and "c" in w[1:]), True
+            i += 1 + w[1:].count("o") + w[1:].count("O")
+        else:
+            break
+    if not c or i >= len(words):
+        return None
+    return words[i], [words[i + 1] if i + 1 < len(words) else words[0], *words[i + 2:]]
 
 
 def read_commands(text: str, env: Env | None = None, *, nesting: int = 0,

@@ -108,6 +108,8 @@ DTYPE_FIELDS = [  # fields set to getattr(torch, value)
     'optimizer.exp_avg_dtype',
     'optimizer.exp_avg_sq_dtype',
 ]
+FALLBACK_FIELDS = {  # a field an older Megatron-Core lacks: the deprecated one it replaces
+}
 
 
 def _set(cfg, path, value):
@@ -117,6 +119,8 @@ def _set(cfg, path, value):
         obj = cfg.mixed_precision = get_mixed_precision_config(obj)
     if path in DTYPE_FIELDS:
         value = getattr(torch, value)
+    if not hasattr(obj, name) and path in FALLBACK_FIELDS:
+        return _set(cfg, FALLBACK_FIELDS[path], value)
     if not hasattr(obj, name):
         raise AttributeError(f'{path}: not a field of the recipe')
     setattr(obj, name, value)
