@@ -16,6 +16,8 @@ from paraplan.estimate.time.layer import dense_mlp_time
 from paraplan.launch.bridge import choose_recipe, overrides
 from paraplan.launch.megatron import argv, megatron_args
 from paraplan.layout import ParallelLayout
+from paraplan.recipes.catalogue import bridge_recipes
+from paraplan.recipes.knobs import not_modelled
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import load_gpu, load_model
 from paraplan.specs.megatron_flags import read_flags
@@ -108,3 +110,13 @@ def test_unmodelled_userbuffers_flags_are_noted() -> None:
     plain = read_flags([*FLAGS, "--no-tp-comm-overlap-ag", "--tp-comm-overlap-cfg", "ub.yaml"])
     assert plain.training_fields["tp_comm_overlap_ag"] is False  # kept as written; nothing to switch off
     assert "userbuffers flags are ignored without --tp-comm-overlap" in plain.notes
+
+
+def test_recipes_naming_a_userbuffers_config_say_it_is_not_modelled() -> None:
+    """Bridge's named configs (training/comm_overlap.py) set their own methods and SMs: listed as not modelled."""
+    named = [r for r in bridge_recipes() if r.get("tp_comm_overlap") is True and r.get("tp_comm_overlap_cfg")]
+    assert len(named) == 30
+    for r in named:
+        assert f"tp_comm_overlap_cfg={r.get('tp_comm_overlap_cfg')}" in not_modelled(r)
+    plain = [r for r in bridge_recipes() if not r.get("tp_comm_overlap_cfg")]
+    assert plain and not any(s.startswith("tp_comm_overlap_cfg") for r in plain for s in not_modelled(r))
