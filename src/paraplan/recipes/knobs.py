@@ -108,7 +108,8 @@ APPLIED: Final = (
     "moe_a2a_overlap",
 )
 """Columns that go into the estimate (``tp_comm_overlap_cfg``, the userbuffer settings behind ``tp_comm_overlap``, is
-in ``ASSUMED``: its methods and SMs are not modelled); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
+in ``ASSUMED``: its methods and SMs are not modelled); the memory knobs of ``MEMORY_COLUMNS`` go into the
+TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
                          "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
                          "cpu_offloading", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
