@@ -11,9 +11,10 @@ search space, as ``paraplan plan`` runs it). Per recipe:
   time within the tier tolerance of the fastest layout that fits, or faster);
 - within 10%: its predicted tokens/s/GPU is at least 90% of the top pick's.
 
-Recipes Megatron-Core itself rejects (bridge_perf_recipes.md's notes) and jobs where nothing fits are counted apart,
-and so is a recipe whose coded layout is predicted not to fit when the reference CSV notes that its docstring names
-another layout ("docstring says PP=8; docstring says CP=2") and that layout fits with the recipe's knobs: the
+Recipes Megatron-Core itself rejects (bridge_perf_recipes.md's notes) and jobs where nothing fits are counted apart.
+A recipe whose coded layout is predicted not to fit stays in the counts (as not fitting); the last line says how
+many of those have a docstring naming another layout ("docstring says PP=8; docstring says CP=2", the reference CSV
+notes) that fits with the recipe's knobs: the
 in-flight activations the coded layout keeps are Megatron's own schedule (``schedules.py``
 ``get_pp_rank_microbatches``: rank r of p keeps 2(p - r - 1) + (v - 1) p + 1 chunk micro-batches of the interleaved
 schedule), so the code, not the count, disagrees with the published layout. ``--rows`` prints, for every recipe
@@ -25,7 +26,7 @@ The job is planned with the recipe's task (PEFT: frozen base weights, ``Training
 Last line (issue 14 reads it):
 
     recipes: N compared (S skipped); fit F/N; top tier T/N; within 10% W/N; top tier or within 10% U/N (P%);
-    fit and top tier or within 10% B/N
+    fit and top tier or within 10% B/N[; not fit: D whose coded layout does not fit, the docstring's does]
 
 (top tier and within 10% compare layouts and speed whether or not the recipe fits; the last count asks both.)
 
@@ -69,6 +70,9 @@ class Row:
     searched layout (its knobs are outside the search), or "" (not top tier)."""
     physics: str = ""
     """Why the recipe does not fit (``oom_physics``), "" when it fits."""
+    docstring_fits: bool = False
+    """It does not fit, the reference CSV notes say its docstring names another layout, and that layout fits with the
+    recipe's knobs (``CODED_LAYOUT_OOM``): counted as not fitting, and named on the last line."""
 
     @property
     def within(self) -> bool:
@@ -130,10 +134,10 @@ def compare(r: Recipe) -> Row | str:
         est = estimate_recipe(r)
     except PlannerError as err:
         return f"recipe rejected ({getattr(err, 'reason', '') or type(err).__name__})"
+    doc_fits = False
     if not est.fits and docstring_layout(r):
         alt = docstring_estimate(r, docstring_layout(r))
-        if alt is not None and alt.fits:
-            return CODED_LAYOUT_OOM
+        doc_fits = alt is not None and alt.fits
     job = recipe_run(r).job
     cluster = make_cluster(load_gpu(job.gpu), job.num_gpus)
     # the dispatcher knobs, not --delay-wgrad-compute: it needs the EP-overlap schedule (combined_1f1b), which the
@@ -153,7 +157,13 @@ def compare(r: Recipe) -> Row | str:
            else "in the band" if in_tier else "")
     return Row(alias=r.alias, fits=est.fits, top_tier=bool(how),
                ratio=float(est.throughput.tokens_per_s_per_gpu) / float(top.throughput.tokens_per_s_per_gpu),
-               pick=top.layout.short(), tier_how=how, physics="" if est.fits else oom_physics(r, est))
+               pick=top.layout.short(), tier_how=how, physics="" if est.fits else oom_physics(r, est),
+               docstring_fits=doc_fits)
+
+
+def model_key(alias: str) -> str:
+    """The model part of a recipe alias (``llama3.1-405b-b200-bf16-128`` -> ``llama3.1-405b``)."""
+    return "-".join(alias.split("-")[:2])
 
 
 def summary(rows: list[Row], skipped: Counter[str]) -> str:
@@ -164,9 +174,10 @@ def summary(rows: list[Row], skipped: Counter[str]) -> str:
     either = sum(r.top_tier or r.within for r in rows)
     both = sum(r.fits and (r.top_tier or r.within) for r in rows)
     share = 100.0 * either / n if n else 0.0
+    doc = sum(r.docstring_fits for r in rows)
     return (f"recipes: {n} compared ({sum(skipped.values())} skipped); fit {fit}/{n}; top tier {top}/{n}; "
             f"within 10% {within}/{n}; top tier or within 10% {either}/{n} ({share:.0f}%); fit and top tier or "
-            f"within 10% {both}/{n}")
+            f"within 10% {both}/{n}" + (f"; not fit: {doc} whose {CODED_LAYOUT_OOM}" if doc else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,16 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows: list[Row] = []
     skipped: Counter[str] = Counter()
+    skipped_of: dict[str, Counter[str]] = {}
     for r in bridge_recipes():
         if not r.runnable or (args.model and r.model_preset != args.model) or (args.gpu and r.gpu_preset != args.gpu):
             continue
         got = compare(r)
         if isinstance(got, str):
             skipped[got] += 1
+            skipped_of.setdefault(model_key(r.alias), Counter())[got] += 1
             if args.rows:
                 print(f"  {r.alias:<42} skipped: {got}")
-                if got == CODED_LAYOUT_OOM:
-                    print(f"    {oom_physics(r, estimate_recipe(r))}")
             continue
         rows.append(got)
         if args.rows:
@@ -196,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {got.physics}")
     per_model: dict[str, list[Row]] = {}
     for row in rows:
-        per_model.setdefault(row.alias.split("-")[0] + "-" + row.alias.split("-")[1], []).append(row)
+        per_model.setdefault(model_key(row.alias), []).append(row)
     for name, group in sorted(per_model.items()):
-        print(f"  {name:<16} " + summary(group, Counter()).removeprefix("recipes: "))
+        print(f"  {name:<16} " + summary(group, skipped_of.get(name, Counter())).removeprefix("recipes: "))
     for reason, count in skipped.most_common():
         print(f"  skipped {count}: {reason}")
     hows = Counter(r.tier_how for r in rows if r.top_tier)
