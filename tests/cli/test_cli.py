@@ -423,8 +423,9 @@ def test_other_memory_has_its_parts(capsys: pytest.CaptureFixture[str]) -> None:
     for stage in json.loads(out)["memory"]["per_stage"]:
         parts = stage["other_parts"]
         assert set(parts) == {"logits_bytes", "fp8_weight_cache_bytes", "fsdp_buffers_bytes", "workspace_bytes",
-                              "fragmentation_bytes", "cuda_graph_bytes"}
+                              "fragmentation_bytes", "cuda_graph_bytes", "deferred_wgrad_bytes"}
         assert parts["cuda_graph_bytes"] == 0.0  # no --cuda-graph-impl
+        assert parts["deferred_wgrad_bytes"] == 0.0  # no --defer-embedding-wgrad-compute
         assert sum(parts.values()) == pytest.approx(stage["other_bytes"])
         assert (parts["logits_bytes"] > 0) == (stage["stage"] == 3)  # logits live on the last of PP 4
 

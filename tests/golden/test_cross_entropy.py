@@ -1,7 +1,8 @@
 """``--cross-entropy-loss-fusion`` / ``--cross-entropy-fusion-impl`` (language_module.py
 ``compute_language_model_loss``): the unfused vocab-parallel cross entropy, Megatron-Core's fused ``jit_fuser`` kernels
 (native) or Transformer Engine's Triton kernels (te). Time: their HBM bytes per logit, kernel by kernel; memory: the
-unfused and native losses keep the same fp32 copy; te (TE <= 2.17) writes its gradient into the bf16 logits
+unfused and native losses keep the same fp32 copy; te (TE <= 2.17, time and memory alike) writes its gradient into
+the bf16 logits
 (tests/golden/test_cross_entropy_memory.py is that golden)."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from dataclasses import replace
 import pytest
 
 from paraplan.errors import LayoutError, SpecError
+from paraplan.estimate.activations import TE_CROSS_ENTROPY_FP32_GRAD, TE_CROSS_ENTROPY_GRAD_BYTES
 from paraplan.estimate.params import padded_vocab
 from paraplan.estimate.step_time import stage_terms
-from paraplan.estimate.time.compute import hbm_rate
+from paraplan.estimate.time.compute import LOSS_BYTES_PER_LOGIT_FUSED, TE_LOSS_BYTES_PER_LOGIT, hbm_rate
 from paraplan.estimator import estimate
 from paraplan.launch.bridge import choose_recipe, overrides
 from paraplan.launch.megatron import argv, megatron_args
@@ -36,7 +38,7 @@ TE = replace(NATIVE, cross_entropy_fusion_impl="te")
 @pytest.mark.parametrize(("training", "bytes_per_logit"), [
     (UNFUSED, 6 + 4 + 8 + 8 + 4 + 8 + 8 + 6),  # upcast, max, -max, exp, sum, /sum; scale, cast to bf16
     (NATIVE, 6 + 8 + 8 + 6),                    # upcast+max, -max+exp+sum, /sum; scale+cast
-    (TE, 2 + 6 + 8 + 6),                        # online softmax, loss+grad; element_mul, cast
+    (TE, 2 + 4 + 4),                            # TE <= 2.17: online softmax; loss+grad in place; element_mul
     (replace(UNFUSED, cross_entropy_fusion_impl="te"), 52),  # the impl does nothing without the fusion
 ])
 def test_loss_traffic_golden(training: TrainingSpec, bytes_per_logit: float) -> None:
@@ -45,6 +47,15 @@ def test_loss_traffic_golden(training: TrainingSpec, bytes_per_logit: float) -> 
     got = stage_terms(LLAMA, cluster, training, LAY).logits_s
     logits = 4096 * padded_vocab(LLAMA, 2) / 2
     assert float(got - base) == pytest.approx((bytes_per_logit - 52) * logits / hbm_rate(cluster), abs=1e-12)
+
+
+def test_one_te_release_assumption_for_memory_and_time() -> None:
+    """TE <= 2.17 works in place in bf16 (10 B per logit, no extra memory); TE 2.18 writes an fp32 gradient (22 B:
+    2 + (2 + 4) + (4 + 4) + the cast to bf16 (4 + 2), and 4 B kept per logit). Memory and time read one switch."""
+    assert TE_LOSS_BYTES_PER_LOGIT == {False: 10.0, True: 22.0}
+    assert LOSS_BYTES_PER_LOGIT_FUSED["te"] == TE_LOSS_BYTES_PER_LOGIT[TE_CROSS_ENTROPY_FP32_GRAD]
+    assert TE_CROSS_ENTROPY_GRAD_BYTES == (4.0 if TE_CROSS_ENTROPY_FP32_GRAD else 0.0)
+    assert TE_CROSS_ENTROPY_FP32_GRAD is False  # the calibration rows' NeMo 25.x-26.06 containers ship TE <= 2.17
 
 
 def test_memory_never_rises_and_the_step_is_faster() -> None:

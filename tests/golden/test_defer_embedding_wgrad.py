@@ -9,11 +9,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paraplan.errors import SpecError
+from paraplan.estimate.memory import MemoryOptions, deferred_wgrad_entries
 from paraplan.estimate.params import padded_vocab
 from paraplan.estimate.step_time import FLUSH_IDLE_SHARE, deferred_wgrad_terms, stage_terms, step_time
 from paraplan.estimate.time.compute import gemm_s
+from paraplan.estimator import estimate
 from paraplan.launch.bridge import choose_recipe, overrides
 from paraplan.launch.megatron import argv, launch_violations, megatron_args
 from paraplan.layout import ParallelLayout
@@ -22,6 +26,7 @@ from paraplan.recipes.knobs import not_modelled, training_knobs
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import load_gpu, load_model
 from paraplan.specs.megatron_flags import memory_knobs_from_words, read_flags
+from paraplan.specs.model import ModelSpec
 from paraplan.specs.training import TrainingSpec
 from tests.launch.test_bridge import _knob_spec
 
@@ -100,3 +105,49 @@ def test_taken_from_the_recipes() -> None:
     assert not any(s.startswith(("defer_embedding", "wgrad_deferral")) for s in not_modelled(rows[0]))
     plain = next(r for r in bridge_recipes() if r.get("defer_embedding_wgrad_compute") is False)
     assert "defer_embedding_wgrad_compute" not in training_knobs(plain, "bf16")
+
+
+LLAMA70 = load_model("llama3-70b")
+PP4_TP4 = ParallelLayout(tp=4, pp=4, vp=5, dp=2, mbs=1, recompute="none", sequence_parallel=True,
+                         distributed_optimizer=True)
+GIB = 1024.0 ** 3
+
+
+def _stages(training: TrainingSpec, layout: ParallelLayout, model: ModelSpec = LLAMA70) -> list[dict[str, float]]:
+    cluster = make_cluster(H100, 32, 8)
+    return [s.other.as_dict() | {"total": float(s.memory.total_bytes)}
+            for s in estimate(model, cluster, training, layout).stages]
+
+
+def test_deferred_buffers_memory_by_hand() -> None:
+    """Llama-3-70B, s 4096, TP4 SP PP4 VP5 DP2, GBS 32: m = 16 micro-batches deferred; each keeps the output layer's
+    sequence-parallel input 2 x 4096 x 8192 / 4 B and its bf16 logit gradient 2 x 4096 x 128512 / 4 B (the
+    vocabulary 128256 padded to a multiple of 128 x TP; layers.py
+    ``embedding_activation_buffer`` / ``grad_output_buffer``), about 4.17 GiB on the last stage, nothing elsewhere."""
+    off = replace(OFF, global_batch_size=32)
+    on = replace(off, defer_embedding_wgrad_compute=True)
+    a, b = _stages(off, PP4_TP4), _stages(on, PP4_TP4)
+    entry = 2 * 4096 * 128512 / 4 + 2 * 4096 * 8192 / 4
+    assert b[3]["deferred_wgrad_bytes"] == pytest.approx(16 * entry)
+    assert 16 * entry / GIB == pytest.approx(4.17, abs=0.01)
+    assert b[3]["total"] - a[3]["total"] == pytest.approx(16 * entry * (1 + MemoryOptions().fragmentation_frac))
+    assert [x["total"] for x in a[:3]] == [x["total"] for x in b[:3]]
+    # the limit keeps the first 5 only; without SP the input is the whole T x h
+    lim = _stages(replace(on, wgrad_deferral_limit=5), PP4_TP4)
+    assert lim[3]["deferred_wgrad_bytes"] == pytest.approx(5 * entry)
+    nosp = _stages(on, replace(PP4_TP4, sequence_parallel=False))
+    assert nosp[3]["deferred_wgrad_bytes"] == pytest.approx(16 * (2 * 4096 * 128512 / 4 + 2 * 4096 * 8192))
+
+
+@settings(max_examples=30, deadline=None)
+@given(limit=st.integers(0, 40), m=st.integers(1, 64), heads=st.integers(1, 3))
+def test_deferred_entries_monotone(limit: int, m: int, heads: int) -> None:
+    """Entries never exceed every call (heads x m), grow with m, and with the limit (0 = all)."""
+    t = replace(ON, wgrad_deferral_limit=limit)
+    d = float(deferred_wgrad_entries(t, m, heads))
+    assert 0 < d <= heads * m
+    assert float(deferred_wgrad_entries(t, m + 1, heads)) >= d
+    if limit:
+        assert d <= limit
+        assert float(deferred_wgrad_entries(replace(t, wgrad_deferral_limit=limit + 1), m, heads)) >= d
+    assert deferred_wgrad_entries(OFF, m, heads) == 0.0

@@ -290,6 +290,7 @@ KnobOpt = typer.Option(
          "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity; CUDA graphs: "
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
          "no-gradient-accumulation-fusion, cross-entropy-loss-fusion, cross-entropy-fusion-impl=native|te; "
+         "userbuffers pairs (with --tp-comm-overlap): no-tp-comm-overlap-ag, no-tp-comm-overlap-rs; "
          "paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
 
 

@@ -242,13 +242,17 @@ def embedding_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     return ids + mask
 
 
-TE_CROSS_ENTROPY_GRAD_BYTES = 0.0
-"""Bytes per logit element that Transformer Engine's fused cross entropy keeps beyond the bf16 logits: none. Its
-forward writes the softmax gradient into the logits in place and saves them for backward (TE
-``pytorch/triton/cross_entropy.py`` ``cross_entropy_forward``: ``return loss, _input``; TE <= 2.17, the releases of
-the NeMo 25.x-26.06 containers every Megatron-Bridge calibration row ran). Assumed, not fitted: TE 2.18 (commit
-01bbe3e, "Store the input gradient in FP32") allocates an fp32 gradient beside the logits (4 B), as the unfused
-loss does; set this to ``FP32_BYTES`` for that release."""
+TE_CROSS_ENTROPY_FP32_GRAD = False
+"""The Transformer Engine release assumed for its fused cross entropy, one switch for memory (``output_bytes``) and
+time (``time.compute.LOSS_BYTES_PER_LOGIT_FUSED``). False: TE <= 2.17, the releases of the NeMo 25.x-26.06 containers
+every Megatron-Bridge calibration row ran, whose forward writes the bf16 softmax gradient into the logits in place
+and saves them for backward (TE ``common/triton/cross_entropy.py`` ``cross_entropy_kernel``:
+``tl.store(X_ptr + X_offsets, X_block.to(grad_dtype))``; ``pytorch/triton/cross_entropy.py``
+``cross_entropy_forward``: ``return loss, _input``). True: TE 2.18 (commit 01bbe3e, "Store the input gradient in
+FP32"), an fp32 gradient beside the logits, as the unfused loss keeps. Assumed, not fitted."""
+TE_CROSS_ENTROPY_GRAD_BYTES = FP32_BYTES if TE_CROSS_ENTROPY_FP32_GRAD else 0.0
+"""Bytes per logit element that TE's fused cross entropy keeps beyond the bf16 logits: 0 in place (TE <= 2.17),
+4 with TE 2.18's fp32 gradient (``TE_CROSS_ENTROPY_FP32_GRAD``)."""
 
 
 def output_bytes(model: ModelSpec, ctx: ActivationContext, *, padded_vocab: Num) -> Num:

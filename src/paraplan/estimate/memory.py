@@ -121,12 +121,15 @@ class OtherBytes:
     fragmentation_bytes: Num
     cuda_graph_bytes: Num = 0.0
     """Static input/output buffers of the CUDA graphs (``cuda_graph_pool_bytes``)."""
+    deferred_wgrad_bytes: Num = 0.0
+    """Output-layer inputs and logit gradients kept for the deferred wgrad (``deferred_wgrad_buffer_bytes``)."""
 
     @property
     def total(self) -> Num:
         """other_bytes of the stage."""
         return (self.logits_bytes + self.fp8_weight_cache_bytes + self.fsdp_buffers_bytes
-                + self.workspace_bytes + self.fragmentation_bytes + self.cuda_graph_bytes)
+                + self.workspace_bytes + self.fragmentation_bytes + self.cuda_graph_bytes
+                + self.deferred_wgrad_bytes)
 
     def as_dict(self) -> dict[str, float]:
         """Scalar parts."""
@@ -445,6 +448,44 @@ def cuda_graph_pool_bytes(model: ModelSpec, training: TrainingSpec, layout: Step
     return np.where(captured > 0, units / layout.vp * captured * (hidden + mask) + hidden, 0.0)
 
 
+def deferred_wgrad_entries(training: TrainingSpec, num_microbatches: Int, heads: Num) -> Num:
+    """Entries of the deferred output-layer wgrad buffers at the pipeline flush (``--defer-embedding-wgrad-compute``):
+    every call of the output layer appends while ``wgrad_deferral_limit == 0 or len(buffer) < limit``
+    (megatron/core/tensor_parallel/layers.py ``ColumnParallelLinear.forward``: ``embedding_activation_buffer.append``;
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``: ``grad_output_buffer.append``), one call per head
+    (the main head and each MTP head, multi_token_prediction.py, share ``output_layer``) and micro-batch, drained only
+    at the flush (schedules.py ``finish_embedding_wgrad_compute``):
+
+        D = heads m                       (limit 0)
+        D = min(limit, heads m)           (limit > 0)
+
+    0 without the knob."""
+    if not training.defer_embedding_wgrad_compute:
+        return 0.0
+    calls = heads * num_microbatches
+    limit = training.wgrad_deferral_limit
+    return calls if limit == 0 else np.minimum(limit, calls)
+
+
+def deferred_wgrad_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers,
+                                num_microbatches: Int) -> Num:
+    """Bytes the last stage's deferred output-layer wgrad keeps (``--defer-embedding-wgrad-compute``), per GPU:
+
+        D (2 T V / t + 2 T h / sh)        (D = ``deferred_wgrad_entries``, T = s b / c, sh = t with SP else 1)
+
+    per entry the output layer's input ``input_parallel`` (the sequence shard under SP: the gather goes to Megatron's
+    global ``mpu`` buffer, layers.py ``ColumnParallelLinear.forward``) and its bf16 logit gradient over the whole
+    T rows and V / t columns (``backward``: ``grad_output.to(ctx.input_dtype)``). Both outlive the micro-batch's
+    backward until the flush; counted in full at the stage's peak (the last micro-batch's entry is at most one
+    entry of double counting with its logits). 0 on other stages."""
+    heads = 1 + np.asarray(stage.num_mtp_layers)
+    entries = deferred_wgrad_entries(training, num_microbatches, heads)
+    tokens = training.seq_len * layout.mbs / layout.cp
+    sh = np.where(layout.sp, layout.tp, 1)
+    entry = act.BF16_BYTES * tokens * (padded_vocab(model, layout.tp) / layout.tp + model.hidden_size / sh)
+    return np.where(stage.has_output, entries * entry, 0.0)
+
+
 def stage_memory(
     model: ModelSpec, training: TrainingSpec, layout: StepLayout, stage: StageLayers, *,
     rank: Int, num_microbatches: Int, max_positions: int, options: MemoryOptions | None = None,
@@ -466,6 +507,10 @@ def stage_memory(
                               per_layer=per_layer, arch=arch)
     if training.cuda_graph_impl != "none":
         other = replace(other, cuda_graph_bytes=cuda_graph_pool_bytes(model, training, layout, stage, units))
+    if training.defer_embedding_wgrad_compute:  # activation-sized buffers: the fragmentation share applies
+        deferred = deferred_wgrad_buffer_bytes(model, training, layout, stage, num_microbatches)
+        other = replace(other, deferred_wgrad_bytes=deferred,
+                        fragmentation_bytes=other.fragmentation_bytes + options.fragmentation_frac * deferred)
     return StageMemory(
         memory=MemoryBreakdown(weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
                                activations_bytes=activations, other_bytes=other.total),

@@ -242,6 +242,8 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.cross_entropy_loss_fusion", t.cross_entropy_loss_fusion),
         ("model.cross_entropy_fusion_impl", t.cross_entropy_fusion_impl),
     ]
+    # userbuffers pair switches (TransformerConfig fields Bridge's CommOverlapConfig leaves alone): written when off
+    out += [(f"model.{k}", False) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs") if not getattr(t, k)]
     if t.manual_gc:  # modelled as no time: written when the plan sets it, else the recipe's own (PLANNED_OFF)
         out += [("train.manual_gc", True), ("train.manual_gc_interval", t.manual_gc_interval)]
     if m.is_moe:

@@ -86,6 +86,7 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "moe_expert_capacity_factor": ((None, ""), None),
     "moe_paged_stash": ((False, ""), None),
     "nccl_ub": ((False,), None),
+    "tp_comm_overlap_cfg": ((None, ""), _on("tp_comm_overlap", True)),
     "use_transformer_engine_op_fuser": ((False,), None),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
     "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
@@ -94,7 +95,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
 Adam, grouped GEMMs, fp32 router, balanced dropless routing, activation offloading of activations only (no weights),
-no environment effects."""
+no environment effects; userbuffers with Transformer Engine's default pairs (``initialize_ub``): a named Bridge config
+(``tp_comm_overlap_cfg``, training/comm_overlap.py) sets its own methods and SMs, costed at TE's defaults."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -102,11 +104,12 @@ APPLIED: Final = (
     "sequence_parallel", "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split", "recompute_granularity", "recompute_method", "recompute_num_layers",
     "recompute_modules", "use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce",
-    "overlap_param_gather", "tp_comm_overlap", "tp_comm_overlap_cfg", "attention_backend", "mtp_num_layers",
+    "overlap_param_gather", "tp_comm_overlap", "attention_backend", "mtp_num_layers",
     "moe_a2a_overlap",
 )
-"""Columns that go into the estimate (``tp_comm_overlap_cfg`` names the userbuffer settings behind
-``tp_comm_overlap``); the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec (``training_knobs``)."""
+"""Columns that go into the estimate (``tp_comm_overlap_cfg``, the userbuffer settings behind ``tp_comm_overlap``, is
+in ``ASSUMED``: its methods and SMs are not modelled); the memory knobs of ``MEMORY_COLUMNS`` go into the
+TrainingSpec (``training_knobs``)."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
                          "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
                          "cpu_offloading", "cpu_offloading_num_layers", "fine_grained_activation_offloading",

@@ -520,8 +520,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {_got(raw)}")
             out[key] = raw
-        elif key in ("cuda_graph_modules", "gradient_accumulation_fusion"):
-            continue  # _cuda_graph_knobs, _grad_accumulation_knob
+        elif key in ("cuda_graph_modules", "gradient_accumulation_fusion", "tp_comm_overlap_ag", "tp_comm_overlap_rs"):
+            continue  # _cuda_graph_knobs, _grad_accumulation_knob, _tp_comm_knobs
         elif key in _INT_KNOBS:
             raw = r.text(flag) or ""
             try:
@@ -540,6 +540,7 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         out["fsdp_double_buffer"] = True  # validate_args sets args.fsdp_double_buffer for both
     out.update(_cuda_graph_knobs(r, out.get("cuda_graph_impl", "none")))
     out.update(_grad_accumulation_knob(r))
+    out.update(_tp_comm_knobs(r))
     _low_precision_knobs(r, out, precision)
     _knob_problems(r, out)
     _drop_ignored(r, out)
@@ -595,6 +596,33 @@ def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
     if not r.has("--no-gradient-accumulation-fusion"):
         return {}
     return {"gradient_accumulation_fusion": False}
+
+
+TP_COMM_NOT_MODELLED: Final = ("--tp-comm-overlap-cfg", "--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-dgrad",
+                                "--disable-tp-comm-bulk-dgrad", "--no-tp-comm-bulk-wgrad",
+                                "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-split-ag", "--disable-tp-comm-split-ag",
+                                "--no-tp-comm-split-rs", "--disable-tp-comm-split-rs")
+"""Userbuffers settings read but not modelled: the estimate keeps TE's default pairs (``initialize_ub``) and says
+so in a note."""
+
+
+def _tp_comm_knobs(r: _Reader) -> dict[str, Any]:
+    """``--no-tp-comm-overlap-ag`` / ``--no-tp-comm-overlap-rs`` (StoreFalse; ``--disable-...`` their aliases) as
+    ``tp_comm_overlap_ag`` / ``tp_comm_overlap_rs`` False (``--knob no-tp-comm-overlap-ag`` too); a note for the
+    userbuffers flags not modelled (``TP_COMM_NOT_MODELLED``) and for any of them without ``--tp-comm-overlap``."""
+    out: dict[str, Any] = {}
+    for key, pair in (("tp_comm_overlap_ag", "ag"), ("tp_comm_overlap_rs", "rs")):
+        if r.has(f"--no-tp-comm-overlap-{pair}") or r.has(f"--disable-tp-comm-overlap-{pair}"):
+            out[key] = False
+    given = [f for f in TP_COMM_NOT_MODELLED if r.has(f)]
+    if not r.has("--tp-comm-overlap"):
+        if out or given:  # kept as given (launch writes them back): they change nothing without userbuffers
+            r.notes.append("userbuffers flags are ignored without --tp-comm-overlap")
+        return out
+    if given:
+        r.notes.append(f"not modelled: {', '.join(given)} (userbuffers costed with Transformer Engine's default "
+                       "pairs, methods and SMs)")
+    return out
 
 
 def _got(raw: str | None) -> str:

@@ -86,6 +86,7 @@ KNOB_FLAGS: Final = {
     "wgrad_deferral_limit": "--wgrad-deferral-limit",
     "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
     "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
+    "tp_comm_overlap_ag": "--no-tp-comm-overlap-ag", "tp_comm_overlap_rs": "--no-tp-comm-overlap-rs",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -310,6 +311,13 @@ class TrainingSpec:
     fusion (ModelParallelConfig.__post_init__)."""
     wgrad_deferral_limit: int = 0
     """``--wgrad-deferral-limit`` (with ``defer_embedding_wgrad_compute``): micro-batches deferred, 0 = all; >= 0."""
+    tp_comm_overlap_ag: bool = True
+    """Megatron's default; ``--no-tp-comm-overlap-ag`` (or ``--disable-tp-comm-overlap-ag``) turns off, under
+    ``--tp-comm-overlap``, the userbuffers all-gather pairs (TE ``ub_overlap_ag``: the QKV/fc1 input forward, the
+    proj/fc2 output gradient backward), which then show in full (``time.tp.ub_block_exposure``)."""
+    tp_comm_overlap_rs: bool = True
+    """Megatron's default; ``--no-tp-comm-overlap-rs`` (or ``--disable-tp-comm-overlap-rs``) turns off the
+    proj/fc2 output reduce-scatter pair (TE ``ub_overlap_rs``), which then shows in full."""
     cross_entropy_loss_fusion: bool = False
     """``--cross-entropy-loss-fusion`` (Megatron-LM's default off; Megatron-Bridge's ``GPTModelProvider`` default on):
     the loss runs as one fused kernel, ``cross_entropy_fusion_impl`` says whose (``language_module.py``
@@ -363,7 +371,8 @@ class TrainingSpec:
                       "moe_pad_expert_input_to_capacity",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                       "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
-                      "defer_embedding_wgrad_compute", "cross_entropy_loss_fusion"):
+                      "defer_embedding_wgrad_compute", "cross_entropy_loss_fusion", "tp_comm_overlap_ag",
+                      "tp_comm_overlap_rs"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction

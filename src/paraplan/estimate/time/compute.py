@@ -15,6 +15,7 @@ from typing import Final
 import numpy as np
 
 from paraplan.errors import SpecError
+from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_head_dims
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.model import ModelSpec
@@ -56,14 +57,19 @@ backward, kernel by kernel (megatron/core/tensor_parallel/cross_entropy.py ``_Vo
 bf16 logits upcast (read 2, write 4), the max (4), the max subtracted in place (4 + 4), exp in place (4 + 4), the
 sum (4), the division in place (4 + 4): 38 forward; the gradient scaled in place (4 + 4) and cast to the bf16
 logits' dtype by autograd (4 + 2): 14 backward. Per-token terms (the target gather, the loss) are neglected."""
-LOSS_BYTES_PER_LOGIT_FUSED: Final = {"native": 28.0, "te": 22.0}
+TE_LOSS_BYTES_PER_LOGIT: Final = {False: 2.0 + (2 + 2) + (2 + 2), True: 2.0 + (2 + 4) + (4 + 4) + (4 + 2)}
+"""HBM bytes per logit element of Transformer Engine's fused cross entropy (TE pytorch/triton/cross_entropy.py,
+common/triton/cross_entropy.py), by the release ``activations.TE_CROSS_ENTROPY_FP32_GRAD`` assumes. TE <= 2.17
+(False): ``online_softmax_kernel`` reads the bf16 logits (2), ``cross_entropy_kernel`` reads them again and writes the
+bf16 gradient in place (2 + 2), ``element_mul_kernel`` scales it in place (2 + 2: Megatron's per-token loss makes
+grad_output a tensor, not 1.0); the gradient is already in the logits' dtype, no cast: 10. TE 2.18 (True): the
+gradient is written in fp32 (2 + 4), scaled in fp32 (4 + 4) and cast to bf16 by autograd (4 + 2): 22."""
+LOSS_BYTES_PER_LOGIT_FUSED: Final = {"native": 28.0, "te": TE_LOSS_BYTES_PER_LOGIT[act.TE_CROSS_ENTROPY_FP32_GRAD]}
 """Same with ``--cross-entropy-loss-fusion``, by ``cross_entropy_fusion_impl``. native (fusions/
 fused_cross_entropy.py, ``jit_fuser`` kernels): upcast + max (2 + 4), subtract + exp + sum (4 + 4), division
-(4 + 4): 22 forward; the gradient scaled and cast to bf16 in one kernel (4 + 2): 6 backward. te (Transformer Engine
-pytorch/triton/cross_entropy.py): ``online_softmax_kernel`` reads the bf16 logits (2), ``cross_entropy_kernel``
-reads them again and writes the fp32 gradient (2 + 4): 8 forward; ``element_mul_kernel`` scales it in place
-(4 + 4: Megatron's per-token loss makes grad_output a tensor, not 1.0) and autograd casts it to bf16 (4 + 2): 14
-backward."""
+(4 + 4): 22 forward; the gradient scaled and cast to bf16 in one kernel (4 + 2): 6 backward. te:
+``TE_LOSS_BYTES_PER_LOGIT`` of the assumed TE release (the same assumption as the memory's
+``activations.TE_CROSS_ENTROPY_GRAD_BYTES``)."""
 
 
 def loss_bytes_per_logit(training: TrainingSpec) -> float:

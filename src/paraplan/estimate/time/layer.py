@@ -175,7 +175,8 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
-    tpx = tp.block_exposure(cluster, grid.tp_group, layout, eff, fp8, T, h, shapes[:-1], shapes[-1])
+    tpx = tp.block_exposure(cluster, grid.tp_group, layout, eff, fp8, T, h, shapes[:-1], shapes[-1],
+                            **tp_switches(training))
     cpt = cp.cp_times(cluster, grid.cp_group, training.cp_comm_type, model, T, t, kv_width, attn)
     elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster) + cpt.merge_s
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
@@ -184,6 +185,12 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                      ep_link_s=0.0, cp_link_s=cpt.link_s, cp_exposed_s=cpt.exposed_s,
                      cp_fwd_exposed_s=cpt.fwd_exposed_s, mla_up_gemm_fwd_s=up,
                      frozen_wgrad_s=frozen_wgrad_s(training, g))
+
+
+def tp_switches(training: TrainingSpec) -> dict[str, bool]:
+    """The userbuffers pair switches and PEFT as ``tp.block_exposure`` takes them."""
+    return {"overlap_ag": training.tp_comm_overlap_ag, "overlap_rs": training.tp_comm_overlap_rs,
+            "peft": training.peft}
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
@@ -199,7 +206,7 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * T * ffn * gate / t + quant) / compute.hbm_rate(cluster)
     tpx = tp.block_exposure(cluster, Grid.inner(layout).tp_group, layout, eff, fp8, T, h,
-                            [(T, ffn * gate / t, h)], (T, h, ffn / t))
+                            [(T, ffn * gate / t, h)], (T, h, ffn / t), **tp_switches(training))
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=0.0, elementwise_s=elem, overhead_s=_issue_s(eff, training, "mlp"),
                      tp_link_s=tpx.link_s, tp_exposed_s=tpx.exposed_s, tp_fwd_exposed_s=tpx.fwd_exposed_s,
                      ep_link_s=0.0, cp_link_s=0.0, mlp_gemm_fwd_s=g, frozen_wgrad_s=frozen_wgrad_s(training, g))

@@ -134,12 +134,15 @@ class BlockExposure:
 
 
 def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num, hidden: int,
-                      column: list[tuple[Num, Num, Num]], row: tuple[Num, Num, Num]) -> BlockExposure:
+                      column: list[tuple[Num, Num, Num]], row: tuple[Num, Num, Num], *, overlap_ag: bool = True,
+                      overlap_rs: bool = True, peft: bool = False) -> BlockExposure:
     """TP time of one block (attention: ``column`` = the QKV GEMM(s), ``row`` = proj; MLP: fc1, fc2) under
     userbuffers, with sequence parallelism, per GEMM pair as TE's ``initialize_ub`` defaults pair them (methods
     dict: ring_exchange for qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline for proj_fprop, fc2_fprop; bulk
-    for qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad; Megatron-Bridge's ``TransformerLayerTPOverlapCfg`` names the
-    same ten pairs):
+    for qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad). Megatron-Bridge's ``TransformerLayerTPOverlapCfg`` configs
+    (``--tp-comm-overlap-cfg``) name the same ten pairs but not always these methods and SMs (bridge
+    training/comm_overlap.py: its FP8 configs ring-exchange proj/fc2 fprop on 1 SM, its bulk pairs take 2-32 SMs):
+    those are costed at TE's defaults here, and said so (``recipes.knobs.not_modelled``, check's notes).
 
         forward   all-gather of the input behind the column GEMM            ring_exchange_exposed_s
                   reduce-scatter of the output behind the row GEMM          pipeline_rs_exposed_s
@@ -149,7 +152,18 @@ def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num,
 
     Every collective moves the full T x h activation (T = tokens per rank); all-gathers in FP8 under FP8
     (``FP8_AG_BYTES_PER_ELEMENT``). The row GEMM's wgrad ("external" in TE) hides nothing here. dgrad and wgrad
-    GEMMs take the forward GEMM's time (same FLOPs)."""
+    GEMMs take the forward GEMM's time (same FLOPs).
+
+    Megatron's pair switches (``overlap_ag``, ``overlap_rs``), as TE applies them
+    (megatron/core/extensions/transformer_engine.py ``TELinear`` / ``TELayerNormColumnParallelLinear``:
+    ``ub_overlap_ag`` / ``ub_overlap_rs``; TE module/linear.py, layernorm_linear.py ``_forward`` / ``backward``):
+    ``overlap_ag`` False (``--no-tp-comm-overlap-ag``) runs the column GEMM's input all-gather forward and the row
+    dgrad's output-gradient all-gather as plain collectives before their GEMMs (``gather_along_first_dim``): the
+    whole all-gather shows; ``overlap_rs`` False (``--no-tp-comm-overlap-rs``) the row GEMM's output reduce-scatter
+    after it (``reduce_scatter_along_first_dim``): the whole reduce-scatter shows.
+    ``peft``: the frozen column weights run no wgrad GEMM (layernorm_linear.py ``ctx.requires_wgrad =
+    weight.requires_grad``), so the bulk reduce-scatter of the input gradient has nothing to hide behind and shows
+    in full."""
     busbw = comm.ring_busbw(cluster, group.size, group.stride)
     alpha = comm.tier_latency_s(cluster, group.span)
     t = group.size
@@ -162,23 +176,29 @@ def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num,
     m, n, k = row
     g_row_dgrad = gemm_s(cluster, fp8, m, k, n)
     # chunks are costed at the whole GEMM's rate (CHUNKED_AT_WHOLE_RATE)
-    fwd = ring_exchange_exposed_s(ag, g_col, g_col, t) + pipeline_rs_exposed_s(rs, g_row, g_row, share, t)
-    bwd = (ring_exchange_exposed_s(ag, g_row_dgrad, g_row_dgrad, t)
-           + bulk_exposed_s(ag, g_col, share) + bulk_exposed_s(rs, g_col, share))
+    ag_fwd = ring_exchange_exposed_s(ag, g_col, g_col, t) if overlap_ag else ag
+    rs_fwd = pipeline_rs_exposed_s(rs, g_row, g_row, share, t) if overlap_rs else rs
+    ag_dgrad = ring_exchange_exposed_s(ag, g_row_dgrad, g_row_dgrad, t) if overlap_ag else ag
+    rs_wgrad = rs if peft else bulk_exposed_s(rs, g_col, share)
+    fwd = ag_fwd + rs_fwd
+    bwd = ag_dgrad + bulk_exposed_s(ag, g_col, share) + rs_wgrad
     return BlockExposure(link_s=UB_ALL_GATHERS_PER_BLOCK * ag + UB_REDUCE_SCATTERS_PER_BLOCK * rs,
                          exposed_s=fwd + bwd, fwd_exposed_s=fwd)
 
 
 def block_exposure(cluster: ClusterSpec, group: Group, layout: LayerLayout, eff: EfficiencySpec, fp8: str,
                    tokens: Num, hidden: int, column: list[tuple[Num, Num, Num]],
-                   row: tuple[Num, Num, Num]) -> BlockExposure:
-    """TP time of one block: ``ub_block_exposure`` with --tp-comm-overlap and sequence parallelism, else
-    ``block_link_s`` of which ``1 - tp_overlap_frac`` shows (half of it in the forward)."""
+                   row: tuple[Num, Num, Num], *, overlap_ag: bool = True, overlap_rs: bool = True,
+                   peft: bool = False) -> BlockExposure:
+    """TP time of one block: ``ub_block_exposure`` with --tp-comm-overlap and sequence parallelism (its pair
+    switches and ``peft`` passed on), else ``block_link_s`` of which ``1 - tp_overlap_frac`` shows (half of it in the
+    forward)."""
     link = block_link_s(cluster, group, tokens, hidden)
     plain = (1.0 - eff.tp_overlap_frac) * link
     ub_on = layout.tp_comm_overlap & layout.sp
     if not np.any(ub_on):
         return BlockExposure(link_s=link, exposed_s=plain, fwd_exposed_s=plain * FWD_SHARE)
-    ub = ub_block_exposure(cluster, group, fp8, tokens, hidden, column, row)
+    ub = ub_block_exposure(cluster, group, fp8, tokens, hidden, column, row, overlap_ag=overlap_ag,
+                           overlap_rs=overlap_rs, peft=peft)
     return BlockExposure(link_s=np.where(ub_on, ub.link_s, link), exposed_s=np.where(ub_on, ub.exposed_s, plain),
                          fwd_exposed_s=np.where(ub_on, ub.fwd_exposed_s, plain * FWD_SHARE))
