@@ -80,6 +80,9 @@ class SearchSpace:
     """Let CP and EP groups span NVLink domains, costed on the network (large MoE runs need EP
     beyond a node); False keeps them inside one domain."""
     tp_comm_overlap: bool = False
+    """--tp-comm-overlap on every layout with sequence parallelism in effect; dropped where it is not (TP 1 or SP
+    off), as Megatron-Bridge's CommOverlapConfig does (training/comm_overlap.py: "Disabling tensor parallel
+    communication overlap due to TP size < 2"): Megatron-LM's validate_args refuses it there."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Modules the selective-recompute layouts recompute (Megatron's --recompute-modules)."""
     schedule: str = ""
@@ -218,7 +221,7 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         fsdp=dpv_col == DP_VARIANTS.index("fsdp"),
         overlap_grad_reduce=np.ones(len(sel), dtype=bool),
         overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
-        tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
+        tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col & (tp > 1),  # SearchSpace.tp_comm_overlap
         pipeline_layouts=uneven_layouts(model, pp, vp), recompute_modules=space.recompute_modules,
         schedule=space.schedule,
     )
