@@ -3,7 +3,10 @@ rules, plan's knob-rule advice, the TE cross-entropy refusal and error wording."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from paraplan.search import SearchSpace, candidate_table, plan
 from paraplan.specs.cluster import make_cluster
@@ -36,3 +39,180 @@ def test_plan_with_tp_comm_overlap_ranks_only_launchable_layouts() -> None:
         codes = {code for code, _ in launch_violations(LLAMA8, c.layout, training)}
         assert "TP_COMM_OVERLAP_NEEDS_SP" not in codes, c.layout
         assert c.layout.tp_comm_overlap == (c.layout.tp > 1)
+
+
+# 2: --knob refinements beside --recipe -------------------------------------------------------------------------
+KNOB_SAMPLES: dict[str, tuple[str | None, str, object]] = {
+    "grad_reduce_in_bf16": (None, "bf16", True), "use_precision_aware_optimizer": (None, "bf16", True),
+    "main_grads_dtype": ("bf16", "bf16", "bf16"), "main_params_dtype": ("fp16", "bf16", "fp16"),
+    "exp_avg_dtype": ("bf16", "bf16", "bf16"), "exp_avg_sq_dtype": ("bf16", "bf16", "bf16"),
+    "fp8_recipe": ("tensorwise", "fp8", "tensorwise"), "fp8_param_gather": (None, "fp8", True),
+    "optimizer_cpu_offload": (None, "bf16", True), "optimizer_offload_fraction": ("0.5", "bf16", 0.5),
+    "cpu_offloading_num_layers": ("2", "bf16", 2), "fine_grained_activation_offloading": (None, "bf16", True),
+    "offload_modules": ("core_attn", "bf16", ("core_attn",)), "cp_comm_type": ("a2a", "bf16", "a2a"),
+    "fsdp_double_buffer": (None, "bf16", True), "moe_token_dispatcher_type": ("flex", "bf16", "flex"),
+    "moe_flex_dispatcher_backend": ("hybridep", "bf16", "hybridep"), "moe_hybridep_num_sms": ("40", "bf16", 40),
+    "delay_wgrad_compute": (None, "bf16", True), "moe_permute_fusion": (None, "bf16", True),
+    "moe_permute_fusion_into_hybridep": (None, "bf16", True), "moe_shared_expert_overlap": (None, "bf16", True),
+    "moe_expert_capacity_factor": ("1.5", "bf16", 1.5), "moe_pad_expert_input_to_capacity": (None, "bf16", True),
+    "cuda_graph_impl": ("local", "bf16", "local"), "cuda_graph_modules": ("attn", "bf16", ("attn",)),
+    "overlap_param_gather_with_optimizer_step": (None, "bf16", True),
+    "gradient_accumulation_fusion": (None, "bf16", False), "fp4_recipe": ("nvfp4", "fp4", "nvfp4"),
+    "fp4_param_gather": (None, "fp4", True), "first_last_layers_bf16": (None, "fp4", True),
+    "num_layers_at_start_in_bf16": ("2", "fp4", 2), "num_layers_at_end_in_bf16": ("2", "fp4", 2),
+    "manual_gc": (None, "bf16", True), "manual_gc_interval": ("5", "bf16", 5),
+    "defer_embedding_wgrad_compute": (None, "bf16", True), "wgrad_deferral_limit": ("3", "bf16", 3),
+    "cross_entropy_loss_fusion": (None, "bf16", True), "cross_entropy_fusion_impl": ("te", "bf16", "te"),
+}
+"""Every memory knob: (--knob value, None for a bare flag; the precision it needs; the TrainingSpec value read)."""
+KNOB_ON: dict[str, object] = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep",
+                              "cuda_graph_impl": "transformer_engine"}
+"""A value that turns on a knob that others refine (True for the boolean ones)."""
+
+
+def _item(flag: str, value: str | None) -> str:
+    return flag[2:] if value is None else f"{flag[2:]}={value}"
+
+
+def test_knob_samples_cover_every_knob() -> None:
+    from paraplan.specs.training import KNOB_FLAGS
+
+    assert set(KNOB_SAMPLES) == set(KNOB_FLAGS)
+
+
+def test_every_knob_dropped_alone_is_a_listed_refinement() -> None:
+    """A knob Megatron ignores (or refuses) without another one is in KNOB_REFINEMENTS, so --knob beside a recipe reads
+    it with the recipe's value of the other: a new refinement cannot be forgotten there."""
+    from paraplan.cli.options import knob_fields
+    from paraplan.errors import SpecError
+    from paraplan.specs.training import KNOB_FLAGS, KNOB_REFINEMENTS
+
+    children = {child for refined in KNOB_REFINEMENTS.values() for child in refined}
+    for key, (value, precision, expected) in KNOB_SAMPLES.items():
+        try:
+            read = knob_fields([_item(KNOB_FLAGS[key], value)], precision).get(key)
+        except SpecError:
+            read = None
+        if read != expected:
+            assert key in children, f"{key} is dropped or refused alone but refines nothing in KNOB_REFINEMENTS"
+
+
+def _ancestors_on(key: str) -> dict[str, object]:
+    from paraplan.specs.training import KNOB_REFINEMENTS
+
+    out: dict[str, object] = {key: KNOB_ON.get(key, True)}
+    for parent, refined in KNOB_REFINEMENTS.items():
+        if key in refined and parent not in out:
+            out |= _ancestors_on(parent)
+    return out
+
+
+def _pairs() -> list[tuple[str, str, str]]:
+    from paraplan.specs.training import KNOB_FLAG_ALIASES, KNOB_FLAGS, KNOB_REFINEMENTS
+
+    return [(parent, child, flag) for parent, refined in KNOB_REFINEMENTS.items() for child in refined
+            for flag in (KNOB_FLAGS[child], *KNOB_FLAG_ALIASES.get(child, ()))]
+
+
+def test_every_refinement_given_beside_a_recipe_with_its_knob_wins() -> None:
+    from paraplan.cli.estimate import merge_recipe_knobs
+
+    pairs = _pairs()
+    assert len(pairs) >= 17
+    for parent, child, flag in pairs:
+        value, precision, expected = KNOB_SAMPLES[child]
+        # the recipe sets every knob the refinement refines (and the ones those refine), not the refinement
+        base = {k: v for k, v in _ancestors_on(child).items() if k != child}
+        assert parent in base
+        merged = merge_recipe_knobs(base, [_item(flag, value)], precision)
+        assert merged.get(child) == expected, (parent, flag, merged)
+        assert all(merged[k] == v for k, v in base.items()), (parent, flag, merged)
+
+
+def test_a_refinement_of_a_knob_the_recipe_leaves_off_is_dropped() -> None:
+    from paraplan.cli.estimate import merge_recipe_knobs
+
+    assert "manual_gc_interval" not in merge_recipe_knobs({}, ["manual-gc-interval=5"], "bf16")
+    assert "wgrad_deferral_limit" not in merge_recipe_knobs({"defer_embedding_wgrad_compute": False},
+                                                            ["wgrad-deferral-limit=3"], "bf16")
+
+
+def test_recipe_knob_overrides_reach_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+
+    def knobs(*args: str) -> dict[str, object]:
+        code = main(["estimate", *args, "--format", "json"])
+        out, err = capsys.readouterr()
+        assert code in (0, 4), err
+        result: dict[str, object] = json.loads(out)["config"]["memory_knobs"]
+        return result
+
+    base = knobs("--recipe", "llama3-8b-h100-bf16-8")
+    assert base["manual_gc_interval"] == 100 and base["cross_entropy_fusion_impl"] == "te"
+    assert knobs("--recipe", "llama3-8b-h100-bf16-8", "--knob", "manual-gc-interval=5")["manual_gc_interval"] == 5
+    native = knobs("--recipe", "llama3-8b-h100-bf16-8", "--knob", "cross-entropy-fusion-impl=native")
+    assert native["cross_entropy_loss_fusion"] is True and "cross_entropy_fusion_impl" not in native  # the default
+
+
+SCRIPT = ("export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+          "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+          "--num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 "
+          "--global-batch-size 64 --tensor-model-parallel-size 2 --pipeline-model-parallel-size {pp} "
+          "--sequence-parallel --bf16 --vocab-size 32000 --use-distributed-optimizer {extra}\n")
+
+
+def check_script(tmp_path: Path, extra: str, capsys: pytest.CaptureFixture[str],
+                 pp: int = 1) -> tuple[int, dict[str, str]]:
+    """``check --format json`` of a Megatron-LM script: (exit code, {violation code: message})."""
+    import json
+
+    from paraplan.cli import main
+
+    script = tmp_path / "run.sh"
+    script.write_text(SCRIPT.format(extra=extra, pp=pp), encoding="utf-8")
+    code = main(["check", str(script), "--gpu", "h100-80gb", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert out, err
+    return code, {v["code"]: v["message"] for v in json.loads(out)["violations"]}
+
+
+# 6: Transformer Engine's cross-entropy fusion: refused by Megatron-LM's launch files and check only -------------
+TE_CE = ["--knob", "cross-entropy-loss-fusion", "--knob", "cross-entropy-fusion-impl=te"]
+
+
+def test_te_cross_entropy_beside_the_recipe_that_runs_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    assert main(["estimate", "--recipe", "llama3-8b-h100-bf16-8", *TE_CE, "--format", "json"]) in (0, 4)
+    out, err = capsys.readouterr()
+    assert not err and '"cross_entropy_fusion_impl": "te"' in out
+
+
+def test_te_cross_entropy_plans_and_launches_for_bridge_only(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    job = ["--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "4096", "--gbs", "64"]
+    saved = tmp_path / "p.json"
+    assert main(["plan", *job, *TE_CE, "--save", str(saved)]) == 0
+    capsys.readouterr()
+    assert main(["launch", "--plan", str(saved), "--target", "bridge", "--out", str(tmp_path / "b")]) == 0
+    assert "cross_entropy_fusion_impl" in (tmp_path / "b" / "bridge_recipe.py").read_text() + \
+        (tmp_path / "b" / "bridge_overrides.txt").read_text()
+    capsys.readouterr()
+    for target in ("megatron", "torchrun", "slurm", "k8s"):
+        out_dir = tmp_path / target
+        assert main(["launch", "--plan", str(saved), "--target", target, "--out", str(out_dir)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "disabled due to stability issues" in err, err
+        assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_check_of_a_megatron_lm_script_with_te_cross_entropy_reports_it(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+
+
+    code, found = check_script(tmp_path, "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", capsys)
+    assert code == 1 and "TE_CROSS_ENTROPY_FUSION" in found

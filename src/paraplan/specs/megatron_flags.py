@@ -22,6 +22,7 @@ from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import (
     DEPRECATED_SMS_FLAG,
     DTYPE_CHOICES,
+    KNOB_FLAG_ALIASES,
     KNOB_FLAGS,
     OFFLOAD_MODULES,
     TE_CROSS_ENTROPY_MESSAGE,
@@ -703,7 +704,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
     words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
-    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG, DEPRECATED_DEEPEP_SMS_FLAG}
+    allowed = set(KNOB_FLAGS.values()) | {flag for aliases in KNOB_FLAG_ALIASES.values() for flag in aliases}
     for flag in [*unknown, *values]:
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
@@ -722,8 +723,11 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
                 raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp8 or fp4")
     r = _Reader({**values, "--use-distributed-optimizer": ()})  # the layout's rule is launch_violations'
     out = _memory_knobs(r, precision)
-    if r.problems:
-        raise SpecError(r.problems[0][1])
+    # Megatron-LM's refusal of TE's cross-entropy fusion applies where its launch files are written
+    # (launch.megatron.megatron_args) and to its scripts (check); Megatron-Core and -Bridge run it
+    problems = [(code, message) for code, message in r.problems if code != "TE_CROSS_ENTROPY_FUSION"]
+    if problems:
+        raise SpecError(problems[0][1])
     return out
 
 
