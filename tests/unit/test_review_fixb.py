@@ -216,3 +216,63 @@ def test_check_of_a_megatron_lm_script_with_te_cross_entropy_reports_it(tmp_path
 
     code, found = check_script(tmp_path, "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", capsys)
     assert code == 1 and "TE_CROSS_ENTROPY_FUSION" in found
+
+
+# 3: switches given a value ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("item", "precision", "fields"), [
+    ("manual-gc=false", "bf16", {"manual_gc": False}), ("manual-gc=true", "bf16", {"manual_gc": True}),
+    ("grad-reduce-in-bf16=false", "bf16", {"grad_reduce_in_bf16": False}),
+    ("fp8-param-gather=False", "fp8", {"fp8_param_gather": False}),
+    ("no-gradient-accumulation-fusion=false", "bf16", {"gradient_accumulation_fusion": True}),
+    ("no-gradient-accumulation-fusion=true", "bf16", {"gradient_accumulation_fusion": False}),
+])
+def test_a_switch_knob_takes_true_or_false(item: str, precision: str, fields: dict[str, object]) -> None:
+    from paraplan.cli.options import knob_fields
+
+    assert knob_fields([item], precision) == fields
+
+
+@pytest.mark.parametrize("item", ["manual-gc=yes", "manual-gc=1", "grad-reduce-in-bf16=true,false"])
+def test_a_switch_knob_refuses_other_values_in_one_line(item: str) -> None:
+    from paraplan.cli.options import knob_fields
+    from paraplan.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"is a switch: give it without a value, =true or =false") as err:
+        knob_fields([item], "bf16")
+    assert "\n" not in str(err.value)
+
+
+def test_a_switch_knob_false_is_left_out_of_the_launch_files_and_wins_over_a_recipe() -> None:
+    from paraplan.cli.estimate import merge_recipe_knobs
+    from paraplan.cli.options import knob_fields
+    from paraplan.launch.megatron import argv, megatron_args
+    from paraplan.layout import ParallelLayout
+
+    training = TrainingSpec(seq_len=4096, global_batch_size=64,
+                            **knob_fields(["manual-gc=false", "grad-reduce-in-bf16=false"], "bf16"))
+    words = argv(megatron_args(LLAMA8, ParallelLayout(tp=2, dp=4, recompute="none"), training))
+    assert "--manual-gc" not in words and "--grad-reduce-in-bf16" not in words
+    merged = merge_recipe_knobs({"manual_gc": True, "manual_gc_interval": 100}, ["manual-gc=false"], "bf16")
+    assert merged == {"manual_gc": False}  # its interval goes with it
+
+
+@pytest.mark.parametrize("extra", ["--manual-gc true", "--manual-gc=true", "--grad-reduce-in-bf16 false"])
+def test_check_reports_a_switch_given_a_value(extra: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, found = check_script(tmp_path, extra, capsys)
+    assert code == 1 and "SWITCH_WITH_VALUE" in found
+    assert extra.split()[0].split("=")[0] in found["SWITCH_WITH_VALUE"] and "parse_args refuses" in \
+        found["SWITCH_WITH_VALUE"]
+    code, found = check_script(tmp_path, extra.split()[0].split("=")[0], capsys)
+    assert "SWITCH_WITH_VALUE" not in found
+
+
+def test_packaged_switches_are_the_tsv() -> None:
+    """megatron_switches.txt is every flag (aliases included) of the TSV that takes no value (nargs 0)."""
+    from paraplan.specs.megatron_flags import switch_flags
+
+    tsv = Path(__file__).parents[3] / "shared/reference/megatron_lm_flags_main_d98e8a6.tsv"
+    if not tsv.exists():
+        pytest.skip(f"{tsv} not available")
+    want = {flag for line in tsv.read_text(encoding="utf-8").splitlines()[2:]
+            for cols in [line.split("\t")] if cols[6] == "0" and cols[2] != "Help" for flag in cols[0].split("|")}
+    assert switch_flags() == want

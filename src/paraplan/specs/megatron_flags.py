@@ -76,6 +76,15 @@ def known_flags() -> frozenset[str]:
 
 
 @cache
+def switch_flags() -> frozenset[str]:
+    """The flags Megatron-LM defines that take no value (nargs 0: store_true, store_false, BooleanOptional; aliases
+    included; megatron_switches.txt): its argparse refuses a word after one ("unrecognized arguments: true") and
+    ``--flag=value`` ("ignored explicit argument")."""
+    text = _DATA.joinpath("megatron_switches.txt").read_text("utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+@cache
 def _dests() -> dict[str, tuple[str, str, str]]:
     """dest -> (flag, argparse action, default) of every Megatron-LM argument (megatron_dests.tsv)."""
     text = _DATA.joinpath("megatron_dests.tsv").read_text("utf-8")
@@ -117,7 +126,9 @@ def _is_flag(word: str) -> bool:
 
 
 def split_flags(args: tuple[str, ...] | list[str]) -> tuple[Values, list[str], list[str]]:
-    """({flag: values} with the last occurrence winning, unknown flags, stray words)."""
+    """({flag: values} with the last occurrence winning, unknown flags, stray words). The words after a flag are its
+    values, also after a switch (``switch_flags``), so that a reader can name them: Megatron refuses them there
+    (``read_flags``' SWITCH_WITH_VALUE)."""
     values: Values = {}
     unknown: list[str] = []
     stray: list[str] = []
@@ -704,6 +715,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
     words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
+    off = _switch_values(values)
     allowed = set(KNOB_FLAGS.values()) | {flag for aliases in KNOB_FLAG_ALIASES.values() for flag in aliases}
     for flag in [*unknown, *values]:
         if flag not in allowed:
@@ -728,7 +740,31 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     problems = [(code, message) for code, message in r.problems if code != "TE_CROSS_ENTROPY_FUSION"]
     if problems:
         raise SpecError(problems[0][1])
-    return out
+    return {**out, **off}
+
+
+def _switch_values(values: Values) -> dict[str, Any]:
+    """``--knob`` switches given true or false (``manual-gc=false``): true is the bare flag; false leaves the flag out
+    of ``values`` and is returned as the knob's value without the flag (so it wins over a recipe's); any other value
+    is refused in one line."""
+    from dataclasses import fields
+
+    from paraplan.specs.training import TrainingSpec
+
+    without_flag = {f.name: f.default for f in fields(TrainingSpec)}
+    key_of = {flag: key for key, flag in KNOB_FLAGS.items()}
+    off: dict[str, Any] = {}
+    for flag in [f for f, vals in values.items() if vals and f in switch_flags() and f in key_of]:
+        word = " ".join(values[flag]).lower()
+        if word not in ("true", "false"):
+            raise SpecError(f"--knob {flag[2:]} is a switch: give it without a value, =true or =false, got "
+                            f"{brief(','.join(values[flag]))}")
+        if word == "true":
+            values[flag] = ()
+        else:
+            del values[flag]
+            off[key_of[flag]] = without_flag[key_of[flag]]
+    return off
 
 
 def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
@@ -762,6 +798,10 @@ def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
     r = _Reader(values)
     if stray:
         r.notes.append("words that are not flag values: " + " ".join(stray[:5]))
+    for flag in sorted(f for f, vals in values.items() if vals and f in switch_flags()):  # argparse parse_args
+        r.problems.append(("SWITCH_WITH_VALUE", f"{flag} takes no value: Megatron-LM's parse_args refuses "
+                           f"{brief(' '.join(values[flag]))} after it (unrecognized arguments); drop the word, "
+                           f"or the flag to leave it off"))
     fields = _model_fields(r)
     model = model_from_megatron_args(fields, name=name, source=source)
     if model.max_position_embeddings is None:
