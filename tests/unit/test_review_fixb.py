@@ -164,8 +164,8 @@ SCRIPT = ("export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
 
 
 def check_script(tmp_path: Path, extra: str, capsys: pytest.CaptureFixture[str],
-                 pp: int = 1) -> tuple[int, dict[str, str]]:
-    """``check --format json`` of a Megatron-LM script: (exit code, {violation code: message})."""
+                 pp: int = 1) -> tuple[int, dict[str, list[str]]]:
+    """``check --format json`` of a Megatron-LM script: (exit code, {violation code: its messages})."""
     import json
 
     from paraplan.cli import main
@@ -175,7 +175,10 @@ def check_script(tmp_path: Path, extra: str, capsys: pytest.CaptureFixture[str],
     code = main(["check", str(script), "--gpu", "h100-80gb", "--format", "json"])
     out, err = capsys.readouterr()
     assert out, err
-    return code, {v["code"]: v["message"] for v in json.loads(out)["violations"]}
+    found: dict[str, list[str]] = {}
+    for v in json.loads(out)["violations"]:
+        found.setdefault(v["code"], []).append(v["message"])
+    return code, found
 
 
 # 6: Transformer Engine's cross-entropy fusion: refused by Megatron-LM's launch files and check only -------------
@@ -212,8 +215,6 @@ def test_te_cross_entropy_plans_and_launches_for_bridge_only(tmp_path: Path,
 
 def test_check_of_a_megatron_lm_script_with_te_cross_entropy_reports_it(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-
-
     code, found = check_script(tmp_path, "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", capsys)
     assert code == 1 and "TE_CROSS_ENTROPY_FUSION" in found
 
@@ -260,8 +261,8 @@ def test_a_switch_knob_false_is_left_out_of_the_launch_files_and_wins_over_a_rec
 def test_check_reports_a_switch_given_a_value(extra: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, found = check_script(tmp_path, extra, capsys)
     assert code == 1 and "SWITCH_WITH_VALUE" in found
-    assert extra.split()[0].split("=")[0] in found["SWITCH_WITH_VALUE"] and "parse_args refuses" in \
-        found["SWITCH_WITH_VALUE"]
+    [message] = found["SWITCH_WITH_VALUE"]
+    assert extra.split()[0].split("=")[0] in message and "parse_args refuses" in message
     code, found = check_script(tmp_path, extra.split()[0].split("=")[0], capsys)
     assert "SWITCH_WITH_VALUE" not in found
 
@@ -276,3 +277,29 @@ def test_packaged_switches_are_the_tsv() -> None:
     want = {flag for line in tsv.read_text(encoding="utf-8").splitlines()[2:]
             for cols in [line.split("\t")] if cols[6] == "0" and cols[2] != "Help" for flag in cols[0].split("|")}
     assert switch_flags() == want
+
+
+# 4: check lists the knob rules TrainingSpec enforces -------------------------------------------------------------
+@pytest.mark.parametrize(("extra", "words"), [
+    ("--defer-embedding-wgrad-compute --no-gradient-accumulation-fusion",
+     ["Cannot defer embedding wgrad compute when gradient accumulation fusion is not used"]),
+    ("--defer-embedding-wgrad-compute --wgrad-deferral-limit -1", ["wgrad_deferral_limit"]),
+    ("--defer-embedding-wgrad-compute --no-gradient-accumulation-fusion --manual-gc --manual-gc-interval -2",
+     ["Cannot defer embedding wgrad compute", "manual_gc_interval"]),
+])
+def test_check_lists_the_knob_rules_as_violations(extra: str, words: list[str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, found = check_script(tmp_path, extra, capsys, pp=2)
+    assert code == 1 and len(found["KNOB_RULE"]) == len(words), found
+    assert all(any(w in m for m in found["KNOB_RULE"]) for w in words), found
+
+
+def test_check_lists_every_knob_rule_not_only_the_first() -> None:
+    from paraplan.launch.check import script_training
+
+    training, found = script_training({"seq_len": 4096, "global_batch_size": 64, "defer_embedding_wgrad_compute": True,
+                                       "gradient_accumulation_fusion": False, "manual_gc": True,
+                                       "manual_gc_interval": -2})
+    assert [c for c, _ in found] == ["KNOB_RULE", "KNOB_RULE"]
+    assert "Cannot defer embedding wgrad compute" in found[1][1] and found[0][1].startswith("manual_gc_interval")
+    assert training.seq_len == 4096
