@@ -303,3 +303,35 @@ def test_check_lists_every_knob_rule_not_only_the_first() -> None:
     assert [c for c, _ in found] == ["KNOB_RULE", "KNOB_RULE"]
     assert "Cannot defer embedding wgrad compute" in found[1][1] and found[0][1].startswith("manual_gc_interval")
     assert training.seq_len == 4096
+
+
+# 5: plan's knob-rule advice -------------------------------------------------------------------------------------
+GPT2_1 = ["plan", "--model", "gpt2", "--gpu", "h100-80gb", "--num-gpus", "1", "--seq-len", "1024", "--gbs", "8"]
+
+
+def test_plan_json_error_uses_the_cli_wording(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+
+    assert main([*GPT2_1, "--knob", "defer-embedding-wgrad-compute", "--format", "json"]) == 3
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["error"] == err.strip()
+    assert "change --knob defer-embedding-wgrad-compute, or what the rule's words ask for" in doc["error"]
+    assert "TrainingSpec" not in doc["error"] and "NoFeasiblePlanError" not in doc["error"]
+    assert "from --knob, --precision or --recipe" not in doc["error"]
+    assert doc["rejections"] == {"DEFER_EMBEDDING_WGRAD_NEEDS_PP": 24}
+
+
+def test_plan_names_every_knob_rule_that_rejects(capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    assert main([*GPT2_1, "--knob", "defer-embedding-wgrad-compute", "--knob", "delay-wgrad-compute"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "knob rules DELAY_WGRAD_NEEDS_EP_OVERLAP, DEFER_EMBEDDING_WGRAD_NEEDS_PP reject every layout" in err
+    assert "Cannot defer embedding wgrad compute when pipeline model parallel is not used" in err
+    assert "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute" in err
+    assert ("change --knob delay-wgrad-compute (DELAY_WGRAD_NEEDS_EP_OVERLAP) and --knob "
+            "defer-embedding-wgrad-compute (DEFER_EMBEDDING_WGRAD_NEEDS_PP)") in err
