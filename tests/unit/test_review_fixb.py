@@ -335,3 +335,36 @@ def test_plan_names_every_knob_rule_that_rejects(capsys: pytest.CaptureFixture[s
     assert "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute" in err
     assert ("change --knob delay-wgrad-compute (DELAY_WGRAD_NEEDS_EP_OVERLAP) and --knob "
             "defer-embedding-wgrad-compute (DEFER_EMBEDDING_WGRAD_NEEDS_PP)") in err
+
+
+# 7: error wording -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("item", "words"), [
+    ("moe-deepep-num-sms=0", "--moe-deepep-num-sms must be an integer from 1 to 1024, got '0'"),
+    ("moe-hybridep-num-sms=2000", "--moe-hybridep-num-sms must be an integer from 1 to 1024, got '2000'"),
+    ("moe-flex-dispatcher-num-sms=" + "9" * 5000, "--moe-flex-dispatcher-num-sms must be an integer from 1 to 1024"),
+    ("tp-comm-overlap", "--knob tp-comm-overlap: not a memory knob; paraplan's --tp-comm-overlap sets it"),
+    ("tensor-model-parallel-size=2", "--knob tensor-model-parallel-size: not a memory knob; paraplan's --tp sets it"),
+])
+def test_knob_errors_name_the_flag_given(item: str, words: str) -> None:
+    from paraplan.cli.options import knob_fields
+    from paraplan.errors import SpecError
+
+    with pytest.raises(SpecError) as err:
+        knob_fields([item], "bf16")
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)
+
+
+def test_deprecated_sms_flags_keep_their_value_in_range() -> None:
+    from paraplan.cli.options import knob_fields
+
+    assert knob_fields(["moe-token-dispatcher-type=flex", "moe-deepep-num-sms=0040"], "bf16") == \
+        {"moe_token_dispatcher_type": "flex", "moe_hybridep_num_sms": 40}
+
+
+@pytest.mark.parametrize("field", ["manual_gc_interval", "wgrad_deferral_limit", "cpu_offloading_num_layers",
+                                   "num_layers_at_start_in_bf16"])
+def test_integer_knob_errors_name_the_upper_bound(field: str) -> None:
+    from paraplan.errors import SpecError
+
+    with pytest.raises(SpecError, match=rf"^{field} must be an integer >= 0 and at most 16,777,216 \(the limit\)"):
+        TrainingSpec(seq_len=4096, global_batch_size=64, **{field: 10**23})

@@ -24,6 +24,7 @@ from paraplan.specs.training import (
     DTYPE_CHOICES,
     KNOB_FLAG_ALIASES,
     KNOB_FLAGS,
+    MAX_SMS,
     OFFLOAD_MODULES,
     TE_CROSS_ENTROPY_MESSAGE,
 )
@@ -617,9 +618,10 @@ def _got(raw: str | None) -> str:
 def _number_knob(r: _Reader, key: str, flag: str) -> float | int | None:
     """A numeric knob's value: the SMs an integer; a negative capacity factor is dropless (TC: __post_init__)."""
     raw = r.text(flag) or ""
-    if key == "moe_hybridep_num_sms":
-        if not (raw.isascii() and raw.isdigit()):
-            raise SpecError(f"{flag} must be a positive integer, got {_got(raw)}")
+    if key == "moe_hybridep_num_sms":  # the flag given named (a deprecated spelling too), not the field
+        digits = raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) <= len(str(MAX_SMS))  # int() bounded
+        if not digits or not 1 <= int(raw) <= MAX_SMS:
+            raise SpecError(f"{flag} must be an integer from 1 to {MAX_SMS}, got {_got(raw)}")
         return int(raw)
     try:
         value = float(raw)
@@ -709,6 +711,18 @@ _INT_KNOBS: Final = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
 """Integer-valued knobs (``type=int`` in arguments.py)."""
 
 
+OPTION_FLAGS: Final = {
+    "--tp-comm-overlap": "--tp-comm-overlap", "--tensor-model-parallel-size": "--tp",
+    "--pipeline-model-parallel-size": "--pp", "--num-layers-per-virtual-pipeline-stage": "--vp",
+    "--num-virtual-stages-per-pipeline-rank": "--vp", "--context-parallel-size": "--cp",
+    "--expert-model-parallel-size": "--ep", "--micro-batch-size": "--mbs", "--global-batch-size": "--gbs",
+    "--seq-length": "--seq-len", "--recompute-granularity": "--recompute", "--recompute-modules": "--recompute-modules",
+    "--attention-backend": "--attention-backend", "--bf16": "--precision", "--fp16": "--precision",
+    "--fp8-format": "--precision", "--fp4-format": "--precision",
+}
+"""Megatron-LM flags that are not ``--knob`` items: paraplan's own option (of estimate and plan) sets them."""
+
+
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
     Megatron rejects (its assert's words) and FP8 knobs without FP8. A value may be a comma list (``attn,mlp``),
@@ -718,6 +732,9 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     off = _switch_values(values)
     allowed = set(KNOB_FLAGS.values()) | {flag for aliases in KNOB_FLAG_ALIASES.values() for flag in aliases}
     for flag in [*unknown, *values]:
+        if flag in OPTION_FLAGS:
+            raise SpecError(f"--knob {flag[2:]}: not a memory knob; paraplan's {OPTION_FLAGS[flag]} sets it "
+                            "(estimate, plan)")
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
                             f"{', '.join(sorted(f[2:] for f in allowed))}")

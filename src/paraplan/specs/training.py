@@ -402,7 +402,8 @@ class TrainingSpec:
                       "wgrad_deferral_limit"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
-                raise SpecError(f"{fname} must be an integer >= 0, got {brief(value)}")
+                raise SpecError(f"{fname} must be an integer >= 0 and at most {MAX_TOKENS:,} (the limit), got "
+                                f"{brief(value)}")
         if self.defer_embedding_wgrad_compute and not self.gradient_accumulation_fusion:  # ModelParallelConfig
             raise SpecError("defer_embedding_wgrad_compute needs gradient_accumulation_fusion: Megatron-Core's "
                             "'Cannot defer embedding wgrad compute when gradient accumulation fusion is not used'")
@@ -431,7 +432,8 @@ class TrainingSpec:
         """Megatron-LM's asserts on activation offloading (``TransformerConfig.__post_init__``)."""
         n = self.cpu_offloading_num_layers
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOKENS:
-            raise SpecError(f"cpu_offloading_num_layers must be an integer >= 0, got {brief(n)}")
+            raise SpecError(f"cpu_offloading_num_layers must be an integer >= 0 and at most {MAX_TOKENS:,} (the "
+                            f"limit), got {brief(n)}")
         for fname in ("fine_grained_activation_offloading", "peft"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
