@@ -25,6 +25,19 @@ the ratios from the rows whose prediction is at least ``LARGE_ROW_MIN_USE`` of u
 it has ``MIN_RELATIVE_ROWS`` of them, else all families'; widened to contain 1), the offsets from the other
 (small) rows' residuals beyond the ratios. Coverage is counted over every row, held out by the same k-fold rule.
 
+Tier tolerance (paraplan.ranking.tier_tolerance, issue 14: "layouts whose step times differ by less than the
+step-time error band are one tier"). Over pairs of the k-fold held-out step-time rows of one job with different
+layouts (benchmarks/ranking.py's ``job_key``, plus the container release for Megatron-Bridge rows: a release
+changes the software, not the layout), rho = e_b / e_a, e = predicted / measured step time. With b predicted
+(1 + d) x a's step, b is measured faster than a exactly when rho > 1 + d. The pair's order is arbitrary, so rho
+and 1 / rho both count (the sample is symmetric). The tolerance is the one-sided ``TARGET_COVERAGE`` quantile minus
+one: 1 + tol is the split-conformal upper bound (rank ceil((N + 1) x 0.8) of the N symmetrized ratios) below which
+80% of the within-job ratios lie, so a layout predicted more than tol slower than another is measured slower in at
+least 80% of pairs, the level the other bands hold; within tol the model cannot order them at that level (one
+tier). (The half-width of the central 80% interval, ``paraplan.ranking.band_tolerance``, would ask for 90% on one
+side.) Its held-out coverage is leave-one-job-out: each job's ratios judged by the bound of the other jobs' pairs.
+A family with pairs from fewer than ``MIN_PAIR_JOBS`` jobs takes the bound of all families' pairs (``pooled``).
+
 A band's nominal level starts at the target and rises in ``LEVEL_STEP`` steps until its held-out coverage reaches
 it (finite folds can fall a little short of the conformal expectation); the band over all rows is taken at that
 level and the level is recorded.
@@ -40,10 +53,14 @@ import hashlib
 import io
 import json
 import math
+import re
 import statistics
 import sys
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from functools import cache
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +88,8 @@ LARGE_ROW_MIN_USE = 0.25
 0.5 GiB is under 3% of the peak on an 80 GB GPU."""
 MIN_RELATIVE_ROWS = 20
 """Fewest large rows a family's own relative part is taken from; with fewer, all families' large rows are pooled."""
+MIN_PAIR_JOBS = 5
+"""Fewest jobs a family's own within-job (tier) band is taken from; with fewer, all families' pairs are pooled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +255,84 @@ def cv_summary(rows: Sequence[Row], held: list[Any]) -> dict[str, Any]:
             "by_source": by_source, "by_family": by_family}
 
 
+# --- within-job pairs: the tier tolerance -----------------------------------------------------------------------
+
+@cache
+def _csv_rows() -> list[dict[str, str]]:
+    with open(SHARED / "published_runs.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def release_of(case: Case) -> str:
+    """The container release of a Megatron-Bridge row (``26.04.01`` from its source_detail), else ''."""
+    if case.source != "Megatron-Bridge":
+        return ""
+    m = re.search(r"\(([\w.]+) NeMo Container", _csv_rows()[int(case.id.split(":")[1])]["source_detail"])
+    return m.group(1) if m else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """Two held-out rows of one job with different layouts: rho = e_b / e_a (e = predicted / measured step)."""
+
+    job: tuple[Any, ...]
+    family: str
+    rho: float
+
+
+def within_job_pairs(held: Sequence[Any]) -> list[Pair]:
+    """Every pair of held-out rows (``cross_validate.Held``) of one job (``ranking.job_key`` + release) whose layouts
+    differ (``ranking.layout_key``); rows without a prediction are left out."""
+    from ranking import job_key, layout_key
+
+    by_job: dict[tuple[Any, ...], list[tuple[Case, float]]] = defaultdict(list)
+    for h in held:
+        if isinstance(h.predicted, float) and h.predicted > 0:
+            # e = predicted / measured step time = measured / predicted tokens/s
+            by_job[(*job_key(h.case), release_of(h.case))].append((h.case, h.case.target_tokens_per_s_per_gpu
+                                                                  / h.predicted))
+    return [Pair(job, "moe" if a.moe else "dense", eb / ea) for job, rows in by_job.items()
+            for (a, ea), (b, eb) in combinations(rows, 2) if layout_key(a) != layout_key(b)]
+
+
+def upper_bound(values: Sequence[float], coverage: float = TARGET_COVERAGE) -> float:
+    """One-sided split-conformal upper bound: the ceil((n + 1) x coverage)-th smallest value (the largest when n is
+    too small); a new exchangeable value is at most it with probability >= coverage."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    return xs[min(len(xs), math.ceil((len(xs) + 1) * coverage - 1e-9)) - 1]
+
+
+def symmetric(pairs: Sequence[Pair]) -> list[float]:
+    """rho and 1 / rho of every pair (which layout is a is arbitrary)."""
+    return [x for p in pairs for x in (p.rho, 1 / p.rho)]
+
+
+def tier_band(pairs: Sequence[Pair], family: str) -> dict[str, Any]:
+    """The family's tier tolerance from the within-job pairs (all families' when it has pairs of fewer than
+    ``MIN_PAIR_JOBS`` jobs) and its leave-one-job-out coverage."""
+    own = [p for p in pairs if p.family == family]
+    pooled = len({p.job for p in own}) < MIN_PAIR_JOBS
+    use = list(pairs) if pooled else own
+    jobs = sorted({p.job for p in use}, key=repr)
+    covered = total = 0
+    for job in jobs:
+        hi = upper_bound(symmetric([p for p in use if p.job != job]))
+        mine = symmetric([p for p in use if p.job == job])
+        covered += sum(x <= hi for x in mine)
+        total += len(mine)
+    hi = upper_bound(symmetric(use))
+    return {"family": family, "tolerance": round(hi - 1, 4), "hi_ratio": round(hi, 4), "pairs": len(use),
+            "jobs": len(jobs), "own_pairs": len(own), "pooled": pooled,
+            "coverage": round(covered / total, 4) if total else math.nan, "method": TIER_METHOD}
+
+
+def tier_bands(held: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    pairs = within_job_pairs(held)
+    return {family: tier_band(pairs, family) for family in ("dense", "moe")}
+
+
 # --- inputs fingerprint ------------------------------------------------------------------------------------------
 
 def fingerprint(cases: list[Case]) -> dict[str, str]:
@@ -253,7 +350,7 @@ def fingerprint(cases: list[Case]) -> dict[str, str]:
     vt = vtrain_sample(max(VTRAIN_ROWS.values()))
     preds = [f"{c.id}:{fast_predict(c):.6g}" for c in cases + vt]  # type: ignore[str-format]
     settings = {"folds": FOLDS, "seed": SEED, "fix": FIX, "vtrain_rows": VTRAIN_ROWS, "max_nfev": MAX_NFEV,
-                "ftol": FTOL, "target": TARGET_COVERAGE, "level_step": LEVEL_STEP}
+                "ftol": FTOL, "target": TARGET_COVERAGE, "level_step": LEVEL_STEP, "min_pair_jobs": MIN_PAIR_JOBS}
     return {**files, "efficiency": h(json.dumps(eff, sort_keys=True)), "predictions": h("\n".join(preds)),
             "settings": h(json.dumps(settings, sort_keys=True))}
 
@@ -270,6 +367,11 @@ STEP_METHOD = ("step_s: published_runs.csv step time (from tokens/s/GPU); each r
 BAND_RULE = (f"; central split-conformal interval, {FOLDS}-fold held-out coverage (seed {SEED}), nominal level "
              f"raised from {100 * TARGET_COVERAGE:.0f}% in {100 * LEVEL_STEP:.1f}% steps until coverage >= "
              f"{100 * TARGET_COVERAGE:.0f}%")
+
+TIER_METHOD = ("tier: pairs of the 5-fold held-out step-time rows of one job (benchmarks/ranking.py job_key + "
+               "Megatron-Bridge container release) with different layouts; rho = e_b / e_a, e = predicted / measured "
+               "step; tolerance = the one-sided split-conformal 80% upper bound of rho and 1 / rho, minus 1; "
+               "coverage leave-one-job-out")
 
 
 def memory_bands(mem: list[Row]) -> list[dict[str, Any]]:
@@ -293,7 +395,8 @@ def cross_validated(progress: Callable[[str], None] | None = None,
     kfold = held_out(cases, "kfold", progress=progress, jobs=jobs)
     loso = held_out(cases, "loso", progress=progress, jobs=jobs)
     k_rows, l_rows = step_rows(kfold), step_rows(loso)
-    return {"kfold": cv_summary(k_rows, kfold), "loso": cv_summary(l_rows, loso), "_kfold_rows": k_rows}
+    return {"kfold": cv_summary(k_rows, kfold), "loso": cv_summary(l_rows, loso), "_kfold_rows": k_rows,
+            "_kfold_held": kfold}
 
 
 def cached_cross_validation() -> tuple[dict[str, Any] | None, list[str]]:
@@ -311,6 +414,7 @@ def build(progress: Callable[[str], None] | None = None, jobs: int = 1) -> dict[
     mem = memory_rows()
     cv = cross_validated(progress, cases, jobs)
     k_rows = cv.pop("_kfold_rows")
+    tiers = tier_bands(cv.pop("_kfold_held"))
     step = [{"quantity": "step_s", "family": family, **held_out_band(k_rows, family, relative_interval),
              "method": STEP_METHOD + BAND_RULE} for family in ("dense", "moe")]
     return {"generator": REGENERATE, "built": _dt.date.today().isoformat(),
@@ -319,7 +423,8 @@ def build(progress: Callable[[str], None] | None = None, jobs: int = 1) -> dict[
             "target_coverage": TARGET_COVERAGE, "folds": FOLDS, "seed": SEED,
             "inputs": fingerprint(cases),
             "bands": memory_bands(mem) + step,
-            "cross_validation": cv}
+            "cross_validation": cv,
+            "tiers": tiers}
 
 
 def text_of(data: dict[str, Any]) -> str:
@@ -342,6 +447,8 @@ def stale_parts(old: dict[str, Any]) -> list[str]:
         fresh = memory_bands(memory_rows())
     if [b for b in old.get("bands", []) if b.get("quantity") == "peak_bytes"] != fresh:
         out.append("memory bands")
+    if "tiers" not in old:
+        out.append("tier bands (absent)")
     return out
 
 
@@ -366,6 +473,10 @@ def main() -> int:
         off = (f" -{b['lo_offset'] / GIB:.2f}/+{b['hi_offset'] / GIB:.2f} GiB" if b["quantity"] == "peak_bytes" else "")
         print(f"{b['quantity']:<10} {b['family']:<5} measured/predicted {b['lo_ratio']:.3f}..{b['hi_ratio']:.3f}{off}; "
               f"held-out coverage {100 * b['coverage']:.1f}% of {b['rows']} rows (level {100 * b['level']:.1f}%)")
+    for t in data["tiers"].values():
+        print(f"tier       {t['family']:<5} within-job band: one tier within {100 * t['tolerance']:.1f}% "
+              f"({t['pairs']} pairs of {t['jobs']} jobs{', pooled' if t['pooled'] else ''}); leave-one-job-out "
+              f"coverage {100 * t['coverage']:.1f}%")
     for scheme, cv in data["cross_validation"].items():
         print(f"{scheme}: median APE {100 * cv['median_ape']:.1f}%, p90 {100 * cv['p90_ape']:.1f}%, "
               f"within-20% {100 * cv['within_20']:.0f}% over {cv['rows']} rows")

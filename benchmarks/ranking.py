@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from calibration import predict  # noqa: E402
+from paraplan.bands import family_of, tier_band_for  # noqa: E402
 from paraplan.ranking import PROVISIONAL_TIER_TOLERANCE  # noqa: E402
 from published_cases import Case, load_cases, pct  # noqa: E402
 
@@ -42,8 +43,13 @@ MIN_GAP = 0.10
 """Pairs closer than this are not scored: the sources repeat a layout with up to ~5-10% spread."""
 GOOD_PICK = 0.05
 """A top pick within 5% of the measured best counts as a good pick."""
-TIER_TOLERANCE = PROVISIONAL_TIER_TOLERANCE
-"""The planner's step-time tier (``paraplan.ranking``): layouts it cannot order; the ``tiers`` line scores them."""
+
+
+def tier_tolerance(c: Case) -> float:
+    """The planner's step-time tier of the case's family (``paraplan.ranking.tier_tolerance``: the packaged
+    within-job band, or the provisional 5% without one): layouts it cannot order; the ``tiers`` line scores them."""
+    band = tier_band_for(family_of(c.moe))
+    return PROVISIONAL_TIER_TOLERANCE if band is None else band.tolerance
 
 
 def job_key(c: Case) -> tuple[Any, ...]:
@@ -89,7 +95,7 @@ def score_group(group: list[tuple[Case, float]]) -> dict[str, Any] | None:
     best_measured = max(m for _, m, _ in scored)
     pick = max(scored, key=lambda t: t[2])
     # tier 1 of paraplan.ranking: predicted step within the tolerance of the fastest (throughput within 1 / (1 + tol))
-    tier1 = [(c, m) for c, m, p in scored if p * (1 + TIER_TOLERANCE) >= pick[2]]
+    tier1 = [(c, m) for c, m, p in scored if p * (1 + tier_tolerance(c)) >= pick[2]]
     return {"case": scored[0][0], "n": len(scored), "pairs": pairs, "concordant": concordant,
             "regret": 1 - pick[1] / best_measured, "pick": pick[0], "tier1": len(tier1),
             "tier1_best_regret": 1 - max(m for _, m in tier1) / best_measured,
@@ -128,7 +134,8 @@ def main() -> int:
     good = sum(1 for x in regrets if x <= GOOD_PICK)
     tier_good = sum(1 for r in results if r["tier1_best_regret"] <= GOOD_PICK)
     worst = [r["tier1_worst_regret"] for r in results]
-    print(f"tiers (tolerance {100 * TIER_TOLERANCE:.1f}%, paraplan.ranking): tier 1 holds a layout within "
+    tols = "/".join(f"{100 * t:.1f}%" for t in sorted({tier_tolerance(r["case"]) for r in results}))
+    print(f"tiers (tolerance {tols}, paraplan.ranking): tier 1 holds a layout within "
           f"{100 * GOOD_PICK:.0f}% of the measured best in {tier_good}/{len(results)} groups (the top pick alone "
           f"{good}/{len(results)}); median tier-1 size {pct([float(r['tier1']) for r in results], 0.5):.0f} of "
           f"{pct([float(r['n']) for r in results], 0.5):.0f} layouts; regret of the worst tier-1 layout: median "

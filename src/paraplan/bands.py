@@ -7,6 +7,10 @@ lay within ``[predicted x lo_ratio - lo_offset, predicted x hi_ratio + hi_offset
 module), written from ../shared/calibration by ``python benchmarks/bands.py`` (method, row counts and the date
 are in the file; ``tests/unit/test_bands.py`` fails when the file is stale). The file is read once, on first use.
 
+A :class:`TierBand` (the file's ``tiers``) is the within-job band of two layouts' error ratio that
+``paraplan.ranking.tier_tolerance`` uses: how far apart two layouts of one job must be predicted for the model's order
+to hold in 80% of held-out pairs. Files written before it have no ``tiers``: ``tier_band_for`` then returns None.
+
 Throughput is inversely proportional to step time (tokens per step are fixed), so its range is step time's
 range inverted: ``value_range(tokens_per_s, band_for("step_s", family), inverse=True)``.
 """
@@ -105,6 +109,42 @@ def band_for(quantity: Quantity, family: Family) -> Band:
                         method=str(b["method"]), lo_offset=float(b.get("lo_offset", 0.0)),
                         hi_offset=float(b.get("hi_offset", 0.0)))
     raise ValueError(f"{PACKAGED_NAME} has no band for {quantity}/{family}: regenerate it with {REGENERATE}")
+
+
+@dataclass(frozen=True, slots=True)
+class TierBand:
+    """The within-job band of a family: for ``coverage`` of held-out pairs of layouts of one job, the ratio of their
+    error ratios (predicted / measured step of b over that of a) was at most ``1 + tolerance`` (benchmarks/bands.py
+    ``tier_band``)."""
+
+    family: str
+    tolerance: float
+    """Relative step-time difference the model cannot order at 80%: the one-sided 80% bound of the ratio, minus 1."""
+    pairs: int
+    """Pairs of held-out rows the bound was taken from."""
+    jobs: int
+    """Jobs (model, GPU, count, sequence, GBS, precision, source) those pairs come from."""
+    pooled: bool
+    """True when the family had pairs of too few jobs and all families' pairs were used."""
+    coverage: float
+    """Leave-one-job-out coverage of the bound."""
+
+    def describe(self) -> str:
+        """``the within-job band measured on 411 held-out pairs of 20 jobs``, for the output."""
+        pooled = f" (no {self.family} pairs of its own: all families')" if self.pooled else ""
+        return f"the within-job band measured on {self.pairs} held-out pairs of {self.jobs} jobs{pooled}"
+
+
+@cache
+def tier_band_for(family: Family) -> TierBand | None:
+    """The packaged within-job band of a ``dense`` or ``moe`` model; None when the file has none (written before it)."""
+    if family not in FAMILIES:
+        raise ValueError(f"tier_band_for: family must be one of {', '.join(FAMILIES)}; got {family!r}")
+    t = packaged().get("tiers", {}).get(family)
+    if not isinstance(t, dict) or not 0 <= float(t.get("tolerance", -1)) < 1:
+        return None
+    return TierBand(family=family, tolerance=float(t["tolerance"]), pairs=int(t["pairs"]), jobs=int(t["jobs"]),
+                    pooled=bool(t["pooled"]), coverage=float(t["coverage"]))
 
 
 def family_of(is_moe: bool) -> Family:

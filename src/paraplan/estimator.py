@@ -17,7 +17,7 @@ from paraplan.bands import Band, band_for, family_of, value_range
 from paraplan.estimate.memory import MemoryOptions, StageMemory, layer_activations, stage_memory
 from paraplan.estimate.params import ModelParamCounts, StageLayers, model_param_counts
 from paraplan.estimate.positions import max_positions_for as max_positions_for  # re-exported
-from paraplan.estimate.stages import all_stage_layers
+from paraplan.estimate.stages import all_stage_layers, bf16_layers_of
 from paraplan.estimate.step_time import StageTime, StepTime, Throughput, stage_terms, stage_time, step_time, throughput
 from paraplan.estimate.time import fsdp
 from paraplan.headroom import DEFAULT_HEADROOM, Headroom, fit_text
@@ -257,7 +257,8 @@ def _stage_memories(model: ModelSpec, training: TrainingSpec, layout: ParallelLa
 
     ranks = StageLayers(num_dense_layers=col("num_dense_layers"), num_moe_layers=col("num_moe_layers"),
                         has_embedding=col("has_embedding"), has_output=col("has_output"),
-                        num_mtp_layers=col("num_mtp_layers"))
+                        num_mtp_layers=col("num_mtp_layers"), num_bf16_start_layers=col("num_bf16_start_layers"),
+                        num_bf16_end_layers=col("num_bf16_end_layers"))
     mem = stage_memory(model, training, layout, ranks, rank=np.arange(len(stages)), num_microbatches=num_microbatches,
                        max_positions=max_positions, options=options,
                        per_layer=layer_activations(model, training, layout), arch=arch)
@@ -296,7 +297,7 @@ def estimate(
                      "(no measured runs; defaults): step time, MFU and tokens/s are indicative, memory is not "
                      "affected (`paraplan calibrate` fits them to your runs)")
     m = layout.num_microbatches(training.global_batch_size)
-    ranks = all_stage_layers(model, layout)
+    ranks = all_stage_layers(model, layout, bf16_layers_of(training))
     stages = _stage_memories(model, training, layout, ranks, num_microbatches=m,
                              max_positions=max_positions, options=memory_options, arch=cluster.gpu.arch)
     t = step_time(model, cluster, training, layout, num_microbatches=m)

@@ -233,13 +233,13 @@ def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") ->
 
 def _rule_detail(rule: str, a: Estimate, b: Estimate, plan: Plan) -> str:
     """The numbers behind a ranking rule between two listed layouts."""
-    from paraplan.ranking import parallel_dims
+    from paraplan.ranking import FREE_MEMORY_BANDS, parallel_dims
 
     la, lb = a.layout, b.layout
     if rule == "free_memory":
         step = plan.ranking.memory_step_bytes if plan.ranking else GIB
         return (f"{(a.usable_bytes - a.peak_bytes) / GIB:.1f} vs {(b.usable_bytes - b.peak_bytes) / GIB:.1f} GiB free "
-                f"(counted in steps of {step / GIB:.1f} GiB below the tier's most free layout)")
+                f"(counted in whole memory bands of {step / GIB:.1f} GiB free, up to {FREE_MEMORY_BANDS})")
     if rule in ("distributed_optimizer", "megatron_fsdp"):
         return f"{'Megatron-FSDP' if la.fsdp else 'distributed optimizer'} vs {'Megatron-FSDP' if lb.fsdp else 'not'}"
     if rule == "nvlink_domain":
@@ -271,10 +271,11 @@ def ranking_findings(plan: Plan) -> list[Finding]:
     best = float(ev.step_s.min())
     in_tier1 = int((ev.step_s <= best * (1 + ctx.tier_tolerance)).sum())
     text = (f"tier {plan.tiers[0]}: {in_tier1} of {plan.num_feasible} layouts that fit are within "
-            f"{100 * ctx.tier_tolerance:.1f}% of the fastest step time ({best:.3f} s): one tier, as the model orders "
-            "pairs this close as measured only about 60% of the time (benchmarks/ranking.py; the tolerance is the "
-            "resolution of that pairwise order, not the absolute step-time band, which is wider)")
+            f"{100 * ctx.tier_tolerance:.1f}% of the fastest step time ({best:.3f} s): one tier: within "
+            f"{100 * ctx.tier_tolerance:.1f}%, {ctx.tolerance_source}, the model's order of two layouts holds for "
+            "fewer than 80% of measured pairs (benchmarks/bands.py)")
     nums: dict[str, Any] = {"tier": plan.tiers[0], "tier_size": in_tier1, "tier_tolerance": ctx.tier_tolerance,
+                            "tier_tolerance_source": ctx.tolerance_source,
                             "fastest_step_s": best, "rules": list(ctx.rule_codes())}
     if len(plan.candidates) > 1 and plan.decided_by and plan.decided_by[0]:
         rule = plan.decided_by[0]
@@ -297,19 +298,28 @@ modules) when it is at least 3% faster than the plan's pick."""
 
 def _what_if(plan: Plan, **change: Any) -> tuple[Estimate, float] | None:
     """The best layout of the plan's search with ``change`` applied to its space, and its
-    throughput gain over the plan's pick; None without a space or a feasible layout."""
+    throughput gain over the plan's pick; None without a space or a feasible layout. With both searches' feasible
+    rows (throughput objective), the fastest layout of each: the gain is the change's, not that of the in-tier rules
+    (``paraplan.ranking``), which may pick a slower layout of a step-time tier in either search."""
     from dataclasses import replace
 
     from paraplan.errors import NoFeasiblePlanError
+    from paraplan.estimator import estimate
     from paraplan.search import plan as search
 
     if plan.space is None:
         return None
     try:
         alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, **change),
-                     objective=plan.objective, top_k=1)  # type: ignore[arg-type]
+                     objective=plan.objective, top_k=1, headroom=plan.headroom)  # type: ignore[arg-type]
     except NoFeasiblePlanError:
         return None
+    ev, alt_ev = plan.feasible, alt.feasible
+    both = ev is not None and alt_ev is not None and len(ev.step_s) > 0 and len(alt_ev.step_s) > 0
+    if plan.objective == "throughput" and both and ev is not None and alt_ev is not None:
+        other = estimate(plan.model, plan.cluster, plan.training, alt_ev.table.row(int(np.argmin(alt_ev.step_s))),
+                         headroom=plan.headroom)
+        return other, float(np.min(ev.step_s)) / float(other.time.step_s) - 1.0  # tokens/s ~ 1 / step
     other = alt.candidates[0]
     base = float(plan.candidates[0].throughput.tokens_per_s_per_gpu)
     return other, float(other.throughput.tokens_per_s_per_gpu) / base - 1.0

@@ -5,11 +5,12 @@ they do not depend on enumeration order:
 
     tier 1 = every layout with step_s <= best x (1 + tol); tier 2 = the same on the rest; and so on
 
-(``tol`` = ``tier_tolerance(model)``). Within a tier the order is, most significant first (``RULES``):
+(``tol`` = ``tier_tolerance(model)``, the measured within-job band of two layouts' error ratio). Within a tier
+the order is, most significant first (``RULES``):
 
-1. ``free_memory``: more free memory, counted in whole steps of ``memory_tie_step_bytes`` below the tier's most free
-   layout (the memory model's error band on this GPU, at least 1 GiB: smaller differences are inside what the model
-   can resolve);
+1. ``free_memory``: more free memory, counted in whole memory bands free (``memory_tie_step_bytes``: the memory
+   model's error band on this GPU, at least 1 GiB), up to ``FREE_MEMORY_BANDS``: differences inside one band are
+   ties, and free memory beyond three bands buys no measured safety (``free_memory_key``);
 2. ``distributed_optimizer``: the distributed optimizer over Megatron-FSDP, or ``megatron_fsdp`` (FSDP first) when
    model state is what binds: the weights, gradients and optimizer states of the tier-1 fastest distributed-optimizer
    layout are at least ``MODEL_STATE_BINDS_FRAC`` of its peak (Megatron-LM's parallelism guide lists Megatron-FSDP
@@ -42,17 +43,24 @@ if TYPE_CHECKING:
     from paraplan.specs.model import ModelSpec
 
 PROVISIONAL_TIER_TOLERANCE: Final = 0.05
-"""PROVISIONAL (until a within-job step-time band exists; ``tier_tolerance`` says why not
-``paraplan.bands.band_for("step_s", family)``). Measured, not fitted: over the 11,544 layout pairs of
-benchmarks/ranking.py's job groups, pairs whose predicted step times differ by less than 5% are ordered as
-measured only 58-66% of the time (a coin flip is 50%), pairs 5-10% apart 72%, pairs 10% or more apart 80% and
-up. Below 5% the model does not rank."""
+"""Fallback when the packaged band file has no within-job band (``tier_tolerance``). Measured, not fitted: over the
+11,544 layout pairs of benchmarks/ranking.py's job groups (mostly vTrain, in-sample), pairs whose predicted step
+times differ by less than 5% are ordered as measured only 58-66% of the time (a coin flip is 50%), pairs 5-10%
+apart 72%, pairs 10% or more apart 80% and up."""
 
 MODEL_STATE_BINDS_FRAC: Final = 0.75
 """Model state (weights + gradients + optimizer states on the peak stage) binds when it is at least three quarters
 of the peak of the fastest distributed-optimizer layout of tier 1: activations are then too small a part for
 recompute, CP or a longer pipeline to relieve, and only sharding the states further (Megatron-FSDP) does. Assumed
 (Megatron-LM's guide names model state as FSDP's constraint but gives no number)."""
+
+FREE_MEMORY_BANDS: Final = 3
+"""Whole memory bands of free memory beyond which more is not preferred (``free_memory_key``). From the held-out
+memory rows of benchmarks/bands.py (2026-12-01): the measured peak exceeded the prediction by more than k times the
+band's upper excess (predicted x (hi_ratio - 1) + hi_offset) on 49 / 25 / 6 of 507 dense rows for k = 1 / 2 / 3
+(11 / 6 / 0 of 130 MoE): each band free up to three lowers the share of runs that would not fit (about 10%, 5%,
+1%), a fourth cannot lower it measurably. Read from those rows, not fitted to the ranking: a layout that buys more
+free memory (full recompute, more model parallelism) pays its step time for nothing the memory model can show."""
 
 MEMORY_STEP_MIN_BYTES: Final = float(GIB)
 """Smallest free-memory step (``--headroom 0`` leaves no band to use): 1 GiB."""
@@ -74,6 +82,10 @@ replaces ``distributed_optimizer`` when model state binds), or ``exact_tie``."""
 _BITS: Final = (("tier", 20), ("free_memory", 12), ("distributed_optimizer", 1), ("nvlink_domain", 2),
                 ("even_pipeline_split", 1), ("fewer_parallel_dims", 3), ("nvidia_recipe", 1))
 """Bits of each coarse rule in the packed key (most significant first; 40 of int64's 63)."""
+
+PROVISIONAL_SOURCE: Final = ("provisional: the packaged band file has no within-job band "
+                              "(paraplan.ranking.PROVISIONAL_TIER_TOLERANCE)")
+"""``tier_tolerance_source`` without a within-job band."""
 
 RECIPE_FIELDS: Final = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs", "recompute_code")
 """What makes a row the layout of a recipe (``recipes.compare.same_layout``'s fields)."""
@@ -97,16 +109,27 @@ def band_tier_tolerance(model: ModelSpec) -> float:
 
 
 def tier_tolerance(model: ModelSpec) -> float:
-    """Relative step-time difference below which two layouts of ``model`` are one tier.
+    """Relative step-time difference below which two layouts of ``model`` are one tier: the measured within-job band
+    of ``model``'s family (``paraplan.bands.tier_band_for``; benchmarks/bands.py ``tier_band``): over pairs of
+    held-out measured runs of one job with different layouts, the ratio of their error ratios (predicted / measured
+    step of one over the other's) is at most 1 + tolerance for 80% of pairs. A layout predicted more than that
+    slower than another is measured slower in at least 80% of pairs; closer, the model cannot order them at that
+    level. ``PROVISIONAL_TIER_TOLERANCE`` when the packaged file has no within-job band.
 
-    PROVISIONAL: ``PROVISIONAL_TIER_TOLERANCE`` (5%) for every family, the measured resolution of the model's
-    pairwise order. ``band_tier_tolerance`` (the absolute step-time band, ``paraplan.bands``) is the one-line
-    alternative, and it is not used: with its 13.3% (dense) tier 1 of benchmarks/ranking.py's job groups would hold
-    layouts median 19.8% (p90 33.6%) below the measured best, against 10.9% (21.9%) with 5%, although pairs
-    predicted 10-20% apart are ordered as measured 80-88% of the time. A band of the within-job ratio of two
-    layouts' errors is what belongs here."""
-    del model  # per family once a within-job (pairwise) band exists
-    return PROVISIONAL_TIER_TOLERANCE
+    Not the absolute step-time band (``band_tier_tolerance``): most of one estimate's error is shared by the layouts
+    of one job (the same GPU, model and efficiency constants)."""
+    from paraplan.bands import family_of, tier_band_for
+
+    band = tier_band_for(family_of(model.is_moe))
+    return PROVISIONAL_TIER_TOLERANCE if band is None else band.tolerance
+
+
+def tier_tolerance_source(model: ModelSpec) -> str:
+    """Where ``tier_tolerance(model)`` comes from, in words (plan notes, JSON, explain)."""
+    from paraplan.bands import family_of, tier_band_for
+
+    band = tier_band_for(family_of(model.is_moe))
+    return PROVISIONAL_SOURCE if band is None else band.describe()
 
 
 def memory_tie_step_bytes(usable_bytes: float, is_moe: bool = False) -> float:
@@ -149,7 +172,8 @@ class RankContext:
     recipe_layouts: tuple[tuple[int, ...], ...] = ()
     """``RECIPE_FIELDS`` of each matching recipe."""
     recipe_names: tuple[str, ...] = ()
-    tolerance_source: str = "provisional (paraplan.ranking.PROVISIONAL_TIER_TOLERANCE)"
+    tolerance_source: str = PROVISIONAL_SOURCE
+    """Where the tolerance comes from (``tier_tolerance_source``)."""
 
     def rule_codes(self) -> tuple[str, ...]:
         """The rule codes in order, with ``megatron_fsdp`` for rule 2 when model state binds."""
@@ -165,13 +189,15 @@ class RankContext:
                  f"distributed-optimizer layout (binds at {100 * MODEL_STATE_BINDS_FRAC:.0f}%)")
         return (f"ranking: layouts within {100 * self.tier_tolerance:.1f}% of a tier's fastest step time are one "
                 f"tier ({self.tolerance_source}); within a tier: " + ", then ".join(words[:1]) +
-                f" (in steps of {self.memory_step_bytes / GIB:.1f} GiB, the memory band), then " +
+                f" (in whole memory bands of {self.memory_step_bytes / GIB:.1f} GiB, up to {FREE_MEMORY_BANDS}), "
+                "then " +
                 ", then ".join(words[1:]) + binds)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON: the tolerance, the memory step, the rules in order and what rule 2 decided."""
         return {"tier_tolerance": self.tier_tolerance, "tier_tolerance_source": self.tolerance_source,
                 "memory_step_bytes": self.memory_step_bytes, "prefer_fsdp": self.prefer_fsdp,
+                "free_memory_bands": FREE_MEMORY_BANDS,
                 "model_state_frac": self.model_state_frac, "model_state_binds_frac": MODEL_STATE_BINDS_FRAC,
                 "rules": list(self.rule_codes()), "recipes": list(self.recipe_names)}
 
@@ -203,25 +229,27 @@ def parallel_dims(table: LayoutTable) -> NDArray[np.int64]:
     return ((table.tp > 1).astype(np.int64) + (table.pp > 1) + (table.vp > 1) + (table.cp > 1) + (table.ep > 1))
 
 
-def tier_most_free(free_bytes: NDArray[np.float64], tier: NDArray[np.int64], n_uppers: int) -> NDArray[np.float64]:
-    """The most free memory in each tier (index = tier; -inf for tiers without rows)."""
-    most_free = np.full(n_uppers + 2, -np.inf)
-    np.maximum.at(most_free, tier, free_bytes)
-    return most_free
+def free_memory_key(free_bytes: NDArray[np.float64], step_bytes: float) -> NDArray[np.int64]:
+    """Rule 1's key (smaller is better): ``FREE_MEMORY_BANDS`` less the whole memory bands free, at least 0::
+
+        key = FREE_MEMORY_BANDS - min(FREE_MEMORY_BANDS, floor(free / step))
+
+    Counted from zero free, not from the tier's most free layout, so the order of two layouts does not depend on
+    which other layouts share their tier; layouts less than one band apart in the same band are ties, and layouts
+    with ``FREE_MEMORY_BANDS`` bands free or more all tie."""
+    bands = np.floor(np.maximum(free_bytes, 0.0) / step_bytes)
+    out: NDArray[np.int64] = (FREE_MEMORY_BANDS - np.minimum(bands, FREE_MEMORY_BANDS)).astype(np.int64)
+    return out
 
 
 def coarse_columns(table: LayoutTable, peak_bytes: NDArray[np.float64], step_s: NDArray[np.float64],
-                   ctx: RankContext, *, usable_bytes: float, nvlink_block_gpus: int, uppers: NDArray[np.float64],
-                   most_free: NDArray[np.float64] | None = None) -> dict[str, NDArray[np.int64]]:
-    """Rules 1 to 6 and the tier, one small non-negative integer column each (smaller is better), in order
-    (``most_free``: ``tier_most_free`` of every row of these rows' tiers, when the rows are not all of them)."""
+                   ctx: RankContext, *, usable_bytes: float, nvlink_block_gpus: int,
+                   uppers: NDArray[np.float64]) -> dict[str, NDArray[np.int64]]:
+    """Rules 1 to 6 and the tier, one small non-negative integer column each (smaller is better), in order; each
+    row's values depend on that row alone (and the tiers' bounds)."""
     tier = tiers_of(step_s, uppers)
-    free = usable_bytes - peak_bytes
-    if most_free is None:
-        most_free = tier_most_free(free, tier, len(uppers))
-    steps_below = np.floor((most_free[tier] - free) / ctx.memory_step_bytes)
     fsdp = table.fsdp.astype(np.int64)
-    cols = {"tier": tier, "free_memory": steps_below.astype(np.int64),
+    cols = {"tier": tier, "free_memory": free_memory_key(usable_bytes - peak_bytes, ctx.memory_step_bytes),
             "distributed_optimizer": 1 - fsdp if ctx.prefer_fsdp else fsdp,
             "nvlink_domain": _in_domain(table, nvlink_block_gpus),
             "even_pipeline_split": table.uneven.astype(np.int64),

@@ -26,7 +26,13 @@ from paraplan.estimate.comm import span_in_domain
 from paraplan.estimate.memory import MemoryOptions, layer_activations, stage_memory
 from paraplan.estimate.params import ParamTerms, param_terms
 from paraplan.estimate.pipeline import auto_uneven_split, first_last_chunk_counts
-from paraplan.estimate.stages import PipelineCounts, pipeline_counts, representative_ranks, stage_layers_table
+from paraplan.estimate.stages import (
+    PipelineCounts,
+    bf16_layers_of,
+    pipeline_counts,
+    representative_ranks,
+    stage_layers_table,
+)
 from paraplan.estimate.step_time import stage_terms, step_time_from_stages
 from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
@@ -42,10 +48,9 @@ from paraplan.ranking import (
     rounded_step,
     simpler_columns,
     sort_keys,
-    tier_most_free,
     tier_tolerance,
+    tier_tolerance_source,
     tier_uppers,
-    tiers_of,
 )
 from paraplan.rules import RuleContext, knob_violations, rules_for
 from paraplan.schedules import NOT_IN_MEGATRON, schedule_named
@@ -282,7 +287,7 @@ class _Groups:
     @classmethod
     def of(cls, model: ModelSpec, training: TrainingSpec, table: LayoutTable) -> _Groups:
         max_positions, _ = max_positions_for(model, training)
-        counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts)
+        counts = pipeline_counts(model, table.pp, table.vp, table.pipeline_layouts, bf16_layers_of(training))
         keys, key_of_row = layer_key_table(table)
         (tp, pp, ep, etp), params_of_row = distinct_rows([table.tp, table.pp, table.ep, table.etp])
         return cls(counts=counts, ranks=representative_ranks(model, table.pp, table.vp, counts=counts),
@@ -466,7 +471,8 @@ def rank_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     estimated through the scalar path, only when tier 1 also has Megatron-FSDP layouts) and the recipe layouts."""
     tol = tier_tolerance(model)
     ctx = RankContext(tier_tolerance=tol, memory_step_bytes=memory_tie_step_bytes(float(cluster.gpu.usable_bytes),
-                                                                                     model.is_moe))
+                                                                                     model.is_moe),
+                      tolerance_source=tier_tolerance_source(model))
     ctx = replace(ctx, recipe_layouts=recipes[0], recipe_names=recipes[1])
     best = float(np.min(ev.step_s))
     tier1 = ev.step_s <= best * (1.0 + tol)
@@ -714,13 +720,13 @@ def _rounded_objective(ev: Evaluated, objective: str, cluster: ClusterSpec) -> N
 
 
 def _coarse(ev: Evaluated, rows: NDArray[np.int64] | None, ctx: RankContext, cluster: ClusterSpec,
-            uppers: NDArray[np.float64], most_free: NDArray[np.float64] | None = None) -> dict[str, NDArray[np.int64]]:
+            uppers: NDArray[np.float64]) -> dict[str, NDArray[np.int64]]:
     """``ranking.coarse_columns`` of the rows ``rows`` of ``ev`` (all with None)."""
     table = ev.table if rows is None else ev.table.take(rows)
     peak = ev.peak_bytes if rows is None else ev.peak_bytes[rows]
     step = ev.step_s if rows is None else ev.step_s[rows]
     return coarse_columns(table, peak, step, ctx, usable_bytes=float(cluster.gpu.usable_bytes),
-                          nvlink_block_gpus=cluster.nvlink_block_gpus, uppers=uppers, most_free=most_free)
+                          nvlink_block_gpus=cluster.nvlink_block_gpus, uppers=uppers)
 
 
 def rank_order(ev: Evaluated, objective: str, cluster: ClusterSpec,
@@ -753,7 +759,7 @@ def _ranked_top(ev: Evaluated, objective: str, cluster: ClusterSpec, top_k: int,
         else:
             ctx = ctx or RankContext()
             uppers = tier_uppers(ev.step_s, ctx.tier_tolerance, min_rows=want)
-            idx = np.flatnonzero(ev.step_s <= uppers[-1])  # whole tiers: their most free memory is among them
+            idx = np.flatnonzero(ev.step_s <= uppers[-1])  # whole tiers (the first ones hold the best coarse keys)
             coarse = pack(_coarse(ev, idx, ctx, cluster, uppers))
             if len(idx) > 4 * want:
                 keep = coarse <= np.partition(coarse, want)[want]
@@ -774,12 +780,7 @@ def ranking_of(ev: Evaluated, rows: list[int], objective: str, cluster: ClusterS
         return (), ()
     idx = np.asarray(rows, dtype=np.int64)
     uppers = tier_uppers(ev.step_s, ctx.tier_tolerance, min_rows=None)
-    tier_all = tiers_of(ev.step_s, uppers)
-    last = int(tier_all[idx].max())
-    in_tiers = np.flatnonzero(tier_all <= last)
-    most_free = tier_most_free(float(cluster.gpu.usable_bytes) - ev.peak_bytes[in_tiers], tier_all[in_tiers],
-                               len(uppers))
-    cols = _coarse(ev, idx, ctx, cluster, uppers, most_free)
+    cols = _coarse(ev, idx, ctx, cluster, uppers)
     step = np.round(ev.step_s[idx] / max(float(np.min(ev.step_s)), 1e-30), 9)
     simple = np.stack(simpler_columns(ev.table.take(idx)), axis=1)
     headroom = _rounded_objective(ev, objective, cluster)[idx] if objective == "memory-headroom" else None
@@ -822,9 +823,8 @@ def rank_keys(p: Plan, layout: Any, peak_bytes: float, step_s: float) -> RankKey
         table.pipeline_layouts = {(int(layout.pp), int(layout.vp)): tuple(layout.pipeline_layout) or (0,)}
     usable = float(p.cluster.gpu.usable_bytes)
     uppers = tier_uppers(ev.step_s, ctx.tier_tolerance)
-    most_free = tier_most_free(usable - ev.peak_bytes, tiers_of(ev.step_s, uppers), len(uppers))
     cols = coarse_columns(table, np.array([peak_bytes]), np.array([step_s]), ctx, usable_bytes=usable,
-                          nvlink_block_gpus=p.cluster.nvlink_block_gpus, uppers=uppers, most_free=most_free)
+                          nvlink_block_gpus=p.cluster.nvlink_block_gpus, uppers=uppers)
     best = max(float(np.min(ev.step_s)), 1e-30)
     return RankKeys(tier=int(cols["tier"][0]), coarse={k: int(v[0]) for k, v in cols.items()},
                     step=float(np.round(step_s / best, 9)),

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from paraplan.errors import SpecError
 from paraplan.estimate.time import ep
-from paraplan.estimate.time.compute import compute_share_beside, slowed_end
+from paraplan.estimate.time.compute import compute_share_beside, slowed_end, sm_count_of
 from paraplan.estimator import estimate
 from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import make_cluster
@@ -44,15 +44,18 @@ def _flex(**kw: object) -> TrainingSpec:
 
 def test_presets_carry_the_whitepaper_sm_counts() -> None:
     assert (load_gpu("a100-80gb").sm_count, load_gpu("a100-40gb").sm_count, H100_GPU.sm_count) == (108, 108, 132)
-    for name in ("h200-141gb", "b200", "b300", "gb200", "gb300", "mi300x"):  # no primary figure read: effect off
+    for name in ("h200-141gb", "b200", "b300", "gb200", "gb300", "mi300x"):  # no primary figure read
         assert load_gpu(name).sm_count is None
+    # the one fallback both TP userbuffers and the flex dispatcher read: the architecture's figure
+    assert [sm_count_of(make_cluster(load_gpu(g), 8, 8)) for g in ("h200-141gb", "b200", "gb300")] == [132, 148, 148]
 
 
 def test_compute_share_by_hand() -> None:
     assert float(compute_share_beside(132, 33, "k")) == pytest.approx(99 / 132, rel=1e-15)
     assert float(compute_share_beside(108, 20, "k")) == pytest.approx(88 / 108, rel=1e-15)
-    with pytest.raises(SpecError, match="must be below the GPU's sm_count"):
-        compute_share_beside(132, 132, "k")
+    assert float(compute_share_beside(132, 132, "k")) == pytest.approx(1 / 132)  # HybridEP accepts all: one left
+    with pytest.raises(SpecError, match="must be at most the GPU's 132 SMs"):
+        compute_share_beside(132, 133, "k")
 
 
 def test_flex_sms_defaults_per_backend() -> None:
@@ -63,14 +66,14 @@ def test_flex_sms_defaults_per_backend() -> None:
     assert float(ep.flex_comm_sms(_flex(moe_hybridep_num_sms=32), 64, 8)) == 32.0
 
 
-def test_ep_compute_share_only_for_flex_on_a_known_gpu() -> None:
+def test_ep_compute_share_only_for_flex() -> None:
     inside = Group(size=8, stride=1)
     across = Group(size=64, stride=2)
     assert float(ep.ep_compute_share(H100, _flex(), inside)) == pytest.approx(108 / 132, rel=1e-15)
     assert float(ep.ep_compute_share(H100, _flex(), across)) == pytest.approx(124 / 132, rel=1e-15)
     assert ep.ep_compute_share(H100, _t(moe_token_dispatcher_type="alltoall"), across) == 1.0
-    gb200 = make_cluster(load_gpu("gb200"), 256)
-    assert ep.ep_compute_share(gb200, _flex(moe_hybridep_num_sms=32), across) == 1.0
+    gb200 = make_cluster(load_gpu("gb200"), 256)  # no sm_count in the preset: the architecture's (assumed) 148
+    assert float(ep.ep_compute_share(gb200, _flex(moe_hybridep_num_sms=32), across)) == pytest.approx(116 / 148)
 
 
 def test_slowed_end_by_hand() -> None:
@@ -106,18 +109,19 @@ def test_shared_expert_overlap_costs_its_sm_share_by_hand() -> None:
 
 
 def test_estimate_charges_the_flex_sms_on_h100() -> None:
-    unknown = make_cluster(replace(H100_GPU, sm_count=None), 1024)
-    off = estimate(DSV3, unknown, _flex(moe_hybridep_num_sms=32), LAYOUT)
+    off = estimate(DSV3, H100, _flex(moe_hybridep_num_sms=1), LAYOUT)  # one SM held: a 1/132 slowdown
     on = estimate(DSV3, H100, _flex(moe_hybridep_num_sms=32), LAYOUT)
     more = estimate(DSV3, H100, _flex(moe_hybridep_num_sms=64), LAYOUT)
     hidden = float(off.time.link_comm_s["ep"] - off.time.exposed_comm_s["ep"])
     extra = float(on.time.exposed_comm_s["ep"] - off.time.exposed_comm_s["ep"])
-    assert 0.0 < extra <= hidden * 32 / 132 * (1 + 1e-9)  # at most the SM share of what the passes hide
+    link = float(off.time.link_comm_s["ep"])
+    assert 0.0 < hidden and 0.0 < extra <= link * 31 / 132 * (1 + 1e-9)  # at most the held SMs' share of the passes
     assert float(more.time.step_s) > float(on.time.step_s) > float(off.time.step_s)  # more SMs held: slower
     assert on.time.compute_s == off.time.compute_s  # the cost is the EP passes', not the kernels' own time
     # the alltoall dispatcher (NCCL channels not derived) is not charged
     a2a = _t(moe_token_dispatcher_type="alltoall")
-    assert estimate(DSV3, H100, a2a, LAYOUT).time.step_s == estimate(DSV3, unknown, a2a, LAYOUT).time.step_s
+    many = make_cluster(replace(H100_GPU, sm_count=1024), 1024)
+    assert estimate(DSV3, H100, a2a, LAYOUT).time.step_s == estimate(DSV3, many, a2a, LAYOUT).time.step_s
 
 
 @pytest.mark.parametrize("value", [0, -1, 2000, 1.5, "x", [132]])
@@ -129,9 +133,10 @@ def test_bad_sm_count_one_line(value: object) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_flex_sms_at_or_above_the_gpu_refused_one_line() -> None:
-    with pytest.raises(SpecError, match="moe_hybridep_num_sms \\(132\\) must be below the GPU's sm_count \\(132\\)"):
-        estimate(DSV3, H100, _flex(moe_hybridep_num_sms=132), LAYOUT)
+def test_flex_sms_above_the_gpu_refused_one_line_naming_the_flag() -> None:
+    estimate(DSV3, H100, _flex(moe_hybridep_num_sms=132), LAYOUT)  # Megatron and HybridEP accept every SM
+    with pytest.raises(SpecError, match="--moe-flex-dispatcher-num-sms \\(133\\) must be at most the GPU's 132 SMs"):
+        estimate(DSV3, H100, _flex(moe_hybridep_num_sms=133), LAYOUT)
 
 
 @settings(max_examples=300, deadline=None)

@@ -68,12 +68,33 @@ def test_a_faster_tier_wins_over_free_memory() -> None:
     assert order == [a, b] and decided[0] == "tier"
 
 
-def test_free_memory_decides_in_steps_of_the_memory_band() -> None:
-    a, b, c = lay(tp=2, dp=32), lay(tp=4, dp=16), lay(tp=8, dp=8)
-    # b has 10 GiB more free than a (2.5 steps); c 3 GiB less than b (inside one step of the most free)
-    order, decided = _decided(_ev([a, b, c], [60.0, 50.0, 53.0], [10.0, 10.2, 10.1]), CTX)
-    assert order == [c, b, a]  # b and c tie on memory (same step below the most free); c is faster
-    assert decided == ("step_time", "free_memory", "")
+USABLE_GIB = make_cluster(H100, 64).gpu.usable_bytes / GIB
+
+
+def _peaks(*free_gib: float) -> list[float]:
+    return [USABLE_GIB - f for f in free_gib]
+
+
+def test_free_memory_counts_whole_memory_bands_up_to_three() -> None:
+    """Bands of 4 GiB: 5 GiB free is one band, 9 two, 12.5 three, 30 seven; three or more all tie."""
+    assert ranking.FREE_MEMORY_BANDS == 3
+    key = ranking.free_memory_key(np.array([0.5, 5.0, 9.0, 12.5, 30.0]) * GIB, 4 * GIB)
+    assert key.tolist() == [3, 2, 1, 0, 0]
+    a, b, c, d = lay(tp=2, dp=32), lay(tp=4, dp=16), lay(tp=8, dp=8), lay(tp=8, dp=8, mbs=2)
+    order, decided = _decided(_ev([a, b, c, d], _peaks(5.0, 9.0, 12.5, 30.0), [10.0, 10.1, 10.2, 10.3]), CTX)
+    # c and d both have three bands or more: the faster goes first, d's extra 17.5 GiB buys nothing
+    assert order == [c, d, b, a]
+    assert decided == ("step_time", "free_memory", "free_memory", "")
+
+
+def test_free_memory_inside_one_band_is_a_tie_whatever_else_is_in_the_tier() -> None:
+    """x (9.5 GiB free) and y (10.5 GiB) both have two bands: a tie, the faster x first. A third layout with more free
+    memory does not split them (counting from the tier's most free layout, 13.7 GiB, put y one step ahead)."""
+    x, y, z = lay(tp=2, dp=32), lay(tp=4, dp=16), lay(tp=8, dp=8)
+    alone, decided = _decided(_ev([y, x], _peaks(10.5, 9.5), [10.1, 10.0]), CTX)
+    assert alone == [x, y] and decided[0] == "step_time"
+    order, _ = _decided(_ev([y, x, z], _peaks(10.5, 9.5, 13.7), [10.1, 10.0, 10.2]), CTX)
+    assert order == [z, x, y]
 
 
 def test_the_distributed_optimizer_goes_before_fsdp_unless_model_state_binds() -> None:
@@ -122,6 +143,7 @@ def test_the_issue_case_of_a_larger_micro_batch_for_0_07_percent() -> None:
     m8, m4 = lay(dp=64, mbs=8), lay(dp=64, mbs=4)
     order, decided = _decided(_ev([m8, m4], [72.6, 40.7], [10.0, 10.007]), CTX)
     assert order == [m4, m8] and decided[0] == "free_memory"
+    assert ranking.free_memory_key(np.array([USABLE_GIB - 72.6, USABLE_GIB - 40.7]) * GIB, 4 * GIB).tolist() == [2, 0]
 
 
 def _space_plan(*variants: str) -> search.Plan:
@@ -161,12 +183,14 @@ def test_plan_json_says_the_tier_and_the_rule_of_every_layout() -> None:
     assert all(c["decided_by"] in codes for c in cands)
     assert doc["ranking"]["tier_tolerance"] == ranking.tier_tolerance(p.model)
     assert doc["ranking"]["rules"][0] == "tier"
-    assert any(n.startswith("ranking: layouts within 5.0%") for n in p.notes)
+    tol = ranking.tier_tolerance(p.model)
+    assert doc["ranking"]["tier_tolerance_source"] == ranking.tier_tolerance_source(p.model)
+    assert any(n.startswith(f"ranking: layouts within {100 * tol:.1f}%") for n in p.notes)
     ev = p.feasible
     assert ev is not None
     best = float(ev.step_s.min())
     for c, tier in zip(p.candidates, p.tiers, strict=True):  # tier 1 means within the band of the fastest
-        assert (float(c.time.step_s) <= best * 1.05 * (1 + 1e-12)) == (tier == 1)
+        assert (float(c.time.step_s) <= best * (1 + tol) * (1 + 1e-12)) == (tier == 1)
 
 
 def test_the_pick_is_the_first_of_the_full_ranking() -> None:
@@ -188,7 +212,7 @@ def test_model_state_binding_is_judged_on_the_fastest_distributed_optimizer_layo
     assert not ctx.prefer_fsdp
     ev = p.feasible
     assert ev is not None
-    dist = ev.table.distributed_optimizer & ~ev.table.fsdp & (ev.step_s <= ev.step_s.min() * 1.05)
+    dist = ev.table.distributed_optimizer & ~ev.table.fsdp & (ev.step_s <= ev.step_s.min() * (1 + ctx.tier_tolerance))
     i = int(np.flatnonzero(dist)[np.argmin(ev.step_s[dist])])
     est = search.estimate(p.model, p.cluster, p.training, ev.table.row(i))
     mem = est.stages[est.peak_stage].memory
@@ -218,7 +242,9 @@ def test_a_layout_in_the_picks_tier_is_called_equivalent_with_the_rule_that_put_
     nums: dict[str, object] = {}
     text = _tier_text(p, p.candidates[1], p.candidates[0], nums)
     assert nums["in_tier"] is True and nums["decided_by"] == p.decided_by[0]
-    assert "equivalent within the 5.0% step-time band" in text and ranking.rule_words(p.decided_by[0]) in text
+    assert p.ranking is not None
+    assert f"equivalent within the {100 * p.ranking.tier_tolerance:.1f}% step-time band" in text
+    assert ranking.rule_words(p.decided_by[0]) in text
     worse = [i for i, t in enumerate(p.tiers) if t > 1]
     if worse:
         nums = {}
@@ -232,4 +258,40 @@ def test_the_band_tolerance_comes_from_the_packaged_step_band() -> None:
     for name, family in (("llama3-8b", "dense"), ("deepseek-v3", "moe")):
         band = band_for("step_s", family)  # type: ignore[arg-type]
         assert ranking.band_tier_tolerance(load_model(name)) == pytest.approx((band.hi_ratio - band.lo_ratio) / 2)
-    assert ranking.tier_tolerance(load_model("llama3-8b")) == ranking.PROVISIONAL_TIER_TOLERANCE
+
+
+def test_the_tier_tolerance_is_the_packaged_within_job_band_per_family() -> None:
+    from paraplan.bands import packaged
+
+    tiers = packaged()["tiers"]
+    for name, family in (("llama3-8b", "dense"), ("deepseek-v3", "moe")):
+        t = tiers[family]
+        assert ranking.tier_tolerance(load_model(name)) == t["tolerance"] == pytest.approx(t["hi_ratio"] - 1)
+        words = ranking.tier_tolerance_source(load_model(name))
+        assert "within-job band" in words and f"{t['pairs']} held-out pairs of {t['jobs']} jobs" in words
+        assert ("no moe pairs of its own" in words) == (family == "moe" and t["pooled"])
+        assert 0 < t["tolerance"] < 1 and t["coverage"] >= 0.8 and t["pairs"] > 0
+
+
+def test_the_tier_tolerance_falls_back_when_the_file_has_no_within_job_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    from paraplan import bands
+
+    old = {k: v for k, v in bands.packaged().items() if k != "tiers"}  # a file written before the within-job band
+    monkeypatch.setattr(bands, "packaged", lambda: old)
+    bands.tier_band_for.cache_clear()
+    try:
+        assert bands.tier_band_for("dense") is None
+        assert ranking.tier_tolerance(load_model("llama3-8b")) == ranking.PROVISIONAL_TIER_TOLERANCE
+        assert ranking.tier_tolerance_source(load_model("llama3-8b")) == ranking.PROVISIONAL_SOURCE
+    finally:
+        bands.tier_band_for.cache_clear()
+
+
+def test_explain_states_the_tolerance_and_where_it_comes_from() -> None:
+    from paraplan.explain import ranking_findings
+
+    (f,) = ranking_findings(_PLAN)
+    tol = ranking.tier_tolerance(_PLAN.model)
+    assert f"one tier: within {100 * tol:.1f}%, the within-job band measured on" in f.text
+    assert f.numbers["tier_tolerance"] == tol
+    assert f.numbers["tier_tolerance_source"] == ranking.tier_tolerance_source(_PLAN.model)

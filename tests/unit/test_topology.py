@@ -114,10 +114,12 @@ def test_spine_oversubscription_moves_the_plan_off_the_spine() -> None:
     training = TrainingSpec(seq_len=8192, global_batch_size=1024)
     flat, tiered = h100(2048), h100(2048, LEAF_SPINE)
     flat_plan = plan(model, flat, training, top_k=5)
-    top_flat = flat_plan.candidates
-    assert flat_plan.feasible is not None
-    fastest_flat_s = float(flat_plan.feasible.step_s.min())  # the flat winner on speed (the pick is tiered)
-    wide = next(c for c in top_flat if Grid.of(c.layout).dp_cp_group.span > 256)
+    ev_flat = flat_plan.feasible
+    assert ev_flat is not None
+    fastest_flat_s = float(ev_flat.step_s.min())  # the flat winner on speed (the pick is tiered)
+    spans = np.asarray(Grid.of(ev_flat.table).dp_cp_group.span)
+    rows = np.flatnonzero(spans > 256)  # the fastest layout whose DP x CP group spans more than one leaf
+    wide = estimate(model, flat, training, ev_flat.table.row(int(rows[np.argmin(ev_flat.step_s[rows])])))
     assert float(wide.time.step_s) <= 1.02 * fastest_flat_s
     tiered_plan = plan(model, tiered, training, top_k=1)
     ev = tiered_plan.feasible

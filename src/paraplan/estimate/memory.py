@@ -178,13 +178,14 @@ def fp8_cache_bytes_per_param(training: TrainingSpec, arch: str = "hopper") -> f
 
 def quantized_layers(training: TrainingSpec, stage: StageLayers) -> Num:
     """Transformer layers of a stage whose weights TE quantizes under FP4 (and FP8 with first/last layers in bf16):
-    all but the first ``num_layers_at_start_in_bf16`` (first stage) and the last ``num_layers_at_end_in_bf16``
-    (last stage) with ``--first-last-layers-bf16`` (``fp4_utils.get_fp4_context``: no FP4 autocast for them, so
-    no quantized copies); the embedding and the output layer are not TE linears and are never quantized."""
+    all but those among the model's first ``num_layers_at_start_in_bf16`` and last ``num_layers_at_end_in_bf16``
+    layers by GLOBAL layer number with ``--first-last-layers-bf16`` (``fp8_utils.is_first_last_bf16_layer``,
+    ``fp4_utils.get_fp4_context``: no FP8/FP4 autocast for them, so no quantized copies; with VP or an uneven split
+    they may sit on other stages than the first and last: ``StageLayers.num_bf16_start_layers``); the embedding and
+    the output layer are not TE linears and are never quantized."""
     layers = np.asarray(stage.num_dense_layers + stage.num_moe_layers)
     if training.first_last_layers_bf16:
-        layers = layers - np.where(stage.has_embedding, training.num_layers_at_start_in_bf16, 0) \
-            - np.where(stage.has_output, training.num_layers_at_end_in_bf16, 0)
+        layers = layers - np.asarray(stage.num_bf16_start_layers) - np.asarray(stage.num_bf16_end_layers)
     out: Num = np.maximum(layers, 0)
     return out
 

@@ -150,6 +150,13 @@ class StageLayers:
     """Last pipeline rank (final norm, output layer, loss)."""
     num_mtp_layers: Num = 0
     """MTP layers (last rank)."""
+    num_bf16_start_layers: Num = 0
+    """Layers of this rank among the model's first ``num_layers_at_start_in_bf16`` by GLOBAL layer number, with
+    ``--first-last-layers-bf16`` (``fp8_utils.is_first_last_bf16_layer``: ``layer_no < num_layers_at_start_in_bf16``):
+    with VP or an uneven split they may sit on other ranks than the first (``stages.bf16_layers_of``)."""
+    num_bf16_end_layers: Num = 0
+    """Layers of this rank among the model's last ``num_layers_at_end_in_bf16`` (``layer_no >= num_layers -
+    num_layers_at_end_in_bf16``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,10 +104,11 @@ class StageTerms:
     output_tp_link_s: Num
     """TP all-gathers around the output layer."""
     bf16_start_s: Num = 0.0
-    """Extra compute + recompute of the first stage's ``num_layers_at_start_in_bf16`` BF16 layers
-    (``first_last_layers_bf16``; ``bf16_layers_extra_s``)."""
+    """Extra compute + recompute of ONE of the model's first ``num_layers_at_start_in_bf16`` BF16 layers
+    (``first_last_layers_bf16``; ``bf16_layers_extra_s``); a stage adds it per such layer it holds
+    (``StageLayers.num_bf16_start_layers``)."""
     bf16_end_s: Num = 0.0
-    """Same for the last stage's ``num_layers_at_end_in_bf16`` layers."""
+    """Same for one of the model's last ``num_layers_at_end_in_bf16`` layers."""
     logits_wgrad_s: Num = 0.0
     """The output layer's weight-gradient GEMM of one micro-batch (part of ``logits_s``): what
     ``--defer-embedding-wgrad-compute`` moves to the pipeline flush (``deferred_wgrad_terms``)."""
@@ -127,11 +128,13 @@ class StageTerms:
 
 def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                         layout: LayerLayout) -> tuple[Num, Num]:
-    """(first stage, last stage) extra compute + recompute per micro-batch of the layers ``--first-last-layers-bf16``
-    keeps out of the FP8/FP4 autocast (``fp8_utils.get_fp8_context`` / ``fp4_utils.get_fp4_context``: the first
-    ``num_layers_at_start_in_bf16`` and last ``num_layers_at_end_in_bf16`` layers run a ``nullcontext``): each such
-    layer's time in BF16 less its time in the low precision, for the kind (dense or MoE) of the model's first and
-    last layer. (0, 0) without the knob."""
+    """(start, end) extra compute + recompute per micro-batch of ONE layer that ``--first-last-layers-bf16`` keeps
+    out of the FP8/FP4 autocast (``fp8_utils.get_fp8_context`` / ``fp4_utils.get_fp4_context``: the model's first
+    ``num_layers_at_start_in_bf16`` and last ``num_layers_at_end_in_bf16`` layers by global layer number run a
+    ``nullcontext``): its time in BF16 less its time in the low precision, for the kind (dense or MoE) of the
+    model's first and last layer; 0 for an end with no BF16 layers. Each stage adds it once per such layer it holds
+    (``StageLayers.num_bf16_start_layers`` / ``num_bf16_end_layers``: with VP or an uneven split not only the
+    first/last stage). (0, 0) without the knob."""
     if not (training.first_last_layers_bf16 and training.precision in ("fp8", "fp4")):
         return 0.0, 0.0
     bf16 = replace(training, precision="bf16", first_last_layers_bf16=False, fp8_param_gather=False,
@@ -146,8 +149,8 @@ def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
                 - recompute_s(lo, layout, modules, eff, moe=moe))
 
     pattern = model.moe_layer_pattern()
-    return (training.num_layers_at_start_in_bf16 * extra(pattern[0]),
-            training.num_layers_at_end_in_bf16 * extra(pattern[-1]))
+    return (extra(pattern[0]) if training.num_layers_at_start_in_bf16 else 0.0,
+            extra(pattern[-1]) if training.num_layers_at_end_in_bf16 else 0.0)
 
 
 def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> StageTerms:
@@ -237,8 +240,8 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     heads = 1 + np.asarray(stage.num_mtp_layers)
     compute = compute + np.where(stage.has_output, heads * terms.logits_s, 0.0)
     compute = compute + np.where(stage.has_embedding, terms.embedding_s, 0.0)
-    compute = compute + np.where(stage.has_embedding, terms.bf16_start_s, 0.0) \
-        + np.where(stage.has_output, terms.bf16_end_s, 0.0)
+    # the model's first / last BF16 layers by global layer number, wherever they sit (StageLayers)
+    compute = compute + stage.num_bf16_start_layers * terms.bf16_start_s + stage.num_bf16_end_layers * terms.bf16_end_s
     links["tp"] = links["tp"] + np.where(stage.has_output, terms.output_tp_link_s, 0.0)
     if not training.gradient_accumulation_fusion and not training.peft:  # the unfused main-grad adds (no frozen grads)
         from paraplan.estimate.positions import max_positions_for
@@ -374,10 +377,10 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, la
               num_microbatches: int) -> StepTime:
     """Scalar path: all pipeline stages of one layout."""
     from paraplan.estimate.positions import max_positions_for
-    from paraplan.estimate.stages import all_stage_layers
+    from paraplan.estimate.stages import all_stage_layers, bf16_layers_of
 
     max_positions, _ = max_positions_for(model, training)
-    stages = all_stage_layers(model, layout)
+    stages = all_stage_layers(model, layout, bf16_layers_of(training))
     # ranks holding the same layers (most middle ranks) take the same time: time each kind once; the
     # slowest stage (the first maximum) and the DP maxima are unchanged, its index maps back
     first_of: dict[StageLayers, int] = {}

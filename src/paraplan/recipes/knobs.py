@@ -214,8 +214,6 @@ def moe_knobs(r: Recipe) -> dict[str, Any]:
             continue
         if column in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms") and kind != "flex":
             continue
-        if column == "moe_hybridep_num_sms" and r.get("moe_flex_dispatcher_backend") != "hybridep":
-            continue
         if column == "moe_token_dispatcher_type":
             value = _choice(r, column, ("alltoall", "allgather", "flex"))
         elif column == "moe_flex_dispatcher_backend":

@@ -262,20 +262,37 @@ def embedding_s(cluster: ClusterSpec, tokens: Num, hidden: int, sp_shard: Num) -
     return EMBEDDING_BYTES_PER_TOKEN_HIDDEN * tokens * hidden / sp_shard / hbm_rate(cluster)
 
 
+SMS_PER_ARCH: Final = {"ampere": 108, "hopper": 132, "blackwell": 148}
+"""SMs per GPU by architecture where the GPU spec gives no ``sm_count`` (``sm_count_of``): A100 108 and H100 SXM5 132
+(NVIDIA's A100 and H100 architecture whitepapers); H200 is the same GH100 configuration as H100 SXM5. Blackwell 148
+is ASSUMED (the count CUDA reports for B200; no primary document giving it was read here), and B300/GB300 are taken
+at it: under one point of ``UB_COMM_SMS``' share either way."""
+SMS_DEFAULT: Final = 132
+"""SM count of an architecture not in ``SMS_PER_ARCH`` (the H100's)."""
+
+
+def sm_count_of(cluster: ClusterSpec) -> int:
+    """Streaming multiprocessors of the cluster's GPU: its spec's ``sm_count``, else ``SMS_PER_ARCH`` of its
+    architecture (``SMS_DEFAULT`` for others). The one place TP userbuffers (``time.tp``) and the flex dispatcher
+    (``time.ep``) read it."""
+    return cluster.gpu.sm_count or SMS_PER_ARCH.get(cluster.gpu.arch, SMS_DEFAULT)
+
+
 def compute_share_beside(sm_count: int, comm_sms: Num, knob: str) -> Num:
     """Share of the GPU a compute kernel gets while a communication kernel holding ``comm_sms`` of its ``sm_count``
     SMs runs beside it: (SM_total - SM_comm) / SM_total. The GEMMs and attention kernels the transfer hides behind
     are tensor-core bound and tile over every SM the scheduler gives them (a persistent communication kernel keeps
     its SMs for its whole run: DeepEP / HybridEP launch exactly ``num_sms`` blocks, one per SM,
-    hybrid_ep_backend.cuh ``blockIdx.x < NUM_OF_BLOCKS``), so their rate scales with the SMs left. Refused in one
-    line naming ``knob`` (the setting that gave ``comm_sms``) when the kernel would hold every SM (HybridEP itself
-    asserts ``sm_count >= sms_dispatch``). Shared by every overlapped transfer whose SMs are known (EP: ``time.ep``;
-    TP userbuffers' ``num_sm`` can call it the same way)."""
+    hybrid_ep_backend.cuh ``blockIdx.x < NUM_OF_BLOCKS``), so their rate scales with the SMs left; a kernel given
+    every SM leaves the compute one (SM_comm is taken at most SM_total - 1: the scheduler still interleaves).
+    Refused in one line naming ``knob`` (the flag that gave ``comm_sms``) only above the GPU's SMs (HybridEP
+    asserts ``sm_count >= sms_dispatch``). Shared by every overlapped transfer whose SMs are known (EP:
+    ``time.ep``; TP userbuffers' ``num_sm`` can call it the same way)."""
     sms = np.asarray(comm_sms, dtype=float)
-    if np.any(sms >= sm_count):
-        raise SpecError(f"{knob} ({int(np.max(sms))}) must be below the GPU's sm_count ({sm_count}): "
-                        "its communication kernels would leave no SM to the compute they overlap")
-    out: Num = (sm_count - sms) / sm_count
+    if np.any(sms > sm_count):
+        raise SpecError(f"{knob} ({int(np.max(sms))}) must be at most the GPU's {sm_count} SMs: its communication "
+                        "kernels cannot take more SMs than the GPU has")
+    out: Num = (sm_count - np.minimum(sms, sm_count - 1)) / sm_count
     return out
 
 

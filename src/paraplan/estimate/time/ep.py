@@ -28,7 +28,7 @@ import numpy as np
 from paraplan.estimate import comm
 from paraplan.estimate.layouts import StepLayout
 from paraplan.estimate.time import tp
-from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR, compute_share_beside, slowed_end
+from paraplan.estimate.time.compute import GEMM_FWD_BWD_FACTOR, compute_share_beside, slowed_end, sm_count_of
 from paraplan.estimate.time.tp import ACTIVATION_BYTES_PER_ELEMENT
 from paraplan.schedules import Schedule
 from paraplan.specs.cluster import ClusterSpec
@@ -210,12 +210,12 @@ def ep_compute_share(cluster: ClusterSpec, training: TrainingSpec, ep_group: Gro
     flex dispatcher's ``flex_comm_sms`` on a GPU whose ``sm_count`` is known; 1 (no slowdown) for the alltoall and
     allgather dispatchers (NCCL's kernels run one CTA per channel, ``comm->p2pnChannels``: graph/paths.cc
     ``ncclTopoComputeP2pChannels`` takes it from the topology search's channel count, which this model does not
-    derive) and for GPUs without an ``sm_count``."""
-    sm_count = cluster.gpu.sm_count
-    if training.moe_token_dispatcher_type != "flex" or sm_count is None:
+    derive). SMs: ``compute.sm_count_of``."""
+    if training.moe_token_dispatcher_type != "flex":
         return 1.0
     per_domain = cluster.topology.peers_within(ep_group.size, ep_group.stride, cluster.topology.nvlink)
-    return compute_share_beside(sm_count, flex_comm_sms(training, ep_group.size, per_domain), "moe_hybridep_num_sms")
+    return compute_share_beside(sm_count_of(cluster), flex_comm_sms(training, ep_group.size, per_domain),
+                                "--moe-flex-dispatcher-num-sms")
 
 
 def unpaired_exposed_s(ep_s: Num, shared_fwd_s: Num, *, shared_overlap: bool, compute_share: Num = 1.0) -> Num:

@@ -12,7 +12,7 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.layouts import LayerLayout
-from paraplan.estimate.time.compute import gemm_s
+from paraplan.estimate.time.compute import gemm_s, sm_count_of
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.grid import Group
 from paraplan.specs.num import Num
@@ -60,18 +60,11 @@ runs."""
 UB_PIPELINE_SPLITS: Final = 4
 """Chunks of a pipelined GEMM + reduce-scatter (``get_default_config``: ``num_splits`` 4 for "pipeline"; a ring
 exchange splits into TP chunks)."""
-SMS_PER_GPU: Final = {"ampere": 108, "hopper": 132, "blackwell": 148}
-"""Streaming multiprocessors per GPU by architecture (A100 108, H100/H200 SXM 132, B200/GB200 148: NVIDIA's
-architecture whitepapers; Blackwell Ultra B300/GB300 is taken at B200's 148, which moves the share of
-``UB_COMM_SMS`` by under one point). Used where the GPU spec has no ``sm_count`` (the presets give it where a
-primary figure was read: A100, H100 SXM); other architectures: ``SMS_DEFAULT``."""
 CHUNKED_AT_WHOLE_RATE: Final = True
 """The chunks a ring exchange (m / TP rows) or a pipeline (m / ``UB_PIPELINE_SPLITS``) splits a GEMM into are costed
 at the whole GEMM's rate: ``compute.gemm_efficiency``'s shape is fitted on whole layers (its ``gemm_half_dim`` is
 600 on Hopper, its bound), and applied to 256-row chunks it would more than double their time, far beyond what
 cuBLAS loses on m = 256 with n, k in the thousands. Documentation of a choice, not read as a switch."""
-SMS_DEFAULT: Final = 132
-"""SM count of an architecture not in ``SMS_PER_GPU`` (the H100's)."""
 FP8_AG_BYTES_PER_ELEMENT: Final = 1.0
 """Under FP8, TE's all-gather userbuffers hold FP8 (``initialize_ub``: ``fp8_buf`` for every name in
 ``layers_all_gather_overlap``: qkv/fc1 fprop and dgrad, proj/fc2 dgrad and wgrad): 1 byte per element; the
@@ -88,8 +81,7 @@ FWD_SHARE: Final = 0.5
 
 def comm_sm_share(cluster: ClusterSpec) -> float:
     """Share of the GPU's SMs one pipelined or bulk userbuffers kernel takes: ``UB_COMM_SMS`` / SMs."""
-    sm_count = cluster.gpu.sm_count or SMS_PER_GPU.get(cluster.gpu.arch, SMS_DEFAULT)
-    return UB_COMM_SMS / sm_count
+    return UB_COMM_SMS / sm_count_of(cluster)
 
 
 def ring_exchange_exposed_s(comm_s: Num, gemm_s_: Num, chunked_gemm_s: Num, tp: Num) -> Num:
