@@ -33,12 +33,13 @@ def test_plan_with_tp_comm_overlap_ranks_only_launchable_layouts() -> None:
 
     cluster = make_cluster(H100, 8)
     training = TrainingSpec(seq_len=4096, global_batch_size=64)
-    p = plan(LLAMA8, cluster, training, space=SearchSpace(tp_comm_overlap=True), top_k=8)
-    assert any(c.layout.tp == 1 for c in p.candidates)
-    for c in p.candidates:
-        codes = {code for code, _ in launch_violations(LLAMA8, c.layout, training)}
-        assert "TP_COMM_OVERLAP_NEEDS_SP" not in codes, c.layout
-        assert c.layout.tp_comm_overlap == (c.layout.tp > 1)
+    for tp in (1, 2):
+        p = plan(LLAMA8, cluster, training, space=SearchSpace(tp=(tp,), tp_comm_overlap=True), top_k=3)
+        assert p.candidates
+        for c in p.candidates:
+            codes = {code for code, _ in launch_violations(LLAMA8, c.layout, training)}
+            assert "TP_COMM_OVERLAP_NEEDS_SP" not in codes, c.layout
+            assert c.layout.tp == tp and c.layout.tp_comm_overlap == (tp > 1)
 
 
 # 2: --knob refinements beside --recipe -------------------------------------------------------------------------
