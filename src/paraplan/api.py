@@ -122,7 +122,9 @@ if TYPE_CHECKING:
     from paraplan.specs.presets.index import preset_rows as preset_rows
     from paraplan.specs.profile import profile_overrides as profile_overrides
     from paraplan.specs.training import ATTENTION_KERNELS as ATTENTION_KERNELS
+    from paraplan.specs.training import KNOB_FLAG_ALIASES as KNOB_FLAG_ALIASES
     from paraplan.specs.training import KNOB_FLAGS as KNOB_FLAGS
+    from paraplan.specs.training import KNOB_REFINEMENTS as KNOB_REFINEMENTS
     from paraplan.specs.training import TrainingSpec as TrainingSpec
     from paraplan.tune import Comparison as Comparison
     from paraplan.tune import Metric as Metric
@@ -148,6 +150,8 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "argv_from_dump": ("paraplan.specs.megatron_flags", "A command line equivalent to a log's argument dump."),
     "memory_knobs_from_words": ("paraplan.specs.megatron_flags", "TrainingSpec memory knobs from Megatron flag words."),
     "KNOB_FLAGS": ("paraplan.specs.training", "Each TrainingSpec memory knob's Megatron flag."),
+    "KNOB_REFINEMENTS": ("paraplan.specs.training", "A memory knob -> the knobs Megatron reads only with it on."),
+    "KNOB_FLAG_ALIASES": ("paraplan.specs.training", "A memory knob -> its deprecated Megatron flags."),
     "ATTENTION_KERNELS": ("paraplan.specs.training", "TrainingSpec.attention_kernel choices (paraplan's knob)."),
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),

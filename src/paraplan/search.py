@@ -85,6 +85,9 @@ class SearchSpace:
     """Let CP and EP groups span NVLink domains, costed on the network (large MoE runs need EP
     beyond a node); False keeps them inside one domain."""
     tp_comm_overlap: bool = False
+    """--tp-comm-overlap on every layout with sequence parallelism in effect; dropped where it is not (TP 1 or SP
+    off), as Megatron-Bridge's CommOverlapConfig does (training/comm_overlap.py: "Disabling tensor parallel
+    communication overlap due to TP size < 2"): Megatron-LM's validate_args refuses it there."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Modules the selective-recompute layouts recompute (Megatron's --recompute-modules)."""
     schedule: str = ""
@@ -223,7 +226,7 @@ def candidate_table(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         fsdp=dpv_col == DP_VARIANTS.index("fsdp"),
         overlap_grad_reduce=np.ones(len(sel), dtype=bool),
         overlap_param_gather=dpv_col != DP_VARIANTS.index("ddp"),
-        tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col,
+        tp_comm_overlap=np.full(len(sel), space.tp_comm_overlap) & sp_col & (tp > 1),  # SearchSpace.tp_comm_overlap
         pipeline_layouts=uneven_layouts(model, pp, vp), recompute_modules=space.recompute_modules,
         schedule=space.schedule,
     )
@@ -626,11 +629,12 @@ def knob_rule_tip(model: ModelSpec, training: TrainingSpec, arch: str, table: La
                   masks: Sequence[tuple[str, NDArray[np.bool_], Any]], knob_codes: set[str],
                   rejections: dict[str, int], examples: dict[str, str], *, valid: int = 0) -> tuple[FitTip, ...]:
     """The advice when the knob rules (``knob_masks``) rejected every layout the other rules leave (``valid``
-    layouts were left after all rules): which rules (most rejections first), Megatron's words of the first, and
-    the training fields set away from their default whose default lifts a rule on its first rejected layout.
-    Empty when layouts were left, or when the other rules leave none either (the search space is what to relax)."""
-    codes = sorted((c for c in knob_codes if rejections.get(c)), key=lambda c: -rejections[c])
-    if valid or not codes:
+    layouts were left after all rules): every knob rule that rejects one of them (most rejections first; a layout
+    is counted under its first rule only, so a rule may reject layouts another one counted), Megatron's words of
+    each, and the training fields set away from their default whose default lifts a rule on its first rejected
+    layout. Empty when layouts were left, or when the other rules leave none either (the search space is what to
+    relax)."""
+    if valid or not any(rejections.get(c) for c in knob_codes):
         return ()
     left = np.ones(len(table), dtype=bool)
     for code, mask, _ in masks:
@@ -638,23 +642,29 @@ def knob_rule_tip(model: ModelSpec, training: TrainingSpec, arch: str, table: La
             left &= ~mask
     if not left.any():
         return ()
+    hits = {code: int((left & mask).sum()) for code, mask, _ in masks if code in knob_codes}
+    codes = sorted((c for c, n in hits.items() if n), key=lambda c: (-rejections.get(c, 0), -hits[c]))
     defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainingSpec)}
-    knobs: list[str] = []
+    words: list[str] = []
+    per_rule: list[tuple[str, ...]] = []
     for code in codes:
         hit = left & next(mask for c, mask, _ in masks if c == code)
         row = table.row(int(np.argmax(hit)))
+        words.append(dict(knob_violations(model, row, training, arch)).get(code) or examples.get(code, ""))
+        lifting: list[str] = []
         for name in KNOB_RULE_FIELDS:
-            if getattr(training, name) == defaults[name] or name in knobs:
+            if getattr(training, name) == defaults[name]:
                 continue
             try:
                 lifted = replace(training, **{name: defaults[name]})
             except SpecError:  # the default does not stand alone with the other knobs
                 continue
             if code not in dict(knob_violations(model, row, lifted, arch)):
-                knobs.append(name)
-    reason = examples.get(codes[0], "")
-    return (FitTip("knob_rule", float(sum(rejections[c] for c in codes)), rules=tuple(codes), knobs=tuple(knobs),
-                   reason=reason),)
+                lifting.append(name)
+        per_rule.append(tuple(lifting))
+    knobs = tuple(dict.fromkeys(name for names in per_rule for name in names))
+    return (FitTip("knob_rule", float(sum(rejections.get(c, 0) for c in codes)), rules=tuple(codes), knobs=knobs,
+                   reason="; ".join(w for w in words if w), rule_knobs=tuple(per_rule) if len(codes) > 1 else ()),)
 
 
 def _count_oom(valid: LayoutTable, ev: Evaluated, usable: float, headroom: Headroom,
@@ -842,8 +852,8 @@ class FitTip:
     (``ratio``: the smallest layout's peak over the usable memory, less the margin with ``less_margin``);
     ``recompute``: allow full recompute; ``pipeline``: allow more pipeline stages; ``mbs``: micro-batch
     ``value`` (1); ``gpu_memory``: a GPU with more than ``value`` bytes usable; ``knob_rule``: the knob rules
-    ``rules`` (Megatron's words of the first: ``reason``) rejected the ``value`` layouts the other rules leave:
-    change the training fields ``knobs`` (``knob_rule_tip``)."""
+    ``rules`` (Megatron's words of each, "; "-separated: ``reason``) rejected the ``value`` layouts the other rules
+    leave: change the training fields ``knobs`` (``knob_rule_tip``)."""
 
     knob: FitKnob
     value: float | None = None
@@ -852,6 +862,9 @@ class FitTip:
     rules: tuple[str, ...] = ()
     knobs: tuple[str, ...] = ()
     reason: str = ""
+    rule_knobs: tuple[tuple[str, ...], ...] = ()
+    """``knob_rule`` with several ``rules``: the ``knobs`` that lift each (every rule rejects every layout left, so
+    each must be lifted); empty with one rule."""
 
     def describe(self) -> str:
         """The tip in the library's terms (``SearchSpace`` fields and ``plan`` arguments)."""
@@ -870,13 +883,21 @@ class FitTip:
         if self.knob == "mbs":
             return f"micro-batch {self.value:.0f} (SearchSpace.mbs)"
         if self.knob == "knob_rule":
-            return (f"{self.rules_text(words=False)}: change {' or '.join(self.knobs) or 'the knobs it names'} "
-                    "(TrainingSpec), or what the rule asks for (NoFeasiblePlanError.examples has its words)")
+            return (f"{self.rules_text(words=False)}: change {self.change_text(lambda k: k)} (TrainingSpec), or what "
+                    "the rule asks for (NoFeasiblePlanError.examples has its words)")
         return f"a GPU with more than {(self.value or 0.0) / GIB:.0f} GiB usable"
 
 
+    def change_text(self, name: Callable[[str], str]) -> str:
+        """``knob_rule``: the knobs to change, each worded by ``name``: "A or B" for one rule, "A (RULE1) and B or C
+        (RULE2)" for several."""
+        if not self.rule_knobs:
+            return " or ".join(map(name, self.knobs)) or "the knobs it names"
+        return " and ".join(f"{' or '.join(map(name, knobs)) or 'the knobs it names'} ({code})"
+                            for code, knobs in zip(self.rules, self.rule_knobs, strict=True))
+
     def rules_text(self, *, words: bool = True) -> str:
-        """``knob_rule``: which rules rejected how many layouts (with Megatron's words of the first: ``words``)."""
+        """``knob_rule``: which rules rejected how many layouts (with Megatron's words of each: ``words``)."""
         many = len(self.rules) > 1
         why = f": {self.reason}" if words and self.reason else ""
         return (f"Megatron's knob rule{'s' * many} {', '.join(self.rules)} reject{'' if many else 's'} every layout "

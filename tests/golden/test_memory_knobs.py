@@ -343,8 +343,8 @@ def test_knob_line_is_written_as_megatron_takes_it() -> None:
 @pytest.mark.parametrize(("knob", "text"), [
     ("cuda-graph-impl", "--cuda-graph-impl must be one of none, local, transformer_engine, full_iteration, "
                         "got no value"),
-    ("moe-hybridep-num-sms=\u00b2", "--moe-hybridep-num-sms must be a positive integer, got '\u00b2'"),
-    ("moe-hybridep-num-sms", "--moe-hybridep-num-sms must be a positive integer, got no value"),
+    ("moe-hybridep-num-sms=\u00b2", "--moe-hybridep-num-sms must be an integer from 1 to 1024, got '\u00b2'"),
+    ("moe-hybridep-num-sms", "--moe-hybridep-num-sms must be an integer from 1 to 1024, got no value"),
     ("cpu-offloading-num-layers=\u00b2", "--cpu-offloading-num-layers"),
 ])
 def test_bad_knob_values_are_one_line(knob: str, text: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -235,7 +235,7 @@ def test_deprecated_deepep_sms_flag_read_as_megatron_routes_it() -> None:
     with pytest.raises(SpecError, match=r"^Conflicting deprecated SM-count knobs --moe-deepep-num-sms 20, "
                                         r"--moe-hybridep-num-sms 32; set a single --moe-flex-dispatcher-num-sms"):
         read_flags([*flex, "--moe-deepep-num-sms", "20", "--moe-hybridep-num-sms", "32"])
-    with pytest.raises(SpecError, match=r"^--moe-deepep-num-sms must be a positive integer, got 'x'"):
+    with pytest.raises(SpecError, match=r"^--moe-deepep-num-sms must be an integer from 1 to 1024, got 'x'"):
         read_flags([*flex, "--moe-deepep-num-sms", "x"])
     assert memory_knobs_from_words(["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "24"],
                                    "bf16")["moe_hybridep_num_sms"] == 24
@@ -259,7 +259,7 @@ def test_megatron_default_dispatcher_is_allgather() -> None:
 def test_bad_moe_knob_values_one_line() -> None:
     with pytest.raises(SpecError, match=r"^--moe-token-dispatcher-type must be one of alltoall, allgather, flex, "):
         read_flags([*MOE_FLAGS, "--moe-token-dispatcher-type", "deepep"])
-    with pytest.raises(SpecError, match=r"^--moe-hybridep-num-sms must be a positive integer"):
+    with pytest.raises(SpecError, match=r"^--moe-hybridep-num-sms must be an integer from 1 to 1024"):
         read_flags([*MOE_FLAGS, "--moe-token-dispatcher-type", "flex", "--moe-hybridep-num-sms", "x"])
     with pytest.raises(SpecError, match="needs moe_expert_capacity_factor"):
         _t(moe_pad_expert_input_to_capacity=True)

@@ -175,8 +175,8 @@ def test_estimate_and_check_refuse_a_bf16_main_grad_without_it(tmp_path: Path,
     script = tmp_path / "run.sh"
     script.write_text(SCRIPT.format(extra="--main-grads-dtype bf16", env=""), encoding="utf-8")
     assert main(["check", str(script), "--gpu", "h100-80gb"]) == 1
-    _, err = capsys.readouterr()
-    assert err.count("\n") == 1 and "main_grads_dtype can only be fp32" in err
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "main_grads_dtype can only be fp32" in out  # listed as a broken rule
 
 
 CLUSTER = make_cluster(H100, 8)

@@ -8,7 +8,9 @@ from typing import Any
 import typer
 
 from paraplan.api import (
+    KNOB_FLAG_ALIASES,
     KNOB_FLAGS,
+    KNOB_REFINEMENTS,
     RECOMPUTE_MODULES,
     Estimate,
     Headroom,
@@ -231,15 +233,12 @@ def _refuse_new_violations(run: Any, knobs: dict[str, Any], arch: str) -> None:
 
 
 _KNOB_CONTEXT: dict[str, tuple[str, ...]] = {
-    "moe_token_dispatcher_type": ("moe-flex-dispatcher-backend", "moe-hybridep-num-sms"),
-    "cuda_graph_impl": ("cuda-graph-modules", "cuda-graph-scope"),
-    "fine_grained_activation_offloading": ("offload-modules",),
-    "optimizer_cpu_offload": ("optimizer-offload-fraction",),
-    "use_precision_aware_optimizer": ("main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype",
-                                      "optimizer-cpu-offload"),
+    key: tuple(flag[2:] for child in refined for flag in (KNOB_FLAGS[child], *KNOB_FLAG_ALIASES.get(child, ())))
+    for key, refined in KNOB_REFINEMENTS.items()
 }
-"""A recipe knob -> the --knob names it refines: given beside a recipe without the knob they refine, they are
-read with the recipe's value of it (as a Megatron command line carrying both)."""
+"""A recipe knob -> the --knob names that refine it (``KNOB_REFINEMENTS``, with the deprecated flags): given beside
+a recipe without the knob they refine, they are read with the recipe's value of it (as a Megatron command line
+carrying both)."""
 
 
 def _recipe_knobs(run: Any, knob: list[str] | None) -> dict[str, Any] | None:
@@ -248,23 +247,35 @@ def _recipe_knobs(run: Any, knob: list[str] | None) -> dict[str, Any] | None:
     if not knob:
         return None
     from paraplan.api import training_knobs
+
+    return merge_recipe_knobs(training_knobs(run.recipe, run.job.precision), knob, run.job.precision)
+
+
+def merge_recipe_knobs(base: dict[str, Any], knob: list[str], precision: str) -> dict[str, Any]:
+    """A recipe's knobs ``base`` with the ``--knob`` items winning. A refinement given without the knob it refines
+    is read with the recipe's value of that knob (and of the knob that one refines, ``_KNOB_CONTEXT``)."""
     from paraplan.cli.options import knob_fields
 
-    base = training_knobs(run.recipe, run.job.precision)
     names = {item.partition("=")[0].strip().lstrip("-") for item in knob}
     context: list[str] = []
-    for key, refined in _KNOB_CONTEXT.items():
-        flag = KNOB_FLAGS[key][2:]
-        value = base.get(key)
-        if flag in names or value in (None, False, "none", "alltoall") or not names & set(refined):
-            continue
-        context.append(flag if value is True else f"{flag}={value}")
-    merged = {**base, **knob_fields([*context, *knob], run.job.precision)}
+    needed, done = set(names), set(names)
+    while True:
+        add = [key for key, refined in _KNOB_CONTEXT.items()
+               if KNOB_FLAGS[key][2:] not in done and needed & set(refined)
+               and base.get(key) not in (None, False, "none", "alltoall")]
+        if not add:
+            break
+        for key in add:
+            flag, value = KNOB_FLAGS[key][2:], base[key]
+            context.append(flag if value is True else f"{flag}={value}")
+            done.add(flag)
+            needed.add(flag)
+    merged = {**base, **knob_fields([*context, *knob], precision)}
     # the recipe's refinements of a knob that --knob turned off go with it (Megatron ignores them then)
-    for key, refined in _KNOB_CONTEXT.items():
+    for key, children in KNOB_REFINEMENTS.items():
         if key != "use_precision_aware_optimizer" and merged.get(key) in (None, False, "none", "alltoall"):
-            for name in refined:
-                merged.pop(name.replace("-", "_"), None)
+            for child in children:
+                merged.pop(child, None)
     return merged
 
 

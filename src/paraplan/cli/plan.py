@@ -412,8 +412,9 @@ def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: st
     except NoFeasiblePlanError as err:
         if fmt != PlanFormat.json:
             raise
-        print(dumps_json(err.to_dict()))  # the rejection summary as JSON; exit 3 and the line, as for the table
-        print(plain(no_fit_line(err).splitlines()[0]), file=sys.stderr)
+        line = plain(no_fit_line(err).splitlines()[0])  # the advice in the CLI's flags, as for the table
+        print(dumps_json(err.to_dict() | {"error": line}))  # the rejection summary as JSON; exit 3 and the line
+        print(line, file=sys.stderr)
         state.exit_code = 3
         return
     if save:

@@ -41,9 +41,10 @@ def fit_tip_flags(tip: FitTip) -> str:
     if tip.knob == "knob_rule":
         from paraplan.api import KNOB_FLAGS
 
-        knobs = ["--precision" if k == "precision" else f"--knob {KNOB_FLAGS[k][2:]}" for k in tip.knobs]
-        return (f"{tip.rules_text()}: change {' or '.join(knobs) or 'the knobs it names'} (from --knob, --precision "
-                "or --recipe), or what the rule's words ask for")
+        # plan's knobs come from --knob, its precision from --precision: the flag named is the one that set it
+        change = tip.change_text(lambda k: "--precision" if k == "precision" else f"--knob {KNOB_FLAGS[k][2:]}")
+        whose = "rules'" if tip.rule_knobs else "rule's"
+        return f"{tip.rules_text()}: change {change}, or what the {whose} words ask for"
     return tip.describe()  # a GPU with more memory: no flag to name
 
 

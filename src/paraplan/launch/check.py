@@ -35,7 +35,7 @@ from paraplan.rules import FULL_ITERATION_NAN_CHECK_MESSAGE, NO_NAN_CHECK_FLAG, 
 from paraplan.schedules import schedule_of
 from paraplan.specs.cluster import ClusterSpec, GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.training import TrainingSpec
+from paraplan.specs.training import KNOB_FLAGS, TrainingSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +175,34 @@ def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     return found + [v for v in launch_violations(model, layout, training, cluster.gpu.arch) if v[0] not in codes]
 
 
+def script_training(fields: dict[str, Any]) -> tuple[TrainingSpec, list[tuple[str, str]]]:
+    """A script's TrainingSpec and the knob rules it breaks (TrainingSpec's validation, in Megatron's words where it
+    mirrors an assert), listed as KNOB_RULE violations like the other rules: the knob whose removal lifts a rule is
+    left out and the rest read again, so every such rule is listed, not only the first. An error no knob lifts
+    (the batch, the precision) stays a SpecError."""
+    left = dict(fields)
+    found: list[tuple[str, str]] = []
+    while True:
+        try:
+            return TrainingSpec(**left), found
+        except SpecError as err:
+            message = str(err)
+            lifting = next((key for key in left if key in KNOB_FLAGS and _lifts(left, key, message)), None)
+            if lifting is None:
+                raise
+            found.append(("KNOB_RULE", message))
+            del left[lifting]
+
+
+def _lifts(fields: dict[str, Any], key: str, message: str) -> bool:
+    """Leaving ``key`` out of ``fields`` lifts the TrainingSpec error ``message``."""
+    try:
+        TrainingSpec(**{k: v for k, v in fields.items() if k != key})
+    except SpecError as err:
+        return str(err) != message
+    return True
+
+
 def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
                  gpus_per_node: int | None = None, headroom: Headroom | None = None) -> CheckResult:
     """Rules and, if none is broken, the estimate of a parsed script on ``gpu`` (``headroom``: the memory
@@ -189,8 +217,8 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     fields = dict(parsed.flags.training_fields)
     if fields.get("global_batch_size") is None:
         fields["global_batch_size"] = layout.mbs * layout.dp
-    training = TrainingSpec(**fields)
-    found = rule_violations(model, training, cluster, layout)
+    training, knob_rules = script_training(fields)
+    found = knob_rules + rule_violations(model, training, cluster, layout)
     found += [p for p in parsed.flags.problems if p[0] not in {c for c, _ in found}]
     found += _env_violations(parsed, layout, gpu)
     found += knob_flag_violations(parsed, training)

@@ -361,8 +361,6 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
             and training.fp8_recipe != "delayed":
         out.append(("OPTIMIZER_CPU_OFFLOAD_FP8_RECIPE", "When `--fp8-param-gather` is enabled, the optimizer cpu "
                     "offload must be used in conjunction with `--fp8-recipe delayed`."))
-    if training is not None and training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te":
-        out.append(("TE_CROSS_ENTROPY_FUSION", TE_CROSS_ENTROPY_MESSAGE))  # A: validate_args
     if training is not None:
         out += knob_violations(model, layout, training, arch)
     if layout.overlap_param_gather and not layout.dist_opt:
@@ -380,6 +378,12 @@ def launch_violations(model: ModelSpec, layout: ParallelLayout, training: Traini
                     f"recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: "
                     f"{per_rank}"))
     return out
+
+
+def te_cross_entropy(training: TrainingSpec) -> bool:
+    """Transformer Engine's cross-entropy fusion is on (``--cross-entropy-loss-fusion --cross-entropy-fusion-impl
+    te``): Megatron-LM's validate_args refuses it (``TE_CROSS_ENTROPY_MESSAGE``), Megatron-Core and -Bridge run it."""
+    return training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te"
 
 
 def layout_dict(layout: ParallelLayout) -> dict[str, Any]:
@@ -626,9 +630,13 @@ def _placeholders(lay: ParallelLayout, ckpt: CheckpointArgs | None = None) -> tu
 
 def megatron_args(
     model: ModelSpec, layout: ParallelLayout, training: TrainingSpec, *, arch: str = "hopper",
-    checkpoint: CheckpointArgs | None = None,
+    checkpoint: CheckpointArgs | None = None, megatron_lm: bool = True,
 ) -> tuple[ArgGroup, ...]:
     """The ordered, grouped ``pretrain_gpt.py`` arguments for one run.
+
+    ``megatron_lm`` (a Megatron-LM launch file is written from them) refuses Transformer Engine's cross-entropy
+    fusion, as Megatron-LM's validate_args asserts; Megatron-Core only warns (ModelParallelConfig.__post_init__) and
+    Megatron-Bridge's recipes run it, so estimate, plan and ``launch --target bridge`` take it.
 
     ``checkpoint`` (``launch``'s recommendation) sets ``--save-interval``'s default, ``--ckpt-format`` and
     ``--async-save``, with the reason in the group's comment; without it the interval is a 1000 placeholder.
@@ -640,6 +648,9 @@ def megatron_args(
     if broken:
         code, message = broken[0]
         raise LayoutError(message, reason=code)
+    if megatron_lm and te_cross_entropy(training):  # A: validate_args
+        raise LayoutError(f"{TE_CROSS_ENTROPY_MESSAGE} (Megatron-LM's validate_args; `launch --target bridge` "
+                          "writes it for Megatron-Bridge)", reason="TE_CROSS_ENTROPY_FUSION")
     if training.overlap_param_gather_with_optimizer_step:  # A: validate_args; launch writes torch_dist / fsdp_dtensor
         raise LayoutError("--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing "
                           "yet (Megatron-LM's launch files use --ckpt-format torch_dist; drop the knob to launch)",

@@ -214,7 +214,7 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
             raise SpecError(f"target '{t}' is unknown (allowed: {', '.join([*TARGETS, *TARGET_ALIASES])}, all)")
     spec = replace(spec, site=validated_site(spec.site))  # a SiteProfile built in code passes the same checks
     groups = megatron_args(spec.model, spec.layout, spec.training, arch=spec.cluster.gpu.arch,
-                           checkpoint=spec.checkpoint)
+                           checkpoint=spec.checkpoint, megatron_lm=chosen != ["bridge"])
     cid = candidate_id(spec)
     ctx = _context(spec, cid, groups)
     env = template_env()

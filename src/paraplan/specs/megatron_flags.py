@@ -22,7 +22,9 @@ from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import (
     DEPRECATED_SMS_FLAG,
     DTYPE_CHOICES,
+    KNOB_FLAG_ALIASES,
     KNOB_FLAGS,
+    MAX_SMS,
     OFFLOAD_MODULES,
     TE_CROSS_ENTROPY_MESSAGE,
 )
@@ -75,6 +77,15 @@ def known_flags() -> frozenset[str]:
 
 
 @cache
+def switch_flags() -> frozenset[str]:
+    """The flags Megatron-LM defines that take no value (nargs 0: store_true, store_false, BooleanOptional; aliases
+    included; megatron_switches.txt): its argparse refuses a word after one ("unrecognized arguments: true") and
+    ``--flag=value`` ("ignored explicit argument")."""
+    text = _DATA.joinpath("megatron_switches.txt").read_text("utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+@cache
 def _dests() -> dict[str, tuple[str, str, str]]:
     """dest -> (flag, argparse action, default) of every Megatron-LM argument (megatron_dests.tsv)."""
     text = _DATA.joinpath("megatron_dests.tsv").read_text("utf-8")
@@ -116,7 +127,9 @@ def _is_flag(word: str) -> bool:
 
 
 def split_flags(args: tuple[str, ...] | list[str]) -> tuple[Values, list[str], list[str]]:
-    """({flag: values} with the last occurrence winning, unknown flags, stray words)."""
+    """({flag: values} with the last occurrence winning, unknown flags, stray words). The words after a flag are its
+    values, also after a switch (``switch_flags``), so that a reader can name them: Megatron refuses them there
+    (``read_flags``' SWITCH_WITH_VALUE)."""
     values: Values = {}
     unknown: list[str] = []
     stray: list[str] = []
@@ -633,9 +646,10 @@ def _got(raw: str | None) -> str:
 def _number_knob(r: _Reader, key: str, flag: str) -> float | int | None:
     """A numeric knob's value: the SMs an integer; a negative capacity factor is dropless (TC: __post_init__)."""
     raw = r.text(flag) or ""
-    if key == "moe_hybridep_num_sms":
-        if not (raw.isascii() and raw.isdigit()):
-            raise SpecError(f"{flag} must be a positive integer, got {_got(raw)}")
+    if key == "moe_hybridep_num_sms":  # the flag given named (a deprecated spelling too), not the field
+        digits = raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) <= len(str(MAX_SMS))  # int() bounded
+        if not digits or not 1 <= int(raw) <= MAX_SMS:
+            raise SpecError(f"{flag} must be an integer from 1 to {MAX_SMS}, got {_got(raw)}")
         return int(raw)
     try:
         value = float(raw)
@@ -725,14 +739,30 @@ _INT_KNOBS: Final = ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
 """Integer-valued knobs (``type=int`` in arguments.py)."""
 
 
+OPTION_FLAGS: Final = {
+    "--tp-comm-overlap": "--tp-comm-overlap", "--tensor-model-parallel-size": "--tp",
+    "--pipeline-model-parallel-size": "--pp", "--num-layers-per-virtual-pipeline-stage": "--vp",
+    "--num-virtual-stages-per-pipeline-rank": "--vp", "--context-parallel-size": "--cp",
+    "--expert-model-parallel-size": "--ep", "--micro-batch-size": "--mbs", "--global-batch-size": "--gbs",
+    "--seq-length": "--seq-len", "--recompute-granularity": "--recompute", "--recompute-modules": "--recompute-modules",
+    "--attention-backend": "--attention-backend", "--bf16": "--precision", "--fp16": "--precision",
+    "--fp8-format": "--precision", "--fp4-format": "--precision",
+}
+"""Megatron-LM flags that are not ``--knob`` items: paraplan's own option (of estimate and plan) sets them."""
+
+
 def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
     Megatron rejects (its assert's words) and FP8 knobs without FP8. A value may be a comma list (``attn,mlp``),
     as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
     words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
-    allowed = set(KNOB_FLAGS.values()) | {"--cuda-graph-scope", DEPRECATED_SMS_FLAG, DEPRECATED_DEEPEP_SMS_FLAG}
+    off = _switch_values(values)
+    allowed = set(KNOB_FLAGS.values()) | {flag for aliases in KNOB_FLAG_ALIASES.values() for flag in aliases}
     for flag in [*unknown, *values]:
+        if flag in OPTION_FLAGS:
+            raise SpecError(f"--knob {flag[2:]}: not a memory knob; paraplan's {OPTION_FLAGS[flag]} sets it "
+                            "(estimate, plan)")
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
                             f"{', '.join(sorted(f[2:] for f in allowed))}")
@@ -750,9 +780,36 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
                 raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp8 or fp4")
     r = _Reader({**values, "--use-distributed-optimizer": ()})  # the layout's rule is launch_violations'
     out = _memory_knobs(r, precision)
-    if r.problems:
-        raise SpecError(r.problems[0][1])
-    return out
+    # Megatron-LM's refusal of TE's cross-entropy fusion applies where its launch files are written
+    # (launch.megatron.megatron_args) and to its scripts (check); Megatron-Core and -Bridge run it
+    problems = [(code, message) for code, message in r.problems if code != "TE_CROSS_ENTROPY_FUSION"]
+    if problems:
+        raise SpecError(problems[0][1])
+    return {**out, **off}
+
+
+def _switch_values(values: Values) -> dict[str, Any]:
+    """``--knob`` switches given true or false (``manual-gc=false``): true is the bare flag; false leaves the flag out
+    of ``values`` and is returned as the knob's value without the flag (so it wins over a recipe's); any other value
+    is refused in one line."""
+    from dataclasses import fields
+
+    from paraplan.specs.training import TrainingSpec
+
+    without_flag = {f.name: f.default for f in fields(TrainingSpec)}
+    key_of = {flag: key for key, flag in KNOB_FLAGS.items()}
+    off: dict[str, Any] = {}
+    for flag in [f for f, vals in values.items() if vals and f in switch_flags() and f in key_of]:
+        word = " ".join(values[flag]).lower()
+        if word not in ("true", "false"):
+            raise SpecError(f"--knob {flag[2:]} is a switch: give it without a value, =true or =false, got "
+                            f"{brief(','.join(values[flag]))}")
+        if word == "true":
+            values[flag] = ()
+        else:
+            del values[flag]
+            off[key_of[flag]] = without_flag[key_of[flag]]
+    return off
 
 
 def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
@@ -786,6 +843,10 @@ def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
     r = _Reader(values)
     if stray:
         r.notes.append("words that are not flag values: " + " ".join(stray[:5]))
+    for flag in sorted(f for f, vals in values.items() if vals and f in switch_flags()):  # argparse parse_args
+        r.problems.append(("SWITCH_WITH_VALUE", f"{flag} takes no value: Megatron-LM's parse_args refuses "
+                           f"{brief(' '.join(values[flag]))} after it (unrecognized arguments); drop the word, "
+                           f"or the flag to leave it off"))
     fields = _model_fields(r)
     model = model_from_megatron_args(fields, name=name, source=source)
     if model.max_position_embeddings is None:

@@ -95,11 +95,32 @@ has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by default). ``moe_hybr
 TE_CROSS_ENTROPY_MESSAGE: Final = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. "
                                    "Use --cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
 """Megatron-LM ``arguments.py`` ``validate_args``' assert on ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl
-te`` (launch, check; Megatron-Bridge builds TransformerConfig itself, where it is only a warning)."""
+te``: refused where a Megatron-LM launch file is written (``launch.megatron.megatron_args``) and in ``check`` of a
+Megatron-LM script; estimate, plan and the Bridge target take it (Megatron-Bridge builds TransformerConfig itself,
+where it is only a warning, and its perf recipes run it)."""
 DEPRECATED_SMS_FLAG: Final = "--moe-hybridep-num-sms"
 """Megatron-LM's deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (TransformerConfig.__post_init__ routes
 ``moe_hybridep_num_sms`` to ``moe_flex_dispatcher_num_sms`` and warns; an explicit ``moe_flex_dispatcher_num_sms``
 wins): read, never written."""
+KNOB_REFINEMENTS: Final = {
+    "manual_gc": ("manual_gc_interval",),
+    "defer_embedding_wgrad_compute": ("wgrad_deferral_limit",),
+    "cross_entropy_loss_fusion": ("cross_entropy_fusion_impl",),
+    "fine_grained_activation_offloading": ("offload_modules",),
+    "optimizer_cpu_offload": ("optimizer_offload_fraction",),
+    "moe_token_dispatcher_type": ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms",
+                                  "moe_permute_fusion_into_hybridep"),
+    "moe_flex_dispatcher_backend": ("moe_permute_fusion_into_hybridep",),
+    "cuda_graph_impl": ("cuda_graph_modules",),
+    "use_precision_aware_optimizer": ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+                                      "optimizer_cpu_offload"),
+}
+"""A knob -> the knobs that refine it: Megatron reads them only with it on (``megatron_flags._drop_ignored`` drops
+them without it; the optimizer dtypes need the precision-aware optimizer). Beside a recipe, a ``--knob`` refinement is
+read with the recipe's value of the knob it refines (``cli.estimate._recipe_knobs``)."""
+KNOB_FLAG_ALIASES: Final = {"moe_hybridep_num_sms": (DEPRECATED_SMS_FLAG, "--moe-deepep-num-sms"),
+                            "cuda_graph_modules": ("--cuda-graph-scope",)}
+"""A knob -> the deprecated Megatron-LM flags that also set it (read, never written)."""
 
 PARAM_BYTES: Final = 2.0
 """bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
@@ -390,7 +411,8 @@ class TrainingSpec:
                       "wgrad_deferral_limit"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
-                raise SpecError(f"{fname} must be an integer >= 0, got {brief(value)}")
+                raise SpecError(f"{fname} must be an integer >= 0 and at most {MAX_TOKENS:,} (the limit), got "
+                                f"{brief(value)}")
         if self.defer_embedding_wgrad_compute and not self.gradient_accumulation_fusion:  # ModelParallelConfig
             raise SpecError("defer_embedding_wgrad_compute needs gradient_accumulation_fusion: Megatron-Core's "
                             "'Cannot defer embedding wgrad compute when gradient accumulation fusion is not used'")
@@ -419,7 +441,8 @@ class TrainingSpec:
         """Megatron-LM's asserts on activation offloading (``TransformerConfig.__post_init__``)."""
         n = self.cpu_offloading_num_layers
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOKENS:
-            raise SpecError(f"cpu_offloading_num_layers must be an integer >= 0, got {brief(n)}")
+            raise SpecError(f"cpu_offloading_num_layers must be an integer >= 0 and at most {MAX_TOKENS:,} (the "
+                            f"limit), got {brief(n)}")
         for fname in ("fine_grained_activation_offloading", "peft"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
