@@ -64,6 +64,7 @@ KNOB_SAMPLES: dict[str, tuple[str | None, str, object]] = {
     "manual_gc": (None, "bf16", True), "manual_gc_interval": ("5", "bf16", 5),
     "defer_embedding_wgrad_compute": (None, "bf16", True), "wgrad_deferral_limit": ("3", "bf16", 3),
     "cross_entropy_loss_fusion": (None, "bf16", True), "cross_entropy_fusion_impl": ("te", "bf16", "te"),
+    "tp_comm_overlap_ag": (None, "bf16", False), "tp_comm_overlap_rs": (None, "bf16", False),
 }
 """Every memory knob: (--knob value, None for a bare flag; the precision it needs; the TrainingSpec value read)."""
 KNOB_ON: dict[str, object] = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep",
