@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,25 +350,29 @@ def bridge_recipe_matches() -> list[BridgeMatch]:
         if rec.runnable:
             index.setdefault(_recipe_key(rec), []).append(rec)
     out: list[BridgeMatch] = []
+    for i, r, label in bridge_rows():
+        preset, gpu = BRIDGE_MODELS.get(r["model"]), GPU_MAP.get(r["gpu"])
+        if preset is None or gpu is None:
+            missing = r["model"] if preset is None else r["gpu"]
+            out.append(BridgeMatch(i, label, reason=f"no paraplan preset for {missing}"))
+            continue
+        key = (preset, gpu, *(_i(r[c]) or 1 for c in ("num_gpus", "tp", "pp", "cp", "vp", "ep", "mbs", "gbs")))
+        precs = BRIDGE_PRECISIONS.get(r["precision"].strip())
+        found = [x for x in index.get(key, []) if precs is None or x.get("precision") in precs]
+        if not found:
+            out.append(BridgeMatch(i, label, reason="no recipe with this job, layout, batch and precision"))
+            continue
+        found.sort(key=lambda x: (x.get("config_variant") not in (None, ""), x.alias))
+        out.append(BridgeMatch(i, label, recipe=found[0]))
+    return out
+
+
+def bridge_rows() -> Iterator[tuple[int, dict[str, str], str]]:
+    """The Megatron-Bridge rows of published_runs.csv: (row index, row, label naming it and its CSV line)."""
     with open(SHARED / "published_runs.csv", newline="") as f:
         for i, r in enumerate(csv.DictReader(f)):
-            if not r["source"].startswith(BRIDGE_SOURCE):
-                continue
-            label = f"{r['model']} {r['gpu']} x{r['num_gpus']} {r['precision'] or '?'} (line {i + 2})"
-            preset, gpu = BRIDGE_MODELS.get(r["model"]), GPU_MAP.get(r["gpu"])
-            if preset is None or gpu is None:
-                missing = r["model"] if preset is None else r["gpu"]
-                out.append(BridgeMatch(i, label, reason=f"no paraplan preset for {missing}"))
-                continue
-            key = (preset, gpu, *(_i(r[c]) or 1 for c in ("num_gpus", "tp", "pp", "cp", "vp", "ep", "mbs", "gbs")))
-            precs = BRIDGE_PRECISIONS.get(r["precision"].strip())
-            found = [x for x in index.get(key, []) if precs is None or x.get("precision") in precs]
-            if not found:
-                out.append(BridgeMatch(i, label, reason="no recipe with this job, layout, batch and precision"))
-                continue
-            found.sort(key=lambda x: (x.get("config_variant") not in (None, ""), x.alias))
-            out.append(BridgeMatch(i, label, recipe=found[0]))
-    return out
+            if r["source"].startswith(BRIDGE_SOURCE):
+                yield i, r, f"{r['model']} {r['gpu']} x{r['num_gpus']} {r['precision'] or '?'} (line {i + 2})"
 
 
 def bridge_rows_without_tp_comm_overlap() -> set[int]:
@@ -473,30 +478,26 @@ def release_config_matches() -> list[ReleaseMatch]:
     for c in data["configs"]:
         index.setdefault((c["container"], _config_key(c)), []).append(c)
     out: list[ReleaseMatch] = []
-    with open(SHARED / "published_runs.csv", newline="") as f:
-        for i, r in enumerate(csv.DictReader(f)):
-            if not r["source"].startswith(BRIDGE_SOURCE):
-                continue
-            label = f"{r['model']} {r['gpu']} x{r['num_gpus']} {r['precision'] or '?'} (line {i + 2})"
-            container = row_container(r["notes"])
-            m = ReleaseMatch(i, label, container, tags.get(container or ""))
-            out.append(m)
-            model, gpu = RELEASE_MODELS.get(r["model"]), RELEASE_GPUS.get(GPU_MAP.get(r["gpu"], ""))
-            if m.tag is None or model is None or gpu is None:
-                m.reason = "no release for the container" if m.tag is None else "no paraplan preset"
-                continue
-            key = (model, gpu, *(_i(r[c]) or 1 for c in ("tp", "pp", "cp", "vp", "ep", "mbs")))
-            precs = _row_precisions(r, gpu)
-            n, gbs = _i(r["num_gpus"]) or 0, _i(r["gbs"]) or 0
-            found = [c for c in index.get((container or "", key), [])
-                     if (precs is None or c["precision"] in precs) and isinstance(c["num_gpus"], int)
-                     and isinstance(c["global_batch_size"], int) and gbs * c["num_gpus"] == c["global_batch_size"] * n]
-            if not found:
-                m.reason = "no config of the release with this layout, batch and precision"
-                continue
-            found.sort(key=lambda c: (c["num_gpus"] != n, c["variant"] not in ("", "v1"), c["precision"] != "fp8_ds",
-                                      c["name"]))
-            m.config = found[0]
+    for i, r, label in bridge_rows():
+        container = row_container(r["notes"])
+        m = ReleaseMatch(i, label, container, tags.get(container or ""))
+        out.append(m)
+        model, gpu = RELEASE_MODELS.get(r["model"]), RELEASE_GPUS.get(GPU_MAP.get(r["gpu"], ""))
+        if m.tag is None or model is None or gpu is None:
+            m.reason = "no release for the container" if m.tag is None else "no paraplan preset"
+            continue
+        key = (model, gpu, *(_i(r[c]) or 1 for c in ("tp", "pp", "cp", "vp", "ep", "mbs")))
+        precs = _row_precisions(r, gpu)
+        n, gbs = _i(r["num_gpus"]) or 0, _i(r["gbs"]) or 0
+        found = [c for c in index.get((container or "", key), [])
+                 if (precs is None or c["precision"] in precs) and isinstance(c["num_gpus"], int)
+                 and isinstance(c["global_batch_size"], int) and gbs * c["num_gpus"] == c["global_batch_size"] * n]
+        if not found:
+            m.reason = "no config of the release with this layout, batch and precision"
+            continue
+        found.sort(key=lambda c: (c["num_gpus"] != n, c["variant"] not in ("", "v1"), c["precision"] != "fp8_ds",
+                                  c["name"]))
+        m.config = found[0]
     return out
 
 
