@@ -20,6 +20,7 @@ from paraplan.layout import RECOMPUTE_MODULES
 from paraplan.specs.megatron_args import model_from_megatron_args
 from paraplan.specs.model import RECIPE_FLAGS, ModelSpec, recipe_defaults
 from paraplan.specs.training import (
+    DEPRECATED_DEEPEP_SMS_FLAG,
     DEPRECATED_SMS_FLAG,
     DTYPE_CHOICES,
     KNOB_FLAG_ALIASES,
@@ -581,11 +582,6 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
             "moe_permute_fusion_into_hybridep", None) is not None:  # only _HybridEPManager reads it
         r.notes.append("--moe-permute-fusion-into-hybridep is ignored without --moe-flex-dispatcher-backend hybridep")
 
-
-DEPRECATED_DEEPEP_SMS_FLAG: Final = "--moe-deepep-num-sms"
-"""The other deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (DeepEP's SMs, TransformerConfig
-``moe_deepep_num_sms``), routed like ``DEPRECATED_SMS_FLAG``; both at different values without the current flag is
-refused, as Megatron does ("Conflicting deprecated SM-count knobs"): read, never written."""
 
 
 def _deprecated_sms_knob(r: _Reader) -> dict[str, Any]:

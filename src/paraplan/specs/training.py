@@ -14,6 +14,7 @@ from pydantic import ConfigDict
 
 from paraplan.errors import SpecError
 from paraplan.fileio import brief
+from paraplan.specs.cluster import MAX_SM_COUNT
 
 Precision = Literal["bf16", "fp8", "fp16", "fp4"]
 PRECISIONS: Final = ("bf16", "fp8", "fp16", "fp4")
@@ -102,6 +103,10 @@ DEPRECATED_SMS_FLAG: Final = "--moe-hybridep-num-sms"
 """Megatron-LM's deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (TransformerConfig.__post_init__ routes
 ``moe_hybridep_num_sms`` to ``moe_flex_dispatcher_num_sms`` and warns; an explicit ``moe_flex_dispatcher_num_sms``
 wins): read, never written."""
+DEPRECATED_DEEPEP_SMS_FLAG: Final = "--moe-deepep-num-sms"
+"""The other deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (DeepEP's SMs, TransformerConfig
+``moe_deepep_num_sms``), routed like ``DEPRECATED_SMS_FLAG``; both at different values without the current flag is
+refused, as Megatron does ("Conflicting deprecated SM-count knobs"): read, never written."""
 KNOB_REFINEMENTS: Final = {
     "manual_gc": ("manual_gc_interval",),
     "defer_embedding_wgrad_compute": ("wgrad_deferral_limit",),
@@ -118,7 +123,7 @@ KNOB_REFINEMENTS: Final = {
 """A knob -> the knobs that refine it: Megatron reads them only with it on (``megatron_flags._drop_ignored`` drops
 them without it; the optimizer dtypes need the precision-aware optimizer). Beside a recipe, a ``--knob`` refinement is
 read with the recipe's value of the knob it refines (``cli.estimate._recipe_knobs``)."""
-KNOB_FLAG_ALIASES: Final = {"moe_hybridep_num_sms": (DEPRECATED_SMS_FLAG, "--moe-deepep-num-sms"),
+KNOB_FLAG_ALIASES: Final = {"moe_hybridep_num_sms": (DEPRECATED_SMS_FLAG, DEPRECATED_DEEPEP_SMS_FLAG),
                             "cuda_graph_modules": ("--cuda-graph-scope",)}
 """A knob -> the deprecated Megatron-LM flags that also set it (read, never written)."""
 
@@ -135,8 +140,8 @@ state, so Megatron's table gives 20 B/param, or 4 + 16/d with the distributed op
 FP16_MAIN_GRAD_BYTES: Final = 4.0
 MAX_TOKENS_PER_STEP: Final = 2**40
 """Largest seq_len x global_batch_size accepted (1.1e12 tokens; Llama 3 405B trained with 16M a step)."""
-MAX_SMS: Final = 1024
-"""Largest ``moe_hybridep_num_sms`` accepted (GPUs have at most a few hundred SMs)."""
+MAX_SMS: Final = MAX_SM_COUNT
+"""Largest ``moe_hybridep_num_sms`` accepted: no more SMs than the largest GPU ``sm_count`` accepted."""
 MAX_CAPACITY_FACTOR: Final = 1024.0
 """Largest ``moe_expert_capacity_factor`` accepted (above E / k every expert may take every token)."""
 MAX_TOKENS: Final = 2**24
