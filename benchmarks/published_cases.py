@@ -419,7 +419,8 @@ def bridge_unmatched_lines(matches: list[BridgeMatch]) -> list[str]:
 RELEASE_KNOBS = Path(__file__).resolve().parent / "data" / "bridge_release_knobs.json"
 """Per NeMo container, the Megatron-Bridge release's performance-config settings (``bridge_release_knobs.py``)."""
 RELEASE_MODELS = {"Llama-3 8B": "llama3_8b", "Llama-3 70B": "llama3_70b", "Llama-3.1 405B": "llama31_405b",
-                  "DeepSeek-V3": "deepseek_v3", "Qwen3-235B-A22B": "qwen3_235b_a22b", "Qwen3-30B-A3B": "qwen3_30b_a3b"}
+                  "DeepSeek-V3": "deepseek_v3", "Qwen3-235B-A22B": "qwen3_235b_a22b", "Qwen3-30B-A3B": "qwen3_30b_a3b",
+                  "gpt-oss-120B": "gpt_oss_120b", "Kimi-K2": "kimi_k2"}
 """Published model names -> the configs' model names (every release names its configs so)."""
 RELEASE_GPUS = {"h100-80gb": "h100", "b200": "b200", "b300": "b300", "gb200": "gb200", "gb300": "gb300"}
 _MEGATRON_COLUMNS: dict[str, Any] = {
