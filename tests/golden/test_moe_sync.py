@@ -186,3 +186,16 @@ def test_paged_stash_recipes_run_sync_free() -> None:
                 knobs["use_transformer_engine_op_fuser"]) == (True, PAGED_STASH_RANK_CAPACITY_FACTOR, True)
         t = TrainingSpec(seq_len=4096, global_batch_size=256, precision="fp8", **knobs)
         assert moe_sync.dispatcher_host_syncs(t) == 0
+
+
+def test_bridge_target_writes_the_budget_set() -> None:
+    from paraplan.launch.bridge import choose_recipe, overrides
+    from tests.launch.test_bridge import _knob_spec
+
+    spec = _knob_spec(**BUDGET, moe_paged_stash=True)
+    items = dict(overrides(spec, choose_recipe(spec)))
+    assert (items["model.moe_expert_rank_capacity_factor"], items["model.moe_paged_stash"],
+            items["model.use_transformer_engine_op_fuser"]) == (1.5, True, True)
+    plain = _knob_spec(**HYBRID)  # cleared with the rest, so that a recipe's own budget is not run unestimated
+    items = dict(overrides(plain, choose_recipe(plain)))
+    assert (items["model.moe_expert_rank_capacity_factor"], items["model.moe_paged_stash"]) == (None, False)
