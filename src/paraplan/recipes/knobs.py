@@ -21,7 +21,8 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
-    ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap; ``moe_a2a_overlap`` is
+    ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap, the capacity factor,
+    the paged stash (with its HybridEP rank budget: no host sync in the dispatch); ``moe_a2a_overlap`` is
     the combined_1f1b schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
     what paraplan's formulas assume (``ASSUMED``), e.g. the router dtype and fusion, NCCL userbuffers,
@@ -83,8 +84,6 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "moe_router_dtype": (("fp32", ""), None),
     "moe_router_fusion": ((False, ""), None),
     "moe_router_force_load_balancing": ((True, ""), None),
-    "moe_expert_capacity_factor": ((None, ""), None),
-    "moe_paged_stash": ((False, ""), None),
     "nccl_ub": ((False,), None),
     "tp_comm_overlap_cfg": ((None, ""), _on("tp_comm_overlap", True)),
     "use_transformer_engine_op_fuser": ((False,), None),
@@ -94,7 +93,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
-Adam, grouped GEMMs, fp32 router, balanced dropless routing, activation offloading of activations only (no weights),
+Adam, grouped GEMMs, fp32 router, balanced routing (``moe_router_force_load_balancing``: it changes the logits,
+not the host syncs), no TE op fuser speed-up, activation offloading of activations only (no weights),
 no environment effects; userbuffers with Transformer Engine's default pairs (``initialize_ub``): a named Bridge config
 (``tp_comm_overlap_cfg``, training/comm_overlap.py) sets its own methods and SMs, costed at TE's defaults."""
 
@@ -123,10 +123,19 @@ MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
                       "moe_hybridep_num_sms": "moe_hybridep_num_sms", "delay_wgrad_compute": "delay_wgrad_compute",
                       "moe_permute_fusion": "moe_permute_fusion",
-                      "moe_shared_expert_overlap": "moe_shared_expert_overlap"}
+                      "moe_shared_expert_overlap": "moe_shared_expert_overlap",
+                      "moe_expert_capacity_factor": "moe_expert_capacity_factor",
+                      "moe_paged_stash": "moe_paged_stash"}
 """MoE time knobs: recipe column -> TrainingSpec field (``training_knobs``); ``moe_a2a_overlap`` is the
 combined_1f1b schedule (``layout_fields``). A ``?`` cell (not statically resolvable) keeps the default and is
-listed as not modelled."""
+listed as not modelled. ``moe_paged_stash`` (HybridEP) brings the ``moe_expert_rank_capacity_factor`` Megatron
+requires with it (``PAGED_STASH_RANK_CAPACITY_FACTOR``) and the TE op fuser that factor requires: its dispatch is
+then sync-free (``estimate.time.moe_sync``)."""
+PAGED_STASH_RANK_CAPACITY_FACTOR: Final = 1.5
+"""``moe_expert_rank_capacity_factor`` of a recipe with ``moe_paged_stash`` (the CSV has no column for it): the value
+Megatron-Bridge's shared recipe helpers set beside the paged stash (perf_recipes deepseek/common.py, qwen/common.py
+``_enable_hybridep_full_iteration_mxfp8``, gpt_oss/common.py). Only whether it is set moves the estimate (the
+host syncs); its receive-buffer memory is not modelled."""
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -223,9 +232,19 @@ def moe_knobs(r: Recipe) -> dict[str, Any]:
             value = _choice(r, column, ("deepep", "hybridep"))
         elif column == "moe_hybridep_num_sms":
             value = _int(r, column)
+        elif column == "moe_expert_capacity_factor":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise bad(r, column, "None or a number above 0")
+            value = float(value)
         else:
             value = _bool(r, column)
         out[fname] = value
+    if out.pop("moe_paged_stash", False):
+        if kind != "flex" or out.get("moe_flex_dispatcher_backend") != "hybridep":
+            raise bad(r, "moe_paged_stash", "False unless moe_flex_dispatcher_backend=hybridep (the paged stash needs "
+                      "moe_expert_rank_capacity_factor, a HybridEP budget)")
+        out.update(moe_paged_stash=True, moe_expert_rank_capacity_factor=PAGED_STASH_RANK_CAPACITY_FACTOR,
+                   use_transformer_engine_op_fuser=True)
     if out.get("moe_shared_expert_overlap") and _bool_or_false(r, "moe_a2a_overlap"):
         out["moe_shared_expert_overlap"] = False  # Bridge's --moe_a2a_overlap turns it off (overrides.py)
     return out
