@@ -106,8 +106,8 @@ PLANNED_OFF: Final[tuple[tuple[str, Scalar | list[str], str], ...]] = (
 )
 """Benchmark-only settings of a performance recipe (``_benchmark_common`` and the recipe itself) that the plan
 did not model, reset to what the plan assumes (the knobs the plan did estimate, CUDA graphs among them, are
-written with their estimated values by ``knob_overrides``). Kept as the recipe sets them (stated in bridge_recipe.py):
-``train.manual_gc`` (written when the plan sets ``--manual-gc``), ``train.eval_iters = 0``,
+written with their estimated values by ``knob_overrides``, manual GC among them). Kept as the recipe sets them
+(stated in bridge_recipe.py): ``train.eval_iters = 0``,
 ``logger.log_interval = 1``, the NaN / large-gradient checks off, the fused RoPE kernel
 (``apply_rope_fusion``; the cross entropy's fusion is a knob, written with the plan's value): throughput settings
 that do not change
@@ -242,10 +242,12 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.cross_entropy_loss_fusion", t.cross_entropy_loss_fusion),
         ("model.cross_entropy_fusion_impl", t.cross_entropy_fusion_impl),
     ]
-    # userbuffers pair switches (TransformerConfig fields Bridge's CommOverlapConfig leaves alone): written when off
-    out += [(f"model.{k}", False) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs") if not getattr(t, k)]
-    if t.manual_gc:  # modelled as no time: written when the plan sets it, else the recipe's own (PLANNED_OFF)
-        out += [("train.manual_gc", True), ("train.manual_gc_interval", t.manual_gc_interval)]
+    # userbuffers pair switches (TransformerConfig fields Bridge's CommOverlapConfig leaves alone), written either way
+    out += [(f"model.{k}", getattr(t, k)) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs")]
+    # modelled as no time, written either way: the perf recipes turn it on (_benchmark_common: manual_gc True,
+    # interval 100), Megatron-LM's default is off
+    out += [("train.manual_gc", t.manual_gc)] + ([("train.manual_gc_interval", t.manual_gc_interval)]
+                                                 if t.manual_gc else [])
     if m.is_moe:
         out += [("model.moe_token_dispatcher_type", t.moe_token_dispatcher_type)]
         if t.moe_token_dispatcher_type == "flex":
@@ -429,8 +431,9 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
            "# train_iters and checkpoints (ENV_OVERRIDES) and resets the benchmark-only settings the plan did not",
            "# model:",
            *reset,
-           "# and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused",
-           "# kernels as the recipe sets them (throughput settings that do not change the planned layout)."]
+           "# and keeps eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused kernels",
+           "# as the recipe sets them (throughput settings that do not change the planned layout); manual GC is",
+           "# the plan's (train.manual_gc in OVERRIDES)."]
           if recipe.kind == "perf" else []),
         '"""paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""',
         "",
@@ -533,8 +536,8 @@ def overrides_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple
             "# ${oc.env:NAME} values read the environment when Bridge resolves the overrides: set DATA_PATH and",
             "# TOKENIZER_MODEL (required); TRAIN_ITERS, TOKENIZER_TYPE and CHECKPOINT_DIR have defaults.",
             *(["# Performance recipe: the benchmark-only settings the plan did not model are reset (see",
-               "# bridge_recipe.py); manual GC, eval_iters = 0 and the NaN checks off are kept as the recipe sets",
-               "# them."]
+               "# bridge_recipe.py); eval_iters = 0 and the NaN checks off are kept as the recipe sets them; manual",
+               "# GC is the plan's (train.manual_gc)."]
               if recipe.kind == "perf" else [])]
     gaps = not_in_overrides_file(recipe, items)
     if gaps:

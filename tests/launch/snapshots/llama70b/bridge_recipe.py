@@ -12,8 +12,9 @@
 # model:
 #   scheduler.lr_decay_iters = None
 #     (_benchmark_common decays the LR over its 50 iterations; None: train_iters)
-# and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused
-# kernels as the recipe sets them (throughput settings that do not change the planned layout).
+# and keeps eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused kernels
+# as the recipe sets them (throughput settings that do not change the planned layout); manual GC is
+# the plan's (train.manual_gc in OVERRIDES).
 """paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""
 
 import os
@@ -66,6 +67,9 @@ OVERRIDES = {
     'model.wgrad_deferral_limit': 0,
     'model.cross_entropy_loss_fusion': False,
     'model.cross_entropy_fusion_impl': 'native',
+    'model.tp_comm_overlap_ag': True,
+    'model.tp_comm_overlap_rs': True,
+    'train.manual_gc': False,
     'optimizer.use_precision_aware_optimizer': False,
     'optimizer.main_grads_dtype': 'float32',
     'optimizer.main_params_dtype': 'float32',
