@@ -151,3 +151,32 @@ def test_deferred_entries_monotone(limit: int, m: int, heads: int) -> None:
         assert d <= limit
         assert float(deferred_wgrad_entries(replace(t, wgrad_deferral_limit=limit + 1), m, heads)) >= d
     assert deferred_wgrad_entries(OFF, m, heads) == 0.0
+
+
+@pytest.mark.parametrize(("limit", "m", "heads", "saved", "deferred"), [
+    (0, 32, 2, 2.0, 64.0),        # the main head and one MTP head: two output-layer calls a micro-batch
+    (22, 32, 2, 22 / 32, 22.0),   # the limit counts calls, not micro-batches
+    (40, 32, 2, 40 / 32, 40.0),
+    (0, 8, 3, 3.0, 24.0),
+])
+def test_deferred_terms_count_every_head(limit: int, m: int, heads: int, saved: float, deferred: float) -> None:
+    """multi_token_prediction.py ``process_mtp_loss`` calls the shared ``output_layer`` once per MTP head: each call
+    appends to the same buffers (layers.py), so its wgrad is deferred too, up to the limit."""
+    s, d = deferred_wgrad_terms(replace(ON, wgrad_deferral_limit=limit), PP4, 1.0, m, heads)
+    assert (float(s), float(d)) == pytest.approx((saved, deferred))
+    assert float(d) == float(deferred_wgrad_entries(replace(ON, wgrad_deferral_limit=limit), m, heads))  # = memory
+
+
+def test_step_time_by_hand_with_an_mtp_head() -> None:
+    """Llama-3-8B with one MTP layer (on the last stage), TP1 PP4 DP2, 32 micro-batches: the last stage loses two
+    output-layer wgrad GEMMs a micro-batch (the main head's and the MTP head's, one shared weight); the 64 deferred
+    GEMMs hide in its flush idle time, 2/3 of the bubble, and only what is longer shows."""
+    mtp = replace(LLAMA, mtp_num_layers=1)
+    cluster = make_cluster(H100, 8, 8)
+    a, b = (step_time(mtp, cluster, t, PP4, num_microbatches=32) for t in (OFF, ON))
+    wgrad = float(gemm_s(cluster, False, 4096, padded_vocab(mtp, 1), mtp.hidden_size))
+    assert float(stage_terms(mtp, cluster, ON, PP4).logits_wgrad_s) == pytest.approx(wgrad)
+    assert int(a.slowest_stage) == 3 and int(b.slowest_stage) == 3
+    assert float(a.compute_s - b.compute_s) == pytest.approx(
+        64 * wgrad - max(0.0, 64 * wgrad - FLUSH_IDLE_SHARE * float(b.bubble_s)))
+    assert float(b.bubble_s) == pytest.approx(float(a.bubble_s) - 3 / 32 * 64 * wgrad)
