@@ -118,3 +118,26 @@ def test_manual_gc_off_is_written_over_the_perf_recipe() -> None:
     assert choose_recipe(spec).kind == "perf"
     items = dict(overrides(spec, choose_recipe(spec)))
     assert items["train.manual_gc"] is False and "train.manual_gc_interval" not in items
+
+
+def test_unfused_attention_is_written_as_the_enum() -> None:
+    """The plan priced unfused attention's s x s scores (Megatron-LM ``--attention-backend unfused``); the Bridge
+    target runs it: TransformerConfig.attention_backend is an ``AttnBackend`` member, which bridge_recipe.py sets by
+    name and bridge_overrides.txt cannot (named in its note)."""
+    from paraplan.launch.bridge import bridge_files, bridge_overrides_gaps
+
+    from .test_bridge import literal_tables
+
+    spec = plan_spec("llama3-8b-dp8")
+    assert "model.attention_backend" not in dict(overrides(spec, choose_recipe(spec)))  # flash: the recipe's kernel
+    unfused = replace(spec, training=replace(spec.training, attention_backend="unfused"))
+    assert dict(overrides(unfused, choose_recipe(unfused)))["model.attention_backend"] == "unfused"
+    files = bridge_files(unfused, "c")
+    source = files["bridge_recipe.py"]
+    assert "from megatron.core.transformer import enums" in source.splitlines()
+    assert literal_tables(source)["ENUM_FIELDS"] == {"model.attention_backend": "AttnBackend"}
+    assert "        value = getattr(enums, ENUM_FIELDS[path])[value]" in source.splitlines()
+    assert literal_tables(source)["OVERRIDES"]["model.attention_backend"] == "unfused"
+    assert "model.attention_backend" in bridge_overrides_gaps(unfused)
+    assert not any(line.startswith("model.attention_backend=") for line in files["bridge_overrides.txt"].splitlines())
+    compile(source, "bridge_recipe.py", "exec")

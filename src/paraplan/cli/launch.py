@@ -164,6 +164,6 @@ def launch(
     if gaps:
         con.print(f"note: bridge_overrides.txt cannot set {safe(', '.join(gaps))} (bridge_recipe.py does): the base "
                   "recipe's mixed_precision is a preset name, or Bridge's override parser has no name for the "
-                  "dtype", soft_wrap=True)
+                  "dtype or does not read an enum", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")

@@ -122,6 +122,10 @@ HYDRA_DTYPES: Final = ("float32", "bfloat16", "float16")
 ``DTYPE_MAP``: it has no ``uint8``, and its "fp8" is float8_e4m3fn, not the uint8 Megatron-Core's optimizer takes)."""
 DTYPE_FIELDS: Final = ("optimizer.main_grads_dtype", "optimizer.main_params_dtype", "optimizer.exp_avg_dtype",
                        "optimizer.exp_avg_sq_dtype")
+ENUM_FIELDS: Final = {"model.attention_backend": "AttnBackend"}
+"""Fields whose value is a Megatron-Core enum member by name (megatron/core/transformer/enums.py): bridge_recipe.py
+sets ``enums.AttnBackend[value]``; bridge_overrides.txt cannot (Bridge's override parser converts dtypes and callables
+back from strings, not enums: training/utils/omegaconf_utils.py ``_apply_overrides``)."""
 COMM_OVERLAP_FIELDS: Final = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
                               "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
                               "defer_embedding_wgrad_compute", "wgrad_deferral_limit")
@@ -242,6 +246,10 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.cross_entropy_loss_fusion", t.cross_entropy_loss_fusion),
         ("model.cross_entropy_fusion_impl", t.cross_entropy_fusion_impl),
     ]
+    # paraplan's flash is Megatron's flash / fused / auto, as the recipe picks it; unfused is written (Megatron-LM's
+    # --attention-backend unfused): the plan priced its s x s scores
+    if t.attention_backend == "unfused":
+        out.append(("model.attention_backend", "unfused"))
     # userbuffers pair switches (TransformerConfig fields Bridge's CommOverlapConfig leaves alone), written either way
     out += [(f"model.{k}", getattr(t, k)) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs")]
     # modelled as no time, written either way: the perf recipes turn it on (_benchmark_common: manual_gc True,
@@ -310,7 +318,7 @@ def not_in_overrides_file(recipe: Recipe, items: list[tuple[str, Value]]) -> lis
     the recipe names a preset (a base recipe's ``mixed_precision`` is a string, which has no fields to override),
     and an optimizer dtype Bridge's override parser has no name for (``HYDRA_DTYPES``)."""
     return [k for k, v in items if (recipe.kind == "base" and k.startswith("mixed_precision."))
-            or (k in DTYPE_FIELDS and v not in HYDRA_DTYPES)]
+            or (k in DTYPE_FIELDS and v not in HYDRA_DTYPES) or k in ENUM_FIELDS]
 
 
 def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
@@ -447,6 +455,7 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "from megatron.bridge.training.gpt_step import forward_step",
         "from megatron.bridge.training.mixed_precision import get_mixed_precision_config",
         "from megatron.bridge.training.pretrain import pretrain",
+        "from megatron.core.transformer import enums",
         "",
         "OVERRIDES = {",
         *[f"    {k!r}: {v!r}," for k, v in fixed],
@@ -465,6 +474,9 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "DTYPE_FIELDS = [  # fields set to getattr(torch, value)",
         *[f"    {k!r}," for k in DTYPE_FIELDS],
         "]",
+        "ENUM_FIELDS = {  # fields set to the member of that name of the megatron.core.transformer.enums class",
+        *[f"    {k!r}: {v!r}," for k, v in ENUM_FIELDS.items()],
+        "}",
         "FALLBACK_FIELDS = {  # a field an older Megatron-Core lacks: the deprecated one it replaces",
         *([f"    {SMS_FIELD!r}: {sms_legacy_field(spec.training.moe_flex_dispatcher_backend)!r},"]
           if any(k == SMS_FIELD for k, _ in items) else []),
@@ -478,6 +490,8 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "        obj = cfg.mixed_precision = get_mixed_precision_config(obj)",
         "    if path in DTYPE_FIELDS:",
         "        value = getattr(torch, value)",
+        "    if path in ENUM_FIELDS:",
+        "        value = getattr(enums, ENUM_FIELDS[path])[value]",
         "    if not hasattr(obj, name) and path in FALLBACK_FIELDS:",
         "        return _set(cfg, FALLBACK_FIELDS[path], value)",
         "    if not hasattr(obj, name):",
@@ -542,7 +556,8 @@ def overrides_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple
     gaps = not_in_overrides_file(recipe, items)
     if gaps:
         head += ["# Not settable here (bridge_recipe.py sets them): " + ", ".join(gaps) + " (the recipe's",
-                 "# mixed_precision is a preset name, or Bridge's override parser has no name for the dtype)."]
+                 "# mixed_precision is a preset name, or Bridge's override parser has no name for the dtype or",
+                 "# does not read an enum)."]
     overlap = comm_overlap_values(items)
     head += [f"# If the recipe sets comm_overlap, also set comm_overlap.{k}={hydra_value(v)} (its setup writes it "
              "over model/optimizer)." for k, v in overlap.items()]

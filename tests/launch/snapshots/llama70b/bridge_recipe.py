@@ -27,6 +27,7 @@ from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 from megatron.bridge.training.pretrain import pretrain
+from megatron.core.transformer import enums
 
 OVERRIDES = {
     'model.tensor_model_parallel_size': 4,
@@ -112,6 +113,9 @@ DTYPE_FIELDS = [  # fields set to getattr(torch, value)
     'optimizer.exp_avg_dtype',
     'optimizer.exp_avg_sq_dtype',
 ]
+ENUM_FIELDS = {  # fields set to the member of that name of the megatron.core.transformer.enums class
+    'model.attention_backend': 'AttnBackend',
+}
 FALLBACK_FIELDS = {  # a field an older Megatron-Core lacks: the deprecated one it replaces
 }
 
@@ -123,6 +127,8 @@ def _set(cfg, path, value):
         obj = cfg.mixed_precision = get_mixed_precision_config(obj)
     if path in DTYPE_FIELDS:
         value = getattr(torch, value)
+    if path in ENUM_FIELDS:
+        value = getattr(enums, ENUM_FIELDS[path])[value]
     if not hasattr(obj, name) and path in FALLBACK_FIELDS:
         return _set(cfg, FALLBACK_FIELDS[path], value)
     if not hasattr(obj, name):
