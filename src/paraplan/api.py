@@ -125,6 +125,7 @@ if TYPE_CHECKING:
     from paraplan.specs.training import KNOB_FLAG_ALIASES as KNOB_FLAG_ALIASES
     from paraplan.specs.training import KNOB_FLAGS as KNOB_FLAGS
     from paraplan.specs.training import KNOB_REFINEMENTS as KNOB_REFINEMENTS
+    from paraplan.specs.training import TIME_ONLY_KNOBS as TIME_ONLY_KNOBS
     from paraplan.specs.training import TrainingSpec as TrainingSpec
     from paraplan.tune import Comparison as Comparison
     from paraplan.tune import Metric as Metric
@@ -152,6 +153,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "KNOB_FLAGS": ("paraplan.specs.training", "Each TrainingSpec memory knob's Megatron flag."),
     "KNOB_REFINEMENTS": ("paraplan.specs.training", "A memory knob -> the knobs Megatron reads only with it on."),
     "KNOB_FLAG_ALIASES": ("paraplan.specs.training", "A memory knob -> its deprecated Megatron flags."),
+    "TIME_ONLY_KNOBS": ("paraplan.specs.training", "The TrainingSpec knobs that move step time only."),
     "ATTENTION_KERNELS": ("paraplan.specs.training", "TrainingSpec.attention_kernel choices (paraplan's knob)."),
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),

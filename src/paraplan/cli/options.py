@@ -278,7 +278,7 @@ HeadroomOpt = typer.Option(
          "default: the upper end of the memory model's measured error band for the model's family (paraplan.bands).")
 KnobOpt = typer.Option(
     None, "--knob",
-    help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
+    help="A knob (memory or time) as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
          "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
          "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj, "

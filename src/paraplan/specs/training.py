@@ -128,6 +128,18 @@ read with the recipe's value of the knob it refines (``cli.estimate._recipe_knob
 KNOB_FLAG_ALIASES: Final = {"moe_hybridep_num_sms": (DEPRECATED_SMS_FLAG, DEPRECATED_DEEPEP_SMS_FLAG),
                             "cuda_graph_modules": ("--cuda-graph-scope",)}
 """A knob -> the deprecated Megatron-LM flags that also set it (read, never written)."""
+TIME_ONLY_KNOBS: Final = frozenset({
+    "cp_comm_type", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_hybridep_num_sms",
+    "delay_wgrad_compute", "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
+    "overlap_param_gather_with_optimizer_step",
+    "gradient_accumulation_fusion", "manual_gc", "manual_gc_interval", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
+    "attention_kernel", "fp8_dot_product_attention", "fp4_recipe",
+})
+"""TrainingSpec knobs that move step time only: no memory formula reads them (``tests/unit/test_knob_effects.py``
+turns each on and compares every stage's memory). The other knobs move memory (and may move time too). estimate and
+check print the two groups as ``memory knobs:`` and ``time-only knobs:``; the JSON's ``config.memory_knobs`` keeps
+every knob away from Megatron's defaults (its name predates the time knobs) and ``config.time_only_knobs`` names
+those of them in this set."""
 
 PARAM_BYTES: Final = 2.0
 """bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
