@@ -134,6 +134,7 @@ TIME_ONLY_KNOBS: Final = frozenset({
     "overlap_param_gather_with_optimizer_step",
     "gradient_accumulation_fusion", "manual_gc", "manual_gc_interval", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
     "attention_kernel", "fp8_dot_product_attention", "fp4_recipe",
+    "moe_expert_rank_capacity_factor", "moe_paged_stash", "use_transformer_engine_op_fuser",
 })
 """TrainingSpec knobs that move step time only: no memory formula reads them (``tests/unit/test_knob_effects.py``
 turns each on and compares every stage's memory). The other knobs move memory (and may move time too). estimate and
