@@ -21,7 +21,9 @@ schedule), so the code, not the count, disagrees with the published layout. ``--
 predicted not to fit, the physics: the peak stage's chunk micro-batches in flight x activation bytes per chunk, the
 other terms, against usable memory, and the docstring's layout when the notes name one.
 The recipe CSV holds settings only, no measurements: this measures agreement with NVIDIA's choices, not accuracy.
-The job is planned with the recipe's task (PEFT: frozen base weights, ``TrainingSpec.peft``) and its MoE knobs.
+The job is planned with the recipe's task (PEFT: frozen base weights, ``TrainingSpec.peft``), its MoE knobs and its
+allocator (``PYTORCH_CUDA_ALLOC_CONF``: expandable segments leave no fragmentation allowance, for the recipe and for
+the layouts searched, ``knobs.recipe_memory_options``).
 
 Last line (issue 14 reads it):
 
@@ -45,7 +47,7 @@ from typing import TYPE_CHECKING
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 from paraplan.recipes.catalogue import Recipe, bridge_recipes
 from paraplan.recipes.compare import job_recipe_layouts, same_layout
-from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_run
+from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_memory_options, recipe_run
 
 if TYPE_CHECKING:
     from paraplan.estimator import Estimate
@@ -147,7 +149,8 @@ def compare(r: Recipe) -> Row | str:
                             attention_backend=job.attention_backend, peft=r.get("task") == "peft",
                             **dispatch)  # type: ignore[arg-type]
     try:
-        p = plan(est.model, cluster, training, top_k=TOP_K, recipes=job_recipe_layouts(est.model, cluster, training))
+        p = plan(est.model, cluster, training, top_k=TOP_K, options=recipe_memory_options(r),
+                 recipes=job_recipe_layouts(est.model, cluster, training))
     except NoFeasiblePlanError:
         return "no layout fits the job"
     top = p.candidates[0]

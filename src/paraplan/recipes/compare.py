@@ -25,11 +25,10 @@ AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
 
 _MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
-MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash",
-                "PYTORCH_CUDA_ALLOC_CONF")
-"""Not-modelled columns that lower a recipe's memory below paraplan's estimate (expandable segments); gradient and
-optimizer dtypes, FP8 and FP4 parameter gather, optimizer and activation offloading, PEFT and the fused cross
-entropy are modelled (``knobs.training_knobs``)."""
+MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash")
+"""Not-modelled columns that lower a recipe's memory below paraplan's estimate; gradient and optimizer dtypes, FP8
+and FP4 parameter gather, optimizer and activation offloading, PEFT and the fused cross entropy are modelled
+(``knobs.training_knobs``), and the allocator's expandable segments (``knobs.recipe_memory_options``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +81,11 @@ def _estimate(run: RecipeRun, plan: Plan, num_gpus: int, options: MemoryOptions 
                        precision=run.job.precision, attention_backend=run.job.attention_backend,  # type: ignore[arg-type]
                        **training_knobs(run.recipe, run.job.precision))  # its memory knobs, as estimate --recipe
     notes = [f"recipe {run.recipe.alias}", *run.notes]
-    return estimate(run.model, cluster, training, run.layout, memory_options=options, extra_notes=notes)
+    from paraplan.recipes.knobs import recipe_memory_options
+
+    # the recipe runs with its own allocator setting (PYTORCH_CUDA_ALLOC_CONF), as estimate --recipe
+    return estimate(run.model, cluster, training, run.layout, memory_options=recipe_memory_options(run.recipe, options),
+                    extra_notes=notes)
 
 
 def job_recipe_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
