@@ -363,7 +363,11 @@ def stage_activation_bytes(
     transient:  full-recompute working group + backward working set (one layer, one micro-batch)
     layer-level CPU offloading (``--cpu-offloading-num-layers N``, PP 1): TE's ``get_cpu_offload_context``
                 keeps "at most (model_layers - num_layers) sets of activations on GPU" (TE docs, CPU
-                offloading, default scheduling): layers * max(L - N, 1) / L
+                offloading, default scheduling; TE >= 2.10 ``cpu_offload.py`` ``DefaultOffloadSynchronizer``:
+                layer i's GPU copy released before layer L-N+i's forward, reloaded before layer L-1-N+i's
+                backward, L - N at most in forward and backward): layers * max(L - N, 1) / L. The v1 path
+                (``NVTE_CPU_OFFLOAD_V1=1``, ``cpu_offload_v1.py``) frees its last group only after the last
+                layer's forward (L - N + 1); not modelled, no recipe with layer-level offloading sets it.
     fine-grained offloading: the offloaded module inputs are out of a_dense / a_moe; one layer's worth
                 stays on the GPU (the last group, which Megatron does not offload to avoid a reload stall)
     ``per_layer``: the layout's ``layer_activations`` when already computed.
