@@ -95,20 +95,28 @@ def docstring_layout(r: Recipe) -> dict[str, int]:
 def oom_physics(r: Recipe, est: Estimate) -> str:
     """Why ``est`` (``r`` with its knobs) does not fit: the peak stage's chunk micro-batches in flight x activation
     bytes per chunk, the other terms, usable memory; and the docstring's layout when the notes name one."""
+    from dataclasses import fields
+
     from paraplan.units import GIB
 
     i = est.peak_stage
     st = est.stages[i]
     mem, units = st.memory, float(st.in_flight)
     act = float(mem.activations_bytes)
-    rest = float(mem.total_bytes) - act
+    state = float(mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes)
+    parts = ", ".join(f"{f.name.removesuffix('_bytes').replace('_', ' ')} {float(getattr(st.other, f.name)) / GIB:.1f}"
+                      for f in fields(st.other) if float(getattr(st.other, f.name)) >= 0.05 * GIB)
     text = (f"stage {i}: {units:.0f} chunk micro-batches in flight x {act / units / GIB:.2f} GiB = {act / GIB:.1f} "
-            f"GiB activations + {rest / GIB:.1f} GiB weights, grads, optimizer, other = {est.peak_bytes / GIB:.1f} "
-            f"of {est.usable_bytes / GIB:.1f} GiB usable")
+            f"GiB activations + {state / GIB:.1f} GiB weights, grads, optimizer (weights "
+            f"{float(mem.weights_bytes) / GIB:.1f}, grads {float(mem.grads_bytes) / GIB:.1f}, optimizer "
+            f"{float(mem.optimizer_bytes) / GIB:.1f}) + {float(mem.other_bytes) / GIB:.1f} GiB other ({parts}) = "
+            f"{est.peak_bytes / GIB:.1f} of {est.usable_bytes / GIB:.1f} GiB usable, "
+            f"{(est.peak_bytes - est.usable_bytes) / GIB:.1f} GiB over")
     n_off = est.training.cpu_offloading_num_layers
     if n_off:
         layers = est.model.num_layers
-        text += f" (--cpu-offloading-num-layers {n_off}: {layers - n_off} of {layers} layers' activations stay)"
+        text += (f" (--cpu-offloading-num-layers {n_off}: {layers - n_off} of {layers} layers' activations stay, "
+                 "L - N as TE's DefaultOffloadSynchronizer keeps them)")
     doc = docstring_layout(r)
     if doc:
         alt = docstring_estimate(r, doc)
