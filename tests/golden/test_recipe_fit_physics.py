@@ -213,3 +213,15 @@ def test_cli_estimate_recipe_reads_the_allocator_and_fragmentation_flag_wins(cap
     assert frag[0] == 0.0 and frag[1] > 5 * GIB
     assert any("expandable segments" in n for n in outs[0]["notes"])
     assert not any("expandable segments" in n for n in outs[1]["notes"])
+
+
+def test_explain_names_the_in_flight_activations_in_numbers() -> None:
+    """plan/explain's memory mechanism (recipes.compare) gives each side's peak-stage activations as the schedule's
+    in-flight count x bytes per chunk."""
+    from paraplan.recipes.compare import _memory_mechanism
+
+    rec = estimate_recipe(_by_alias("llama3.1-405b-gb200-bf16-128"))
+    pick = estimate_recipe(_by_alias("llama3.1-405b-gb200-bf16-256"))
+    text = _memory_mechanism("activations", rec, pick)
+    per = float(rec.stages[1].memory.activations_bytes) / 141 / GIB
+    assert f"recipe 141 chunk micro-batches x {per:.2f} GiB = " in text and "on stage 1" in text

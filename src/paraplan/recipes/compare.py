@@ -220,8 +220,17 @@ def _memory_mechanism(term: str, rec: Estimate, pick: Estimate) -> str:
     if term == "activations":
         return (f"activations: recipe mbs {a.mbs} {a.recompute} recompute TP {a.tp} CP {a.cp} PP {a.pp} VP {a.vp}, "
                 f"pick mbs {b.mbs} {b.recompute} TP {b.tp} CP {b.cp} PP {b.pp} VP {b.vp} (micro-batches in flight on "
-                "the peak stage)")
+                f"the peak stage: recipe {_in_flight(rec)}, pick {_in_flight(pick)})")
     return "other (logits, workspace, communication buffers)"
+
+
+def _in_flight(e: Estimate) -> str:
+    """``141 chunk micro-batches x 0.99 GiB = 140.0 GiB on stage 1``: the peak stage's activations by the schedule's
+    in-flight count."""
+    st = e.stages[e.peak_stage]
+    units, act = float(st.in_flight), float(st.memory.activations_bytes)
+    return (f"{units:.0f} chunk micro-batches x {act / max(units, 1.0) / GIB:.2f} GiB = {act / GIB:.1f} GiB on "
+            f"stage {e.peak_stage}")
 
 
 def outside_search(plan: Plan, rec: Estimate) -> list[str]:
