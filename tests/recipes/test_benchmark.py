@@ -87,5 +87,6 @@ def test_the_oom_physics_line_adds_up() -> None:
         r"= ([\d.]+) of ([\d.]+) GiB usable, ([\d.]+) GiB over", text).groups())  # type: ignore[union-attr]
     assert act + state + other == pytest.approx(peak, abs=0.15)
     assert peak == pytest.approx(est.peak_bytes / GIB, abs=0.05)
+    assert usable == pytest.approx(est.usable_bytes / GIB, abs=0.05)
     assert over == pytest.approx((est.peak_bytes - est.usable_bytes) / GIB, abs=0.05)
     assert "fragmentation" in text and "40 of 80 layers' activations stay" in text
