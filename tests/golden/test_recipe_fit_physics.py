@@ -225,3 +225,27 @@ def test_explain_names_the_in_flight_activations_in_numbers() -> None:
     text = _memory_mechanism("activations", rec, pick)
     per = float(rec.stages[1].memory.activations_bytes) / 141 / GIB
     assert f"recipe 141 chunk micro-batches x {per:.2f} GiB = " in text and "on stage 1" in text
+
+
+def test_expandable_segments_never_raise_memory_and_change_only_fragmentation() -> None:
+    """Over the library's runnable recipes that set expandable segments (every 7th, for time): the allocator setting
+    lowers the peak by exactly the fragmentation allowance and moves no other term."""
+    from paraplan.errors import PlannerError
+    from paraplan.recipes.knobs import estimate_run
+
+    seen = 0
+    for r in [x for x in bridge_recipes() if x.runnable and "expandable_segments:True" in str(
+            x.get("PYTORCH_CUDA_ALLOC_CONF"))][::7]:
+        try:
+            run = recipe_run(r)
+            on, off = estimate_run(run), estimate_run(run, memory_options=MemoryOptions())
+        except PlannerError:
+            continue
+        seen += 1
+        for a, b in zip(on.stages, off.stages, strict=True):
+            assert float(a.other.fragmentation_bytes) == 0.0
+            assert float(b.memory.total_bytes - a.memory.total_bytes) == pytest.approx(
+                float(b.other.fragmentation_bytes), rel=1e-9, abs=1.0)
+            assert float(a.memory.activations_bytes) == float(b.memory.activations_bytes)
+        assert on.peak_bytes <= off.peak_bytes
+    assert seen >= 10
