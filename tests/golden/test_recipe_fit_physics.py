@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -249,3 +250,18 @@ def test_expandable_segments_never_raise_memory_and_change_only_fragmentation() 
             assert float(a.memory.activations_bytes) == float(b.memory.activations_bytes)
         assert on.peak_bytes <= off.peak_bytes
     assert seen >= 10
+
+
+def test_a_user_recipe_with_an_allocator_value_pytorch_refuses_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mine.yaml"
+    row = ("recipes:\n  - {source: 'mine.py:llama8', model: llama3_8b, gpu: h100, num_gpus: 8, precision: bf16, "
+           "seq_length: 8192, global_batch_size: 128, micro_batch_size: 1, tp: 1, pp: 1, cp: 1, dp: 8, "
+           "PYTORCH_CUDA_ALLOC_CONF: 'expandable_segments:%s'}\n")
+    path.write_text(row % "yes")
+    assert main(["estimate", "--recipes", str(path), "--recipe", "mine.py:llama8"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "row 1" in err and "expandable_segments must be True or False" in err
+    path.write_text(row % "True")
+    assert main(["estimate", "--recipes", str(path), "--recipe", "mine.py:llama8", "--format", "json"]) in (0, 4)
+    assert any("expandable segments" in n for n in json.loads(capsys.readouterr().out)["notes"])
