@@ -117,12 +117,37 @@ def oom_physics(r: Recipe, est: Estimate) -> str:
         layers = est.model.num_layers
         text += (f" (--cpu-offloading-num-layers {n_off}: {layers - n_off} of {layers} layers' activations stay, "
                  "L - N as TE's DefaultOffloadSynchronizer keeps them)")
+    sib = other_scale(r)
+    if sib is not None:
+        try:
+            alt_est = estimate_recipe(sib)
+        except PlannerError:
+            alt_est = None
+        if alt_est is not None:
+            alt_mem = alt_est.stages[alt_est.peak_stage].memory
+            alt_state = float(alt_mem.weights_bytes + alt_mem.grads_bytes + alt_mem.optimizer_bytes)
+            text += (f"; {sib.alias}, the same per-GPU settings on {sib.get('num_gpus')} GPUs (dp {sib.get('dp')}, "
+                     f"GBS {sib.get('global_batch_size')}): peak {alt_est.peak_bytes / GIB:.1f} GiB, "
+                     + ("fits" if alt_est.fits else "does NOT fit")
+                     + f", weights, grads, optimizer {alt_state / GIB:.1f} GiB against {state / GIB:.1f} here")
     doc = docstring_layout(r)
     if doc:
         alt = docstring_estimate(r, doc)
         text += (f"; notes: {r.get('notes')}: " + (f"{alt.layout.short()} peak {alt.peak_bytes / GIB:.1f} GiB, "
                  + ("fits" if alt.fits else "does NOT fit") if alt is not None else "rejected"))
     return text
+
+
+SCALE_FIELDS = ("source", "num_gpus", "dp", "global_batch_size", "notes", "config_variant")
+"""Recipe columns that may differ between one recipe run at two scales (the rest are its per-GPU settings)."""
+
+
+def other_scale(r: Recipe) -> Recipe | None:
+    """The library recipe with ``r``'s model, GPU and every per-GPU setting at another GPU count (the Llama-3-70B
+    32-GPU recipes are the 64-GPU ones with GBS 128, "legacy-scaled"), the largest such count; None when none."""
+    same = [x for x in bridge_recipes() if x is not r and x.get("num_gpus") != r.get("num_gpus")
+            and all(x.get(c) == r.get(c) for c in r.fields if c not in SCALE_FIELDS)]
+    return max(same, key=lambda x: n if isinstance(n := x.get("num_gpus"), int) else 0) if same else None
 
 
 def docstring_estimate(r: Recipe, doc: dict[str, int]) -> Estimate | None:
