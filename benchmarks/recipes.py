@@ -19,7 +19,8 @@ in-flight activations the coded layout keeps are Megatron's own schedule (``sche
 ``get_pp_rank_microbatches``: rank r of p keeps 2(p - r - 1) + (v - 1) p + 1 chunk micro-batches of the interleaved
 schedule), so the code, not the count, disagrees with the published layout. ``--rows`` prints, for every recipe
 predicted not to fit, the physics: the peak stage's chunk micro-batches in flight x activation bytes per chunk, the
-other terms, against usable memory, and the docstring's layout when the notes name one.
+other terms, against usable memory, the docstring's layout when the notes name one, and the library's recipe with the
+same per-GPU settings at another GPU count (``other_scale``: data parallelism shards the model state differently).
 The recipe CSV holds settings only, no measurements: this measures agreement with NVIDIA's choices, not accuracy.
 The job is planned with the recipe's task (PEFT: frozen base weights, ``TrainingSpec.peft``), its MoE knobs and its
 allocator (``PYTORCH_CUDA_ALLOC_CONF``: expandable segments leave no fragmentation allowance, for the recipe and for
