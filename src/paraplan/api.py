@@ -89,6 +89,7 @@ if TYPE_CHECKING:
     from paraplan.recipes.compare import RecipeComparison as RecipeComparison
     from paraplan.recipes.compare import compare_with_plan as compare_with_plan
     from paraplan.recipes.knobs import estimate_run as estimate_run
+    from paraplan.recipes.knobs import recipe_memory_options as recipe_memory_options
     from paraplan.recipes.knobs import recipe_run as recipe_run
     from paraplan.recipes.knobs import run_dict as run_dict
     from paraplan.recipes.knobs import training_knobs as training_knobs
@@ -244,6 +245,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "cell_text": ("paraplan.recipes.catalogue", "A recipe field as the CSV writes it."),
     "recipe_run": ("paraplan.recipes.knobs", "A recipe as model, job and layout, with overrides."),
     "estimate_run": ("paraplan.recipes.knobs", "The estimate of a recipe run."),
+    "recipe_memory_options": ("paraplan.recipes.knobs", "MemoryOptions with a recipe's allocator setting."),
     "training_knobs": ("paraplan.recipes.knobs", "A recipe's TrainingSpec memory knobs at a precision."),
     "run_dict": ("paraplan.recipes.knobs", "The ``recipe`` block of ``estimate --recipe``'s JSON."),
     "compare_with_plan": ("paraplan.recipes.compare", "The closest recipe for a plan's model and GPU, estimated."),

@@ -9,7 +9,9 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     models,
     ``use_distributed_optimizer``, ``use_megatron_fsdp``, ``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``attention_backend``, ``mtp_num_layers`` (when the recipe sets it) and ``precision``
-    (bf16; every FP8 recipe as paraplan's FP8 with its ``--fp8-recipe``; NVFP4 as paraplan's fp4);
+    (bf16; every FP8 recipe as paraplan's FP8 with its ``--fp8-recipe``; NVFP4 as paraplan's fp4), and the
+    allocator's ``PYTORCH_CUDA_ALLOC_CONF`` (expandable segments: no fragmentation allowance,
+    ``recipe_memory_options``);
   * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
     (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 and FP4 parameter gather, the
     precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
@@ -42,6 +44,7 @@ from paraplan.errors import SpecError
 from paraplan.recipes.catalogue import Cell, Recipe, cell_text
 
 if TYPE_CHECKING:
+    from paraplan.estimate.memory import MemoryOptions
     from paraplan.estimator import Estimate
     from paraplan.layout import ParallelLayout
     from paraplan.specs.model import ModelSpec
@@ -88,15 +91,15 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "tp_comm_overlap_cfg": ((None, ""), _on("tp_comm_overlap", True)),
     "use_transformer_engine_op_fuser": ((False,), None),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
-    "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
     "other_env": (("",), None),
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
 Adam, grouped GEMMs, fp32 router, balanced routing (``moe_router_force_load_balancing``: it changes the logits,
 not the host syncs), no TE op fuser speed-up, activation offloading of activations only (no weights),
-no environment effects; userbuffers with Transformer Engine's default pairs (``initialize_ub``): a named Bridge config
-(``tp_comm_overlap_cfg``, training/comm_overlap.py) sets its own methods and SMs, costed at TE's defaults."""
+no environment effects but the allocator's; userbuffers with Transformer Engine's default pairs (``initialize_ub``): a
+named Bridge config (``tp_comm_overlap_cfg``, training/comm_overlap.py) sets its own methods and SMs, costed at TE's
+defaults."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -119,6 +122,9 @@ MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precisi
                          "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
                          "manual_gc_interval", "defer_embedding_wgrad_compute", "wgrad_deferral_limit",
                          "cross_entropy_fusion_impl")
+ALLOCATOR_COLUMN: Final = "PYTORCH_CUDA_ALLOC_CONF"
+"""The allocator setting (``recipe_memory_options``): ``expandable_segments:True`` drops the fragmentation
+allowance (``estimate.memory.EXPANDABLE_SEGMENTS_FRAGMENTATION_FRAC``)."""
 MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
                       "moe_hybridep_num_sms": "moe_hybridep_num_sms", "delay_wgrad_compute": "delay_wgrad_compute",
@@ -195,6 +201,22 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     out.update(cross_entropy_loss_fusion=True,
                cross_entropy_fusion_impl=_choice(r, "cross_entropy_fusion_impl", ("native", "te")))
     return out
+
+
+def recipe_memory_options(r: Recipe, base: MemoryOptions | None = None) -> MemoryOptions:
+    """``base`` (default MemoryOptions) with the recipe's allocator: ``expandable_segments`` from its
+    ``PYTORCH_CUDA_ALLOC_CONF`` (``estimate.memory.alloc_conf_expandable_segments``; an empty cell is PyTorch's
+    default, off)."""
+    from paraplan.estimate.memory import MemoryOptions, alloc_conf_expandable_segments
+
+    conf = r.get(ALLOCATOR_COLUMN)
+    if conf is not None and not isinstance(conf, str):
+        raise bad(r, ALLOCATOR_COLUMN, "PyTorch allocator settings, e.g. expandable_segments:True")
+    try:
+        on = alloc_conf_expandable_segments(conf or "")
+    except SpecError as err:
+        raise SpecError(f"{_where(r)}: {err}") from None
+    return replace(base if base is not None else MemoryOptions(), expandable_segments=on)
 
 
 def _offload_knobs(r: Recipe) -> dict[str, Any]:
@@ -506,10 +528,12 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
 
 
 def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: Any = None,
-                 memory_options: Any = None, mfu_peak: str = "bf16", knobs: dict[str, Any] | None = None) -> Estimate:
+                 memory_options: MemoryOptions | None = None, mfu_peak: str = "bf16",
+                 knobs: dict[str, Any] | None = None) -> Estimate:
     """The estimate of a RecipeRun (LayoutError on the first broken rule, as ``paraplan estimate``); the
     not-modelled knobs are the first notes (``knobs``: the TrainingSpec knob fields to use instead of the
-    recipe's, e.g. the recipe's with ``--knob`` given beside it)."""
+    recipe's, e.g. the recipe's with ``--knob`` given beside it; ``memory_options``: None = the defaults with the
+    recipe's allocator, ``recipe_memory_options``)."""
     from paraplan.estimator import estimate
     from paraplan.specs.cluster import make_cluster
     from paraplan.specs.load import load_gpu
@@ -524,6 +548,11 @@ def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: 
     except SpecError as err:
         raise SpecError(f"{_where(run.recipe)}: {err}") from None
     notes = [f"recipe {run.recipe.alias} ({run.recipe.source})", *run.notes]
+    if memory_options is None:
+        memory_options = recipe_memory_options(run.recipe)
+    if memory_options.expandable_segments:
+        notes.append(f"{ALLOCATOR_COLUMN}={run.recipe.get(ALLOCATOR_COLUMN)}: expandable segments, no fragmentation "
+                     "allowance")
     if run.not_modelled:
         notes.append("not modelled yet (kept in the recipe, not in these numbers): " + "; ".join(run.not_modelled))
     return estimate(run.model, cluster, training, run.layout, memory_options=memory_options, mfu_peak=mfu_peak,
