@@ -19,9 +19,12 @@ in-flight activations the coded layout keeps are Megatron's own schedule (``sche
 ``get_pp_rank_microbatches``: rank r of p keeps 2(p - r - 1) + (v - 1) p + 1 chunk micro-batches of the interleaved
 schedule), so the code, not the count, disagrees with the published layout. ``--rows`` prints, for every recipe
 predicted not to fit, the physics: the peak stage's chunk micro-batches in flight x activation bytes per chunk, the
-other terms, against usable memory, and the docstring's layout when the notes name one.
+other terms, against usable memory, the docstring's layout when the notes name one, and the library's recipe with the
+same per-GPU settings at another GPU count (``other_scale``: data parallelism shards the model state differently).
 The recipe CSV holds settings only, no measurements: this measures agreement with NVIDIA's choices, not accuracy.
-The job is planned with the recipe's task (PEFT: frozen base weights, ``TrainingSpec.peft``) and its MoE knobs.
+The job is planned with the recipe's task (PEFT: frozen base weights, ``TrainingSpec.peft``), its MoE knobs and its
+allocator (``PYTORCH_CUDA_ALLOC_CONF``: expandable segments leave no fragmentation allowance, for the recipe and for
+the layouts searched, ``knobs.recipe_memory_options``).
 
 Last line (issue 14 reads it):
 
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING
 from paraplan.errors import NoFeasiblePlanError, PlannerError
 from paraplan.recipes.catalogue import Recipe, bridge_recipes
 from paraplan.recipes.compare import job_recipe_layouts, same_layout
-from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_run
+from paraplan.recipes.knobs import estimate_recipe, moe_knobs, recipe_memory_options, recipe_run
 
 if TYPE_CHECKING:
     from paraplan.estimator import Estimate
@@ -93,26 +96,59 @@ def docstring_layout(r: Recipe) -> dict[str, int]:
 def oom_physics(r: Recipe, est: Estimate) -> str:
     """Why ``est`` (``r`` with its knobs) does not fit: the peak stage's chunk micro-batches in flight x activation
     bytes per chunk, the other terms, usable memory; and the docstring's layout when the notes name one."""
+    from dataclasses import fields
+
     from paraplan.units import GIB
 
     i = est.peak_stage
     st = est.stages[i]
     mem, units = st.memory, float(st.in_flight)
     act = float(mem.activations_bytes)
-    rest = float(mem.total_bytes) - act
+    state = float(mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes)
+    parts = ", ".join(f"{f.name.removesuffix('_bytes').replace('_', ' ')} {float(getattr(st.other, f.name)) / GIB:.1f}"
+                      for f in fields(st.other) if float(getattr(st.other, f.name)) >= 0.05 * GIB)
     text = (f"stage {i}: {units:.0f} chunk micro-batches in flight x {act / units / GIB:.2f} GiB = {act / GIB:.1f} "
-            f"GiB activations + {rest / GIB:.1f} GiB weights, grads, optimizer, other = {est.peak_bytes / GIB:.1f} "
-            f"of {est.usable_bytes / GIB:.1f} GiB usable")
+            f"GiB activations + {state / GIB:.1f} GiB weights, grads, optimizer (weights "
+            f"{float(mem.weights_bytes) / GIB:.1f}, grads {float(mem.grads_bytes) / GIB:.1f}, optimizer "
+            f"{float(mem.optimizer_bytes) / GIB:.1f}) + {float(mem.other_bytes) / GIB:.1f} GiB other ({parts}) = "
+            f"{est.peak_bytes / GIB:.1f} of {est.usable_bytes / GIB:.1f} GiB usable, "
+            f"{(est.peak_bytes - est.usable_bytes) / GIB:.1f} GiB over")
     n_off = est.training.cpu_offloading_num_layers
     if n_off:
         layers = est.model.num_layers
-        text += f" (--cpu-offloading-num-layers {n_off}: {layers - n_off} of {layers} layers' activations stay)"
+        text += (f" (--cpu-offloading-num-layers {n_off}: {layers - n_off} of {layers} layers' activations stay, "
+                 "L - N as TE's DefaultOffloadSynchronizer keeps them)")
+    sib = other_scale(r)
+    if sib is not None:
+        try:
+            alt_est = estimate_recipe(sib)
+        except PlannerError:
+            alt_est = None
+        if alt_est is not None:
+            alt_mem = alt_est.stages[alt_est.peak_stage].memory
+            alt_state = float(alt_mem.weights_bytes + alt_mem.grads_bytes + alt_mem.optimizer_bytes)
+            text += (f"; {sib.alias}, the same per-GPU settings on {sib.get('num_gpus')} GPUs (dp {sib.get('dp')}, "
+                     f"GBS {sib.get('global_batch_size')}): peak {alt_est.peak_bytes / GIB:.1f} GiB, "
+                     + ("fits" if alt_est.fits else "does NOT fit")
+                     + f", weights, grads, optimizer {alt_state / GIB:.1f} GiB against {state / GIB:.1f} here")
     doc = docstring_layout(r)
     if doc:
         alt = docstring_estimate(r, doc)
         text += (f"; notes: {r.get('notes')}: " + (f"{alt.layout.short()} peak {alt.peak_bytes / GIB:.1f} GiB, "
                  + ("fits" if alt.fits else "does NOT fit") if alt is not None else "rejected"))
     return text
+
+
+SCALE_FIELDS = ("source", "num_gpus", "dp", "global_batch_size", "notes", "config_variant")
+"""Recipe columns that may differ between one recipe run at two scales (the rest are its per-GPU settings)."""
+
+
+def other_scale(r: Recipe) -> Recipe | None:
+    """The library recipe with ``r``'s model, GPU and every per-GPU setting at another GPU count (the Llama-3-70B
+    32-GPU recipes are the 64-GPU ones with GBS 128, "legacy-scaled"), the largest such count; None when none."""
+    same = [x for x in bridge_recipes() if x is not r and x.get("num_gpus") != r.get("num_gpus")
+            and all(x.get(c) == r.get(c) for c in r.fields if c not in SCALE_FIELDS)]
+    return max(same, key=lambda x: n if isinstance(n := x.get("num_gpus"), int) else 0) if same else None
 
 
 def docstring_estimate(r: Recipe, doc: dict[str, int]) -> Estimate | None:
@@ -147,7 +183,8 @@ def compare(r: Recipe) -> Row | str:
                             attention_backend=job.attention_backend, peft=r.get("task") == "peft",
                             **dispatch)  # type: ignore[arg-type]
     try:
-        p = plan(est.model, cluster, training, top_k=TOP_K, recipes=job_recipe_layouts(est.model, cluster, training))
+        p = plan(est.model, cluster, training, top_k=TOP_K, options=recipe_memory_options(r),
+                 recipes=job_recipe_layouts(est.model, cluster, training))
     except NoFeasiblePlanError:
         return "no layout fits the job"
     top = p.candidates[0]

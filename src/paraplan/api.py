@@ -89,6 +89,7 @@ if TYPE_CHECKING:
     from paraplan.recipes.compare import RecipeComparison as RecipeComparison
     from paraplan.recipes.compare import compare_with_plan as compare_with_plan
     from paraplan.recipes.knobs import estimate_run as estimate_run
+    from paraplan.recipes.knobs import recipe_memory_options as recipe_memory_options
     from paraplan.recipes.knobs import recipe_run as recipe_run
     from paraplan.recipes.knobs import run_dict as run_dict
     from paraplan.recipes.knobs import training_knobs as training_knobs
@@ -125,6 +126,7 @@ if TYPE_CHECKING:
     from paraplan.specs.training import KNOB_FLAG_ALIASES as KNOB_FLAG_ALIASES
     from paraplan.specs.training import KNOB_FLAGS as KNOB_FLAGS
     from paraplan.specs.training import KNOB_REFINEMENTS as KNOB_REFINEMENTS
+    from paraplan.specs.training import TIME_ONLY_KNOBS as TIME_ONLY_KNOBS
     from paraplan.specs.training import TrainingSpec as TrainingSpec
     from paraplan.tune import Comparison as Comparison
     from paraplan.tune import Metric as Metric
@@ -152,6 +154,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "KNOB_FLAGS": ("paraplan.specs.training", "Each TrainingSpec memory knob's Megatron flag."),
     "KNOB_REFINEMENTS": ("paraplan.specs.training", "A memory knob -> the knobs Megatron reads only with it on."),
     "KNOB_FLAG_ALIASES": ("paraplan.specs.training", "A memory knob -> its deprecated Megatron flags."),
+    "TIME_ONLY_KNOBS": ("paraplan.specs.training", "The TrainingSpec knobs that move step time only."),
     "ATTENTION_KERNELS": ("paraplan.specs.training", "TrainingSpec.attention_kernel choices (paraplan's knob)."),
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),
@@ -242,6 +245,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "cell_text": ("paraplan.recipes.catalogue", "A recipe field as the CSV writes it."),
     "recipe_run": ("paraplan.recipes.knobs", "A recipe as model, job and layout, with overrides."),
     "estimate_run": ("paraplan.recipes.knobs", "The estimate of a recipe run."),
+    "recipe_memory_options": ("paraplan.recipes.knobs", "MemoryOptions with a recipe's allocator setting."),
     "training_knobs": ("paraplan.recipes.knobs", "A recipe's TrainingSpec memory knobs at a precision."),
     "run_dict": ("paraplan.recipes.knobs", "The ``recipe`` block of ``estimate --recipe``'s JSON."),
     "compare_with_plan": ("paraplan.recipes.compare", "The closest recipe for a plan's model and GPU, estimated."),

@@ -197,6 +197,7 @@ def config_dict(layout: ParallelLayout, training: TrainingSpec, num_microbatches
         "precision": training.precision,
         **_schedule_keys(layout),
         **({"memory_knobs": knobs} if (knobs := memory_knobs_of(training)) else {}),
+        **({"time_only_knobs": time} if (time := time_only_knobs_of(training)) else {}),
     }
 
 
@@ -208,6 +209,14 @@ def memory_knobs_of(training: TrainingSpec) -> dict[str, Any]:
     plain = TrainingSpec(seq_len=training.seq_len, global_batch_size=training.global_batch_size,
                          precision=training.precision, attention_backend=training.attention_backend)
     return {k: v for k, v in training_dict(training).items() if k not in training_dict(plain)}
+
+
+def time_only_knobs_of(training: TrainingSpec) -> list[str]:
+    """The knobs of ``memory_knobs_of`` that move step time only (``specs.training.TIME_ONLY_KNOBS``; the JSON's
+    ``config.time_only_knobs``, absent when empty), in ``memory_knobs_of``'s order."""
+    from paraplan.specs.training import TIME_ONLY_KNOBS
+
+    return [k for k in memory_knobs_of(training) if k in TIME_ONLY_KNOBS]
 
 
 def _schedule_keys(layout: ParallelLayout) -> dict[str, str]:

@@ -49,20 +49,23 @@ def test_deferred_terms_golden(limit: int, m: int, saved: float, deferred: float
     assert tuple(map(float, deferred_wgrad_terms(ON, replace(PP4, pp=1), 1.0, m))) == (0.0, 0.0)
 
 
-def test_step_time_by_hand() -> None:
+@pytest.mark.parametrize("mtp_layers", [0, 1])
+def test_step_time_by_hand(mtp_layers: int) -> None:
     """Llama-3-8B on 8 H100, TP1 PP4 DP2, 32 micro-batches: the last stage (the slowest, it holds the output layer)
-    loses its output-layer wgrad GEMM (T x h)(h x V) each micro-batch; the 32 deferred GEMMs hide in its flush idle
-    time, 2/3 of the bubble, and only what is longer shows."""
+    loses its output-layer wgrad GEMM (T x h)(h x V) each micro-batch, one per head: with an MTP layer (on the last
+    stage) the MTP head's too, one shared weight; the 32 x heads deferred GEMMs hide in its flush idle time, 2/3 of
+    the bubble, and only what is longer shows."""
+    model = replace(LLAMA, mtp_num_layers=mtp_layers)
+    heads = 1 + mtp_layers
     cluster = make_cluster(H100, 8, 8)
-    a, b = step_time(LLAMA, cluster, OFF, PP4, num_microbatches=32), step_time(LLAMA, cluster, ON, PP4,
-                                                                            num_microbatches=32)
-    wgrad = float(gemm_s(cluster, False, 4096, padded_vocab(LLAMA, 1), LLAMA.hidden_size))
-    assert float(stage_terms(LLAMA, cluster, ON, PP4).logits_wgrad_s) == pytest.approx(wgrad)
+    a, b = (step_time(model, cluster, t, PP4, num_microbatches=32) for t in (OFF, ON))
+    wgrad = float(gemm_s(cluster, False, 4096, padded_vocab(model, 1), model.hidden_size))
+    assert float(stage_terms(model, cluster, ON, PP4).logits_wgrad_s) == pytest.approx(wgrad)
     assert int(a.slowest_stage) == 3 and int(b.slowest_stage) == 3
     assert float(a.compute_s - b.compute_s) == pytest.approx(
-        32 * wgrad - max(0.0, 32 * wgrad - FLUSH_IDLE_SHARE * float(b.bubble_s)))
+        heads * 32 * wgrad - max(0.0, heads * 32 * wgrad - FLUSH_IDLE_SHARE * float(b.bubble_s)))
     # the bubble shrinks with the slowest stage: (p-1)/m of it
-    assert float(b.bubble_s) == pytest.approx(float(a.bubble_s) - 3 / 32 * 32 * wgrad)
+    assert float(b.bubble_s) == pytest.approx(float(a.bubble_s) - 3 / 32 * heads * 32 * wgrad)
     assert float(b.step_s) < float(a.step_s)
 
 
@@ -151,3 +154,18 @@ def test_deferred_entries_monotone(limit: int, m: int, heads: int) -> None:
         assert d <= limit
         assert float(deferred_wgrad_entries(replace(t, wgrad_deferral_limit=limit + 1), m, heads)) >= d
     assert deferred_wgrad_entries(OFF, m, heads) == 0.0
+
+
+@pytest.mark.parametrize(("limit", "m", "heads", "saved", "deferred"), [
+    (0, 32, 2, 2.0, 64.0),        # the main head and one MTP head: two output-layer calls a micro-batch
+    (22, 32, 2, 22 / 32, 22.0),   # the limit counts calls, not micro-batches
+    (40, 32, 2, 40 / 32, 40.0),
+    (0, 8, 3, 3.0, 24.0),
+])
+def test_deferred_terms_count_every_head(limit: int, m: int, heads: int, saved: float, deferred: float) -> None:
+    """multi_token_prediction.py ``process_mtp_loss`` calls the shared ``output_layer`` once per MTP head: each call
+    appends to the same buffers (layers.py), so its wgrad is deferred too, up to the limit."""
+    s, d = deferred_wgrad_terms(replace(ON, wgrad_deferral_limit=limit), PP4, 1.0, m, heads)
+    assert (float(s), float(d)) == pytest.approx((saved, deferred))
+    assert float(d) == float(deferred_wgrad_entries(replace(ON, wgrad_deferral_limit=limit), m, heads))  # = memory
+

@@ -99,7 +99,7 @@ def test_read_from_megatron_args_and_written_back(spelling: str) -> None:
         argv(megatron_args(LLAMA, lay, TRAINING), resolve=True))
     assert knob_fields(["no-tp-comm-overlap-rs"], "bf16") == {"tp_comm_overlap_rs": False}
     items = dict(overrides((spec := _knob_spec(tp_comm_overlap_rs=False)), choose_recipe(spec)))
-    assert items["model.tp_comm_overlap_rs"] is False and "model.tp_comm_overlap_ag" not in items
+    assert items["model.tp_comm_overlap_rs"] is False and items["model.tp_comm_overlap_ag"] is True  # both written
 
 
 def test_unmodelled_userbuffers_flags_are_noted() -> None:

@@ -192,6 +192,9 @@ def test_every_override_key_is_a_bridge_config_field() -> None:
     keys = {k for spec in specs if spec.model.name in BASE_RECIPES for k, _ in overrides(spec, choose_recipe(spec))}
     keys |= set(RUNTIME_FIELDS)
     keys |= {k for k, _ in overrides(llama70b_spec(), choose_recipe(llama70b_spec()))}
+    unfused = plan_spec("llama3-8b-dp8")  # the attention backend, written only when unfused
+    unfused = replace(unfused, training=replace(unfused.training, attention_backend="unfused"))
+    keys |= {k for k, _ in overrides(unfused, choose_recipe(unfused))}
     missing = []
     for key in sorted(keys):
         section, _, name = key.rpartition(".")

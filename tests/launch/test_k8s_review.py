@@ -144,6 +144,36 @@ def test_without_the_name_word_the_first_arg_is_dollar_0_as_bash_does() -> None:
     script = 'torchrun /m/pretrain_gpt.py "$@"'
     p = parse_manifest(yaml.safe_dump(_job(command=["bash", "-c", script], args=["--lost", *ARGS])), source="j.yaml")
     assert "--lost" not in p.args and p.flags.layout_fields["tp"] == 2
+    notes = [n for n in p.flags.notes if n.startswith("bash -c:")]  # said, in one line
+    assert len(notes) == 1 and "'--lost' is the command string's $0" in notes[0] and "\n" not in notes[0]
+
+
+@pytest.mark.parametrize(("command", "args"), [
+    (["bash", "-c", 'torchrun /m/pretrain_gpt.py "$@"', "bash"], ARGS),  # the name word
+    (["bash", "-c", "torchrun /m/pretrain_gpt.py " + " ".join(ARGS)], ["--unused"]),  # no $@: nothing dropped
+    (["torchrun", "/m/pretrain_gpt.py"], ARGS),  # no bash -c
+])
+def test_no_dollar_0_note_where_no_flag_is_lost(command: list[str], args: list[str]) -> None:
+    p = parse_manifest(yaml.safe_dump(_job(command=command, args=args)), source="j.yaml")
+    assert p.flags.layout_fields["tp"] == 2 and not any(n.startswith("bash -c:") for n in p.flags.notes)
+
+
+def test_a_script_with_bash_c_and_no_name_word_is_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same in a launch script (the reader follows bash -c inside it); check prints the note, in JSON too."""
+    import json
+
+    monkeypatch.setenv("COLUMNS", "400")
+    f = tmp_path / "train.sh"
+    f.write_text("bash -c 'torchrun --nproc-per-node 8 /m/pretrain_gpt.py " + " ".join(ARGS[:-1]) + ' "$@"\' '
+                 "--tensor-model-parallel-size 2 --use-distributed-optimizer\n")
+    assert main(["check", str(f), "--gpu", "h100-80gb", "--format", "json"]) in (0, 1)
+    notes = [n for n in json.loads(capsys.readouterr().out)["notes"] if n.startswith("bash -c:")]
+    assert notes == ["bash -c: '--tensor-model-parallel-size' is the command string's $0 (bash takes the first word "
+                     "after the string as $0), so \"$@\" leaves it out and the command line runs without it; write a "
+                     "name word before the arguments (bash -c '...' bash --flag ...)"]
+    assert main(["check", str(f), "--gpu", "h100-80gb"]) in (0, 1)
+    assert "note: bash -c: '--tensor-model-parallel-size' is the command string's $0" in capsys.readouterr().out
 
 
 _OPTIONS = st.lists(st.sampled_from(["-e", "-x", "-l", "-ex", "-xe", "-o pipefail", "-eo pipefail", "--norc",

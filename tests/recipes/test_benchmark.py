@@ -67,3 +67,47 @@ def test_a_peft_recipe_is_planned_as_peft() -> None:
 
     row = bench.compare(find_recipe("llama3-70b-h100-bf16-8-peft", bridge_recipes()))
     assert isinstance(row, bench.Row) and row.fits
+
+
+def test_the_oom_physics_line_adds_up() -> None:
+    """Llama-3-70B on 32 GB200 (the 64-GPU FSDP recipe at GBS 128, 40 of 80 layers offloaded): activations + model
+    state + other = the peak, the model state and other parts named, and the excess over usable memory."""
+    import re
+
+    from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+    from paraplan.recipes.knobs import estimate_recipe
+    from paraplan.units import GIB
+
+    r = find_recipe("llama3-70b-gb200-fp8cs-32", bridge_recipes())
+    est = estimate_recipe(r)
+    assert not est.fits
+    text = bench.oom_physics(r, est)
+    act, state, other, peak, usable, over = (float(x) for x in re.search(
+        r"= ([\d.]+) GiB activations \+ ([\d.]+) GiB weights, grads, optimizer \(.*?\) \+ ([\d.]+) GiB other \(.*?\) "
+        r"= ([\d.]+) of ([\d.]+) GiB usable, ([\d.]+) GiB over", text).groups())  # type: ignore[union-attr]
+    assert act + state + other == pytest.approx(peak, abs=0.15)
+    assert peak == pytest.approx(est.peak_bytes / GIB, abs=0.05)
+    assert usable == pytest.approx(est.usable_bytes / GIB, abs=0.05)
+    assert over == pytest.approx((est.peak_bytes - est.usable_bytes) / GIB, abs=0.05)
+    assert "fragmentation" in text and "40 of 80 layers' activations stay" in text
+
+
+def test_a_recipe_at_another_scale_is_named_with_its_model_state() -> None:
+    """The 32-GPU Llama-3-70B recipes are the 64-GPU ones at GBS 128 (Bridge ``_with_global_batch_size``): the OOM
+    line names the 64-GPU recipe, which fits, and its model state, half of this one's (FSDP shards over 64, not 32)."""
+    import re
+
+    from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+    from paraplan.recipes.knobs import estimate_recipe
+
+    r = find_recipe("llama3-70b-gb200-fp8cs-32", bridge_recipes())
+    sib = bench.other_scale(r)
+    assert sib is not None and sib.alias == "llama3-70b-gb200-fp8cs-64"
+    assert bench.other_scale(find_recipe("llama3.1-405b-b200-bf16-128", bridge_recipes())) is None  # no B200 256
+    other = bench.other_scale(find_recipe("llama3.1-405b-gb200-fp8cs-128", bridge_recipes()))
+    assert other is not None and other.alias == "llama3.1-405b-gb200-fp8cs-256"
+    text = bench.oom_physics(r, estimate_recipe(r))
+    m = re.search(r"llama3-70b-gb200-fp8cs-64, .*?: peak [\d.]+ GiB, fits, weights, grads, optimizer ([\d.]+) GiB "
+                  r"against ([\d.]+) here", text)
+    assert m is not None
+    assert float(m.group(1)) == pytest.approx(float(m.group(2)) / 2, abs=0.1)

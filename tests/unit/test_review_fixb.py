@@ -56,6 +56,8 @@ KNOB_SAMPLES: dict[str, tuple[str | None, str, object]] = {
     "delay_wgrad_compute": (None, "bf16", True), "moe_permute_fusion": (None, "bf16", True),
     "moe_permute_fusion_into_hybridep": (None, "bf16", True), "moe_shared_expert_overlap": (None, "bf16", True),
     "moe_expert_capacity_factor": ("1.5", "bf16", 1.5), "moe_pad_expert_input_to_capacity": (None, "bf16", True),
+    "moe_expert_rank_capacity_factor": ("1.5", "bf16", 1.5), "moe_paged_stash": (None, "bf16", True),
+    "use_transformer_engine_op_fuser": (None, "bf16", True),
     "cuda_graph_impl": ("local", "bf16", "local"), "cuda_graph_modules": ("attn", "bf16", ("attn",)),
     "overlap_param_gather_with_optimizer_step": (None, "bf16", True),
     "gradient_accumulation_fusion": (None, "bf16", False), "fp4_recipe": ("nvfp4", "fp4", "nvfp4"),

@@ -209,6 +209,10 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
         from dataclasses import replace
 
         run = replace(run, notes=(*run.notes, f"given beside the recipe, winning over its values: {', '.join(given)}"))
+    if not _given(ctx, "fragmentation"):  # the recipe's allocator (expandable segments), unless --fragmentation
+        from paraplan.api import recipe_memory_options
+
+        options = recipe_memory_options(r, options)
     return (estimate_run(run, gpus_per_node=gpus_per_node, gpu_spec=gpu_spec, memory_options=options,
                          mfu_peak=mfu_peak, knobs=knobs), run_dict(run, given))
 

@@ -153,14 +153,17 @@ def launch(
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
     written = json.loads(files["manifest.json"])
+    by_reason: dict[str, list[str]] = {}
     for target_name, reason in written.get("skipped_targets", {}).items():
-        con.print(f"note: {target_name} not written: {safe(reason)}", soft_wrap=True)
+        by_reason.setdefault(reason, []).append(target_name)
+    for reason, names in by_reason.items():
+        con.print(f"note: {safe(', '.join(names))} not written: {safe(reason)}", soft_wrap=True)
     for warning in written.get("warnings", []):
         con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
     gaps = written.get("bridge_overrides_not_set", [])
     if gaps:
         con.print(f"note: bridge_overrides.txt cannot set {safe(', '.join(gaps))} (bridge_recipe.py does): the base "
                   "recipe's mixed_precision is a preset name, or Bridge's override parser has no name for the "
-                  "dtype", soft_wrap=True)
+                  "dtype or does not read an enum", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")

@@ -278,7 +278,7 @@ HeadroomOpt = typer.Option(
          "default: the upper end of the memory model's measured error band for the model's family (paraplan.bands).")
 KnobOpt = typer.Option(
     None, "--knob",
-    help="A memory knob as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
+    help="A knob (memory or time) as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
          "main-grads-dtype=bf16, main-params-dtype=fp16, exp-avg-dtype=bf16, exp-avg-sq-dtype=bf16, "
          "fp8-recipe=tensorwise, fp8-param-gather, optimizer-cpu-offload, optimizer-offload-fraction=0.5, "
          "cpu-offloading-num-layers=20, fine-grained-activation-offloading, offload-modules=core_attn,attn_proj, "
@@ -287,7 +287,8 @@ KnobOpt = typer.Option(
          "MoE: moe-token-dispatcher-type=alltoall|allgather|flex, moe-flex-dispatcher-backend=deepep|hybridep, "
          "moe-flex-dispatcher-num-sms=32, delay-wgrad-compute, moe-permute-fusion, "
          "moe-permute-fusion-into-hybridep, moe-shared-expert-overlap, "
-         "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity; CUDA graphs: "
+         "moe-expert-capacity-factor=1.0, moe-pad-expert-input-to-capacity, "
+         "moe-expert-rank-capacity-factor=1.5, moe-paged-stash, use-transformer-engine-op-fuser; CUDA graphs: "
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
          "no-gradient-accumulation-fusion, cross-entropy-loss-fusion, cross-entropy-fusion-impl=native|te; "
          "userbuffers pairs (with --tp-comm-overlap): no-tp-comm-overlap-ag, no-tp-comm-overlap-rs; "

@@ -144,7 +144,7 @@ class PlanRequest:
     headroom: str | None = None
     """``--headroom``: GIB, PCT or 0 (``paraplan.headroom.parse_headroom``); None = the memory model's band."""
     knob: list[str] | None = None
-    """``--knob``: memory knobs as Megatron flags (options.knob_fields)."""
+    """``--knob``: memory and time knobs as Megatron flags (options.knob_fields)."""
     schedule: str = ""
     """A ``paraplan.schedules`` name ("" = Megatron's choice from VP). Not in PLAN_OPTIONS: plan and explain
     each place ``--schedule`` among their own options (their --help order)."""

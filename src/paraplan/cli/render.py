@@ -115,14 +115,17 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
     return table
 
 
-def knob_words(training: TrainingSpec) -> str:
-    """The memory knobs away from Megatron's defaults, as the Megatron flags that set them, written as Megatron
+def knob_words(training: TrainingSpec, time_only: bool | None = None) -> str:
+    """The knobs away from Megatron's defaults, as the Megatron flags that set them, written as Megatron
     takes them: a list as its words (``--cuda-graph-modules attn moe_router``), a store-false flag bare
-    (``--no-gradient-accumulation-fusion``)."""
-    from paraplan.api import KNOB_FLAGS, memory_knobs_of
+    (``--no-gradient-accumulation-fusion``). ``time_only`` True: only the knobs that move time only
+    (``specs.training.TIME_ONLY_KNOBS``); False: only those that move memory; None: all."""
+    from paraplan.api import KNOB_FLAGS, TIME_ONLY_KNOBS, memory_knobs_of
 
     words = []
     for key, value in memory_knobs_of(training).items():
+        if time_only is not None and (key in TIME_ONLY_KNOBS) != time_only:
+            continue
         flag = KNOB_FLAGS.get(key, key)
         if value is True or (value is False and flag.startswith("--no-")):
             words.append(flag)
@@ -140,9 +143,9 @@ def render_estimate(est: Estimate) -> None:
     con.print(f"[bold]{safe(est.model.name)}[/] on {est.cluster.num_gpus} x {safe(est.cluster.gpu.name)} "
               f"({est.cluster.gpus_per_node}/node, NVLink domain {est.cluster.nvlink_domain_size}) | "
               f"seq {est.training.seq_len}, GBS {est.training.global_batch_size}, {est.training.precision}")
-    knobs = knob_words(est.training)
-    if knobs:
-        con.print(f"memory knobs: {safe(knobs)}")
+    for head, time_only in (("memory knobs", False), ("time-only knobs", True)):
+        if knobs := knob_words(est.training, time_only):
+            con.print(f"{head}: {safe(knobs)}")
     con.print(f"layout: {lay.short()} | micro-batches {est.num_microbatches} | "
               f"params {format_count(est.params.total)} (active {format_count(est.params.active_per_token)})")
     table = Table(title="memory per GPU by pipeline stage (GiB)")

@@ -15,11 +15,13 @@ Vectorised over candidates like the rest of ``estimate``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
+from paraplan.errors import SpecError
 from paraplan.estimate import activations as act
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned
 from paraplan.estimate.layouts import LayerLayout, StepLayout
@@ -81,10 +83,52 @@ class MemoryOptions:
     """cuBLAS/TE workspaces and small buffers counted in torch's allocated memory (fit to
     megatron_golden.csv: 0.125 GiB gives the lowest median error, see CHANGELOG.md)."""
     fragmentation_frac: float = 0.05
-    """Extra share of activation-sized (dynamic) allocations lost to fragmentation."""
+    """Extra share of activation-sized (dynamic) allocations lost to fragmentation (assumed; no held-out row
+    measures reserved over allocated memory). Not applied with ``expandable_segments``."""
+    expandable_segments: bool = False
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (``alloc_conf_expandable_segments``): no fragmentation
+    allowance (``fragmentation_frac_of``)."""
     backward_working_frac: float = 0.0
     """Activation gradients alive during one layer's backward beyond the activations it frees,
     in layers' worth (0: gradients reuse what backward frees; fit to megatron_golden.csv)."""
+
+
+def alloc_conf_expandable_segments(alloc_conf: str) -> bool:
+    """Whether a ``PYTORCH_CUDA_ALLOC_CONF`` value turns on PyTorch's expandable segments, read as c10 reads it
+    (c10/core/AllocatorConfig.h ``ConfigTokenizer``: tokens split at ``,`` ``:`` ``[`` ``]``, whitespace dropped;
+    ``toBool`` takes exactly ``True`` or ``False``; a later ``expandable_segments`` pair wins, as parseArgs
+    overwrites the setting). Other keys are skipped (their ``[...]`` list values too). SpecError on a value
+    PyTorch would refuse."""
+    tokens = [t for t in re.split(r"([,:\[\]])", re.sub(r"\s+", "", alloc_conf)) if t]
+    on = False
+    for i, tok in enumerate(tokens):
+        if tok != "expandable_segments" or (i > 0 and tokens[i - 1] not in (",",)):
+            continue
+        value = tokens[i + 2] if i + 2 < len(tokens) and tokens[i + 1] == ":" else ""
+        if value not in ("True", "False"):
+            raise SpecError(f"PYTORCH_CUDA_ALLOC_CONF: expandable_segments must be True or False (as PyTorch's "
+                            f"ConfigTokenizer::toBool reads it), got {value[:40]!r} in {alloc_conf[:80]!r}")
+        on = value == "True"
+    return on
+
+
+EXPANDABLE_SEGMENTS_FRAGMENTATION_FRAC = 0.0
+"""Fragmentation allowance with expandable segments. The allowance models what PyTorch's CUDA-semantics notes
+describe for the default allocator: one cudaMalloc segment per large allocation, whose unusable free slivers cannot
+be merged, so a new segment can fail although enough memory is free. With ``expandable_segments:True`` "the
+allocator [starts] with one segment that grows as needed, rather than creating a new segment for each allocation"
+(c10/core/AllocatorConfig.h ``use_expandable_segments``): one segment per stream, mapped in pages, whose free pages
+are unmapped and mapped again where the next allocation needs them (PyTorch's CUDA-semantics notes,
+``expandable_segments``), so free memory anywhere is usable. What is left
+is page rounding (``kRoundLarge`` 2 MiB, c10/core/AllocatorConfig.h), inside the allocated bytes the memory band
+measures (``torch.cuda.max_memory_allocated``), and partial pages at the ends of free blocks (at most two 2 MiB
+pages per free block), neglected."""
+
+
+def fragmentation_frac_of(options: MemoryOptions) -> float:
+    """The fragmentation share of dynamic bytes applied: ``EXPANDABLE_SEGMENTS_FRAGMENTATION_FRAC`` with
+    expandable segments, else ``options.fragmentation_frac``."""
+    return EXPANDABLE_SEGMENTS_FRAGMENTATION_FRAC if options.expandable_segments else options.fragmentation_frac
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +363,11 @@ def stage_activation_bytes(
     transient:  full-recompute working group + backward working set (one layer, one micro-batch)
     layer-level CPU offloading (``--cpu-offloading-num-layers N``, PP 1): TE's ``get_cpu_offload_context``
                 keeps "at most (model_layers - num_layers) sets of activations on GPU" (TE docs, CPU
-                offloading, default scheduling): layers * max(L - N, 1) / L
+                offloading, default scheduling; TE >= 2.10 ``cpu_offload.py`` ``DefaultOffloadSynchronizer``:
+                layer i's GPU copy released before layer L-N+i's forward, reloaded before layer L-1-N+i's
+                backward, L - N at most in forward and backward): layers * max(L - N, 1) / L. The v1 path
+                (``NVTE_CPU_OFFLOAD_V1=1``, ``cpu_offload_v1.py``) frees its last group only after the last
+                layer's forward (L - N + 1); not modelled, no recipe with layer-level offloading sets it.
     fine-grained offloading: the offloaded module inputs are out of a_dense / a_moe; one layer's worth
                 stays on the GPU (the last group, which Megatron does not offload to avoid a reload stall)
     ``per_layer``: the layout's ``layer_activations`` when already computed.
@@ -401,7 +449,8 @@ def stage_other_bytes(
     fp8_cache = fp8_cache_bytes_per_param(training, arch) * fp8_held
     dynamic = activations_bytes + logits
     return OtherBytes(logits_bytes=logits, fp8_weight_cache_bytes=fp8_cache, fsdp_buffers_bytes=fsdp_buffers,
-                      workspace_bytes=options.workspace_bytes, fragmentation_bytes=options.fragmentation_frac * dynamic)
+                      workspace_bytes=options.workspace_bytes,
+                      fragmentation_bytes=fragmentation_frac_of(options) * dynamic)
 
 
 CUDA_GRAPH_INPUT_BYTES_PER_ELEMENT = 2.0
@@ -510,7 +559,7 @@ def stage_memory(
     if training.defer_embedding_wgrad_compute:  # activation-sized buffers: the fragmentation share applies
         deferred = deferred_wgrad_buffer_bytes(model, training, layout, stage, num_microbatches)
         other = replace(other, deferred_wgrad_bytes=deferred,
-                        fragmentation_bytes=other.fragmentation_bytes + options.fragmentation_frac * deferred)
+                        fragmentation_bytes=other.fragmentation_bytes + fragmentation_frac_of(options) * deferred)
     return StageMemory(
         memory=MemoryBreakdown(weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optimizer,
                                activations_bytes=activations, other_bytes=other.total),

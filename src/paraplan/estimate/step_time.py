@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from paraplan.estimate.flops import model_flops_per_step, recompute_flops_per_step
 from paraplan.estimate.layouts import LayerLayout, StepLayout
-from paraplan.estimate.memory import block_recompute_frac
+from paraplan.estimate.memory import block_recompute_frac, deferred_wgrad_entries
 from paraplan.estimate.params import ParamTerms, StageLayers, padded_vocab, stage_params
 from paraplan.estimate.time import compute, dp, ep, fsdp, offload, pp, tp
 from paraplan.estimate.time.compute import ATTENTION_BWD_FACTOR, gemm_efficiency, gemm_s
@@ -200,19 +200,20 @@ share of a micro-batch's forward + backward (``GEMM_FWD_BWD_FACTOR`` 3: backward
 
 
 def deferred_wgrad_terms(training: TrainingSpec, layout: StepLayout, wgrad_s: Num, num_microbatches: Int,
-                         ) -> tuple[Num, Num]:
+                         heads: Num = 1.0) -> tuple[Num, Num]:
     """(per micro-batch time the last stage saves, deferred work at the flush) of
-    ``--defer-embedding-wgrad-compute``: the output layer's weight-gradient GEMM (``wgrad_s`` per micro-batch) of
-    D = m micro-batches (``wgrad_deferral_limit`` 0) or min(limit, m) is kept back in its backward
-    (tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``: the activation and gradient go
-    to the buffers while fewer than the limit are held) and run after the last micro-batch (schedules.py
-    ``finish_embedding_wgrad_compute``): saved = D / m x wgrad, deferred = D x wgrad. (0, 0) without the knob or
-    with PP 1 (Megatron-Core refuses it there)."""
+    ``--defer-embedding-wgrad-compute``: the output layer's weight-gradient GEMM (``wgrad_s`` per call) of D calls is
+    kept back in its backward (tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``: the
+    activation and gradient go to the buffers while fewer than the limit are held) and run after the last
+    micro-batch (schedules.py ``finish_embedding_wgrad_compute``): saved = D / m x wgrad, deferred = D x wgrad, with
+    D = ``memory.deferred_wgrad_entries`` (heads m, or min(limit, heads m)): the output layer runs once per head and
+    micro-batch, ``heads`` = 1 + the stage's MTP layers (multi_token_prediction.py ``process_mtp_loss`` calls the
+    shared ``output_layer`` for every MTP head, and each call appends to the same buffers). (0, 0) without the knob
+    or with PP 1 (Megatron-Core refuses it there)."""
     if not training.defer_embedding_wgrad_compute:
         return 0.0, 0.0
     m = np.asarray(num_microbatches)
-    limit = training.wgrad_deferral_limit
-    d = m if limit == 0 else np.minimum(limit, m)
+    d = deferred_wgrad_entries(training, m, heads)
     on = np.asarray(layout.pp) > 1
     return np.where(on, d / np.maximum(m, 1) * wgrad_s, 0.0), np.where(on, d * wgrad_s, 0.0)
 
@@ -299,10 +300,14 @@ def step_time_from_stages(
     m = num_microbatches
     terms = terms if terms is not None else stage_terms(model, cluster, training, layout)
     times = [stage_time(model, cluster, training, layout, st, terms) for st in stages]
-    saved, deferred = deferred_wgrad_terms(training, layout, terms.logits_wgrad_s, m)
+    deferred: Num = 0.0
     if training.defer_embedding_wgrad_compute:  # the last stage's output-layer wgrad GEMMs leave the steady state
+        per_stage = [deferred_wgrad_terms(training, layout, terms.logits_wgrad_s, m, 1 + np.asarray(st.num_mtp_layers))
+                     for st in stages]
         times = [replace(t, compute_s=t.compute_s - np.where(st.has_output, saved, 0.0))
-                 for t, st in zip(times, stages, strict=True)]
+                 for t, st, (saved, _) in zip(times, stages, per_stage, strict=True)]
+        for st, (_, held) in zip(stages, per_stage, strict=True):
+            deferred = np.maximum(deferred, np.where(st.has_output, held, 0.0))
     groups = dp.dp_groups(model, cluster, layout, max_positions, params)
     totals = np.stack([np.broadcast_to(np.asarray(st.total_s, dtype=float), np.shape(times[0].total_s))
                        for st in times])

@@ -106,8 +106,8 @@ PLANNED_OFF: Final[tuple[tuple[str, Scalar | list[str], str], ...]] = (
 )
 """Benchmark-only settings of a performance recipe (``_benchmark_common`` and the recipe itself) that the plan
 did not model, reset to what the plan assumes (the knobs the plan did estimate, CUDA graphs among them, are
-written with their estimated values by ``knob_overrides``). Kept as the recipe sets them (stated in bridge_recipe.py):
-``train.manual_gc`` (written when the plan sets ``--manual-gc``), ``train.eval_iters = 0``,
+written with their estimated values by ``knob_overrides``, manual GC among them). Kept as the recipe sets them
+(stated in bridge_recipe.py): ``train.eval_iters = 0``,
 ``logger.log_interval = 1``, the NaN / large-gradient checks off, the fused RoPE kernel
 (``apply_rope_fusion``; the cross entropy's fusion is a knob, written with the plan's value): throughput settings
 that do not change
@@ -122,6 +122,10 @@ HYDRA_DTYPES: Final = ("float32", "bfloat16", "float16")
 ``DTYPE_MAP``: it has no ``uint8``, and its "fp8" is float8_e4m3fn, not the uint8 Megatron-Core's optimizer takes)."""
 DTYPE_FIELDS: Final = ("optimizer.main_grads_dtype", "optimizer.main_params_dtype", "optimizer.exp_avg_dtype",
                        "optimizer.exp_avg_sq_dtype")
+ENUM_FIELDS: Final = {"model.attention_backend": "AttnBackend"}
+"""Fields whose value is a Megatron-Core enum member by name (megatron/core/transformer/enums.py): bridge_recipe.py
+sets ``enums.AttnBackend[value]``; bridge_overrides.txt cannot (Bridge's override parser converts dtypes and callables
+back from strings, not enums: training/utils/omegaconf_utils.py ``_apply_overrides``)."""
 COMM_OVERLAP_FIELDS: Final = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
                               "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
                               "defer_embedding_wgrad_compute", "wgrad_deferral_limit")
@@ -242,10 +246,16 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
         ("model.cross_entropy_loss_fusion", t.cross_entropy_loss_fusion),
         ("model.cross_entropy_fusion_impl", t.cross_entropy_fusion_impl),
     ]
-    # userbuffers pair switches (TransformerConfig fields Bridge's CommOverlapConfig leaves alone): written when off
-    out += [(f"model.{k}", False) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs") if not getattr(t, k)]
-    if t.manual_gc:  # modelled as no time: written when the plan sets it, else the recipe's own (PLANNED_OFF)
-        out += [("train.manual_gc", True), ("train.manual_gc_interval", t.manual_gc_interval)]
+    # paraplan's flash is Megatron's flash / fused / auto, as the recipe picks it; unfused is written (Megatron-LM's
+    # --attention-backend unfused): the plan priced its s x s scores
+    if t.attention_backend == "unfused":
+        out.append(("model.attention_backend", "unfused"))
+    # userbuffers pair switches (TransformerConfig fields Bridge's CommOverlapConfig leaves alone), written either way
+    out += [(f"model.{k}", getattr(t, k)) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs")]
+    # modelled as no time, written either way: the perf recipes turn it on (_benchmark_common: manual_gc True,
+    # interval 100), Megatron-LM's default is off
+    out += [("train.manual_gc", t.manual_gc)] + ([("train.manual_gc_interval", t.manual_gc_interval)]
+                                                 if t.manual_gc else [])
     if m.is_moe:
         out += [("model.moe_token_dispatcher_type", t.moe_token_dispatcher_type)]
         if t.moe_token_dispatcher_type == "flex":
@@ -260,6 +270,10 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
                 ("model.moe_shared_expert_overlap", t.moe_shared_expert_overlap),
                 ("model.moe_expert_capacity_factor", t.moe_expert_capacity_factor),
                 ("model.moe_pad_expert_input_to_capacity", t.moe_pad_expert_input_to_capacity),
+                # the rank budget, the paged stash that needs it and the op fuser it needs: one consistent set
+                ("model.moe_expert_rank_capacity_factor", t.moe_expert_rank_capacity_factor),
+                ("model.moe_paged_stash", t.moe_paged_stash),
+                ("model.use_transformer_engine_op_fuser", t.use_transformer_engine_op_fuser),
                 ("model.overlap_moe_expert_parallel_comm", spec.layout.schedule == "combined_1f1b"),
                 ("model.delay_wgrad_compute", t.delay_wgrad_compute)]
     out += [("optimizer.use_precision_aware_optimizer", t.use_precision_aware_optimizer),
@@ -308,7 +322,7 @@ def not_in_overrides_file(recipe: Recipe, items: list[tuple[str, Value]]) -> lis
     the recipe names a preset (a base recipe's ``mixed_precision`` is a string, which has no fields to override),
     and an optimizer dtype Bridge's override parser has no name for (``HYDRA_DTYPES``)."""
     return [k for k, v in items if (recipe.kind == "base" and k.startswith("mixed_precision."))
-            or (k in DTYPE_FIELDS and v not in HYDRA_DTYPES)]
+            or (k in DTYPE_FIELDS and v not in HYDRA_DTYPES) or k in ENUM_FIELDS]
 
 
 def overrides(spec: LaunchSpec, recipe: Recipe) -> list[tuple[str, Value]]:
@@ -429,8 +443,9 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
            "# train_iters and checkpoints (ENV_OVERRIDES) and resets the benchmark-only settings the plan did not",
            "# model:",
            *reset,
-           "# and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused",
-           "# kernels as the recipe sets them (throughput settings that do not change the planned layout)."]
+           "# and keeps eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused kernels",
+           "# as the recipe sets them (throughput settings that do not change the planned layout); manual GC is",
+           "# the plan's (train.manual_gc in OVERRIDES)."]
           if recipe.kind == "perf" else []),
         '"""paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""',
         "",
@@ -444,6 +459,7 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "from megatron.bridge.training.gpt_step import forward_step",
         "from megatron.bridge.training.mixed_precision import get_mixed_precision_config",
         "from megatron.bridge.training.pretrain import pretrain",
+        "from megatron.core.transformer import enums",
         "",
         "OVERRIDES = {",
         *[f"    {k!r}: {v!r}," for k, v in fixed],
@@ -462,6 +478,9 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "DTYPE_FIELDS = [  # fields set to getattr(torch, value)",
         *[f"    {k!r}," for k in DTYPE_FIELDS],
         "]",
+        "ENUM_FIELDS = {  # fields set to the member of that name of the megatron.core.transformer.enums class",
+        *[f"    {k!r}: {v!r}," for k, v in ENUM_FIELDS.items()],
+        "}",
         "FALLBACK_FIELDS = {  # a field an older Megatron-Core lacks: the deprecated one it replaces",
         *([f"    {SMS_FIELD!r}: {sms_legacy_field(spec.training.moe_flex_dispatcher_backend)!r},"]
           if any(k == SMS_FIELD for k, _ in items) else []),
@@ -475,6 +494,8 @@ def recipe_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple[st
         "        obj = cfg.mixed_precision = get_mixed_precision_config(obj)",
         "    if path in DTYPE_FIELDS:",
         "        value = getattr(torch, value)",
+        "    if path in ENUM_FIELDS:",
+        "        value = getattr(enums, ENUM_FIELDS[path])[value]",
         "    if not hasattr(obj, name) and path in FALLBACK_FIELDS:",
         "        return _set(cfg, FALLBACK_FIELDS[path], value)",
         "    if not hasattr(obj, name):",
@@ -533,13 +554,14 @@ def overrides_file(spec: LaunchSpec, cid: str, recipe: Recipe, items: list[tuple
             "# ${oc.env:NAME} values read the environment when Bridge resolves the overrides: set DATA_PATH and",
             "# TOKENIZER_MODEL (required); TRAIN_ITERS, TOKENIZER_TYPE and CHECKPOINT_DIR have defaults.",
             *(["# Performance recipe: the benchmark-only settings the plan did not model are reset (see",
-               "# bridge_recipe.py); manual GC, eval_iters = 0 and the NaN checks off are kept as the recipe sets",
-               "# them."]
+               "# bridge_recipe.py); eval_iters = 0 and the NaN checks off are kept as the recipe sets them; manual",
+               "# GC is the plan's (train.manual_gc)."]
               if recipe.kind == "perf" else [])]
     gaps = not_in_overrides_file(recipe, items)
     if gaps:
         head += ["# Not settable here (bridge_recipe.py sets them): " + ", ".join(gaps) + " (the recipe's",
-                 "# mixed_precision is a preset name, or Bridge's override parser has no name for the dtype)."]
+                 "# mixed_precision is a preset name, or Bridge's override parser has no name for the dtype or",
+                 "# does not read an enum)."]
     overlap = comm_overlap_values(items)
     head += [f"# If the recipe sets comm_overlap, also set comm_overlap.{k}={hydra_value(v)} (its setup writes it "
              "over model/optimizer)." for k, v in overlap.items()]

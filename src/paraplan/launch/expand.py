@@ -50,6 +50,8 @@ class Env:
     positional: list[str] | None = None
     """``$0``, ``$1``, ...: the words after a ``bash -c`` command string (None: not known, ``$@`` / ``$1`` stay
     as written)."""
+    notes: list[str] = field(default_factory=list)
+    """What the reader noticed while expanding (one line each, for ``check``'s notes): ``dollar_zero_note``."""
 
     def lookup(self, name: str) -> list[str] | None:
         if name in self.arrays:
@@ -59,11 +61,26 @@ class Env:
         return None
 
 
+def dollar_zero_note(word: str) -> str:
+    """The note when a ``bash -c`` string's ``$0`` is a flag-like word and the string reads its arguments: bash
+    takes the first word after the string as ``$0`` (``bash -c STRING [NAME [ARG...]]``), so that word is not in
+    ``"$@"`` (nor ``$*``, ``$1``...), and a launch line written without the name word loses its first flag."""
+    from paraplan.fileio import brief
+
+    return (f"bash -c: {brief(word)} is the command string's $0 (bash takes the first word after the string as "
+            "$0), so \"$@\" leaves it out and the command line runs without it; write a name word before the "
+            "arguments (bash -c '...' bash --flag ...)")
+
+
 def _positional(name: str, env: Env) -> tuple[list[str] | None, bool]:
     """Fields of ``$@`` (one a parameter), ``$*`` (joined by a space) and ``$N`` (empty when unset), as bash
     expands them; None (left as written) when the parameters are not known."""
     if env.positional is None:
         return None, False
+    if name != "0" and env.positional[0].startswith("-"):
+        note = dollar_zero_note(env.positional[0])
+        if note not in env.notes:
+            env.notes.append(note)
     if name == "@":
         return env.positional[1:], True
     if name == "*":

@@ -231,6 +231,8 @@ def parse_script(text: str, *, name: str = "custom", source: str = "",
         raise SpecError(f"no {ENTRY_POINT} command line or Megatron arguments found"
                         + (f" in {source}" if source else ""))
     flags = read_flags(args, name=name, source=source)
+    if env.notes:  # what the shell reader noticed (a bash -c string's $0)
+        flags = replace(flags, notes=(*flags.notes, *env.notes))
     world, per_node, nodes = _world(launcher, sbatch, env)
     return ParsedScript(flags=flags, world_size=world, gpus_per_node=per_node, num_nodes=nodes,
                         env=dict(env.scalars), args=args, launcher=launcher)

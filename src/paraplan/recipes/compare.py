@@ -25,11 +25,10 @@ AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
 
 _MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
-MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash",
-                "PYTORCH_CUDA_ALLOC_CONF")
-"""Not-modelled columns that lower a recipe's memory below paraplan's estimate (expandable segments); gradient and
-optimizer dtypes, FP8 and FP4 parameter gather, optimizer and activation offloading, PEFT and the fused cross
-entropy are modelled (``knobs.training_knobs``)."""
+MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash")
+"""Not-modelled columns that lower a recipe's memory below paraplan's estimate; gradient and optimizer dtypes, FP8
+and FP4 parameter gather, optimizer and activation offloading, PEFT and the fused cross entropy are modelled
+(``knobs.training_knobs``), and the allocator's expandable segments (``knobs.recipe_memory_options``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +81,11 @@ def _estimate(run: RecipeRun, plan: Plan, num_gpus: int, options: MemoryOptions 
                        precision=run.job.precision, attention_backend=run.job.attention_backend,  # type: ignore[arg-type]
                        **training_knobs(run.recipe, run.job.precision))  # its memory knobs, as estimate --recipe
     notes = [f"recipe {run.recipe.alias}", *run.notes]
-    return estimate(run.model, cluster, training, run.layout, memory_options=options, extra_notes=notes)
+    from paraplan.recipes.knobs import recipe_memory_options
+
+    # the recipe runs with its own allocator setting (PYTORCH_CUDA_ALLOC_CONF), as estimate --recipe
+    return estimate(run.model, cluster, training, run.layout, memory_options=recipe_memory_options(run.recipe, options),
+                    extra_notes=notes)
 
 
 def job_recipe_layouts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -217,8 +220,17 @@ def _memory_mechanism(term: str, rec: Estimate, pick: Estimate) -> str:
     if term == "activations":
         return (f"activations: recipe mbs {a.mbs} {a.recompute} recompute TP {a.tp} CP {a.cp} PP {a.pp} VP {a.vp}, "
                 f"pick mbs {b.mbs} {b.recompute} TP {b.tp} CP {b.cp} PP {b.pp} VP {b.vp} (micro-batches in flight on "
-                "the peak stage)")
+                f"the peak stage: recipe {_in_flight(rec)}, pick {_in_flight(pick)})")
     return "other (logits, workspace, communication buffers)"
+
+
+def _in_flight(e: Estimate) -> str:
+    """``141 chunk micro-batches x 0.99 GiB = 140.0 GiB on stage 1``: the peak stage's activations by the schedule's
+    in-flight count."""
+    st = e.stages[e.peak_stage]
+    units, act = float(st.in_flight), float(st.memory.activations_bytes)
+    return (f"{units:.0f} chunk micro-batches x {act / max(units, 1.0) / GIB:.2f} GiB = {act / GIB:.1f} GiB on "
+            f"stage {e.peak_stage}")
 
 
 def outside_search(plan: Plan, rec: Estimate) -> list[str]:

@@ -9,7 +9,9 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     models,
     ``use_distributed_optimizer``, ``use_megatron_fsdp``, ``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``attention_backend``, ``mtp_num_layers`` (when the recipe sets it) and ``precision``
-    (bf16; every FP8 recipe as paraplan's FP8 with its ``--fp8-recipe``; NVFP4 as paraplan's fp4);
+    (bf16; every FP8 recipe as paraplan's FP8 with its ``--fp8-recipe``; NVFP4 as paraplan's fp4), and the
+    allocator's ``PYTORCH_CUDA_ALLOC_CONF`` (expandable segments: no fragmentation allowance,
+    ``recipe_memory_options``);
   * memory knobs (``MEMORY_COLUMNS``, into the TrainingSpec by ``training_knobs``): bf16 gradient buffers
     (``grad_reduce_in_fp32=False``), the FP8 scaling recipe (from ``precision``), FP8 and FP4 parameter gather, the
     precision-aware optimizer with ``optimizer_state_dtypes`` (and the Bridge launcher's precision-aware optimizer
@@ -21,7 +23,8 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
-    ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap; ``moe_a2a_overlap`` is
+    ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap, the capacity factor,
+    the paged stash (with its HybridEP rank budget: no host sync in the dispatch); ``moe_a2a_overlap`` is
     the combined_1f1b schedule;
   * not modelled yet (``not_modelled``): every other column that moves memory or time, when its value differs from
     what paraplan's formulas assume (``ASSUMED``), e.g. the router dtype and fusion, NCCL userbuffers,
@@ -41,6 +44,7 @@ from paraplan.errors import SpecError
 from paraplan.recipes.catalogue import Cell, Recipe, cell_text
 
 if TYPE_CHECKING:
+    from paraplan.estimate.memory import MemoryOptions
     from paraplan.estimator import Estimate
     from paraplan.layout import ParallelLayout
     from paraplan.specs.model import ModelSpec
@@ -83,20 +87,19 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "moe_router_dtype": (("fp32", ""), None),
     "moe_router_fusion": ((False, ""), None),
     "moe_router_force_load_balancing": ((True, ""), None),
-    "moe_expert_capacity_factor": ((None, ""), None),
-    "moe_paged_stash": ((False, ""), None),
     "nccl_ub": ((False,), None),
     "tp_comm_overlap_cfg": ((None, ""), _on("tp_comm_overlap", True)),
     "use_transformer_engine_op_fuser": ((False,), None),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
-    "PYTORCH_CUDA_ALLOC_CONF": (("",), None),
     "other_env": (("",), None),
 }
 """Columns paraplan does not model yet -> (the values its formulas already assume, when the column applies: None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
-Adam, grouped GEMMs, fp32 router, balanced dropless routing, activation offloading of activations only (no weights),
-no environment effects; userbuffers with Transformer Engine's default pairs (``initialize_ub``): a named Bridge config
-(``tp_comm_overlap_cfg``, training/comm_overlap.py) sets its own methods and SMs, costed at TE's defaults."""
+Adam, grouped GEMMs, fp32 router, balanced routing (``moe_router_force_load_balancing``: it changes the logits,
+not the host syncs), no TE op fuser speed-up, activation offloading of activations only (no weights),
+no environment effects but the allocator's; userbuffers with Transformer Engine's default pairs (``initialize_ub``): a
+named Bridge config (``tp_comm_overlap_cfg``, training/comm_overlap.py) sets its own methods and SMs, costed at TE's
+defaults."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -119,14 +122,26 @@ MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precisi
                          "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
                          "manual_gc_interval", "defer_embedding_wgrad_compute", "wgrad_deferral_limit",
                          "cross_entropy_fusion_impl")
+ALLOCATOR_COLUMN: Final = "PYTORCH_CUDA_ALLOC_CONF"
+"""The allocator setting (``recipe_memory_options``): ``expandable_segments:True`` drops the fragmentation
+allowance (``estimate.memory.EXPANDABLE_SEGMENTS_FRAGMENTATION_FRAC``)."""
 MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
                       "moe_hybridep_num_sms": "moe_hybridep_num_sms", "delay_wgrad_compute": "delay_wgrad_compute",
                       "moe_permute_fusion": "moe_permute_fusion",
-                      "moe_shared_expert_overlap": "moe_shared_expert_overlap"}
+                      "moe_shared_expert_overlap": "moe_shared_expert_overlap",
+                      "moe_expert_capacity_factor": "moe_expert_capacity_factor",
+                      "moe_paged_stash": "moe_paged_stash"}
 """MoE time knobs: recipe column -> TrainingSpec field (``training_knobs``); ``moe_a2a_overlap`` is the
 combined_1f1b schedule (``layout_fields``). A ``?`` cell (not statically resolvable) keeps the default and is
-listed as not modelled."""
+listed as not modelled. ``moe_paged_stash`` (HybridEP) brings the ``moe_expert_rank_capacity_factor`` Megatron
+requires with it (``PAGED_STASH_RANK_CAPACITY_FACTOR``) and the TE op fuser that factor requires: its dispatch is
+then sync-free (``estimate.time.moe_sync``)."""
+PAGED_STASH_RANK_CAPACITY_FACTOR: Final = 1.5
+"""``moe_expert_rank_capacity_factor`` of a recipe with ``moe_paged_stash`` (the CSV has no column for it): the value
+Megatron-Bridge's shared recipe helpers set beside the paged stash (perf_recipes deepseek/common.py, qwen/common.py
+``_enable_hybridep_full_iteration_mxfp8``, gpt_oss/common.py). Only whether it is set moves the estimate (the
+host syncs); its receive-buffer memory is not modelled."""
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -188,6 +203,22 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     return out
 
 
+def recipe_memory_options(r: Recipe, base: MemoryOptions | None = None) -> MemoryOptions:
+    """``base`` (default MemoryOptions) with the recipe's allocator: ``expandable_segments`` from its
+    ``PYTORCH_CUDA_ALLOC_CONF`` (``estimate.memory.alloc_conf_expandable_segments``; an empty cell is PyTorch's
+    default, off)."""
+    from paraplan.estimate.memory import MemoryOptions, alloc_conf_expandable_segments
+
+    conf = r.get(ALLOCATOR_COLUMN)
+    if conf is not None and not isinstance(conf, str):
+        raise bad(r, ALLOCATOR_COLUMN, "PyTorch allocator settings, e.g. expandable_segments:True")
+    try:
+        on = alloc_conf_expandable_segments(conf or "")
+    except SpecError as err:
+        raise SpecError(f"{_where(r)}: {err}") from None
+    return replace(base if base is not None else MemoryOptions(), expandable_segments=on)
+
+
 def _offload_knobs(r: Recipe) -> dict[str, Any]:
     """Activation offloading of ``r``: layer-level (``cpu_offloading`` with ``cpu_offloading_num_layers``) or
     fine-grained (``fine_grained_activation_offloading`` with ``offload_modules``)."""
@@ -223,9 +254,19 @@ def moe_knobs(r: Recipe) -> dict[str, Any]:
             value = _choice(r, column, ("deepep", "hybridep"))
         elif column == "moe_hybridep_num_sms":
             value = _int(r, column)
+        elif column == "moe_expert_capacity_factor":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise bad(r, column, "None or a number above 0")
+            value = float(value)
         else:
             value = _bool(r, column)
         out[fname] = value
+    if out.pop("moe_paged_stash", False):
+        if kind != "flex" or out.get("moe_flex_dispatcher_backend") != "hybridep":
+            raise bad(r, "moe_paged_stash", "False unless moe_flex_dispatcher_backend=hybridep (the paged stash needs "
+                      "moe_expert_rank_capacity_factor, a HybridEP budget)")
+        out.update(moe_paged_stash=True, moe_expert_rank_capacity_factor=PAGED_STASH_RANK_CAPACITY_FACTOR,
+                   use_transformer_engine_op_fuser=True)
     if out.get("moe_shared_expert_overlap") and _bool_or_false(r, "moe_a2a_overlap"):
         out["moe_shared_expert_overlap"] = False  # Bridge's --moe_a2a_overlap turns it off (overrides.py)
     return out
@@ -487,10 +528,12 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
 
 
 def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: Any = None,
-                 memory_options: Any = None, mfu_peak: str = "bf16", knobs: dict[str, Any] | None = None) -> Estimate:
+                 memory_options: MemoryOptions | None = None, mfu_peak: str = "bf16",
+                 knobs: dict[str, Any] | None = None) -> Estimate:
     """The estimate of a RecipeRun (LayoutError on the first broken rule, as ``paraplan estimate``); the
     not-modelled knobs are the first notes (``knobs``: the TrainingSpec knob fields to use instead of the
-    recipe's, e.g. the recipe's with ``--knob`` given beside it)."""
+    recipe's, e.g. the recipe's with ``--knob`` given beside it; ``memory_options``: None = the defaults with the
+    recipe's allocator, ``recipe_memory_options``)."""
     from paraplan.estimator import estimate
     from paraplan.specs.cluster import make_cluster
     from paraplan.specs.load import load_gpu
@@ -505,6 +548,11 @@ def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: 
     except SpecError as err:
         raise SpecError(f"{_where(run.recipe)}: {err}") from None
     notes = [f"recipe {run.recipe.alias} ({run.recipe.source})", *run.notes]
+    if memory_options is None:
+        memory_options = recipe_memory_options(run.recipe)
+    if memory_options.expandable_segments:
+        notes.append(f"{ALLOCATOR_COLUMN}={run.recipe.get(ALLOCATOR_COLUMN)}: expandable segments, no fragmentation "
+                     "allowance")
     if run.not_modelled:
         notes.append("not modelled yet (kept in the recipe, not in these numbers): " + "; ".join(run.not_modelled))
     return estimate(run.model, cluster, training, run.layout, memory_options=memory_options, mfu_peak=mfu_peak,

@@ -78,9 +78,13 @@ class EfficiencySpec:
     moe_overhead_frac: float = 0.25
     """Extra time of MoE layers over their GEMM time (permute, router, grouped-GEMM imbalance)."""
     moe_layer_overhead_s: float = 0.0
-    """Fixed time per MoE layer per micro-batch, forward + backward: the token dispatcher's
-    host-device synchronisations (token counts per expert before each all-to-all) and its
-    small kernels, which do not shrink with the micro-batch."""
+    """Time of one host-device synchronisation of an MoE layer's token dispatcher (the host waits for the token
+    counts per expert, so the GPU drains its queue and idles until the host issues the next kernels), charged per
+    sync: ``estimate.time.moe_sync.host_syncs_per_moe_layer`` syncs per MoE layer and micro-batch (1 for every
+    dropless dispatcher, 0 under a full-iteration CUDA graph, drop-and-pad or HybridEP's rank budget). Fitted per
+    architecture (Blackwell 1.206 ms, when it was a per-layer constant; every dispatcher the fit saw makes one sync,
+    and refitting it per sync, 1.838 ms, did not improve the cross-validated error, so it was kept); the name is
+    kept so that presets and cluster profiles load."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -545,7 +545,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
                 out[key] = int(raw)
             except ValueError:
                 raise SpecError(f"{flag} {_got(raw)} is not an integer") from None
-        elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms"):
+        elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms",
+                     "moe_expert_rank_capacity_factor"):
             out[key] = _number_knob(r, key, flag)
         else:
             out[key] = True

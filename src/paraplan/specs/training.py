@@ -75,6 +75,8 @@ KNOB_FLAGS: Final = {
     "moe_shared_expert_overlap": "--moe-shared-expert-overlap",
     "moe_expert_capacity_factor": "--moe-expert-capacity-factor",
     "moe_pad_expert_input_to_capacity": "--moe-pad-expert-input-to-capacity",
+    "moe_expert_rank_capacity_factor": "--moe-expert-rank-capacity-factor", "moe_paged_stash": "--moe-paged-stash",
+    "use_transformer_engine_op_fuser": "--use-transformer-engine-op-fuser",
     "cuda_graph_impl": "--cuda-graph-impl", "cuda_graph_modules": "--cuda-graph-modules",
     "overlap_param_gather_with_optimizer_step": "--overlap-param-gather-with-optimizer-step",
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
@@ -126,6 +128,19 @@ read with the recipe's value of the knob it refines (``cli.estimate._recipe_knob
 KNOB_FLAG_ALIASES: Final = {"moe_hybridep_num_sms": (DEPRECATED_SMS_FLAG, DEPRECATED_DEEPEP_SMS_FLAG),
                             "cuda_graph_modules": ("--cuda-graph-scope",)}
 """A knob -> the deprecated Megatron-LM flags that also set it (read, never written)."""
+TIME_ONLY_KNOBS: Final = frozenset({
+    "cp_comm_type", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_hybridep_num_sms",
+    "delay_wgrad_compute", "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
+    "overlap_param_gather_with_optimizer_step",
+    "gradient_accumulation_fusion", "manual_gc", "manual_gc_interval", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
+    "attention_kernel", "fp8_dot_product_attention", "fp4_recipe",
+    "moe_expert_rank_capacity_factor", "moe_paged_stash", "use_transformer_engine_op_fuser",
+})
+"""TrainingSpec knobs that move step time only: no memory formula reads them (``tests/unit/test_knob_effects.py``
+turns each on and compares every stage's memory). The other knobs move memory (and may move time too). estimate and
+check print the two groups as ``memory knobs:`` and ``time-only knobs:``; the JSON's ``config.memory_knobs`` keeps
+every knob away from Megatron's defaults (its name predates the time knobs) and ``config.time_only_knobs`` names
+those of them in this set."""
 
 PARAM_BYTES: Final = 2.0
 """bf16 model weights (also under FP8 training: TE keeps bf16 weights, casts per GEMM)."""
@@ -292,6 +307,20 @@ class TrainingSpec:
     """``--moe-expert-capacity-factor``: tokens beyond c x T k / E per expert are dropped (None: dropless)."""
     moe_pad_expert_input_to_capacity: bool = False
     """``--moe-pad-expert-input-to-capacity``: every expert computes exactly its capacity (needs the factor)."""
+    moe_expert_rank_capacity_factor: float | None = None
+    """``--moe-expert-rank-capacity-factor`` (flex dispatcher, HybridEP backend): a static per-rank budget of
+    factor x T k received tokens (``_HybridEPManager.setup_metadata``), so HybridEP's dispatch needs no host sync
+    (``estimate.time.moe_sync``); tokens over the budget are dropped. None: dropless, the budget read back from the
+    GPU each dispatch. Its receive-buffer memory is not modelled (routed activations stay at T k)."""
+    moe_paged_stash: bool = False
+    """``--moe-paged-stash``: routed-expert activations saved for the backward go into a paged buffer
+    (moe/paged_stash.py); needs ``moe_expert_rank_capacity_factor`` (TransformerConfig.__post_init__). Its memory
+    (pages of actual tokens instead of the budget-sized receive buffer) is not modelled: the routed activations
+    stay at T k, as dropless."""
+    use_transformer_engine_op_fuser: bool = False
+    """``--use-transformer-engine-op-fuser``: TE's operation fuser for the grouped expert MLP; Megatron requires it
+    (or ``--moe-use-grouped-tensor``) for ``moe_expert_rank_capacity_factor`` with HybridEP. Its kernels' speed is
+    not modelled (no time, no memory)."""
     cuda_graph_impl: CudaGraphImpl = "none"
     """``--cuda-graph-impl``: per-layer CUDA graphs (``local``: MCore's CudaGraphManager; ``transformer_engine``:
     TE ``make_graphed_callables``) or one graph of the whole forward-backward (``full_iteration``)."""
@@ -394,7 +423,7 @@ class TrainingSpec:
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
                       "fp8_param_gather", "optimizer_cpu_offload", "fsdp_double_buffer", "delay_wgrad_compute",
                       "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
-                      "moe_pad_expert_input_to_capacity",
+                      "moe_pad_expert_input_to_capacity", "moe_paged_stash", "use_transformer_engine_op_fuser",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                       "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
                       "defer_embedding_wgrad_compute", "cross_entropy_loss_fusion", "tp_comm_overlap_ag",
@@ -408,6 +437,7 @@ class TrainingSpec:
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("fp8_param_gather (--fp8-param-gather) needs precision fp8")
         self._check_offload()
+        self._check_rank_capacity()
         self._check_cuda_graphs()
         if self.fp4_param_gather and self.precision != "fp4":  # arguments.py validate_args
             raise SpecError("fp4_param_gather (--fp4-param-gather) needs precision fp4: Megatron-LM's "
@@ -495,6 +525,30 @@ class TrainingSpec:
                             "moe_pad_expert_input_to_capacity")
         if self.moe_shared_expert_overlap and self.moe_token_dispatcher_type == "allgather":  # TC: __post_init__
             raise SpecError("moe_shared_expert_overlap only works with alltoall or flex token dispatcher.")
+
+    def _check_rank_capacity(self) -> None:
+        """TransformerConfig.__post_init__'s rules on ``moe_expert_rank_capacity_factor`` and ``moe_paged_stash``
+        (megatron/core/transformer/transformer_config.py), with their words (ncclep is not a paraplan backend)."""
+        rcf = self.moe_expert_rank_capacity_factor
+        if rcf is not None and (isinstance(rcf, bool) or not isinstance(rcf, (int, float))
+                                or not 0.0 < rcf <= MAX_CAPACITY_FACTOR):
+            raise SpecError("moe_expert_rank_capacity_factor must be a number above 0 and at most "
+                            f"{MAX_CAPACITY_FACTOR:g} or unset, got {brief(rcf)}")
+        if rcf is not None and (self.moe_token_dispatcher_type != "flex" or self.moe_flex_dispatcher_backend
+                                != "hybridep"):
+            raise SpecError("moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend to be 'hybridep' "
+                            "(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep)")
+        if rcf is not None and not self.use_transformer_engine_op_fuser:
+            raise SpecError("moe_expert_rank_capacity_factor with the 'hybridep' backend requires "
+                            "use_transformer_engine_op_fuser=True (--use-transformer-engine-op-fuser)")
+        if self.moe_paged_stash and rcf is None:
+            raise SpecError("moe_paged_stash requires moe_expert_rank_capacity_factor to be set "
+                            "(--moe-expert-rank-capacity-factor); there is no need to use paged stashing without it")
+        if self.moe_paged_stash and self.cpu_offloading_num_layers > 0:
+            raise SpecError("moe_paged_stash cannot be enabled with cpu_offloading")
+        if self.moe_paged_stash and {"expert_fc1", "moe_act", "fused_group_mlp"} & set(self.offloaded_modules):
+            raise SpecError("When moe_paged_stash is enabled, offload_modules must not include expert_fc1, moe_act, "
+                            "or fused_group_mlp (paged stash covers those activations)")
 
     def _check_cuda_graphs(self) -> None:
         """TransformerConfig.__post_init__'s rules on the CUDA graph knobs (megatron/core/transformer/

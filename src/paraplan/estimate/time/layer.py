@@ -10,7 +10,7 @@ import numpy as np
 
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned, attention_score_fraction, attention_score_width
 from paraplan.estimate.layouts import LayerLayout
-from paraplan.estimate.time import compute, cp, ep, tp
+from paraplan.estimate.time import compute, cp, ep, moe_sync, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
 from paraplan.layout import RECOMPUTE_CODES
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
@@ -20,7 +20,8 @@ from paraplan.specs.num import Int, Num
 from paraplan.specs.training import TrainingSpec
 
 FWD_BWD_HALVES: Final = 2.0
-"""Forward issues half of a layer's kernels, host syncs and collectives, backward the other half."""
+"""Forward issues half of a layer's kernels and collectives, backward the other half (its host syncs are all in
+the forward: ``moe_sync.BACKWARD_SYNCS``)."""
 ELEMENTWISE_FWD_BWD_RATIO: Final = 3.0
 """Element-wise traffic forward + backward over forward: backward reads the saved input and the
 output gradient and writes the input gradient, twice the forward's bytes."""
@@ -56,7 +57,8 @@ class LayerTime:
     """Part of gemm_fwd_s in the (dense or MoE) MLP, for selective recompute of mlp/moe."""
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
-    for the host, so this adds to the GPU's time (MoE token counts before the all-to-all)."""
+    for the host, so this adds to the GPU's time (MoE token counts before the all-to-all:
+    ``moe_sync.host_syncs_per_moe_layer`` x ``moe_layer_overhead_s``; all of them in the forward)."""
     cp_exposed_s: Num = 0.0
     """The part of ``cp_link_s`` attention does not hide (``time.cp``: per ring step for p2p)."""
     cp_fwd_exposed_s: Num = 0.0
@@ -246,7 +248,8 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     etp_exposed = (1.0 - eff.tp_overlap_frac) * etp_link
     moe_gemm = routed * (1.0 + eff.moe_overhead_frac) + router
     out = LayerTime(gemm_fwd_s=moe_gemm, attn_fwd_s=0.0, frozen_wgrad_s=frozen_wgrad_s(training, moe_gemm),
-                    elementwise_s=elem, overhead_s=_issue_s(eff, training, "moe"), host_sync_s=eff.moe_layer_overhead_s,
+                    elementwise_s=elem, overhead_s=_issue_s(eff, training, "moe"),
+                    host_sync_s=moe_host_sync_s(eff, training),
                     tp_link_s=etp_link, tp_exposed_s=etp_exposed, tp_fwd_exposed_s=etp_exposed / FWD_BWD_HALVES,
                     ep_link_s=ep.dispatcher_link_s(cluster, model, training, grid.ep_group, tp_ep, te, h),
                     cp_link_s=0.0, mlp_gemm_fwd_s=routed)
@@ -256,6 +259,13 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         out = replace(_add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh)),
                       shared_gemm_fwd_s=sh_t.gemm_fwd_s)
     return out
+
+
+def moe_host_sync_s(eff: EfficiencySpec, training: TrainingSpec) -> float:
+    """Host-device sync time of one MoE layer per micro-batch, forward + backward: the dispatcher's syncs less
+    what a CUDA graph captures (``moe_sync.host_syncs_per_moe_layer``) x the cost of one sync
+    (``EfficiencySpec.moe_layer_overhead_s``, fitted per architecture)."""
+    return moe_sync.host_syncs_per_moe_layer(training) * eff.moe_layer_overhead_s
 
 
 def _add(a: LayerTime, b: LayerTime, *, elementwise_extra: Num = 0.0) -> LayerTime:
@@ -286,21 +296,24 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
                 moe: bool) -> Num:
     """Recompute time of one layer for one micro-batch. Full: one more forward of the layer (its
     forward GEMMs, attention, 1 / ``ELEMENTWISE_FWD_BWD_RATIO`` of its element-wise traffic, half
-    of its kernel issue, host syncs and EP communication: ``FWD_BWD_HALVES``; its forward's exposed TP time).
+    of its kernel issue and EP communication: ``FWD_BWD_HALVES``; all of its host syncs, which are all in the
+    forward (``moe_sync.BACKWARD_SYNCS``); its forward's exposed TP time).
     Selective modules follow Megatron-Core's TransformerLayer/MoELayer: "mlp" recomputes dense
     MLPs only, "moe" (and "moe_act") MoE layers only (megatron/core/transformer/transformer_layer.py
-    ``recompute_mlp``, moe/moe_layer.py); "shared_experts" the shared expert's forward GEMMs of MoE layers
+    ``recompute_mlp``, moe/moe_layer.py; "moe" checkpoints the whole MoE forward, ``custom_forward`` with the
+    dispatch, so its host syncs run again); "shared_experts" the shared expert's forward GEMMs of MoE layers
     (moe_layer.py ``shared_experts_recompute``; inside "moe" when both are set); "mla_up_proj" MLA's query and
     key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``). Full and ``core_attn``
     recompute re-run the CP attention forward with its exposed exchange (``cp_fwd_exposed_s``: TE's CP attention
     function is what core_attn checkpoints)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
-            + lt.host_sync_s / FWD_BWD_HALVES)
+            + lt.host_sync_s)
     full = (full + lt.tp_fwd_exposed_s
             + lt.ep_link_s / FWD_BWD_HALVES + lt.cp_fwd_exposed_s)
     sel = (lt.attn_fwd_s + lt.cp_fwd_exposed_s) * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
+    sel = sel + lt.host_sync_s * (moe and "moe" in modules)
     sel = sel + lt.mla_up_gemm_fwd_s * ("mla_up_proj" in modules)
     sel = sel + lt.shared_gemm_fwd_s * (moe and "shared_experts" in modules and "moe" not in modules)
     sel = sel + lt.elementwise_s / SELECTIVE_ELEMENTWISE_DIVISOR * (("layernorm" in modules)

@@ -12,8 +12,9 @@
 # model:
 #   scheduler.lr_decay_iters = None
 #     (_benchmark_common decays the LR over its 50 iterations; None: train_iters)
-# and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused
-# kernels as the recipe sets them (throughput settings that do not change the planned layout).
+# and keeps eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused kernels
+# as the recipe sets them (throughput settings that do not change the planned layout); manual GC is
+# the plan's (train.manual_gc in OVERRIDES).
 """paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""
 
 import os
@@ -26,6 +27,7 @@ from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 from megatron.bridge.training.pretrain import pretrain
+from megatron.core.transformer import enums
 
 OVERRIDES = {
     'model.tensor_model_parallel_size': 1,
@@ -68,11 +70,17 @@ OVERRIDES = {
     'model.wgrad_deferral_limit': 0,
     'model.cross_entropy_loss_fusion': False,
     'model.cross_entropy_fusion_impl': 'native',
+    'model.tp_comm_overlap_ag': True,
+    'model.tp_comm_overlap_rs': True,
+    'train.manual_gc': False,
     'model.moe_token_dispatcher_type': 'alltoall',
     'model.moe_permute_fusion': False,
     'model.moe_shared_expert_overlap': False,
     'model.moe_expert_capacity_factor': None,
     'model.moe_pad_expert_input_to_capacity': False,
+    'model.moe_expert_rank_capacity_factor': None,
+    'model.moe_paged_stash': False,
+    'model.use_transformer_engine_op_fuser': False,
     'model.overlap_moe_expert_parallel_comm': False,
     'model.delay_wgrad_compute': False,
     'optimizer.use_precision_aware_optimizer': False,
@@ -123,6 +131,9 @@ DTYPE_FIELDS = [  # fields set to getattr(torch, value)
     'optimizer.exp_avg_dtype',
     'optimizer.exp_avg_sq_dtype',
 ]
+ENUM_FIELDS = {  # fields set to the member of that name of the megatron.core.transformer.enums class
+    'model.attention_backend': 'AttnBackend',
+}
 FALLBACK_FIELDS = {  # a field an older Megatron-Core lacks: the deprecated one it replaces
 }
 
@@ -134,6 +145,8 @@ def _set(cfg, path, value):
         obj = cfg.mixed_precision = get_mixed_precision_config(obj)
     if path in DTYPE_FIELDS:
         value = getattr(torch, value)
+    if path in ENUM_FIELDS:
+        value = getattr(enums, ENUM_FIELDS[path])[value]
     if not hasattr(obj, name) and path in FALLBACK_FIELDS:
         return _set(cfg, FALLBACK_FIELDS[path], value)
     if not hasattr(obj, name):

@@ -12,8 +12,9 @@
 # model:
 #   scheduler.lr_decay_iters = None
 #     (_benchmark_common decays the LR over its 50 iterations; None: train_iters)
-# and keeps manual GC, eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused
-# kernels as the recipe sets them (throughput settings that do not change the planned layout).
+# and keeps eval_iters = 0, log_interval = 1, the NaN/large-gradient checks off and the fused kernels
+# as the recipe sets them (throughput settings that do not change the planned layout); manual GC is
+# the plan's (train.manual_gc in OVERRIDES).
 """paraplan layout on a Megatron-Bridge recipe (generated; see the comments above)."""
 
 import os
@@ -26,6 +27,7 @@ from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 from megatron.bridge.training.pretrain import pretrain
+from megatron.core.transformer import enums
 
 OVERRIDES = {
     'model.tensor_model_parallel_size': 4,
@@ -66,6 +68,9 @@ OVERRIDES = {
     'model.wgrad_deferral_limit': 0,
     'model.cross_entropy_loss_fusion': False,
     'model.cross_entropy_fusion_impl': 'native',
+    'model.tp_comm_overlap_ag': True,
+    'model.tp_comm_overlap_rs': True,
+    'train.manual_gc': False,
     'optimizer.use_precision_aware_optimizer': False,
     'optimizer.main_grads_dtype': 'float32',
     'optimizer.main_params_dtype': 'float32',
@@ -108,6 +113,9 @@ DTYPE_FIELDS = [  # fields set to getattr(torch, value)
     'optimizer.exp_avg_dtype',
     'optimizer.exp_avg_sq_dtype',
 ]
+ENUM_FIELDS = {  # fields set to the member of that name of the megatron.core.transformer.enums class
+    'model.attention_backend': 'AttnBackend',
+}
 FALLBACK_FIELDS = {  # a field an older Megatron-Core lacks: the deprecated one it replaces
 }
 
@@ -119,6 +127,8 @@ def _set(cfg, path, value):
         obj = cfg.mixed_precision = get_mixed_precision_config(obj)
     if path in DTYPE_FIELDS:
         value = getattr(torch, value)
+    if path in ENUM_FIELDS:
+        value = getattr(enums, ENUM_FIELDS[path])[value]
     if not hasattr(obj, name) and path in FALLBACK_FIELDS:
         return _set(cfg, FALLBACK_FIELDS[path], value)
     if not hasattr(obj, name):
