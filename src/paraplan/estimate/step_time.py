@@ -82,6 +82,8 @@ class LayerKindTerms:
     """EP time exposed by a pass that runs alone (``ep.unpaired_exposed_s``, before ``ep_overlap_frac``)."""
     ep_paired_s: Num = 0.0
     """EP time exposed by a pass paired with another micro-batch's (``ep.paired_exposed_s``)."""
+    ep_paired_chunk_s: Num = 0.0
+    """EP time a combined chunk pair exposes once at its start and end (``ep.paired_chunk_s``)."""
     tp_exposed_s: Num = 0.0
     """TP time that shows (``LayerTime.tp_exposed_s``: per GEMM pair under --tp-comm-overlap)."""
 
@@ -173,7 +175,9 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                                                                      shared_overlap=training.moe_shared_expert_overlap,
                                                                      compute_share=share),
                                  ep_paired_s=ep.paired_exposed_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
-                                                                 delay_wgrad=delay, compute_share=share))
+                                                                 delay_wgrad=delay, compute_share=share),
+                                 ep_paired_chunk_s=ep.paired_chunk_s(lt.ep_link_s, lt.compute_s, lt.mlp_gemm_fwd_s,
+                                                                     delay_wgrad=delay, compute_share=share))
                   for lt, m in kinds)
     tokens = training.seq_len * layout.mbs / layout.cp
     sh = np.where(layout.sp, layout.tp, 1)
@@ -257,6 +261,9 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
         "cp": sum(n * k.cp_exposed_s for k, n in parts),
     }
     paired = (1.0 - eff.ep_overlap_frac) * sum(n * k.ep_paired_s for k, n in parts)
+    if model.is_moe:  # VP chunk pairs per micro-batch, each with its start and end (ep.paired_chunk_s)
+        paired = paired + (1.0 - eff.ep_overlap_frac) * layout.vp * np.where(
+            np.asarray(stage.num_moe_layers) > 0, terms.parts[1].ep_paired_chunk_s, 0.0)
     return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed, ep_paired_s=paired)
 
 

@@ -246,6 +246,41 @@ PAIRED_SIMULATED_LAYERS: Final = 2 * PAIRED_STEADY_LAYERS
 """Layers ``paired_exposed_s`` simulates: the warm-up ``PAIRED_STEADY_LAYERS``, then as many timed ones."""
 
 
+def _paired_layers(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: bool, compute_share: Num,
+                   layers: int) -> tuple[list[Num], Num, Num]:
+    """The two-stream simulation of ``paired_exposed_s`` over ``layers`` layers of one chunk pair, both streams
+    free at 0: (the end of each layer with the next layer's combine backward issued beside its attention wgrad,
+    the end of the chunk pair when layer ``layers`` is its last (no next combine backward: the streams join),
+    the layer's whole compute 3 (A + M))."""
+    a = np.asarray(ep_s, dtype=float) / EP_ALL_TO_ALLS_PER_LAYER
+    m = np.asarray(mlp_fwd_s, dtype=float)
+    att = np.maximum(np.asarray(compute_s, dtype=float) - GEMM_FWD_BWD_FACTOR * m, 0.0) / GEMM_FWD_BWD_FACTOR
+    r = compute_share
+    zero = np.zeros(np.broadcast(a, m, att, r).shape)
+    comp: Num = zero
+    fwd_ready: Num = zero
+    k1 = (zero, zero + a)                                           # the first combine backward
+    ends: list[Num] = []
+    last: Num = zero
+    for _ in range(layers):
+        c1 = slowed_end(np.maximum(comp, fwd_ready), att, [k1], r)  # attention forward
+        k2 = (np.maximum(k1[1], c1), np.maximum(k1[1], c1) + a)      # dispatch forward
+        dgrad = slowed_end(np.maximum(c1, k1[1]), m if delay_wgrad else BWD_OVER_FWD * m, [k2], r)
+        k3 = (np.maximum(k2[1], dgrad), np.maximum(k2[1], dgrad) + a)  # dispatch backward
+        wgrad = slowed_end(dgrad, m, [k2, k3], r) if delay_wgrad else dgrad  # [MLP wgrad]
+        c3 = slowed_end(np.maximum(wgrad, k2[1]), m, [k3], r)       # MLP forward
+        k4 = (np.maximum(k3[1], c3), np.maximum(k3[1], c3) + a)      # combine forward
+        c4 = slowed_end(np.maximum(c3, k3[1]), att if delay_wgrad else BWD_OVER_FWD * att, [k4], r)  # attention dgrad
+        # the chunk's last layer: its attention wgrad beside the combine forward only, then both streams join
+        last = np.maximum(slowed_end(c4, att, [k4], r) if delay_wgrad else c4, k4[1])
+        k1 = (np.maximum(k4[1], c4), np.maximum(k4[1], c4) + a)      # the next layer's combine backward
+        comp = slowed_end(c4, att, [k4, k1], r) if delay_wgrad else c4  # [attention wgrad]
+        fwd_ready = k4[1]
+        ends.append(np.maximum(comp, k4[1]))
+    work: Num = GEMM_FWD_BWD_FACTOR * (att + m)
+    return ends, last, work
+
+
 def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: bool,
                      compute_share: Num = 1.0) -> Num:
     """EP time a MoE layer leaves exposed per micro-batch when its forward runs paired with another
@@ -265,31 +300,30 @@ def paired_exposed_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: 
     ``GEMM_FWD_BWD_FACTOR``). Each compute kernel runs at ``compute_share`` of the GPU while a pass runs beside it
     (``slowed_end``, ``ep_compute_share``: the SMs the dispatch / combine kernels hold), at full rate otherwise.
     Exposed = the steady per-layer period (``PAIRED_STEADY_LAYERS``) - 3 (A + M): what the passes cost, in link time
-    left uncovered and in compute slowed beside them."""
-    a = np.asarray(ep_s, dtype=float) / EP_ALL_TO_ALLS_PER_LAYER
-    m = np.asarray(mlp_fwd_s, dtype=float)
-    att = np.maximum(np.asarray(compute_s, dtype=float) - GEMM_FWD_BWD_FACTOR * m, 0.0) / GEMM_FWD_BWD_FACTOR
-    r = compute_share
-    zero = np.zeros(np.broadcast(a, m, att, r).shape)
-    comp: Num = zero
-    fwd_ready: Num = zero
-    k1 = (zero, zero + a)                                           # the first combine backward
-    ends = []
-    for _ in range(PAIRED_SIMULATED_LAYERS):
-        c1 = slowed_end(np.maximum(comp, fwd_ready), att, [k1], r)  # attention forward
-        k2 = (np.maximum(k1[1], c1), np.maximum(k1[1], c1) + a)      # dispatch forward
-        dgrad = slowed_end(np.maximum(c1, k1[1]), m if delay_wgrad else BWD_OVER_FWD * m, [k2], r)
-        k3 = (np.maximum(k2[1], dgrad), np.maximum(k2[1], dgrad) + a)  # dispatch backward
-        wgrad = slowed_end(dgrad, m, [k2, k3], r) if delay_wgrad else dgrad  # [MLP wgrad]
-        c3 = slowed_end(np.maximum(wgrad, k2[1]), m, [k3], r)       # MLP forward
-        k4 = (np.maximum(k3[1], c3), np.maximum(k3[1], c3) + a)      # combine forward
-        c4 = slowed_end(np.maximum(c3, k3[1]), att if delay_wgrad else BWD_OVER_FWD * att, [k4], r)  # attention dgrad
-        k1 = (np.maximum(k4[1], c4), np.maximum(k4[1], c4) + a)      # the next layer's combine backward
-        comp = slowed_end(c4, att, [k4, k1], r) if delay_wgrad else c4  # [attention wgrad]
-        fwd_ready = k4[1]
-        ends.append(np.maximum(comp, k4[1]))
+    left uncovered and in compute slowed beside them. The start and end of each chunk pair: ``paired_chunk_s``."""
+    ends, _, work = _paired_layers(ep_s, compute_s, mlp_fwd_s, delay_wgrad=delay_wgrad, compute_share=compute_share,
+                                   layers=PAIRED_SIMULATED_LAYERS)
     period = (ends[-1] - ends[PAIRED_STEADY_LAYERS - 1]) / PAIRED_STEADY_LAYERS
-    out: Num = np.maximum(period - GEMM_FWD_BWD_FACTOR * (att + m), 0.0)
+    out: Num = np.maximum(period - work, 0.0)
+    return out
+
+
+def paired_chunk_s(ep_s: Num, compute_s: Num, mlp_fwd_s: Num, *, delay_wgrad: bool,
+                   compute_share: Num = 1.0) -> Num:
+    """EP time a combined chunk pair exposes once, beyond its layers' steady ``paired_exposed_s``: Megatron runs
+    each (forward chunk, backward chunk) pair as one ``TransformerModelChunkSchedulePlan.run``
+    (model_chunk_schedule_plan.py), which starts its first layer with both streams free (the chunk's
+    ``record_current_stream`` / ``pre_forward`` / ``pre_backward`` on the compute stream; the first combine
+    backward waits on them) and ends with ``f_schedule_plan.wait_current_stream()`` and
+    ``b_schedule_plan.wait_current_stream()``: the compute stream waits for the last combine forward. So the
+    communication stream starts empty (the first combine backward has only the first attention forward beside it)
+    and the last layer's passes are not hidden behind a next layer. With L = ``PAIRED_STEADY_LAYERS`` layers
+    simulated from a cold start to that join (``_paired_layers``), end_L - L (3 (A + M) + steady exposure),
+    >= 0. Each stage runs VP chunk pairs per micro-batch (``step_time.stage_time``)."""
+    _, last, work = _paired_layers(ep_s, compute_s, mlp_fwd_s, delay_wgrad=delay_wgrad, compute_share=compute_share,
+                                   layers=PAIRED_STEADY_LAYERS)
+    steady = paired_exposed_s(ep_s, compute_s, mlp_fwd_s, delay_wgrad=delay_wgrad, compute_share=compute_share)
+    out: Num = np.maximum(last - PAIRED_STEADY_LAYERS * (work + steady), 0.0)
     return out
 
 
