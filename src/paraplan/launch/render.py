@@ -39,6 +39,7 @@ from paraplan.launch.bridge import bridge_files, bridge_overrides_gaps
 from paraplan.launch.kubernetes import gpu_product_warnings, pytorchjob_file, trainjob_files
 from paraplan.launch.megatron import (
     MEGATRON_COMMIT,
+    UB_CFG_FILE,
     ArgGroup,
     CheckpointArgs,
     Placeholder,
@@ -49,6 +50,7 @@ from paraplan.launch.megatron import (
     forced_env_names,
     layout_dict,
     megatron_args,
+    ub_cfg_file,
 )
 from paraplan.launch.quoting import in_dquotes, integer, one_line, plain_name, sh, yaml_scalar
 from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile, validated_site
@@ -70,7 +72,7 @@ TARGET_FILES: Final[dict[str, tuple[str, ...]]] = {
     "bridge": ("bridge_recipe.py", "bridge_overrides.txt"),
 }
 """Files of each target; ``trainjob`` adds clustertrainingruntime.yaml / computedomain.yaml where needed."""
-OPTIONAL_FILES: Final = ("clustertrainingruntime.yaml", "computedomain.yaml")
+OPTIONAL_FILES: Final = ("clustertrainingruntime.yaml", "computedomain.yaml", "tp_comm_overlap_cfg.yaml")
 BUILT_FILES: Final = frozenset({"pytorchjob.yaml", "trainjob.yaml", *OPTIONAL_FILES, "bridge_recipe.py",
                                 "bridge_overrides.txt"})
 """Files built as data in Python (YAML by yaml.safe_dump, Python by repr of validated values), not templates."""
@@ -116,7 +118,7 @@ def _shword(value: Value) -> str:
     commas are quoted too (shellcheck SC2054 reads a bare comma in an array as a mistake)."""
     if isinstance(value, Placeholder):
         plain_name(value.env)
-        in_dquotes(value.hint + (value.default or ""))
+        in_dquotes(value.hint + (value.default or "") + value.suffix)
         return f'"{value.shell()}"'
     quoted = shlex.quote(value)
     return f"'{value}'" if quoted == value and "," in value else quoted
@@ -220,6 +222,8 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     env = template_env()
     names = list(dict.fromkeys(n for t in chosen for n in TARGET_FILES[t]))
     files = {n: env.get_template(f"{n}.j2").render(**ctx) for n in names if n not in BUILT_FILES}
+    if "megatron_args.sh" in names and (ub_text := ub_cfg_file(spec.training)) is not None:
+        files[UB_CFG_FILE] = ub_text  # what --tp-comm-overlap-cfg "$LAUNCH_DIR/..." reads
     k8s = {"job_name": ctx["job_name"], "candidate_id": cid, "cluster": spec.cluster, "site": spec.site,
            "groups": groups, "env": ctx["env"], "gpus_per_node": ctx["gpus_per_node"]}
     about = (f"{spec.model.name} on {spec.cluster.num_nodes} node(s) x {ctx['gpus_per_node']} GPUs "
