@@ -231,3 +231,23 @@ def test_knob_takes_a_name() -> None:
     assert knob_fields([f"tp-comm-overlap-cfg={BF16_H100}"], "bf16") == {"tp_comm_overlap_cfg": BF16_H100}
     with pytest.raises(SpecError, match="no such file"):
         knob_fields(["tp-comm-overlap-cfg=userbuffers_nope"], "bf16")
+
+
+def test_bridge_target_takes_only_the_recipes_own_config() -> None:
+    from paraplan.launch.bridge import bridge_files, check_ub_cfg, choose_recipe
+    from paraplan.recipes.catalogue import bridge_recipes
+
+    model = load_model("llama3.1-405b")
+    cluster = make_cluster(load_gpu("gb200"), 128, 4)
+    lay = ParallelLayout(tp=4, pp=8, vp=8, cp=2, dp=2, mbs=1, recompute="none", sequence_parallel=True,
+                         distributed_optimizer=True, tp_comm_overlap=True)
+    spec = LaunchSpec(model=model, cluster=cluster, layout=lay,
+                      training=TrainingSpec(seq_len=8192, global_batch_size=64))
+    recipe = choose_recipe(spec)
+    own = next(r.get("tp_comm_overlap_cfg") for r in bridge_recipes()
+               if r.get("source") == f"src/{recipe.module.replace('.', '/')}.py:{recipe.function}")
+    assert own in packaged()
+    check_ub_cfg(replace(spec, training=replace(spec.training, tp_comm_overlap_cfg=str(own))), recipe)
+    other = replace(spec, training=replace(spec.training, tp_comm_overlap_cfg=BF16_H100))
+    with pytest.raises(SpecError, match="--target bridge: tp_comm_overlap_cfg .* cannot be set"):
+        bridge_files(other, "x")
