@@ -249,5 +249,5 @@ def test_bridge_target_takes_only_the_recipes_own_config() -> None:
     assert own in packaged()
     check_ub_cfg(replace(spec, training=replace(spec.training, tp_comm_overlap_cfg=str(own))), recipe)
     other = replace(spec, training=replace(spec.training, tp_comm_overlap_cfg=BF16_H100))
-    with pytest.raises(SpecError, match="--target bridge: tp_comm_overlap_cfg .* cannot be set"):
+    with pytest.raises(SpecError, match=r"--target bridge: tp_comm_overlap_cfg .* cannot be set"):
         bridge_files(other, "x")
