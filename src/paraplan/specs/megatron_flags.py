@@ -665,6 +665,9 @@ def _tp_comm_cfg(r: _Reader) -> str:
         found = Path(r.base_dir) / fname
         r.notes.append(f"--tp-comm-overlap-cfg {brief(raw)}: read {found} (the script's directory)")
         return read_yaml_file(str(found))
+    if not Path(raw).is_file():
+        raise SpecError(f"--tp-comm-overlap-cfg {brief(raw)}: no such file (nor one of Megatron-Bridge's "
+                        f"{len(packaged())} named userbuffers configs, e.g. {next(iter(packaged()))})")
     return read_yaml_file(raw)
 
 
