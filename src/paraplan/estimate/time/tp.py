@@ -13,7 +13,7 @@ import numpy as np
 
 from paraplan.estimate import comm
 from paraplan.estimate.layouts import LayerLayout
-from paraplan.estimate.time.compute import gemm_s, sm_count_of
+from paraplan.estimate.time.compute import gemm_s, hbm_rate, sm_count_of
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
 from paraplan.specs.grid import Group
 from paraplan.specs.num import Num
@@ -121,6 +121,11 @@ def pipeline_rs_exposed_s(comm_s: Num, gemm_s_: Num, chunked_gemm_s: Num, sm_sha
     return np.where(tp > 1, out, 0.0)
 
 
+AGGREGATE_CHUNKS_PER_STEP: Final = 2.0
+"""Chunks an aggregated ring exchange moves and computes per step (TE ``split_overlap_ag``, ``_aggregate``: "Ring
+exchange of 2X inputs chunks", ``num_steps = _tp_size / 2``)."""
+
+
 def ring_exchange_aggregate_exposed_s(comm_s: Num, gemm_s_: Num, chunked_gemm_s: Num, tp: Num) -> Num:
     """Exposed time of an aggregated ring-exchange all-gather (TE ``CommOverlapP2PBase::split_overlap_ag``,
     ``_aggregate``): one first exchange of a 1/tp chunk with the neighbour, not hidden, then tp/2 steps that each
@@ -132,8 +137,9 @@ def ring_exchange_aggregate_exposed_s(comm_s: Num, gemm_s_: Num, chunked_gemm_s:
     0 for TP 1 (TE needs an even TP for it; an odd one is costed the same)."""
     hops = np.maximum(tp - 1, 1)
     c = comm_s / hops
-    steps = np.maximum(tp / 2.0 - 1.0, 0.0)
-    out = c + steps * np.maximum(0.0, 2.0 * c - 2.0 * chunked_gemm_s / tp) + (chunked_gemm_s - gemm_s_)
+    k = AGGREGATE_CHUNKS_PER_STEP
+    steps = np.maximum(tp / k - 1.0, 0.0)
+    out = c + steps * np.maximum(0.0, k * c - k * chunked_gemm_s / tp) + (chunked_gemm_s - gemm_s_)
     return np.where(tp > 1, out, 0.0)
 
 
@@ -149,8 +155,6 @@ def ring_rs_reduce_s(cluster: ClusterSpec, tokens: Num, hidden: int, tp: Num, in
         (tp x in_bytes + 2) x T / tp x h / HBM rate       (``compute.hbm_rate``)
 
     0 for TP 1."""
-    from paraplan.estimate.time.compute import hbm_rate
-
     out = (tp * in_bytes + RS_REDUCE_OUT_BYTES_PER_ELEMENT) * tokens / np.maximum(tp, 1) * hidden / hbm_rate(cluster)
     return np.where(tp > 1, out, 0.0)
 
@@ -222,46 +226,46 @@ def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num,
     t = group.size
     act = ACTIVATION_BYTES_PER_ELEMENT
 
-    def nbytes(g: UbGemm) -> float:
+    def _nbytes(g: UbGemm) -> float:
         return FP8_AG_BYTES_PER_ELEMENT if fp8 == "fp8" and g.fp8_buf else act
 
-    def ag_s(b: float) -> Num:
+    def _ag_s(b: float) -> Num:
         return comm.all_gather_s(b * tokens * hidden, t, busbw, alpha)
 
-    def rs_s(b: float) -> Num:
+    def _rs_s(b: float) -> Num:
         return comm.reduce_scatter_s(b * tokens * hidden, t, busbw, alpha)
 
-    def ring(g: UbGemm, comm_s: Num, gemm: Num) -> Num:
+    def _ring(g: UbGemm, comm_s: Num, gemm: Num) -> Num:
         slowed = gemm / (1.0 - comm_sm_share(cluster, g.num_sm)) if g.set_sm_margin else gemm
         if g.aggregate:
             return ring_exchange_aggregate_exposed_s(comm_s, gemm, slowed, t)
         return ring_exchange_exposed_s(comm_s, gemm, slowed, t)
 
-    def scatter(g: UbGemm, gemm: Num) -> Num:
-        comm_s = rs_s(nbytes(g))
+    def _scatter(g: UbGemm, gemm: Num) -> Num:
+        comm_s = _rs_s(_nbytes(g))
         if g.method == "pipeline":
             return pipeline_rs_exposed_s(comm_s, gemm, gemm, comm_sm_share(cluster, g.num_sm), t, g.num_splits)
-        return ring(g, comm_s, gemm) + ring_rs_reduce_s(cluster, tokens, hidden, t, nbytes(g))
+        return _ring(g, comm_s, gemm) + ring_rs_reduce_s(cluster, tokens, hidden, t, _nbytes(g))
 
     g_col: Num = sum(gemm_s(cluster, fp8, *s) for s in column)
     g_row = gemm_s(cluster, fp8, *row)
     m, n, k = row
     g_row_dgrad = gemm_s(cluster, fp8, m, k, n)
-    ag_fwd = ring(cf, ag_s(nbytes(cf)), g_col) if overlap_ag else ag_s(nbytes(cf))
-    rs_fwd = scatter(rf, g_row) if overlap_rs else rs_s(act)
-    ag_dgrad = ring(rd, ag_s(nbytes(rd)), g_row_dgrad) if overlap_ag else ag_s(nbytes(rd))
+    ag_fwd = _ring(cf, _ag_s(_nbytes(cf)), g_col) if overlap_ag else _ag_s(_nbytes(cf))
+    rs_fwd = _scatter(rf, g_row) if overlap_rs else _rs_s(act)
+    ag_dgrad = _ring(rd, _ag_s(_nbytes(rd)), g_row_dgrad) if overlap_ag else _ag_s(_nbytes(rd))
     if cd.reduce_scatter:  # non-bulk dgrad: the input-gradient reduce-scatter rides the dgrad GEMM
-        ag_in_link = 0.0 if peft else ag_s(nbytes(cd))
-        ag_in = 0.0 if peft else np.maximum(0.0, ag_s(nbytes(cd)) - g_col)
-        rs_bwd_link, rs_bwd = rs_s(nbytes(cd)), scatter(cd, g_col)
+        ag_in_link = 0.0 if peft else _ag_s(_nbytes(cd))
+        ag_in = 0.0 if peft else np.maximum(0.0, _ag_s(_nbytes(cd)) - g_col)
+        rs_bwd_link, rs_bwd = _rs_s(_nbytes(cd)), _scatter(cd, g_col)
     else:
-        ag_in_link = ag_s(nbytes(cd))
+        ag_in_link = _ag_s(_nbytes(cd))
         ag_in = bulk_exposed_s(ag_in_link, g_col, comm_sm_share(cluster, cd.num_sm))
-        rs_bwd_link = rs_s(act)
+        rs_bwd_link = _rs_s(act)
         rs_bwd = rs_bwd_link if peft else bulk_exposed_s(rs_bwd_link, g_col, comm_sm_share(cluster, cw.num_sm))
     fwd = ag_fwd + rs_fwd
     bwd = ag_dgrad + ag_in + rs_bwd
-    link = ag_s(nbytes(cf)) + rs_s(nbytes(rf)) + ag_s(nbytes(rd)) + ag_in_link + rs_bwd_link
+    link = _ag_s(_nbytes(cf)) + _rs_s(_nbytes(rf)) + _ag_s(_nbytes(rd)) + ag_in_link + rs_bwd_link
     return BlockExposure(link_s=link, exposed_s=fwd + bwd, fwd_exposed_s=fwd)
 
 
