@@ -66,7 +66,7 @@ COLUMNS = ("recompute_granularity", "recompute_method", "recompute_num_layers", 
            "tp_comm_overlap", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_hybridep_num_sms",
            "moe_a2a_overlap", "delay_wgrad_compute", "moe_permute_fusion", "moe_router_dtype",
            "moe_shared_expert_overlap", "fp8_dot_product_attention", "first_last_layers_bf16",
-           "cross_entropy_fusion_impl", "nccl_ub", "pipeline_model_parallel_layout")
+           "cross_entropy_fusion_impl", "nccl_ub", "pipeline_model_parallel_layout", "tp_comm_overlap_cfg")
 """The bridge_perf_recipes.csv columns (that move memory or time) recorded per config; a config's ``unknown`` lists
 those it leaves unread."""
 LAYOUT = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
@@ -326,9 +326,215 @@ def _record(container: str, tag: str, path: str, name: str, model: str, task: st
             "unknown": sorted(c for c in COLUMNS if c not in settings or settings[c] == "?")}
 
 
+# --- per-config tp_comm_overlap / tp_comm_overlap_cfg (the userbuffers the harness sets) -----------------------
+def _comm_overlap_call(node: ast.AST) -> dict[str, Any] | None:
+    """``CommOverlapConfig(tp_comm_overlap=..., tp_comm_overlap_cfg=NAME)`` as {column: value} (``?`` for a
+    non-literal tp_comm_overlap, ``tp>1`` for ``bool(cfg.model.tensor_model_parallel_size > 1)``); None otherwise."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "CommOverlapConfig"):
+        return None
+    out: dict[str, Any] = {"tp_comm_overlap_cfg": None}
+    for kw in node.keywords:
+        if kw.arg == "tp_comm_overlap":
+            text = ast.unparse(kw.value)
+            out["tp_comm_overlap"] = "tp>1" if "tensor_model_parallel_size > 1" in text else _literal(kw.value)
+        elif kw.arg == "tp_comm_overlap_cfg":
+            out["tp_comm_overlap_cfg"] = kw.value.id if isinstance(kw.value, ast.Name) else _literal(kw.value)
+    return out
+
+
+def recipe_comm_overlap(source: str) -> dict[str, Any]:
+    """The ``CommOverlapConfig(...)`` a base recipe function's source builds (its only one, or all agreeing):
+    {tp_comm_overlap, tp_comm_overlap_cfg}; ``?`` where none or several disagree."""
+    found = [c for node in ast.walk(ast.parse(source)) if (c := _comm_overlap_call(node)) is not None
+             and "tp_comm_overlap" in c]
+    if not found or any(c != found[0] for c in found):
+        return {"tp_comm_overlap": "?", "tp_comm_overlap_cfg": "?"}
+    return found[0]
+
+
+def _precision_test(test: ast.expr, prec: str) -> bool | None:
+    """``precision == "x"`` / ``!=`` / ``in (...)`` / ``not in`` evaluated at ``prec``; None when the test is
+    anything else."""
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "precision"
+            and len(test.ops) == 1):
+        return None
+    value = _literal(test.comparators[0])
+    op = test.ops[0]
+    if isinstance(op, (ast.Eq, ast.NotEq)) and isinstance(value, str):
+        return (prec == value) == isinstance(op, ast.Eq)
+    if isinstance(op, (ast.In, ast.NotIn)) and isinstance(value, (tuple, list, set)):
+        return (prec in value) == isinstance(op, ast.In)
+    return None
+
+
+_UB_TARGETS = ("comm_overlap_cfg", "comm_overlap", "tp_comm_overlap", "tp_comm_overlap_cfg")
+
+
+def harness_comm_overlap(func: ast.FunctionDef, prec: str, base: dict[str, Any], recipes: dict[str, str]
+                         ) -> dict[str, Any]:
+    """{tp_comm_overlap, tp_comm_overlap_cfg} of a per-GPU config function of the harness (``*_llm_pretrain.py``)
+    at precision ``prec``, evaluated statement by statement: the base recipe's ``CommOverlapConfig``
+    (``recipes``: function name -> source; or the ``comm_overlap_config=`` it is given), then the function's own
+    ``cfg.comm_overlap = CommOverlapConfig(...)``, ``cfg.comm_overlap.tp_comm_overlap[_cfg] = ...`` (its
+    ``False if precision == "nvfp4" else ...`` form too) and the ``comm_overlap_cfg`` variable chosen by precision
+    branches. A branch on anything but the precision that touches these is ``?``."""
+    state: dict[str, Any] = dict(base)
+    local: dict[str, Any] = {}
+    _ub_run(func.body, prec, state, local, recipes)
+    return state
+
+
+def _ub_run(body: list[ast.stmt], prec: str, state: dict[str, Any], local: dict[str, Any],
+            recipes: dict[str, str]) -> None:
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            which = _precision_test(stmt.test, prec)
+            if which is None:
+                if any((isinstance(n, ast.Attribute) and n.attr in _UB_TARGETS)
+                       or (isinstance(n, ast.Name) and n.id == "comm_overlap_cfg") for n in ast.walk(stmt)):
+                    state.update(tp_comm_overlap="?", tp_comm_overlap_cfg="?")
+                continue
+            _ub_run(stmt.body if which else stmt.orelse, prec, state, local, recipes)
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            _ub_assign(stmt.targets[0], stmt.value, prec, state, local, recipes)
+
+
+def _ub_assign(target: ast.expr, value: ast.expr, prec: str, state: dict[str, Any], local: dict[str, Any],
+               recipes: dict[str, str]) -> None:
+    if isinstance(target, ast.Name) and target.id == "comm_overlap_cfg":
+        local["cfg"] = value.id if isinstance(value, ast.Name) else _literal(value)
+    elif isinstance(target, ast.Name) and isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+            and value.func.id in recipes:  # cfg = <recipe>_pretrain_config(...)
+        given = next((_comm_overlap_call(k.value) for k in value.keywords if k.arg == "comm_overlap_config"), None)
+        state.update(given if given is not None else recipe_comm_overlap(recipes[value.func.id]))
+    elif isinstance(target, ast.Attribute) and target.attr == "comm_overlap":
+        call = _comm_overlap_call(value)
+        state.update(call if call is not None else {"tp_comm_overlap": "?", "tp_comm_overlap_cfg": "?"})
+    elif isinstance(target, ast.Attribute) and target.attr == "tp_comm_overlap_cfg":
+        if isinstance(value, ast.Name):
+            state["tp_comm_overlap_cfg"] = local.get("cfg", "?") if value.id == "comm_overlap_cfg" else value.id
+        else:
+            state["tp_comm_overlap_cfg"] = _literal(value)
+    elif isinstance(target, ast.Attribute) and target.attr == "tp_comm_overlap":
+        _ub_switch(value, prec, state)
+
+
+def _ub_switch(value: ast.expr, prec: str, state: dict[str, Any]) -> None:
+    """``cfg.comm_overlap.tp_comm_overlap = <literal>`` or ``= X if precision == ... else <unchanged>``."""
+    if not isinstance(value, ast.IfExp):
+        state["tp_comm_overlap"] = _literal(value)
+        return
+    which = _precision_test(value.test, prec)
+    chosen = None if which is None else (value.body if which else value.orelse)
+    if chosen is None:
+        state["tp_comm_overlap"] = "?"
+    elif not (isinstance(chosen, ast.Attribute) and chosen.attr == "tp_comm_overlap"):
+        state["tp_comm_overlap"] = _literal(chosen)
+
+
+def _resolve_tp(state: dict[str, Any], tp: Any) -> dict[str, Any]:
+    """``tp>1`` at the config's TP; a ``?`` value dropped (unknown); the cfg kept only as a name."""
+    out: dict[str, Any] = {}
+    on = state.get("tp_comm_overlap", "?")
+    if on == "tp>1":
+        on = bool(isinstance(tp, int) and tp > 1) if isinstance(tp, int) else "?"
+    if isinstance(on, bool):
+        out["tp_comm_overlap"] = on
+        cfg = state.get("tp_comm_overlap_cfg")
+        if isinstance(cfg, str) and cfg != "?":
+            out["tp_comm_overlap_cfg"] = cfg
+        elif cfg is None:
+            out["tp_comm_overlap_cfg"] = ""
+    return out
+
+
+def recipe_functions(git: Git, tag: str) -> dict[str, str]:
+    """Every module-level function of the tag's ``src/megatron/bridge/recipes`` tree: name -> source."""
+    out: dict[str, str] = {}
+    for path in git.files(tag, "src/megatron/bridge/recipes/"):
+        if path.endswith(".py"):
+            try:
+                out.update(_functions(git.show(tag, path) or ""))
+            except SyntaxError:
+                continue
+    return out
+
+
+def harness_functions(git: Git, tag: str, family_dir: str) -> tuple[dict[str, ast.FunctionDef], dict[str, str]]:
+    """The per-GPU config functions of a family's ``*_llm_pretrain.py`` files (name -> node) and the names they
+    import under another (``from ... import deepseek_v3_pretrain_config as pretrain_config``: alias -> name)."""
+    out: dict[str, ast.FunctionDef] = {}
+    aliases: dict[str, str] = {}
+    for other in git.files(tag, family_dir + "/"):
+        if other.endswith("_pretrain.py"):
+            for node in ast.parse(git.show(tag, other) or "").body:
+                if isinstance(node, ast.FunctionDef):
+                    out[node.name] = node
+                elif isinstance(node, ast.ImportFrom):
+                    aliases.update({a.asname: a.name for a in node.names if a.asname})
+    return out, aliases
+
+
+def workload_comm_overlap(funcs: dict[str, ast.FunctionDef], recipes: dict[str, str], model: str, gpu: str,
+                          prec: str, tp: Any) -> dict[str, Any]:
+    """{tp_comm_overlap, tp_comm_overlap_cfg} of a workload config: its model and GPU's harness function
+    (``<model>_pretrain_config_<gpu>`` from v0.3.0, ``<model>_<gpu>_config`` at v0.2.0) at its precision."""
+    func = funcs.get(f"{model}_pretrain_config_{gpu}") or funcs.get(f"{model}_{gpu}_config")
+    if func is None:
+        return {}
+    return _resolve_tp(harness_comm_overlap(func, prec, {"tp_comm_overlap": "?", "tp_comm_overlap_cfg": "?"},
+                                            recipes), tp)
+
+
+def _map_names(node: ast.AST) -> Any:
+    """A dict literal whose leaves are names (``COMM_OVERLAP_CONFIG_MAP``) as nested dicts of the names."""
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _map_names(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
+    return node.id if isinstance(node, ast.Name) else _literal(node)
+
+
+def yaml_comm_overlap(git: Git, tag: str) -> dict[str, dict[str, Any]]:
+    """v0.1.0rc3: model (``<name>_<size>``) -> the {tp_comm_overlap, tp_comm_overlap_cfg} of its recipe's
+    ``pretrain_config`` (src/megatron/bridge/recipes/<family>/<model>.py), with run_script.py's
+    ``comm_overlap_config=CommOverlapConfig(...)`` for that model over it, and ``"map"`` -> run_script's
+    ``COMM_OVERLAP_CONFIG_MAP`` (utils/helpers.py: model -> gpu -> compute dtype -> config name)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in git.files(tag, "src/megatron/bridge/recipes/"):
+        stem = path.rsplit("/", 1)[-1].removesuffix(".py")
+        funcs = _functions(git.show(tag, path) or "") if path.endswith(".py") else {}
+        if "pretrain_config" in funcs:
+            out[stem] = recipe_comm_overlap(funcs["pretrain_config"])
+    run = git.show(tag, "scripts/performance/run_script.py") or ""
+    for node in ast.walk(ast.parse(run)):
+        if isinstance(node, ast.If):
+            words = [c.value for c in ast.walk(node.test) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            given = [c for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.keyword)
+                     and n.arg == "comm_overlap_config" and (c := _comm_overlap_call(n.value)) is not None]
+            if len(words) == 2 and given:
+                out["_".join(words)] = given[0]
+    helpers = git.show(tag, "scripts/performance/utils/helpers.py") or ""
+    for node in ast.parse(helpers).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id == "COMM_OVERLAP_CONFIG_MAP":
+            out["map"] = _map_names(node.value)
+    return out
+
+
+def yaml_config_comm_overlap(table: dict[str, dict[str, Any]], model: str, gpu: str, prec: str,
+                             tp: Any) -> dict[str, Any]:
+    """One v0.1.0rc3 config's userbuffers: its model's recipe / run_script value, the named config of
+    ``COMM_OVERLAP_CONFIG_MAP`` at compute dtype bf16 or fp8 (run_script ``args.compute_dtype``) where it has one."""
+    state = dict(table.get(model, {"tp_comm_overlap": "?", "tp_comm_overlap_cfg": "?"}))
+    named = table.get("map", {}).get(model, {}).get(gpu, {}).get("bf16" if prec == "bf16" else "fp8")
+    if isinstance(named, str):
+        state["tp_comm_overlap_cfg"] = named
+    return _resolve_tp(state, tp)
+
+
 def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]:
     """Every WorkloadBaseConfig of a v0.2.0-v0.5.1 tag."""
     defaults, harness, presets = _workload_defaults(git, tag), harness_text(git, tag), preset_flags(git, tag)
+    recipes = recipe_functions(git, tag)
     out = []
     for path in git.files(tag, "scripts/performance/configs/"):
         if not path.endswith("workload_base_configs.py"):
@@ -336,6 +542,8 @@ def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]
         family = path.split("/")[-2]
         texts = [git.show(tag, other) or "" for other in git.files(tag, path.rsplit("/", 1)[0] + "/")
                  if other.endswith("_pretrain.py")]
+        funcs, aliases = harness_functions(git, tag, path.rsplit("/", 1)[0])
+        known = {**recipes, **{a: recipes[n] for a, n in aliases.items() if n in recipes}}
         for name, f in workload_configs(git.show(tag, path) or "", defaults).items():
             m = _NAME.match(name) or _NAME_V02.match(name)
             if m is None or (m["task"] or "PRETRAIN") != "PRETRAIN":
@@ -347,7 +555,9 @@ def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]
             variant = (m.groupdict().get("variant") or "").lower()
             moe = family in MOE_FAMILIES or int(f.get("expert_model_parallel_size") or 1) > 1
             s = {**common, **_precision_cols(prec, presets, harness, f.get("use_megatron_fsdp") is True),
-                 **apply_workload(f, gpu, moe, harness, container)}
+                 **apply_workload(f, gpu, moe, harness, container),
+                 **workload_comm_overlap(funcs, known, m["model"].lower(), gpu, prec,
+                                         f.get("tensor_model_parallel_size"))}
             layout = {LAYOUT[k]: f.get(k) for k in LAYOUT}
             out.append(_record(container, tag, path, name, m["model"].lower(), "pretrain", gpu, prec,
                                variant, layout, s))
@@ -359,6 +569,7 @@ def release_yaml(git: Git, container: str, tag: str) -> list[dict[str, Any]]:
     import yaml
 
     harness, presets = harness_text(git, tag), preset_flags(git, tag)
+    ub_table = yaml_comm_overlap(git, tag)
     out = []
     for path in git.files(tag, "scripts/performance/configs/"):
         if not path.endswith("_llm_pretrain.yaml"):
@@ -388,6 +599,8 @@ def release_yaml(git: Git, container: str, tag: str) -> list[dict[str, Any]]:
                           "recompute_num_layers": f.get("recompute_num_layers"),
                           "moe_flex_dispatcher_backend": "deepep" if f.get("use_deepep") else None}
                     s.update(apply_workload(wl, gpu, family in MOE_FAMILIES, harness, container))
+                    if "tp_comm_overlap" not in s:
+                        s.update(yaml_config_comm_overlap(ub_table, model, gpu, prec, f.get("tp")))
                     layout = {YAML_LAYOUT[k]: f.get(k) for k in YAML_LAYOUT}
                     layout["num_gpus"] = int(nkey.removeprefix("num_gpus_"))
                     out.append(_record(container, tag, path, f"{model}:{gpu}:{nkey}:{prec}", model, "pretrain",

@@ -552,7 +552,8 @@ def attach_recipe_knobs(cases: list[Case]) -> None:
     library's ``estimate --recipe`` applies a recipe: the TrainingSpec knobs (``knobs.training_knobs`` at the row's
     precision: gradient and optimizer-state dtypes, FP8 recipe and parameter gather, CUDA graphs, activation offload,
     FP8 attention, first/last layers in bf16, the MoE dispatcher, flex backend and SMs, delay-wgrad, shared-expert
-    overlap), the combined_1f1b schedule where it sets ``moe_a2a_overlap``, Megatron-FSDP and the recompute it sets
+    overlap, the named userbuffers config ``tp_comm_overlap_cfg``), ``tp_comm_overlap`` where the config sets it,
+    the combined_1f1b schedule where it sets ``moe_a2a_overlap``, Megatron-FSDP and the recompute it sets
     (``knobs.layout_fields``). The row's own layout is kept (it matched the config's). Rows without a match keep
     Megatron's defaults (``Case.knobs`` empty)."""
     from paraplan.recipes.knobs import layout_fields, training_knobs
@@ -562,6 +563,9 @@ def attach_recipe_knobs(cases: list[Case]) -> None:
         case = by_row.get(m.row)
         if case is None or m.config is None:
             continue
+        on = m.config["settings"].get("tp_comm_overlap", "?")
+        if isinstance(on, bool):  # the release config's userbuffers (Bridge turns them off without TP > 1 and SP)
+            case.layout["tp_comm_overlap"] = on and bool(case.layout["sequence_parallel"])
         rec = release_recipe(m.config, case)
         case.knobs = training_knobs(rec, case.precision)
         fields, _ = layout_fields(rec)

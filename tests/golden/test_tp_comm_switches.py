@@ -103,20 +103,29 @@ def test_read_from_megatron_args_and_written_back(spelling: str) -> None:
 
 
 def test_unmodelled_userbuffers_flags_are_noted() -> None:
-    got = read_flags([*FLAGS, "--tp-comm-overlap", "--tp-comm-overlap-cfg", "ub.yaml", "--tp-comm-overlap-rs-dgrad",
-                      "--no-tp-comm-bulk-wgrad"])
+    got = read_flags([*FLAGS, "--tp-comm-overlap", "--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-wgrad"])
     note = next(n for n in got.notes if n.startswith("not modelled:"))
-    assert all(f in note for f in ("--tp-comm-overlap-cfg", "--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-wgrad"))
+    assert all(f in note for f in ("--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-wgrad"))
+    assert "--tp-comm-overlap-cfg" not in note  # modelled: tests/golden/test_ub_configs.py
     plain = read_flags([*FLAGS, "--no-tp-comm-overlap-ag", "--tp-comm-overlap-cfg", "ub.yaml"])
     assert plain.training_fields["tp_comm_overlap_ag"] is False  # kept as written; nothing to switch off
+    assert "tp_comm_overlap_cfg" not in plain.training_fields  # no file, and Megatron-LM never opens it here
     assert "userbuffers flags are ignored without --tp-comm-overlap" in plain.notes
 
 
-def test_recipes_naming_a_userbuffers_config_say_it_is_not_modelled() -> None:
-    """Bridge's named configs (training/comm_overlap.py) set their own methods and SMs: listed as not modelled."""
+def test_recipes_naming_a_userbuffers_config_apply_it() -> None:
+    """Bridge's named configs (training/comm_overlap.py) go into the TrainingSpec (their methods and SMs are
+    costed); one the packaged data lacks stays listed as not modelled."""
+    from paraplan.recipes.knobs import training_knobs
+    from paraplan.specs.userbuffers import packaged
+
     named = [r for r in bridge_recipes() if r.get("tp_comm_overlap") is True and r.get("tp_comm_overlap_cfg")]
     assert len(named) == 30
     for r in named:
-        assert f"tp_comm_overlap_cfg={r.get('tp_comm_overlap_cfg')}" in not_modelled(r)
+        assert not any(s.startswith("tp_comm_overlap_cfg") for s in not_modelled(r))
+        assert training_knobs(r, "bf16")["tp_comm_overlap_cfg"] == r.get("tp_comm_overlap_cfg") in packaged()
+    unknown = replace(named[0], fields={**named[0].fields, "tp_comm_overlap_cfg": "userbuffers_bf16_x_tp9"})
+    assert "tp_comm_overlap_cfg=userbuffers_bf16_x_tp9" in not_modelled(unknown)
+    assert "tp_comm_overlap_cfg" not in training_knobs(unknown, "bf16")
     plain = [r for r in bridge_recipes() if not r.get("tp_comm_overlap_cfg")]
     assert plain and not any(s.startswith("tp_comm_overlap_cfg") for r in plain for s in not_modelled(r))

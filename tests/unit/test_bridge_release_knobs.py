@@ -143,3 +143,103 @@ def test_main_without_a_mirror_skips(monkeypatch: pytest.MonkeyPatch, capsys: py
     monkeypatch.setenv("BRIDGE_MIRROR", "/nonexistent/mirror")
     assert brk.main() == 0
     assert "skipped" in capsys.readouterr().out
+
+
+HARNESS = '''
+def llama3_70b_pretrain_config_gb200(precision: str = "bf16", mock: bool = True) -> ConfigContainer:
+    if precision == "bf16":
+        comm_overlap_cfg = userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192
+    else:
+        comm_overlap_cfg = userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192
+    cfg = llama3_70b_pretrain_config()
+    if cfg.ddp.use_megatron_fsdp:
+        cfg.ddp.fsdp_double_buffer = True
+    cfg.comm_overlap.tp_comm_overlap_cfg = comm_overlap_cfg
+    cfg.comm_overlap.tp_comm_overlap = False if precision == "nvfp4" else cfg.comm_overlap.tp_comm_overlap
+    return cfg
+
+
+def qwen3_235b_a22b_pretrain_config_h100(precision: str = "bf16") -> ConfigContainer:
+    cfg = qwen3_235b_a22b_pretrain_config(comm_overlap_config=CommOverlapConfig(tp_comm_overlap=True))
+    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=bool(cfg.model.tensor_model_parallel_size > 1))
+    return cfg
+
+
+def deepseek_v3_pretrain_config_b200(precision: str = "bf16") -> ConfigContainer:
+    cfg = pretrain_config()
+    if cfg.model.tensor_model_parallel_size > 1:
+        cfg.comm_overlap.tp_comm_overlap = True
+    return cfg
+'''
+RECIPES = {"llama3_70b_pretrain_config": "def llama3_70b_pretrain_config():\n    cfg.comm_overlap = "
+                                         "CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=UB_H100)\n",
+           "qwen3_235b_a22b_pretrain_config": "def qwen3_235b_a22b_pretrain_config(): pass\n",
+           "pretrain_config": "def pretrain_config():\n    cfg.comm_overlap = "
+                              "CommOverlapConfig(tp_comm_overlap=False)\n"}
+
+
+@pytest.mark.parametrize(("model", "gpu", "prec", "tp", "want"), [
+    ("llama3_70b", "gb200", "bf16", 2,
+     {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192"}),
+    ("llama3_70b", "gb200", "fp8_cs", 2,
+     {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192"}),
+    ("llama3_70b", "gb200", "nvfp4", 2,
+     {"tp_comm_overlap": False, "tp_comm_overlap_cfg": "userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192"}),
+    ("qwen3_235b_a22b", "h100", "bf16", 2, {"tp_comm_overlap": True, "tp_comm_overlap_cfg": ""}),  # tp>1 at TP 2
+    ("qwen3_235b_a22b", "h100", "bf16", 1, {"tp_comm_overlap": False, "tp_comm_overlap_cfg": ""}),
+    ("deepseek_v3", "b200", "bf16", 2, {}),  # a branch on the model's TP touches it: unknown
+    ("llama3_8b", "gb200", "bf16", 1, {}),  # no harness function
+])
+def test_harness_userbuffers_per_config(model: str, gpu: str, prec: str, tp: int, want: dict[str, object]) -> None:
+    funcs = {n.name: n for n in ast.parse(HARNESS).body if isinstance(n, ast.FunctionDef)}
+    assert brk.workload_comm_overlap(funcs, RECIPES, model, gpu, prec, tp) == want
+
+
+def test_yaml_release_userbuffers_from_the_recipe_and_the_map() -> None:
+    table = {"llama3_70b": {"tp_comm_overlap": True, "tp_comm_overlap_cfg": "UB_H100"},
+             "map": {"llama3_70b": {"gb200": {"bf16": "UB_B200_BF16", "fp8": "UB_B200_FP8"}}}}
+    assert brk.yaml_config_comm_overlap(table, "llama3_70b", "gb200", "fp8_cs", 2) == {
+        "tp_comm_overlap": True, "tp_comm_overlap_cfg": "UB_B200_FP8"}
+    assert brk.yaml_config_comm_overlap(table, "llama3_70b", "h100", "bf16", 4) == {
+        "tp_comm_overlap": True, "tp_comm_overlap_cfg": "UB_H100"}
+    assert brk.yaml_config_comm_overlap(table, "llama3_8b", "h100", "bf16", 1) == {}
+
+
+@NEEDS_MIRROR
+def test_release_userbuffers_as_the_harness_sets_them() -> None:
+    # v0.4.0 scripts/performance/configs/llama/llama3_llm_pretrain.py llama3_70b_pretrain_config_gb200: the bf16 /
+    # fp8 userbuffers config, tp_comm_overlap off for nvfp4; qwen3_llm_pretrain.py's H100 235B: CommOverlapConfig(False)
+    data = json.loads(brk.OUT.read_text())
+    by = {(c["tag"], c["name"]): c["settings"] for c in data["configs"]}
+    bf16 = by[("v0.4.0", "LLAMA3_70B_PRETRAIN_CONFIG_GB200_BF16_V1")]
+    assert bf16["tp_comm_overlap"] is True
+    assert bf16["tp_comm_overlap_cfg"] == "userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192"
+    assert by[("v0.4.0", "LLAMA3_70B_PRETRAIN_CONFIG_GB200_NVFP4_V1")]["tp_comm_overlap"] is False
+    assert by[("v0.4.0", "QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_BF16_V1")]["tp_comm_overlap"] is False
+    rc3 = by[("v0.1.0rc3", "llama31_405b:h100:num_gpus_1024:fp8_cs")]  # helpers.py COMM_OVERLAP_CONFIG_MAP
+    assert rc3["tp_comm_overlap_cfg"] == "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192"
+
+
+def test_rows_run_their_release_configs_userbuffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """attach_recipe_knobs: a release config's tp_comm_overlap replaces the row's default (with SP, as Bridge needs
+    it), and its named config goes into the knobs; a config that leaves it unread keeps the row's."""
+    import published_cases as pc
+
+    def case(i: int, ub: bool) -> object:
+        return pc.Case(id=f"published:{i:04d}", source="Megatron-Bridge", label="Llama-3 70B", model={}, gpu="gb200",
+                       num_gpus=64, gpus_per_node=None, seq_len=8192, gbs=128, precision="bf16",
+                       target_tokens_per_s_per_gpu=1.0, moe=False,
+                       layout={"tp": 2, "pp": 4, "cp": 1, "vp": 5, "ep": 1, "mbs": 1, "sequence_parallel": True,
+                               "tp_comm_overlap": ub})
+    name = "userbuffers_bf16_b200_h8192_tp2_mbs1_seqlen8192"
+    configs = {1: {"tp_comm_overlap": True, "tp_comm_overlap_cfg": name}, 2: {"tp_comm_overlap": False},
+               3: {"tp_comm_overlap": "?"}}
+    monkeypatch.setattr(pc, "release_config_matches", lambda: [
+        pc.ReleaseMatch(row=i, label="", container="26.04", tag="v0.4.0",
+                        config={"name": f"C{i}", "tag": "v0.4.0", "precision": "bf16", "settings": s})
+        for i, s in configs.items()])
+    cases = [case(1, False), case(2, True), case(3, True)]
+    pc.attach_recipe_knobs(cases)  # type: ignore[arg-type]
+    got = [(c.layout["tp_comm_overlap"], c.knobs.get("tp_comm_overlap_cfg"))  # type: ignore[attr-defined]
+           for c in cases]
+    assert got == [(True, name), (False, None), (True, None)]

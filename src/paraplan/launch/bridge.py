@@ -577,9 +577,28 @@ def bridge_overrides_gaps(spec: LaunchSpec) -> list[str]:
     return not_in_overrides_file(recipe, overrides(spec, recipe))
 
 
+def check_ub_cfg(spec: LaunchSpec, recipe: Recipe) -> None:
+    """SpecError (one line) when the plan's ``tp_comm_overlap_cfg`` is not the one the chosen recipe sets itself:
+    Bridge's is a ``TransformerLayerTPOverlapCfg`` dataclass (training/comm_overlap.py), which neither the overrides
+    file nor the recipe's field overrides can write."""
+    want = spec.training.tp_comm_overlap_cfg
+    if not want:
+        return
+    from paraplan.recipes.catalogue import bridge_recipes
+
+    source = f"src/{recipe.module.replace('.', '/')}.py:{recipe.function}"  # _SOURCE
+    own = next((r.get("tp_comm_overlap_cfg") for r in bridge_recipes() if r.get("source") == source), None)
+    if want != own:
+        shown = want if not want.startswith("{") else "(a --tp-comm-overlap-cfg file)"
+        raise SpecError(f"--target bridge: tp_comm_overlap_cfg {shown} cannot be set on Bridge's recipe (a "
+                        f"TransformerLayerTPOverlapCfg; {recipe.function} sets {own or 'none'}); use --target "
+                        "megatron, torchrun or slurm (they write tp_comm_overlap_cfg.yaml)")
+
+
 def bridge_files(spec: LaunchSpec, cid: str) -> dict[str, str]:
     """bridge_recipe.py and bridge_overrides.txt for ``spec``."""
     recipe = choose_recipe(spec)
+    check_ub_cfg(spec, recipe)
     items = overrides(spec, recipe)
     return {"bridge_recipe.py": recipe_file(spec, cid, recipe, items),
             "bridge_overrides.txt": overrides_file(spec, cid, recipe, items)}

@@ -84,6 +84,11 @@ def needs_compute_domain(cluster: ClusterSpec) -> bool:
     return cluster.nvlink_domain_size > cluster.gpus_per_node and cluster.num_nodes > 1
 
 
+def _k8s_ref(v: Placeholder) -> str:
+    """A placeholder as a Kubernetes ``$(VAR)`` reference, its literal suffix after it."""
+    return f"$({v.env})" + (k8s_literal(v.suffix) if v.suffix else "")
+
+
 def container_args(groups: tuple[ArgGroup, ...], site_env: dict[str, str]) -> tuple[list[str], list[dict[str, str]]]:
     """Megatron arguments for a container (``--flag=value`` where the flag takes one value, so that the list
     stays within the CRD's 128 items) and the env entries the ``$(VAR)`` references need."""
@@ -97,7 +102,7 @@ def container_args(groups: tuple[ArgGroup, ...], site_env: dict[str, str]) -> tu
                 if not isinstance(v, Placeholder):
                     values.append(k8s_literal(v))
                     continue
-                values.append(f"$({v.env})")
+                values.append(_k8s_ref(v))
                 if v.env not in seen and v.env not in site_env:
                     seen.add(v.env)
                     refs.append({"name": v.env, "value": v.default if v.default is not None else f"SET_{v.env}"})
@@ -268,7 +273,7 @@ def pytorchjob_file(*, job_name: str, candidate_id: str, header: list[str], clus
     words: list[str] = []
     for group in groups:
         for arg in group.args:
-            words += [arg.flag, *(f"$({v.env})" if isinstance(v, Placeholder) else k8s_literal(v) for v in arg.values)]
+            words += [arg.flag, *(_k8s_ref(v) if isinstance(v, Placeholder) else k8s_literal(v) for v in arg.values)]
     _, refs = container_args(groups, dict(site.env))
     spec = pod_patch(site, container="pytorch")
     container = spec["containers"][0]

@@ -230,7 +230,7 @@ def parse_script(text: str, *, name: str = "custom", source: str = "",
     if not args:
         raise SpecError(f"no {ENTRY_POINT} command line or Megatron arguments found"
                         + (f" in {source}" if source else ""))
-    flags = read_flags(args, name=name, source=source)
+    flags = read_flags(args, name=name, source=source, base_dir=str(base_dir) if base_dir else None)
     if env.notes:  # what the shell reader noticed (a bash -c string's $0)
         flags = replace(flags, notes=(*flags.notes, *env.notes))
     world, per_node, nodes = _world(launcher, sbatch, env)

@@ -20,7 +20,8 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     offloading (layer-level and fine-grained), PEFT (``task``), manual GC (``manual_gc``, ``manual_gc_interval``:
     modelled as no time), the deferred output-layer wgrad (``defer_embedding_wgrad_compute``,
     ``wgrad_deferral_limit``), the cross-entropy fusion (``cross_entropy_fusion_impl``, fused as Megatron-Bridge's
-    ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``);
+    ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``), the named userbuffers config
+    (``tp_comm_overlap_cfg`` under ``tp_comm_overlap``, where the packaged configs hold it);
   * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
     ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap, the capacity factor,
@@ -88,7 +89,7 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "moe_router_fusion": ((False, ""), None),
     "moe_router_force_load_balancing": ((True, ""), None),
     "nccl_ub": ((False,), None),
-    "tp_comm_overlap_cfg": ((None, ""), _on("tp_comm_overlap", True)),
+    "tp_comm_overlap_cfg": ((None, ""), lambda r: _bool(r, "tp_comm_overlap") and not _ub_named(r)),
     "use_transformer_engine_op_fuser": ((False,), None),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
     "other_env": (("",), None),
@@ -97,9 +98,9 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
 = always; ``()`` = any value is shown). Assumed: fp32 gradient buffers and optimizer states, bf16 weight gathers,
 Adam, grouped GEMMs, fp32 router, balanced routing (``moe_router_force_load_balancing``: it changes the logits,
 not the host syncs), no TE op fuser speed-up, activation offloading of activations only (no weights),
-no environment effects but the allocator's; userbuffers with Transformer Engine's default pairs (``initialize_ub``): a
-named Bridge config (``tp_comm_overlap_cfg``, training/comm_overlap.py) sets its own methods and SMs, costed at TE's
-defaults."""
+no environment effects but the allocator's; userbuffers with Transformer Engine's default pairs (``initialize_ub``)
+where a recipe names a ``tp_comm_overlap_cfg`` the packaged configs lack (``specs.userbuffers.packaged``; a named one
+is applied, ``training_knobs``)."""
 
 IDENTITY: Final = ("source", "family", "model", "gpu", "num_gpus", "task", "config_variant", "dp", "notes")
 APPLIED: Final = (
@@ -110,9 +111,8 @@ APPLIED: Final = (
     "overlap_param_gather", "tp_comm_overlap", "attention_backend", "mtp_num_layers",
     "moe_a2a_overlap",
 )
-"""Columns that go into the estimate (``tp_comm_overlap_cfg``, the userbuffer settings behind ``tp_comm_overlap``, is
-in ``ASSUMED``: its methods and SMs are not modelled); the memory knobs of ``MEMORY_COLUMNS`` go into the
-TrainingSpec (``training_knobs``)."""
+"""Columns that go into the estimate; the memory knobs of ``MEMORY_COLUMNS`` go into the TrainingSpec
+(``training_knobs``), with ``tp_comm_overlap_cfg``, the per-GEMM userbuffers config behind ``tp_comm_overlap``."""
 MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precision_aware_optimizer",
                          "optimizer_state_dtypes", "optimizer_cpu_offload", "optimizer_offload_fraction",
                          "cpu_offloading", "cpu_offloading_num_layers", "fine_grained_activation_offloading",
@@ -121,7 +121,7 @@ MEMORY_COLUMNS: Final = ("grad_reduce_in_fp32", "fp8_param_gather", "use_precisi
                          "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                          "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
                          "manual_gc_interval", "defer_embedding_wgrad_compute", "wgrad_deferral_limit",
-                         "cross_entropy_fusion_impl")
+                         "cross_entropy_fusion_impl", "tp_comm_overlap_cfg")
 ALLOCATOR_COLUMN: Final = "PYTORCH_CUDA_ALLOC_CONF"
 """The allocator setting (``recipe_memory_options``): ``expandable_segments:True`` drops the fragmentation
 allowance (``estimate.memory.EXPANDABLE_SEGMENTS_FRAGMENTATION_FRAC``)."""
@@ -199,8 +199,24 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
     # Megatron-Bridge's GPTModelProvider: cross_entropy_loss_fusion = True (models/gpt_provider.py); the perf recipes
     # choose the kernel (_benchmark_common: cross_entropy_fusion_impl, "te" unless a recipe passes "native")
     out.update(cross_entropy_loss_fusion=True,
-               cross_entropy_fusion_impl=_choice(r, "cross_entropy_fusion_impl", ("native", "te")))
+               cross_entropy_fusion_impl=_choice(r, "cross_entropy_fusion_impl", ("native", "te")),
+               **_ub_knob(r))
     return out
+
+
+def _ub_knob(r: Recipe) -> dict[str, Any]:
+    """``tp_comm_overlap_cfg`` of ``r`` under ``tp_comm_overlap`` where the packaged configs name it (else the
+    column is listed as not modelled: ``ASSUMED``)."""
+    return {"tp_comm_overlap_cfg": str(r.get("tp_comm_overlap_cfg"))} if _bool(r, "tp_comm_overlap") \
+        and _ub_named(r) else {}
+
+
+def _ub_named(r: Recipe) -> bool:
+    """``r`` names a userbuffers config the packaged ones hold (Megatron-Bridge training/comm_overlap.py)."""
+    from paraplan.specs.userbuffers import packaged
+
+    name = r.get("tp_comm_overlap_cfg")
+    return isinstance(name, str) and name in packaged()
 
 
 def recipe_memory_options(r: Recipe, base: MemoryOptions | None = None) -> MemoryOptions:

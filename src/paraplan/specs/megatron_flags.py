@@ -174,8 +174,9 @@ class MegatronFlags:
 
 
 class _Reader:
-    def __init__(self, values: Values) -> None:
+    def __init__(self, values: Values, base_dir: str | None = None) -> None:
         self.v = values
+        self.base_dir = base_dir
         self.defaults: list[str] = []
         self.notes: list[str] = []
         self.problems: list[tuple[str, str]] = []
@@ -537,7 +538,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             if raw not in DTYPE_CHOICES[key]:
                 raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {_got(raw)}")
             out[key] = raw
-        elif key in ("cuda_graph_modules", "gradient_accumulation_fusion", "tp_comm_overlap_ag", "tp_comm_overlap_rs"):
+        elif key in ("cuda_graph_modules", "gradient_accumulation_fusion", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
+                     "tp_comm_overlap_cfg"):
             continue  # _cuda_graph_knobs, _grad_accumulation_knob, _tp_comm_knobs
         elif key in _INT_KNOBS:
             raw = r.text(flag) or ""
@@ -611,12 +613,12 @@ def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
     return {"gradient_accumulation_fusion": False}
 
 
-TP_COMM_NOT_MODELLED: Final = ("--tp-comm-overlap-cfg", "--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-dgrad",
+TP_COMM_NOT_MODELLED: Final = ("--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-dgrad",
                                 "--disable-tp-comm-bulk-dgrad", "--no-tp-comm-bulk-wgrad",
                                 "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-split-ag", "--disable-tp-comm-split-ag",
                                 "--no-tp-comm-split-rs", "--disable-tp-comm-split-rs")
-"""Userbuffers settings read but not modelled: the estimate keeps TE's default pairs (``initialize_ub``) and says
-so in a note."""
+"""Userbuffers settings read but not modelled: the estimate keeps TE's pairs (``initialize_ub``, with the
+``--tp-comm-overlap-cfg`` file's methods and SMs when given) and says so in a note."""
 
 
 def _tp_comm_knobs(r: _Reader) -> dict[str, Any]:
@@ -629,13 +631,48 @@ def _tp_comm_knobs(r: _Reader) -> dict[str, Any]:
             out[key] = False
     given = [f for f in TP_COMM_NOT_MODELLED if r.has(f)]
     if not r.has("--tp-comm-overlap"):
-        if out or given:  # kept as given (launch writes them back): they change nothing without userbuffers
-            r.notes.append("userbuffers flags are ignored without --tp-comm-overlap")
-        return out
+        raw = r.text("--tp-comm-overlap-cfg") or ""
+        if r.has("--tp-comm-overlap-cfg") and (raw in _packaged_ub() or Path(raw).is_file()):
+            out["tp_comm_overlap_cfg"] = _tp_comm_cfg(r)  # kept (``--knob``, launch writes it back)
+        if out or given or r.has("--tp-comm-overlap-cfg"):  # kept as given (launch writes them back): they change
+            r.notes.append("userbuffers flags are ignored without --tp-comm-overlap")  # nothing without userbuffers
+        return out  # a cfg path that is no file is not opened (Megatron-LM reads it only to initialize userbuffers)
+    if r.has("--tp-comm-overlap-cfg"):
+        out["tp_comm_overlap_cfg"] = _tp_comm_cfg(r)
     if given:
-        r.notes.append(f"not modelled: {', '.join(given)} (userbuffers costed with Transformer Engine's default "
-                       "pairs, methods and SMs)")
+        r.notes.append(f"not modelled: {', '.join(given)} (userbuffers costed with Transformer Engine's pairs, "
+                       "methods and SMs)")
     return out
+
+
+def _packaged_ub() -> dict[str, Any]:
+    from paraplan.specs.userbuffers import packaged
+
+    return packaged()
+
+
+def _tp_comm_cfg(r: _Reader) -> str:
+    """``--tp-comm-overlap-cfg PATH``: the YAML file TE's ``initialize_ub`` reads (Megatron-LM
+    training/initialize.py ``_initialize_tp_communicators``: ``yaml.safe_load``), checked
+    (``userbuffers.read_yaml_file``: it exists, parses and names TE's GEMMs and settings) and kept as compact JSON;
+    a value that is no file but one of Megatron-Bridge's named configs (``--knob tp-comm-overlap-cfg=NAME``) is
+    taken by name, with a note (Megatron-LM itself needs the file; launch files write one)."""
+    from paraplan.specs.userbuffers import packaged, read_yaml_file
+
+    raw = r.text("--tp-comm-overlap-cfg") or ""
+    if raw in packaged() and not Path(raw).exists():
+        r.notes.append(f"--tp-comm-overlap-cfg {raw}: no such file, read as Megatron-Bridge's named userbuffers "
+                       "config (Megatron-LM reads a YAML file: launch files write one)")
+        return raw
+    head, _, fname = raw.rpartition("/")
+    if "$" in head and r.base_dir is not None and not Path(raw).is_file():  # "${LAUNCH_DIR:-.}/..." (launch)
+        found = Path(r.base_dir) / fname
+        r.notes.append(f"--tp-comm-overlap-cfg {brief(raw)}: read {found} (the script's directory)")
+        return read_yaml_file(str(found))
+    if not Path(raw).is_file():
+        raise SpecError(f"--tp-comm-overlap-cfg {brief(raw)}: no such file (nor one of Megatron-Bridge's "
+                        f"{len(packaged())} named userbuffers configs, e.g. {next(iter(packaged()))})")
+    return read_yaml_file(raw)
 
 
 def _got(raw: str | None) -> str:
@@ -778,7 +815,8 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
         for key in ("first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
             if KNOB_FLAGS[key] in values:
                 raise SpecError(f"--knob {KNOB_FLAGS[key][2:]} needs --precision fp8 or fp4")
-    r = _Reader({**values, "--use-distributed-optimizer": ()})  # the layout's rule is launch_violations'
+    # the layout's rule is launch_violations'; a --knob userbuffers setting is read as under --tp-comm-overlap
+    r = _Reader({**values, "--use-distributed-optimizer": (), "--tp-comm-overlap": ()})
     out = _memory_knobs(r, precision)
     # Megatron-LM's refusal of TE's cross-entropy fusion applies where its launch files are written
     # (launch.megatron.megatron_args) and to its scripts (check); Megatron-Core and -Bridge run it
@@ -837,10 +875,11 @@ def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
 
 
 def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
-               source: str = "") -> MegatronFlags:
-    """Interpret a Megatron argument list (see the module docstring)."""
+               source: str = "", base_dir: str | None = None) -> MegatronFlags:
+    """Interpret a Megatron argument list (see the module docstring); ``base_dir``: the script's directory (a
+    ``--tp-comm-overlap-cfg`` path under an unresolved shell expansion is looked for there)."""
     values, unknown, stray = split_flags(args)
-    r = _Reader(values)
+    r = _Reader(values, base_dir)
     if stray:
         r.notes.append("words that are not flag values: " + " ".join(stray[:5]))
     for flag in sorted(f for f, vals in values.items() if vals and f in switch_flags()):  # argparse parse_args

@@ -90,6 +90,7 @@ KNOB_FLAGS: Final = {
     "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
     "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
     "tp_comm_overlap_ag": "--no-tp-comm-overlap-ag", "tp_comm_overlap_rs": "--no-tp-comm-overlap-rs",
+    "tp_comm_overlap_cfg": "--tp-comm-overlap-cfg",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -134,7 +135,7 @@ TIME_ONLY_KNOBS: Final = frozenset({
     "overlap_param_gather_with_optimizer_step",
     "gradient_accumulation_fusion", "manual_gc", "manual_gc_interval", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
     "attention_kernel", "fp8_dot_product_attention", "fp4_recipe",
-    "moe_expert_rank_capacity_factor", "moe_paged_stash", "use_transformer_engine_op_fuser",
+    "moe_expert_rank_capacity_factor", "moe_paged_stash", "use_transformer_engine_op_fuser", "tp_comm_overlap_cfg",
 })
 """TrainingSpec knobs that move step time only: no memory formula reads them (``tests/unit/test_knob_effects.py``
 turns each on and compares every stage's memory). The other knobs move memory (and may move time too). estimate and
@@ -373,6 +374,12 @@ class TrainingSpec:
     tp_comm_overlap_rs: bool = True
     """Megatron's default; ``--no-tp-comm-overlap-rs`` (or ``--disable-tp-comm-overlap-rs``) turns off the
     proj/fc2 output reduce-scatter pair (TE ``ub_overlap_rs``), which then shows in full."""
+    tp_comm_overlap_cfg: str = ""
+    """The userbuffers per-GEMM config under ``--tp-comm-overlap`` (``specs.userbuffers``): "" (Megatron-LM's
+    default: no ``--tp-comm-overlap-cfg``, TE's default methods and SMs), the name of one of Megatron-Bridge's named
+    configs (``tp_comm_overlap_cfg = userbuffers_...``, packaged ``recipes/ub_configs.json``), or a config as
+    compact JSON (a ``--tp-comm-overlap-cfg`` YAML file as read); each GEMM costed with its method, SMs and splits
+    (``time.tp.ub_block_exposure``)."""
     cross_entropy_loss_fusion: bool = False
     """``--cross-entropy-loss-fusion`` (Megatron-LM's default off; Megatron-Bridge's ``GPTModelProvider`` default on):
     the loss runs as one fused kernel, ``cross_entropy_fusion_impl`` says whose (``language_module.py``
@@ -460,6 +467,9 @@ class TrainingSpec:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
         self._check_optimizer_dtypes()
+        from paraplan.specs.userbuffers import resolve
+
+        resolve(self.tp_comm_overlap_cfg)
 
     def _check_optimizer_dtypes(self) -> None:
         """megatron/core/optimizer/optimizer_config.py ``__post_init__``: lower-precision optimizer tensors need the

@@ -4,7 +4,7 @@ as compute, host and link times (``LayerTime``), and what recomputing it costs."
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -180,7 +180,7 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                                                score_flops, aligned=aligned)
     grid = Grid.inner(layout)
     tpx = tp.block_exposure(cluster, grid.tp_group, layout, eff, fp8, T, h, shapes[:-1], shapes[-1],
-                            **tp_switches(training))
+                            **tp_switches(training), block="attn")
     cpt = cp.cp_times(cluster, grid.cp_group, training.cp_comm_type, model, T, t, kv_width, attn)
     elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster) + cpt.merge_s
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
@@ -191,10 +191,13 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                      frozen_wgrad_s=frozen_wgrad_s(training, g))
 
 
-def tp_switches(training: TrainingSpec) -> dict[str, bool]:
-    """The userbuffers pair switches and PEFT as ``tp.block_exposure`` takes them."""
+def tp_switches(training: TrainingSpec) -> dict[str, Any]:
+    """The userbuffers pair switches, PEFT and the per-GEMM config (``tp_comm_overlap_cfg``) as
+    ``tp.block_exposure`` takes them."""
+    from paraplan.specs.userbuffers import gemms_of
+
     return {"overlap_ag": training.tp_comm_overlap_ag, "overlap_rs": training.tp_comm_overlap_rs,
-            "peft": training.peft}
+            "peft": training.peft, "ub": gemms_of(training.tp_comm_overlap_cfg)}
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,
