@@ -8,6 +8,7 @@ Megatron asserts (CUDA_DEVICE_MAX_CONNECTIONS, ecosystem.md 1.4). Messages are M
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -178,10 +179,13 @@ def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
 def script_training(fields: dict[str, Any]) -> tuple[TrainingSpec, list[tuple[str, str]]]:
     """A script's TrainingSpec and the knob rules it breaks (TrainingSpec's validation, in Megatron's words where it
     mirrors an assert), listed as KNOB_RULE violations like the other rules: the knob whose removal lifts a rule is
-    left out and the rest read again, so every such rule is listed, not only the first. An error no knob lifts
+    left out and the rest read again, so every such rule is listed, not only the first. A rule that names a knob
+    left out is about the leaving out, not about the script (the rank budget's "requires backend 'hybridep'" once
+    the backend is gone): it is not listed, so every message listed is true of the script. An error no knob lifts
     (the batch, the precision) stays a SpecError."""
     left = dict(fields)
     found: list[tuple[str, str]] = []
+    removed: list[str] = []
     while True:
         try:
             return TrainingSpec(**left), found
@@ -190,8 +194,16 @@ def script_training(fields: dict[str, Any]) -> tuple[TrainingSpec, list[tuple[st
             lifting = next((key for key in left if key in KNOB_FLAGS and _lifts(left, key, message)), None)
             if lifting is None:
                 raise
-            found.append(("KNOB_RULE", message))
+            if not any(_names(message, key) for key in removed):
+                found.append(("KNOB_RULE", message))
+            removed.append(lifting)
             del left[lifting]
+
+
+def _names(message: str, key: str) -> bool:
+    """``message`` names the knob ``key`` (its field or its Megatron-LM flag)."""
+    return re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", message) is not None \
+        or re.search(rf"{re.escape(KNOB_FLAGS[key])}(?![\w-])", message) is not None
 
 
 def _lifts(fields: dict[str, Any], key: str, message: str) -> bool:
