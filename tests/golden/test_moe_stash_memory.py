@@ -222,3 +222,27 @@ def test_check_cli_reports_the_stray_word(tmp_path: Path, capsys: pytest.Capture
     f.write_text(f"bash -c '{LINE} \"$@\"' --tensor-model-parallel-size 2\n")
     assert main(["check", str(f), "--gpu", "gb200"]) == 1
     assert "UNRECOGNIZED_ARGUMENTS" in capsys.readouterr().out
+
+
+# the script's allocator (review FIXB 4) ------------------------------------------------------------------------
+def test_check_applies_the_scripts_expandable_segments() -> None:
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the script: no fragmentation allowance, said in a note."""
+    from paraplan.estimate.memory import MemoryOptions, fragmentation_frac_of
+    from paraplan.launch.check import check_parsed
+    from paraplan.specs.load import load_gpu
+
+    line = f"{LINE}\n"
+    base = check_parsed(parse_script("export CUDA_DEVICE_MAX_CONNECTIONS=1\n" + line), load_gpu("gb200"))
+    conf = check_parsed(parse_script("export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+                                     "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" + line),
+                        load_gpu("gb200"))
+    assert base.estimate is not None and conf.estimate is not None, (base.violations, conf.violations)
+    frag = fragmentation_frac_of(MemoryOptions())
+    assert frag > 0 and conf.estimate.peak_bytes < base.estimate.peak_bytes
+    assert any(n.startswith("PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True' (the script): expandable segments")
+               for n in conf.estimate.notes)
+    assert not any(n.startswith("PYTORCH_CUDA_ALLOC_CONF") for n in base.estimate.notes)
+    off = check_parsed(parse_script("export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+                                    "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False\n" + line),
+                       load_gpu("gb200"))
+    assert off.estimate is not None and off.estimate.peak_bytes == base.estimate.peak_bytes

@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from paraplan.errors import LayoutError, SpecError
+from paraplan.estimate.memory import MemoryOptions, alloc_conf_expandable_segments
 from paraplan.estimate.pipeline import stage_assignment
 from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.fileio import brief
 from paraplan.headroom import Headroom
 from paraplan.launch.megatron import (
     CPU_OFFLOAD_V1,
@@ -79,7 +81,8 @@ def suggest_alternative(result: CheckResult, headroom: Headroom | None = None) -
     from paraplan.search import plan
 
     try:
-        p = plan(result.model, result.cluster, result.training, top_k=1, headroom=headroom)
+        p = plan(result.model, result.cluster, result.training, top_k=1, headroom=headroom,
+                 options=script_memory_options(result.parsed)[0])  # the script's allocator
     except PlannerError as err:  # nothing fits, or the model itself breaks a rule (e.g. positions < seq)
         return {"layout": None, "reason": str(err)}
     best = p.candidates[0]
@@ -215,6 +218,18 @@ def _lifts(fields: dict[str, Any], key: str, message: str) -> bool:
     return True
 
 
+def script_memory_options(parsed: ParsedScript) -> tuple[MemoryOptions | None, str | None]:
+    """The allocator the script's environment sets (``PYTORCH_CUDA_ALLOC_CONF``, read as PyTorch does:
+    ``estimate.memory.alloc_conf_expandable_segments``): with expandable segments no fragmentation allowance, and a
+    note saying so; (None, None) otherwise (the default allowance)."""
+    conf = parsed.env.get("PYTORCH_CUDA_ALLOC_CONF")
+    if not conf or not alloc_conf_expandable_segments(conf):
+        return None, None
+    return MemoryOptions(expandable_segments=True), (
+        f"PYTORCH_CUDA_ALLOC_CONF={brief(conf)} ({parsed.env_source}): expandable segments, so no fragmentation "
+        "allowance in the memory estimate")
+
+
 def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
                  gpus_per_node: int | None = None, headroom: Headroom | None = None) -> CheckResult:
     """Rules and, if none is broken, the estimate of a parsed script on ``gpu`` (``headroom``: the memory
@@ -236,10 +251,12 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     found += knob_flag_violations(parsed, training)
     found += [p for p in fsdp_flag_violations(parsed) if p[1] not in {m for _, m in found}]
     est = None
+    options, alloc_note = script_memory_options(parsed)
     if not found:
         scope = fsdp.scope_note(layout.tp, layout.pp, layout.cp, gpu.arch) if layout.fsdp else None
-        est = estimate(model, cluster, training, layout, extra_notes=[*parsed.flags.notes, *([scope] if scope else [])],
-                       headroom=headroom)
+        est = estimate(model, cluster, training, layout, extra_notes=[*parsed.flags.notes, *([scope] if scope else []),
+                                                                      *([alloc_note] if alloc_note else [])],
+                       headroom=headroom, memory_options=options)
     result = CheckResult(parsed=parsed, model=model, cluster=cluster, training=training,
                          layout=layout, violations=tuple(found), estimate=est)
     alternative = suggest_alternative(result, headroom)
