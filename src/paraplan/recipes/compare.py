@@ -25,9 +25,10 @@ AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
 
 _MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
-MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash")
+MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag",)
 """Not-modelled columns that lower a recipe's memory below paraplan's estimate; gradient and optimizer dtypes, FP8
-and FP4 parameter gather, optimizer and activation offloading, PEFT and the fused cross entropy are modelled
+and FP4 parameter gather, optimizer and activation offloading, PEFT, the fused cross entropy and the paged stash
+are modelled
 (``knobs.training_knobs``), and the allocator's expandable segments (``knobs.recipe_memory_options``)."""
 
 
