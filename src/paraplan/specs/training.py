@@ -467,9 +467,12 @@ class TrainingSpec:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
         self._check_optimizer_dtypes()
-        from paraplan.specs.userbuffers import resolve
+        from paraplan.specs.userbuffers import check_atomic_precision, resolve
 
-        resolve(self.tp_comm_overlap_cfg)
+        bf16_layers = self.first_last_layers_bf16 and (self.num_layers_at_start_in_bf16 > 0
+                                                       or self.num_layers_at_end_in_bf16 > 0)
+        check_atomic_precision(resolve(self.tp_comm_overlap_cfg), self.precision == "fp8" and not bf16_layers,
+                               "tp_comm_overlap_cfg")
 
     def _check_optimizer_dtypes(self) -> None:
         """megatron/core/optimizer/optimizer_config.py ``__post_init__``: lower-precision optimizer tensors need the

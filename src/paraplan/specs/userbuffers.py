@@ -91,9 +91,67 @@ def _check_gemm(name: str, cfg: Any, where: str) -> dict[str, Any]:
     return out
 
 
+AG_RS_PAIRS: Final = {"qkv_fprop": "proj_fprop", "fc1_fprop": "fc2_fprop"}
+"""``initialize_ub`` ``ag_rs_pairs``: the all-gather / reduce-scatter GEMMs of one TP block."""
+
+
+def methods_of(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Every GEMM's method list entry as ``initialize_ub`` builds ``methods`` BEFORE ``get_default_config``: TE's
+    ``DEFAULT_METHODS``, then a qkv/fc1 dgrad the config gives a non-bulk ``method`` moved to that method's list
+    (``dgrad_reduce_scatter_overlap``), so its defaults are that method's (ring_exchange: 1 SM, no SM margin)."""
+    out = dict(DEFAULT_METHODS)
+    for dgrad in ("qkv_dgrad", "fc1_dgrad"):
+        method = cfg.get(dgrad, {}).get("method", "bulk")
+        if method != "bulk":
+            out[dgrad] = str(method)
+    return out
+
+
+def _reduce_scatters(cfg: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """``layers_reduce_scatter_overlap`` after ``initialize_ub``'s moves (a non-bulk dgrad joins it, its wgrad
+    leaves it)."""
+    rs = {"proj_fprop", "fc2_fprop", "qkv_wgrad", "fc1_wgrad"}
+    for dgrad in ("qkv_dgrad", "fc1_dgrad"):
+        if cfg.get(dgrad, {}).get("method", "bulk") != "bulk":
+            rs.discard(dgrad.replace("dgrad", "wgrad"))
+            rs.add(dgrad)
+    return rs
+
+
+def _check_te_rules(cfg: Mapping[str, Mapping[str, Any]], where: str) -> None:
+    """``initialize_ub`` / ``add_ub``'s ValueErrors that do not depend on the precision: a wgrad set beside a
+    non-bulk dgrad, ``pipeline`` for an all-gather ("`pipeline` overlap method is not supported for AllGather",
+    with the config's ``is_reduce_scatter`` over the default), and the atomic ring-exchange pairs (atomic GEMM +
+    ring_exchange on one of qkv_fprop/proj_fprop or fc1_fprop/fc2_fprop needs the same on the other)."""
+    for dgrad in ("qkv_dgrad", "fc1_dgrad"):  # initialize_ub's ValueError
+        wgrad = dgrad.replace("dgrad", "wgrad")
+        if cfg.get(dgrad, {}).get("method", "bulk") != "bulk" and wgrad in cfg:
+            raise SpecError(f"{where}: cannot set {wgrad} when {dgrad} uses a non-bulk method (Transformer "
+                            "Engine's initialize_ub)")
+    methods, rs = methods_of(cfg), _reduce_scatters(cfg)
+    for name, gemm in cfg.items():
+        method = gemm.get("method", methods[name])
+        if method == "pipeline" and not gemm.get("is_reduce_scatter", name in rs):
+            raise SpecError(f"{where}: {name} is_reduce_scatter false with method pipeline: Transformer Engine's "
+                            "add_ub refuses it (`pipeline` overlap method is not supported for AllGather)")
+
+    def atomic_ring(name: str) -> bool:
+        gemm = cfg.get(name, {})
+        return bool(gemm.get("atomic_gemm", False)) and gemm.get("method", methods[name]) == "ring_exchange"
+
+    for ag, rs_name in AG_RS_PAIRS.items():
+        if atomic_ring(ag) != atomic_ring(rs_name):
+            raise SpecError(f"{where}: {ag} and {rs_name} must both or neither use atomic_gemm with ring_exchange "
+                            "(Transformer Engine's add_ub: the atomic all-gather shuffles the chunks its "
+                            "reduce-scatter pair un-shuffles)")
+
+
 def validate(cfg: Any, where: str) -> dict[str, dict[str, Any]]:
-    """A per-GEMM config checked as TE's ``initialize_ub`` would take it; one SpecError line naming the setting."""
-    if not isinstance(cfg, Mapping) or not cfg:
+    """A per-GEMM config checked as TE's ``initialize_ub`` would take it; one SpecError line naming the setting.
+    An empty config (an empty YAML file: ``yaml.safe_load`` gives None; or ``{}``) is TE's defaults: {}."""
+    if cfg is None:
+        return {}
+    if not isinstance(cfg, Mapping):
         raise SpecError(f"{where} must be a mapping of GEMM names ({', '.join(GEMM_NAMES)}) to settings, "
                         f"got {brief(cfg)}")
     out: dict[str, dict[str, Any]] = {}
@@ -101,12 +159,24 @@ def validate(cfg: Any, where: str) -> dict[str, dict[str, Any]]:
         if name not in GEMM_NAMES:
             raise SpecError(f"{where}: GEMM name must be one of {', '.join(GEMM_NAMES)}, got {brief(name)}")
         out[str(name)] = _check_gemm(str(name), gemm, where)
-    for dgrad in ("qkv_dgrad", "fc1_dgrad"):  # initialize_ub's ValueError
-        wgrad = dgrad.replace("dgrad", "wgrad")
-        if out.get(dgrad, {}).get("method", "bulk") != "bulk" and wgrad in out:
-            raise SpecError(f"{where}: cannot set {wgrad} when {dgrad} uses a non-bulk method (Transformer "
-                            "Engine's initialize_ub)")
+    _check_te_rules(out, where)
     return dict(sorted(out.items()))
+
+
+def atomic_gemms(cfg: Mapping[str, Mapping[str, Any]] | None) -> list[str]:
+    """The GEMMs a config asks ``atomic_gemm`` for."""
+    return [name for name, gemm in (cfg or {}).items() if gemm.get("atomic_gemm", False)]
+
+
+def check_atomic_precision(cfg: Mapping[str, Mapping[str, Any]] | None, fp8_only: bool, where: str) -> None:
+    """``add_ub``: "Atomic GEMM overlap supported only for FP8 GEMM" (checked before a bulk/external GEMM's atomic
+    flag is dropped). ``fp8_only``: every userbuffers quantization mode Megatron-LM asks for is FP8
+    (training/initialize.py ``_initialize_tp_communicators``: ``--fp8``, and no BF16 first/last layers, which add
+    the NONE mode)."""
+    atomic = atomic_gemms(cfg)
+    if atomic and not fp8_only:
+        raise SpecError(f"{where}: {atomic[0]}.atomic_gemm needs FP8 GEMMs in every layer (Transformer Engine's "
+                        "add_ub: Atomic GEMM overlap supported only for FP8 GEMM)")
 
 
 @lru_cache(maxsize=1)
@@ -135,32 +205,63 @@ def _resolve(value: str) -> dict[str, dict[str, Any]] | None:
     named = packaged().get(value)
     if named is None:
         raise SpecError(f"tp_comm_overlap_cfg must be one of Megatron-Bridge's {len(packaged())} named userbuffers "
-                        f"configs (e.g. {next(iter(packaged()))}), got {brief(value)}")
+                        f"configs (e.g. {next(iter(packaged()))}) or a YAML file, got {brief(value)} (no such file)")
     return named
 
 
+@lru_cache(maxsize=64)
+def _read_cached(path: str, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
+    del mtime_ns, size  # the cache key: a file rewritten is read again
+    return read_yaml_cfg(path)
+
+
+def is_file_value(value: str) -> bool:
+    """``TrainingSpec.tp_comm_overlap_cfg`` names a YAML file (not "", a JSON config or a packaged name)."""
+    return bool(value) and not value.startswith("{") and value not in packaged() and Path(value).is_file()
+
+
 def resolve(value: str) -> dict[str, dict[str, Any]] | None:
-    """``TrainingSpec.tp_comm_overlap_cfg`` -> {GEMM: settings}, None for TE's defaults; SpecError when unknown."""
+    """``TrainingSpec.tp_comm_overlap_cfg`` -> {GEMM: settings}, None for TE's defaults; SpecError when unknown. A
+    value that is a file's path is that ``--tp-comm-overlap-cfg`` YAML file (read again when it changes)."""
     if not isinstance(value, str):
         raise SpecError(f"tp_comm_overlap_cfg must be a config name or text, got {brief(value)}")
+    if is_file_value(value):
+        st = Path(value).stat()
+        return _read_cached(value, st.st_mtime_ns, st.st_size)
     return _resolve(value)
 
 
-def read_yaml_file(path: str, flag: str = "--tp-comm-overlap-cfg") -> str:
+def read_yaml_cfg(path: str, flag: str = "--tp-comm-overlap-cfg") -> dict[str, dict[str, Any]]:
     """Megatron-LM's ``--tp-comm-overlap-cfg PATH`` (training/initialize.py ``_initialize_tp_communicators``:
-    ``yaml.safe_load`` of the file, handed to TE as ``ub_cfgs``) read and checked; the canonical JSON text."""
-    import yaml
-
+    ``yaml.safe_load`` of the file, handed to TE as ``ub_cfgs``) read and checked (``validate``)."""
     p = Path(path)
     if not path or not p.is_file():
         raise SpecError(f"{flag} {brief(path)}: no such file")
     if p.stat().st_size > MAX_CFG_BYTES:
         raise SpecError(f"{flag} {brief(path)}: larger than {MAX_CFG_BYTES} bytes (the limit)")
     try:
-        doc = yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as err:
         raise SpecError(f"{flag} {brief(path)}: not a readable YAML file ({type(err).__name__})") from None
-    return canonical(validate(doc, f"{flag} {path}"))
+    return yaml_cfg(text, f"{flag} {path}")
+
+
+def yaml_cfg(text: str, where: str) -> dict[str, dict[str, Any]]:
+    """A config's YAML text (a file's, or a ConfigMap's data) parsed as ``yaml.safe_load`` and checked."""
+    import yaml
+
+    if len(text) > MAX_CFG_BYTES:
+        raise SpecError(f"{where}: larger than {MAX_CFG_BYTES} bytes (the limit)")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SpecError(f"{where}: not a readable YAML file ({type(err).__name__})") from None
+    return validate(doc, where)
+
+
+def read_yaml_file(path: str, flag: str = "--tp-comm-overlap-cfg") -> str:
+    """``read_yaml_cfg`` as the canonical JSON text."""
+    return canonical(read_yaml_cfg(path, flag))
 
 
 def yaml_text(cfg: Mapping[str, Mapping[str, Any]]) -> str:
@@ -168,6 +269,8 @@ def yaml_text(cfg: Mapping[str, Mapping[str, Any]]) -> str:
     settings are ``validate``'s fixed names, and the values integers, booleans or ``ALLOWED_METHODS`` words, so each
     is written as a plain YAML scalar."""
     checked = validate(cfg, "tp_comm_overlap_cfg")
+    if not checked:
+        return "{}\n"  # TE's defaults (Megatron-LM's yaml.safe_load: {})
     lines = []
     for name, gemm in checked.items():
         lines.append(f"{name}:")
@@ -177,30 +280,23 @@ def yaml_text(cfg: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def effective(cfg: Mapping[str, Mapping[str, Any]] | None, tp: int = 2) -> dict[str, UbGemm]:
-    """Every GEMM's settings as ``initialize_ub`` builds them: ``get_default_config`` (ring_exchange: 1 SM, no SM
+def effective(cfg: Mapping[str, Mapping[str, Any]] | None, tp: int = 0) -> dict[str, UbGemm]:
+    """Every GEMM's settings as ``initialize_ub`` builds them: a qkv/fc1 dgrad with a non-bulk method moved to that
+    method's list first (``methods_of``), then ``get_default_config`` of the method (ring_exchange: 1 SM, no SM
     margin, ``tp`` splits; pipeline and bulk: 16 SMs with an SM margin, 4 splits; ``fp8_buf`` for the all-gather
     buffers) updated with ``cfg``; ``fp8_buf`` then holds for the all-gathers, or where the config asks and the GEMM
     is in the pipeline list; a non-bulk qkv/fc1 dgrad becomes the input-gradient reduce-scatter and its wgrad's
-    bulk overlap is not used."""
+    bulk overlap is not used. ``tp``: the TP size, 0 when not known (a ring exchange's ``num_splits`` is
+    ``tp_size``, which ``CommOverlapP2P`` does not take: it always moves one chunk per rank; no cost reads it)."""
     user = dict(cfg or {})
-    rs = {"proj_fprop", "fc2_fprop", "qkv_wgrad", "fc1_wgrad"}
-    ag = set(ALL_GATHER_GEMMS)
-    pipeline = {"proj_fprop", "fc2_fprop"}
-    unused: set[str] = set()
-    for dgrad in ("qkv_dgrad", "fc1_dgrad"):
-        method = user.get(dgrad, {}).get("method", "bulk")
-        if method != "bulk":
-            wgrad = dgrad.replace("dgrad", "wgrad")
-            rs.discard(wgrad)
-            unused.add(wgrad)
-            ag.discard(dgrad)
-            rs.add(dgrad)
-            if method == "pipeline":
-                pipeline.add(dgrad)
+    methods = methods_of(user)
+    rs = _reduce_scatters(user)
+    ag = set(ALL_GATHER_GEMMS) - rs
+    pipeline = {n for n, m in methods.items() if m == "pipeline"}
+    unused = {d.replace("dgrad", "wgrad") for d in ("qkv_dgrad", "fc1_dgrad") if methods[d] != "bulk"}
     out: dict[str, UbGemm] = {}
     for name in GEMM_NAMES:
-        method = DEFAULT_METHODS[name]
+        method = methods[name]
         ring = method == "ring_exchange"
         s: dict[str, Any] = {"method": method, "num_sm": 1 if ring else 16, "num_splits": tp if ring else 4,
                              "set_sm_margin": not ring, "aggregate": False, "fp8_buf": name in ag}
@@ -214,8 +310,12 @@ def effective(cfg: Mapping[str, Mapping[str, Any]] | None, tp: int = 2) -> dict[
     return out
 
 
-@lru_cache(maxsize=256)
 def gemms_of(value: str) -> dict[str, UbGemm] | None:
     """``effective`` of ``TrainingSpec.tp_comm_overlap_cfg`` (None for "": TE's defaults, ``time.tp``'s own)."""
     cfg = resolve(value)
-    return None if cfg is None else effective(cfg)
+    return None if cfg is None else _effective_cached(canonical(cfg))
+
+
+@lru_cache(maxsize=256)
+def _effective_cached(text: str) -> dict[str, UbGemm]:
+    return effective(json.loads(text))
