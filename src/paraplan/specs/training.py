@@ -377,8 +377,9 @@ class TrainingSpec:
     tp_comm_overlap_cfg: str = ""
     """The userbuffers per-GEMM config under ``--tp-comm-overlap`` (``specs.userbuffers``): "" (Megatron-LM's
     default: no ``--tp-comm-overlap-cfg``, TE's default methods and SMs), the name of one of Megatron-Bridge's named
-    configs (``tp_comm_overlap_cfg = userbuffers_...``, packaged ``recipes/ub_configs.json``), or a config as
-    compact JSON (a ``--tp-comm-overlap-cfg`` YAML file as read); each GEMM costed with its method, SMs and splits
+    configs (``tp_comm_overlap_cfg = userbuffers_...``, packaged ``recipes/ub_configs.json``), the path of a
+    ``--tp-comm-overlap-cfg`` YAML file (read when costed), or a config as compact JSON (a manifest's ConfigMap as
+    read); each GEMM costed with its method, SMs and splits
     (``time.tp.ub_block_exposure``)."""
     cross_entropy_loss_fusion: bool = False
     """``--cross-entropy-loss-fusion`` (Megatron-LM's default off; Megatron-Bridge's ``GPTModelProvider`` default on):
