@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -103,6 +104,9 @@ def test_slurm_container_mounts_the_launch_directory(tmp_path: Path, covered: bo
     site_mounts = ["/data:/mnt/data:ro", *([f"{tmp_path.resolve()}:{tmp_path.resolve()}"] if covered else [])]
     write_files(render_files(_spec({"container_image": "nvcr.io/nvidia/nemo:25.09",
                                     "container_mounts": site_mounts}), ["slurm"]), out)
+    if shutil.which("shellcheck") is not None:
+        check = subprocess.run(["shellcheck", "-x", "job.sbatch"], cwd=out, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout
     words = _srun_words(out, tmp_path)
     mounts = next(w for w in words if w.startswith("--container-mounts="))
     want = ",".join(site_mounts) + ("" if covered else f",{out}:{out}:ro")

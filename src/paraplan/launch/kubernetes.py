@@ -77,11 +77,12 @@ def _with_config_map(text: str, job_name: str, site: SiteProfile, ub_cfg: str | 
     if ub_cfg is None:
         return text
     cm = yaml.safe_dump(ub_config_map(job_name, site, ub_cfg), sort_keys=False, width=10_000, allow_unicode=False)
-    head = [line for line in text.splitlines(keepends=True) if line.startswith("#")]
-    n = len(head)
+    lines = text.splitlines(keepends=True)
+    n = next((k for k, line in enumerate(lines) if not line.startswith("#")), len(lines))  # the header comments
+    head = lines[:n]
     note = (f"# ConfigMap {ub_config_map_name(job_name)}: the --tp-comm-overlap-cfg file, mounted read-only at "
             f"{UB_CFG_MOUNT} in every pod\n")
-    return "".join(head) + note + cm + "---\n" + "".join(text.splitlines(keepends=True)[n:])
+    return "".join(head) + note + cm + "---\n" + "".join(lines[n:])
 
 
 def k8s_literal(text: str) -> str:
