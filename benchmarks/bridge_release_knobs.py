@@ -125,12 +125,18 @@ def _column(attr: str) -> str:
     return ATTR_COLUMN.get(attr, attr)
 
 
-def common_assignments(text: str) -> dict[str, Any]:
+def common_assignments(text: str, model: str | None = None) -> dict[str, Any]:
     """Unconditional ``cfg.<section>.<field> = <literal>`` statements in the body of each ``set_*common*`` function
-    (the family settings every config of the file gets), as {column: value}; non-literal values are ``?``."""
+    (the family settings every config of the file gets), as {column: value}; non-literal values are ``?``. With
+    ``model``, only the functions whose name part (``set_<part>_common_configs``) the model name starts with: the
+    gpt_oss file's ``set_gpt_oss_20b_common_configs`` (offload of 95 layers, HybridEP with 128 SMs) is the 20B's, not
+    the 120B's, which its ``gpt_oss_120b_pretrain_config_*`` functions set with ``set_gpt_oss_common_configs``."""
     out: dict[str, Any] = {}
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("set_") and "common" in node.name:
+            part = node.name.removeprefix("set_").removesuffix("_configs").removesuffix("_common")
+            if model is not None and model.startswith(("gpt_oss", "kimi")) and not model.startswith(part):
+                continue
             for stmt in node.body:
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
                         and isinstance(stmt.targets[0], ast.Attribute):
@@ -304,7 +310,8 @@ def _precision_cols(prec: str, presets: dict[str, dict[str, Any]], harness: str,
     return s
 
 
-MODELS = ("llama3_8b", "llama3_70b", "llama31_405b", "deepseek_v3", "qwen3_30b_a3b", "qwen3_235b_a22b")
+MODELS = ("llama3_8b", "llama3_70b", "llama31_405b", "deepseek_v3", "qwen3_30b_a3b", "qwen3_235b_a22b",
+          "gpt_oss_120b", "kimi_k2")
 GPUS = ("h100", "b200", "b300", "gb200", "gb300")
 """The configs recorded: the models and GPUs paraplan has presets for (paraplan.recipes.catalogue MODEL_PRESETS,
 GPU_PRESETS); the others could not be estimated."""
@@ -533,16 +540,17 @@ def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]
         if not path.endswith("workload_base_configs.py"):
             continue
         family = path.split("/")[-2]
-        common: dict[str, Any] = {}
-        for other in git.files(tag, path.rsplit("/", 1)[0] + "/"):
-            if other.endswith("_pretrain.py"):
-                common.update(common_assignments(git.show(tag, other) or ""))
+        texts = [git.show(tag, other) or "" for other in git.files(tag, path.rsplit("/", 1)[0] + "/")
+                 if other.endswith("_pretrain.py")]
         funcs, aliases = harness_functions(git, tag, path.rsplit("/", 1)[0])
         known = {**recipes, **{a: recipes[n] for a, n in aliases.items() if n in recipes}}
         for name, f in workload_configs(git.show(tag, path) or "", defaults).items():
             m = _NAME.match(name) or _NAME_V02.match(name)
             if m is None or (m["task"] or "PRETRAIN") != "PRETRAIN":
                 continue
+            common: dict[str, Any] = {}
+            for text in texts:
+                common.update(common_assignments(text, m["model"].lower()))
             gpu, prec = m["gpu"].lower(), m["prec"].lower()
             variant = (m.groupdict().get("variant") or "").lower()
             moe = family in MOE_FAMILIES or int(f.get("expert_model_parallel_size") or 1) > 1

@@ -161,6 +161,16 @@ def _qwen3_moe(L: int, h: int, a: int, moe_ffn: int, dense_ffn: int) -> dict[str
     return m
 
 
+def _preset(name: str) -> dict[str, Any]:
+    """A packaged model preset as the Megatron-argument dict the cases carry (every field it sets)."""
+    import yaml
+
+    from paraplan.specs.presets import __file__ as presets_init
+
+    data: dict[str, Any] = yaml.safe_load((Path(presets_init).parent / "models" / f"{name}.yaml").read_text())
+    return {k: v for k, v in data.items() if k not in ("name", "source")}
+
+
 def model_for_row(r: dict[str, str]) -> dict[str, Any]:
     """Model dims for a row (raises Skip)."""
     label = r["model"]
@@ -178,9 +188,7 @@ def model_for_row(r: dict[str, str]) -> dict[str, Any]:
     if label.startswith("Qwen3-235B-A22B"):
         return _qwen3_moe(94, 4096, 64, 1536, 12288)
     if label.startswith("gpt-oss-120B"):
-        m = _llama(36, 2880, 64, 8, 2880, 201088, 64)
-        m.update({"num_experts": 128, "moe_router_topk": 4, "moe_ffn_hidden_size": 2880})
-        return m
+        return _preset("gpt-oss-120b")  # sliding window, sinks, biases, QuickGELU GLU: the model as it is
     if L is None or h is None or a is None:
         raise Skip("dims not stated")
     if label.startswith(("Llama-2", "Llama-3")):
@@ -419,7 +427,8 @@ def bridge_unmatched_lines(matches: list[BridgeMatch]) -> list[str]:
 RELEASE_KNOBS = Path(__file__).resolve().parent / "data" / "bridge_release_knobs.json"
 """Per NeMo container, the Megatron-Bridge release's performance-config settings (``bridge_release_knobs.py``)."""
 RELEASE_MODELS = {"Llama-3 8B": "llama3_8b", "Llama-3 70B": "llama3_70b", "Llama-3.1 405B": "llama31_405b",
-                  "DeepSeek-V3": "deepseek_v3", "Qwen3-235B-A22B": "qwen3_235b_a22b", "Qwen3-30B-A3B": "qwen3_30b_a3b"}
+                  "DeepSeek-V3": "deepseek_v3", "Qwen3-235B-A22B": "qwen3_235b_a22b", "Qwen3-30B-A3B": "qwen3_30b_a3b",
+                  "gpt-oss-120B": "gpt_oss_120b", "Kimi-K2": "kimi_k2"}
 """Published model names -> the configs' model names (every release names its configs so)."""
 RELEASE_GPUS = {"h100-80gb": "h100", "b200": "b200", "b300": "b300", "gb200": "gb200", "gb300": "gb300"}
 _MEGATRON_COLUMNS: dict[str, Any] = {

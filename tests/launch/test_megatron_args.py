@@ -56,6 +56,8 @@ def all_emitted() -> set[str]:
     for name in model_preset_names():
         model = load_model(name)
         for lay in LAYOUTS:
+            if model.is_moe and model.add_bias_linear:  # Megatron: "Bias in Moe is only supported when ETP==1"
+                lay = replace(lay, etp=1)
             for precision in ("bf16", "fp8"):
                 training = replace(TRAIN, precision=precision)  # type: ignore[arg-type]
                 for arch in ("hopper", "blackwell", "cdna3"):

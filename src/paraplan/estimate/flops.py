@@ -78,6 +78,31 @@ def attention_score_width(model: ModelSpec) -> float:
     return float(model.query_width)
 
 
+def windowed_score_pairs(seq_len: int, left: int) -> int:
+    """(query, key) pairs one sliding-window layer scores over a sequence: query i (0-based) sees
+    min(i + 1, w) keys, w = left + 1 (``--window-size (left, 0)``), so the sum is w*s - w(w-1)/2 for s >= w and the
+    causal s(s+1)/2 otherwise (``left`` -1: unlimited). Flash attention (cuDNN fused attention, which TE runs for
+    windows, ``attention/dot_product_attention/utils.py`` ``get_attention_backend``) skips the tiles outside the
+    window, so its FLOPs follow these pairs, ~2*b*s*w*d per score GEMM instead of the causal b*s^2*d."""
+    w = seq_len if left < 0 else min(left + 1, seq_len)
+    return w * seq_len - w * (w - 1) // 2
+
+
+def attention_score_fraction(model: ModelSpec, seq_len: int) -> float:
+    """Score pairs per layer, averaged over the main layers, as a share of the causal count s^2/2 that
+    ``attention_score_width`` callers take (Megatron's ``num_floating_point_operations``): 1 for full causal
+    attention, (w*s - w(w-1)/2)/(s^2/2) for a windowed layer (``windowed_score_pairs``), layers chosen by
+    ``ModelSpec.window_layer_pattern`` (gpt-oss-120B at s = 4096: 18 of 36 layers at 128 keys -> 0.531).
+    Megatron's reported model FLOPs (``model_flops_per_step``) do not count the window; the time model does."""
+    pattern = model.window_layer_pattern()
+    if model.window_size is None or not any(pattern):
+        return 1.0
+    causal = seq_len * seq_len / 2.0
+    windowed = windowed_score_pairs(seq_len, model.window_size[0]) / causal
+    n_win = sum(pattern)
+    return (n_win * windowed + (len(pattern) - n_win)) / len(pattern)
+
+
 def model_flops_per_step(model: ModelSpec, *, seq_len: int, global_batch_size: int, tp: Num = 1) -> Num:
     """Megatron's model FLOPs for one global batch (causal attention counted at half).
 
@@ -116,7 +141,7 @@ def recompute_flops_per_step(
     n_dense, n_moe, _ = _layer_counts(model)
     n_all = n_dense + n_moe
     attn_proj = 2.0 * tokens * attention_projection_params(model) * n_all
-    score = 2.0 * b * s * s * attention_score_width(model) * n_all
+    score = 2.0 * b * s * s * attention_score_width(model) * n_all * attention_score_fraction(model, s)
     dense_mlp = 2.0 * tokens * h * mu * model.ffn * n_dense
     routed = 2.0 * tokens * h * mu * model.moe_ffn * model.moe_router_topk * n_moe
     shared = 2.0 * tokens * h * mu * model.shared_ffn * n_moe

@@ -51,7 +51,8 @@ def attention_params(model: ModelSpec, *, tp: Num) -> LayerParams:
     Standard/GQA: QKV weight h*(q + 2*d*g)/tp (one column-parallel linear; with tp > g mcore
     0.16 gathers the KV output at run time rather than replicating weights: oracle-checked),
     output projection q*h/tp, optional QKV bias (q + 2*d*g)/tp and row bias h,
-    QK norms 2*nu*d. q = d*a, d = kv_channels, g = query groups, nu = 2 LayerNorm / 1 RMSNorm.
+    QK norms 2*nu*d, learnable softmax (attention sinks) a/tp. q = d*a, d = kv_channels, g = query groups,
+    nu = 2 LayerNorm / 1 RMSNorm.
     MLA (DeepSeek-V2/V3): q_down h*c_q + q_norm nu*c_q (replicated), q_up c_q*a*(d_qk+d_rope)/tp
     (or q_proj h*a*(d_qk+d_rope)/tp without q_lora), kv_down h*(c_kv+d_rope) + kv_norm nu*c_kv
     (replicated), kv_up c_kv*a*(d_qk+d_v)/tp, output a*d_v*h/tp (megatron-formulas.md section 1).
@@ -75,6 +76,8 @@ def attention_params(model: ModelSpec, *, tp: Num) -> LayerParams:
     split = h * qkv_out + q * h
     if bias or model.add_qkv_bias:
         split = split + qkv_out
+    if model.softmax_type == "learnable":  # TE DotProductAttention ``softmax_offset``: one sink logit per head
+        split = split + a
     rep = (h if bias else 0) + (2 * nu * d if model.qk_layernorm else 0)
     return LayerParams(attention=split / tp, mlp=0, experts=0, replicated=rep + nu * h)
 

@@ -58,7 +58,7 @@ EMITTED_FLAGS: Final[tuple[str, ...]] = (
     "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--hidden-dropout",
     "--attention-dropout", "--vocab-size", "--make-vocab-size-divisible-by",
-    "--attention-backend",
+    "--attention-backend", "--quick-geglu", "--window-size", "--window-attn-skip-freq", "--softmax-type",
     # MoE, MLA, MTP
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size", "--moe-shared-expert-gate", "--moe-layer-freq",
@@ -544,7 +544,13 @@ def _model(m: ModelSpec, training: TrainingSpec) -> ArgGroup:
     if m.kv_channels is not None:
         args.append(_a("--kv-channels", m.kv_channels))
     if m.swiglu:
-        args.append(_a("--swiglu"))
+        args.append(_a("--quick-geglu" if m.quick_geglu else "--swiglu"))
+    if m.window_size is not None:
+        args.append(_a("--window-size", f"{m.window_size[0]},{m.window_size[1]}"))
+        if m.window_attn_skip_freq is not None:
+            args.append(_a("--window-attn-skip-freq", moe_layer_freq_string(m.window_attn_skip_freq)))
+    if m.softmax_type != "vanilla":
+        args.append(_a("--softmax-type", m.softmax_type))
     args += _positions(m)
     args.append(_a("--normalization", m.normalization))
     for flag, on in (("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights),

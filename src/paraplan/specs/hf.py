@@ -8,7 +8,7 @@ it to :func:`paraplan.specs.megatron_args.model_from_megatron_args`, so presets,
 HF configs are validated by the same code.
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
-deepseek_v3, gpt2, gpt_neox.
+deepseek_v3, gpt2, gpt_neox, gpt_oss.
 
 Mapping in short:
   * ``num_hidden_layers``/``hidden_size``/``num_attention_heads``/``intermediate_size``/
@@ -35,6 +35,12 @@ Mapping in short:
   * Recipe (no size effect; emitted by ``launch``): ``rms_norm_eps``/``layer_norm_eps`` ->
     ``norm_epsilon``, ``rope_theta`` -> ``rotary_base``, llama3/yarn ``rope_scaling``, router
     auxiliary loss and DeepSeek's router options (``_rope_scaling``, ``_router``).
+  * gpt-oss (``_gpt_oss``, as Megatron-Bridge's ``GPTOSSBridge.provider_bridge`` maps it): MoE with
+    ``num_local_experts`` experts of width ``intermediate_size``, biases on every linear layer
+    (``add_bias_linear``), the clamped QuickGELU GLU (``--quick-geglu``, ``glu_linear_offset`` 1,
+    ``activation_func_clamp_value`` = ``swiglu_limit``), learnable softmax (attention sinks), sliding-window
+    attention ``--window-size (sliding_window - 1, 0)`` on the ``layer_types`` "sliding_attention" layers
+    (``window_attn_skip_freq`` 2 when they alternate), YaRN RoPE, no load-balancing loss.
   * ``make_vocab_size_divisible_by``: the largest power of two <= 128 dividing ``vocab_size``
     (as Megatron-Bridge does), so the checkpoint's embedding is not padded at TP=1.
   * Dropout: ``attention_dropout``/``hidden_dropout`` when present (GPT-2: ``attn_pdrop``/
@@ -55,13 +61,13 @@ from paraplan.specs.model import ModelSpec
 _PREFIX = "config.json: "
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = (
-    "deepseek_v3", "gpt2", "gpt_neox", "llama", "mistral", "mixtral",
+    "deepseek_v3", "gpt2", "gpt_neox", "gpt_oss", "llama", "mistral", "mixtral",
     "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
 )
 """``model_type`` values :func:`model_from_hf_config` understands."""
 
 _GATED = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3"}
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss"}
 )
 _GATED_ACTS = frozenset({"silu", "swish"})
 _PLAIN_ACTS = frozenset(
@@ -79,6 +85,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "max_position_embeddings": ("max_position_embeddings", "n_positions"),
     "intermediate_size": ("intermediate_size", "n_inner"),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "experts_per_token"),
     "num_nextn_predict_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
 }
 
@@ -277,7 +284,7 @@ def _architecture(data: dict[str, Any], model_type: str) -> dict[str, Any]:
         out["add_bias_linear"] = _bool(data, "attention_bias", True)
         out["rotary_percent"] = data.get("rotary_pct", data.get("partial_rotary_factor"))
         return out
-    out.update(_gated_biases(data, model_type))
+    out.update({"add_bias_linear": True} if model_type == "gpt_oss" else _gated_biases(data, model_type))
     out["qk_layernorm"] = model_type in _QK_NORM or _bool(data, "use_qk_norm", False)
     return out
 
@@ -324,7 +331,7 @@ def _layer_pattern(data: dict[str, Any], model_type: str, num_layers: int) -> in
 
 def _moe(data: dict[str, Any], model_type: str, dims: dict[str, Any]) -> dict[str, Any]:
     """Routed/shared experts and the MoE layer pattern."""
-    if model_type not in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"):
+    if model_type not in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss"):
         return {}
     experts = _req(data, "num_experts")
     out: dict[str, Any] = {
@@ -336,7 +343,7 @@ def _moe(data: dict[str, Any], model_type: str, dims: dict[str, Any]) -> dict[st
             f"field 'num_experts_per_tok' ({out['moe_router_topk']}) must be <= "
             f"the number of experts ({experts})"
         )
-    if model_type == "mixtral":
+    if model_type in ("mixtral", "gpt_oss"):
         out["moe_ffn_hidden_size"] = dims["ffn_hidden_size"]
     else:
         out["moe_ffn_hidden_size"] = _req(data, "moe_intermediate_size")
@@ -369,6 +376,29 @@ def _mla(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gpt_oss(data: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """gpt-oss: sliding window on the "sliding_attention" layers, attention sinks, the clamped QuickGELU GLU."""
+    out: dict[str, Any] = {"softmax_type": "learnable", "quick_geglu": True, "glu_linear_offset": 1.0,
+                           "activation_func_clamp_value": data.get("swiglu_limit", 7.0),
+                           "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": None}
+    window = _opt(data, "sliding_window")
+    if window is None:
+        return out
+    kinds = data.get("layer_types")
+    if kinds is None:
+        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if not isinstance(kinds, list) or len(kinds) != num_layers \
+            or any(k not in ("sliding_attention", "full_attention") for k in kinds):
+        raise _fail(f"field 'layer_types' must list {num_layers} of sliding_attention/full_attention, "
+                    f"got {brief(kinds)}")
+    pattern = [int(k == "sliding_attention") for k in kinds]
+    if any(pattern):
+        out["window_size"] = (window - 1, 0)  # Bridge: (sliding_window - 1, 0), the query's own key included
+        alternate = [int((n + 1) % 2 != 0) for n in range(num_layers)]
+        out["window_attn_skip_freq"] = 2 if pattern == alternate else None if all(pattern) else pattern
+    return out
+
+
 def model_from_hf_config(data: dict[str, Any], *, name: str = "hf-model") -> ModelSpec:
     """ModelSpec from a Hugging Face ``config.json`` mapping (see the module docstring)."""
     if not isinstance(data, dict):
@@ -385,6 +415,8 @@ def model_from_hf_config(data: dict[str, Any], *, name: str = "hf-model") -> Mod
     args.update(_moe(data, model_type, args))
     if model_type == "deepseek_v3":
         args.update(_mla(data))
+    if model_type == "gpt_oss":
+        args.update(_gpt_oss(data, args["num_layers"]))
     origin = data.get("_name_or_path") or name
     source = f"Hugging Face config.json ({origin}, model_type {model_type})"
     args = {k: v for k, v in args.items() if v is not None or k == "q_lora_rank"}

@@ -43,6 +43,39 @@ def parse_moe_layer_freq(value: Any, num_layers: int | None = None) -> int | tup
     )
 
 
+def parse_window_size(value: Any) -> tuple[int, int]:
+    """Megatron's ``--window-size`` (``tuple_type``): "127,0", "(127, 0)" or a two-item list -> (left, right)."""
+    items: Any = value
+    if isinstance(value, str):
+        items = value.strip().strip("()[]").split(",")
+    if isinstance(items, list | tuple) and len(items) == 2:
+        try:
+            out = tuple(int(str(x).strip()) for x in items if not isinstance(x, bool | float))
+        except ValueError:
+            out = ()
+        if len(out) == 2:
+            return out[0], out[1]
+    raise SpecError(f"window_size: expected two integers 'left,right' (e.g. 127,0), got {brief(value)}")
+
+
+def parse_window_skip_freq(value: Any, num_layers: int | None = None) -> int | tuple[int, ...]:
+    """Megatron's ``--window-attn-skip-freq`` (``moe_freq_type``, as ``--moe-layer-freq``): an int or a 0/1 list."""
+    try:
+        return parse_moe_layer_freq(value, num_layers)
+    except SpecError as err:
+        raise SpecError(str(err).replace("moe_layer_freq", "window_attn_skip_freq")) from None
+
+
+def _window_fields(out: dict[str, Any]) -> None:
+    """``--window-size`` / ``--window-attn-skip-freq`` as Megatron types them; ``--quick-geglu`` is a gated MLP."""
+    if out.get("window_size") is not None:
+        out["window_size"] = parse_window_size(out["window_size"])
+    if out.get("window_attn_skip_freq") is not None:
+        out["window_attn_skip_freq"] = parse_window_skip_freq(out["window_attn_skip_freq"], out.get("num_layers"))
+    if out.get("quick_geglu") is True:
+        out.setdefault("swiglu", True)  # --quick-geglu sets gated_linear_unit (training/argument_utils.py)
+
+
 _MEGATRON_ALIASES = {
     "num_experts": "num_experts",
     "num_moe_experts": "num_experts",
@@ -86,6 +119,7 @@ def model_from_megatron_args(data: dict[str, Any], *, name: str = "custom", sour
         out.pop("num_experts", None)
     if "moe_layer_freq" in out:
         out["moe_layer_freq"] = parse_moe_layer_freq(out["moe_layer_freq"], out.get("num_layers"))
+    _window_fields(out)
     if out.get("mtp_num_layers") is None:
         out.pop("mtp_num_layers", None)
     for key in ("q_lora_rank",):

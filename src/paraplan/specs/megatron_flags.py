@@ -55,11 +55,14 @@ _BOOL_FIELDS: Final = {
     "--add-qkv-bias": ("add_qkv_bias", True), "--qk-layernorm": ("qk_layernorm", True),
     "--moe-shared-expert-gate": ("moe_shared_expert_gate", True),
     "--multi-latent-attention": ("multi_latent_attention", True),
+    "--quick-geglu": ("quick_geglu", True),
 }
 _OTHER_FIELDS: Final = {
     "--position-embedding-type": ("position_embedding_type", str),
     "--normalization": ("normalization", str), "--moe-layer-freq": ("moe_layer_freq", str),
     "--hidden-dropout": ("hidden_dropout", float), "--attention-dropout": ("attention_dropout", float),
+    "--window-size": ("window_size", str), "--window-attn-skip-freq": ("window_attn_skip_freq", str),
+    "--softmax-type": ("softmax_type", str),
 }
 _TOKENIZER_VOCAB: Final = (  # (substring of --tokenizer-model, lower case) -> vocabulary
     ("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("llama2", 32000),

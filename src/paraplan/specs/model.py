@@ -33,6 +33,7 @@ RECIPE_CHOICES: dict[str, tuple[str, ...]] = {
                                        "quantile_balancing", "none"),
     "moe_router_score_function": ("softmax", "sigmoid", "sqrtsoftplus"),
     "moe_router_dtype": ("fp32", "fp64"),
+    "softmax_type": ("vanilla", "off-by-one", "learnable"),
 }
 """Allowed values of the string recipe fields (Megatron-LM main @ d98e8a6 ``choices``)."""
 
@@ -52,6 +53,8 @@ RECIPE_FLAGS: tuple[tuple[str, str, bool], ...] = (
     ("moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", True),
     ("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias", True),
     ("moe_router_dtype", "--moe-router-dtype", True),
+    ("glu_linear_offset", "--glu-linear-offset", False),
+    ("activation_func_clamp_value", "--activation-func-clamp-value", False),
 )
 """(ModelSpec field, Megatron flag, MoE only) of the recipe fields: ``paraplan launch`` emits the
 ones that differ from Megatron's default (a bool as a bare switch) and ``check`` reads them back."""
@@ -151,6 +154,19 @@ class ModelSpec:
     """MLA per-head value dimension (Megatron default 128)."""
     mtp_num_layers: int = 0
     """Multi-token-prediction layers (DeepSeek-V3: 1); they sit on the last pipeline stage."""
+    window_size: tuple[int, int] | None = None
+    """``--window-size`` (left, right) of sliding-window attention: query i sees keys i-left .. i (causal; gpt-oss:
+    (127, 0) in Megatron-Bridge's provider, 128 keys, HF ``sliding_window`` 128); -1 = unlimited; None = full."""
+    window_attn_skip_freq: int | tuple[int, ...] | None = None
+    """``--window-attn-skip-freq``: int N = every N-th layer (1-indexed) has full attention, the others the window;
+    a 0/1 list per layer, 1 = windowed; None = every layer windowed (``megatron/core/transformer/utils.py``
+    ``is_layer_window_attention``). gpt-oss: 2 (alternating, HF ``layer_types``)."""
+    softmax_type: str = "vanilla"
+    """``--softmax-type``: vanilla, off-by-one, or learnable (attention sinks: one learned logit per head and layer,
+    gpt-oss). Non-vanilla rules out flash-attn: TE runs cuDNN fused attention (``get_attention_backend``)."""
+    quick_geglu: bool = False
+    """``--quick-geglu``: the gated MLP's activation is QuickGELU x*sigmoid(1.702x) instead of SiLU (gpt-oss); needs
+    ``swiglu`` (the gated, three-matrix MLP), written as ``--quick-geglu`` instead of ``--swiglu``."""
     # ---- recipe: Megatron flags that change what is trained but no size, memory or time; they
     # ---- are carried so that ``paraplan launch`` trains the model described (RECIPE_FLAGS).
     norm_epsilon: float = 1e-5
@@ -191,6 +207,11 @@ class ModelSpec:
     """``--moe-router-enable-expert-bias``: aux-loss-free balancing bias (DeepSeek-V3)."""
     moe_router_dtype: str | None = None
     """``--moe-router-dtype`` (fp32, fp64)."""
+    glu_linear_offset: float = 0.0
+    """``--glu-linear-offset``: act(x_glu) * (x_linear + offset) (gpt-oss: 1.0)."""
+    activation_func_clamp_value: float | None = None
+    """``--activation-func-clamp-value``: clamp of the gated activation's inputs (gpt-oss: 7.0, HF ``swiglu_limit``);
+    applied inside the fused bias-activation kernel (``fused_bias_geglu.weighted_bias_quick_geglu_impl``)."""
     name: str = "custom"
     """Display name."""
     source: str = ""
@@ -223,6 +244,7 @@ class ModelSpec:
         if self.multi_latent_attention and self.num_query_groups not in (None, self.num_attention_heads):
             raise SpecError("Group query attention is mutually exclusive with multi latent attention.")
         self._check_moe()
+        self._check_window()
         for fname in ("hidden_dropout", "attention_dropout"):
             value = getattr(self, fname)
             if not 0.0 <= value < 1.0:
@@ -278,6 +300,35 @@ class ModelSpec:
             raise SpecError(f"moe_router_group_topk must be in [1, moe_router_num_groups={groups}], "
                             f"got {group_topk}")
 
+    def _check_window(self) -> None:
+        if self.window_size is not None:
+            if len(self.window_size) != 2 or not all(-1 <= w <= 2**31 for w in self.window_size):
+                raise SpecError(f"window_size must be two integers (left, right), each -1 (unlimited) to {2**31}, "
+                                f"got {brief(self.window_size)}")
+        freq = self.window_attn_skip_freq
+        if isinstance(freq, int):
+            if isinstance(freq, bool) or not 1 <= freq <= MAX_NUM_LAYERS:
+                raise SpecError(f"window_attn_skip_freq must be in [1, {MAX_NUM_LAYERS:,}], got {freq}")
+        elif freq is not None and (len(freq) != self.num_layers or any(x not in (0, 1) for x in freq)):
+            raise SpecError(f"window_attn_skip_freq pattern must be {self.num_layers} values of 0/1, got "
+                            f"{len(freq)} values")
+        if self.quick_geglu and not self.swiglu:
+            raise SpecError("quick_geglu needs swiglu: true (the gated MLP; --quick-geglu sets gated_linear_unit)")
+        if self.activation_func_clamp_value is not None and not self.activation_func_clamp_value > 0:
+            raise SpecError(f"activation_func_clamp_value must be > 0, got {self.activation_func_clamp_value}")
+
+    def window_layer_pattern(self) -> tuple[bool, ...]:
+        """Which main layers attend over the sliding window (Megatron's ``is_layer_window_attention``, 1-indexed:
+        an int N leaves layer n full when n % N == 0; a list gives 1 for windowed)."""
+        if self.window_size is None:
+            return (False,) * self.num_layers
+        freq = self.window_attn_skip_freq
+        if freq is None:
+            return (True,) * self.num_layers
+        if isinstance(freq, int):
+            return tuple((n + 1) % freq != 0 for n in range(self.num_layers))
+        return tuple(bool(x) for x in freq)
+
     def _check_moe(self) -> None:
         if self.num_experts is None:
             return
@@ -308,7 +359,7 @@ class ModelSpec:
         """Dense MLP width: ffn_hidden_size, or Megatron's default (4h; int(8h/3/64)*64 with SwiGLU)."""
         if self.ffn_hidden_size is not None:
             return self.ffn_hidden_size
-        if self.swiglu:
+        if self.swiglu and not self.quick_geglu:  # Megatron's 8h/3 rule is --swiglu's only
             return int((4 * self.hidden_size * 2 / 3) / 64) * 64
         return 4 * self.hidden_size
 

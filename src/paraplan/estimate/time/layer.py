@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from paraplan.estimate.flops import attention_heads_tensor_core_aligned, attention_score_width
+from paraplan.estimate.flops import attention_heads_tensor_core_aligned, attention_score_fraction, attention_score_width
 from paraplan.estimate.layouts import LayerLayout
 from paraplan.estimate.time import compute, cp, ep, moe_sync, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
@@ -171,7 +171,9 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
                                                 layout.cp, t)
     aligned = attention_heads_tensor_core_aligned(model)
     if training.attention_backend == "flash" and aligned:
-        attn = compute.flash_attention_fwd_s(cluster, score_flops, fp8=training.fp8_dot_product_attention,
+        # fused kernels skip the tiles outside a sliding window; the unfused path scores the full s x s and masks
+        attn = compute.flash_attention_fwd_s(cluster, score_flops * attention_score_fraction(model, training.seq_len),
+                                             fp8=training.fp8_dot_product_attention,
                                              kernel=training.attention_kernel)
     else:
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
