@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from paraplan.launch.megatron import CheckpointArgs as CheckpointArgs
     from paraplan.launch.megatron import dense_moe_knobs_note as dense_moe_knobs_note
     from paraplan.launch.megatron import launch_violations as launch_violations
+    from paraplan.launch.megatron import ub_cfg_ignored_note as ub_cfg_ignored_note
     from paraplan.launch.parse import parse_file as parse_file
     from paraplan.launch.parse import parse_script as parse_script
     from paraplan.launch.render import LaunchSpec as LaunchSpec
@@ -226,6 +227,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "CheckResult": ("paraplan.launch.check", "What ``paraplan check`` reports for one script."),
     "launch_violations": ("paraplan.launch.megatron", "Megatron's rules on the flags themselves, in Megatron's words."),
     "dense_moe_knobs_note": ("paraplan.launch.megatron", "The note for MoE knobs given for a dense model."),
+    "ub_cfg_ignored_note": ("paraplan.launch.megatron", "The note for a userbuffers config without --tp-comm-overlap."),
     "MEGATRON_COMMIT": ("paraplan.launch.megatron", "The Megatron-LM commit the flags and rules follow."),
     "CheckpointArgs": ("paraplan.launch.megatron", "The checkpoint flags ``launch`` writes for a layout."),
     "LaunchSpec": ("paraplan.launch.render", "Everything the launch files are made from."),

@@ -231,7 +231,7 @@ def test_cli_knobs_lower_stage0(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--knob", "exp-avg-dtype=int4"], "--exp-avg-dtype must be one of fp32, fp16, bf16, fp8, got 'int4'"),
-    (["--knob", "foo"], "--knob foo: not a memory knob; one of"),
+    (["--knob", "foo"], "--knob foo: not a knob; one of"),
     (["--knob", "optimizer-cpu-offload"], "must be used in conjunction with `--use-precision-aware-optimizer`"),
     (["--knob", "optimizer-offload-fraction=x"], "--optimizer-offload-fraction 'x' is not a number"),
 ])

@@ -245,7 +245,7 @@ def test_knobs_beside_the_recipe_win_over_its_own(capsys: pytest.CaptureFixture[
     ("llama3-8b-b200-nvfp4-8", "fp8-recipe=mxfp8", "--knob fp8-recipe needs --precision fp8"),
     ("llama3-8b-b200-bf16-8", "fp8-param-gather", "--knob fp8-param-gather needs --precision fp8"),
     ("llama3-8b-b200-bf16-8", "cuda-graph-impl", "--cuda-graph-impl must be one of"),
-    ("llama3-8b-b200-bf16-8", "bogus-knob", "not a memory knob"),
+    ("llama3-8b-b200-bf16-8", "bogus-knob", "not a knob"),
     ("llama3-8b-h100-bf16-8", "cuda-graph-modules=moe", "moe cuda graph is only supported for MoE."),  # a flag rule
 ])
 def test_knobs_beside_the_recipe_are_refused_as_without_it(recipe: str, knob: str, text: str,

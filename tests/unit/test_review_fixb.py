@@ -351,8 +351,8 @@ def test_plan_names_every_knob_rule_that_rejects(capsys: pytest.CaptureFixture[s
     ("moe-deepep-num-sms=0", "--moe-deepep-num-sms must be an integer from 1 to 1024, got '0'"),
     ("moe-hybridep-num-sms=2000", "--moe-hybridep-num-sms must be an integer from 1 to 1024, got '2000'"),
     ("moe-flex-dispatcher-num-sms=" + "9" * 5000, "--moe-flex-dispatcher-num-sms must be an integer from 1 to 1024"),
-    ("tp-comm-overlap", "--knob tp-comm-overlap: not a memory knob; paraplan's --tp-comm-overlap sets it"),
-    ("tensor-model-parallel-size=2", "--knob tensor-model-parallel-size: not a memory knob; paraplan's --tp sets it"),
+    ("tp-comm-overlap", "--knob tp-comm-overlap: not a knob; paraplan's --tp-comm-overlap sets it"),
+    ("tensor-model-parallel-size=2", "--knob tensor-model-parallel-size: not a knob; paraplan's --tp sets it"),
 ])
 def test_knob_errors_name_the_flag_given(item: str, words: str) -> None:
     from paraplan.cli.options import knob_fields

@@ -17,6 +17,7 @@ from paraplan.api import (
     dense_moe_knobs_note,
     load_site,
     render_files,
+    ub_cfg_ignored_note,
     write_files,
 )
 from paraplan.api import estimate as run_estimate
@@ -135,7 +136,8 @@ def launch(
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                                 profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
-        notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training)])]
+        notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training),
+                                          ub_cfg_ignored_note(inputs.training, layout)])]
         result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())
@@ -152,6 +154,8 @@ def launch(
     con.print(f"checkpoint: --save-interval {ckpt.save_interval_iters} ({advice.reason()})", soft_wrap=True)
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
+    if (ub_note := ub_cfg_ignored_note(spec.training, spec.layout)) is not None:
+        con.print(f"note: {safe(ub_note)}", soft_wrap=True)
     written = json.loads(files["manifest.json"])
     by_reason: dict[str, list[str]] = {}
     for target_name, reason in written.get("skipped_targets", {}).items():

@@ -291,7 +291,8 @@ KnobOpt = typer.Option(
          "moe-expert-rank-capacity-factor=1.5, moe-paged-stash, use-transformer-engine-op-fuser; CUDA graphs: "
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
          "no-gradient-accumulation-fusion, cross-entropy-loss-fusion, cross-entropy-fusion-impl=native|te; "
-         "userbuffers pairs (with --tp-comm-overlap): no-tp-comm-overlap-ag, no-tp-comm-overlap-rs; "
+         "userbuffers (with --tp-comm-overlap): no-tp-comm-overlap-ag, no-tp-comm-overlap-rs, "
+         "tp-comm-overlap-cfg=NAME|FILE.yaml (a Megatron-Bridge named config or a Megatron-LM YAML file); "
          "paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
 
 

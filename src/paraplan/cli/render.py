@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from typing import TYPE_CHECKING, Any, cast
 
 from rich import box
@@ -209,7 +210,8 @@ def rows_csv(rows: list[dict[str, Any]]) -> str:
 def estimate_csv(est: Estimate) -> str:
     """One row per pipeline stage: the layout, the memory terms and the step-level time/throughput."""
     d = est.to_dict()
-    cfg = {k: v for k, v in d["config"].items() if not isinstance(v, list)}
+    cfg = {k: json.dumps(v, sort_keys=True, allow_nan=False) if isinstance(v, dict) else v  # JSON text, no repr
+           for k, v in d["config"].items() if not isinstance(v, list)}
     step = {"step_s": d["time"]["step_s"], "tokens_per_s_per_gpu": d["throughput"]["tokens_per_s_per_gpu"],
             "mfu": d["throughput"]["mfu"], "fits": d["memory"]["fits"]}
     rows = [{**cfg, **{k: v for k, v in s.items() if k != "other_parts"},

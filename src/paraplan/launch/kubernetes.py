@@ -25,7 +25,7 @@ from typing import Any, Final
 import yaml
 
 from paraplan.errors import SpecError
-from paraplan.launch.megatron import ArgGroup, Placeholder
+from paraplan.launch.megatron import UB_CFG_FILE, UB_CFG_PATH, Arg, ArgGroup, Placeholder
 from paraplan.launch.quoting import one_line
 from paraplan.launch.site import IMAGE_PLACEHOLDER, SiteProfile
 from paraplan.specs.cluster import ClusterSpec
@@ -42,6 +42,47 @@ TRAINER_NODE: Final = "node"
 CLAIM_NAME: Final = "compute-domain-channel"
 MAX_LIST_ITEMS: Final = 128
 """TrainJob ``spec.trainer.args``/``command``/``env`` hold at most 128 items (the CRD's maxItems)."""
+
+
+UB_CFG_MOUNT: Final = "/etc/paraplan/userbuffers"
+"""Where every training pod mounts the userbuffers ConfigMap (read-only): Megatron-LM opens
+``--tp-comm-overlap-cfg`` on every rank (training/initialize.py ``_initialize_tp_communicators``)."""
+UB_CFG_VOLUME: Final = "paraplan-ub-cfg"
+
+
+def ub_config_map_name(job_name: str) -> str:
+    return f"{job_name}-ub-cfg"
+
+
+def ub_config_map(job_name: str, site: SiteProfile, text: str) -> dict[str, Any]:
+    """The ConfigMap holding ``UB_CFG_FILE`` (its data the YAML text, quoted as YAML by ``yaml.safe_dump``)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": ub_config_map_name(job_name),
+                         **({"namespace": site.namespace} if site.namespace else {})},
+            "data": {UB_CFG_FILE: text}}
+
+
+def _ub_groups(groups: tuple[ArgGroup, ...], ub_cfg: str | None) -> tuple[ArgGroup, ...]:
+    """``groups`` with ``--tp-comm-overlap-cfg`` pointing at the mounted ConfigMap (``UB_CFG_MOUNT``) instead of
+    ``$LAUNCH_DIR``, which a pod does not have."""
+    if ub_cfg is None:
+        return groups
+    path = f"{UB_CFG_MOUNT}/{UB_CFG_FILE}"
+    return tuple(ArgGroup(g.title, tuple(Arg(a.flag, tuple(path if v == UB_CFG_PATH else v for v in a.values))
+                                         for a in g.args)) for g in groups)
+
+
+def _with_config_map(text: str, job_name: str, site: SiteProfile, ub_cfg: str | None) -> str:
+    """A manifest's text with the userbuffers ConfigMap as its first document (applied before the job)."""
+    if ub_cfg is None:
+        return text
+    cm = yaml.safe_dump(ub_config_map(job_name, site, ub_cfg), sort_keys=False, width=10_000, allow_unicode=False)
+    lines = text.splitlines(keepends=True)
+    n = next((k for k, line in enumerate(lines) if not line.startswith("#")), len(lines))  # the header comments
+    head = lines[:n]
+    note = (f"# ConfigMap {ub_config_map_name(job_name)}: the --tp-comm-overlap-cfg file, mounted read-only at "
+            f"{UB_CFG_MOUNT} in every pod\n")
+    return "".join(head) + note + cm + "---\n" + "".join(lines[n:])
 
 
 def k8s_literal(text: str) -> str:
@@ -138,14 +179,21 @@ def _affinity(site: SiteProfile) -> dict[str, Any] | None:
         "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
 
 
-def pod_patch(site: SiteProfile, *, container: str) -> dict[str, Any]:
-    """Pod settings of the site: mounts, volumes (with /dev/shm), IPC_LOCK, scheduling, pull secret."""
+def pod_patch(site: SiteProfile, *, container: str, ub_config_map: str | None = None) -> dict[str, Any]:
+    """Pod settings of the site: mounts, volumes (with /dev/shm), IPC_LOCK, scheduling, pull secret; the
+    userbuffers ConfigMap ``ub_config_map`` mounted read-only at ``UB_CFG_MOUNT`` when given."""
     k = site.kubernetes
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     mounts += [{"name": v.name, "mountPath": v.mount_path, **({"readOnly": True} if v.read_only else {})}
                for v in k.volumes]
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k.shm_size}}]
     volumes += [{"name": v.name, **v.source()} for v in k.volumes]
+    if ub_config_map is not None:
+        if any(v.name == UB_CFG_VOLUME for v in k.volumes):
+            raise SpecError(f"site.kubernetes.volumes: the name {UB_CFG_VOLUME!r} is paraplan's (the userbuffers "
+                            "ConfigMap); rename the volume")
+        mounts.append({"name": UB_CFG_VOLUME, "mountPath": UB_CFG_MOUNT, "readOnly": True})
+        volumes.append({"name": UB_CFG_VOLUME, "configMap": {"name": ub_config_map}})
     c: dict[str, Any] = {"name": container, "volumeMounts": mounts}
     if k.rdma_resources:  # RDMA (GPUDirect, verbs) needs locked memory
         c["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
@@ -199,9 +247,11 @@ def _runtime(name: str, site: SiteProfile, image: str, gpus: int, claim_template
 
 def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], cluster: ClusterSpec, site: SiteProfile,
                    groups: tuple[ArgGroup, ...], env: list[tuple[str, str, str]], gpus_per_node: int,
-                   ) -> dict[str, str]:
-    """trainjob.yaml, and clustertrainingruntime.yaml / computedomain.yaml where needed."""
+                   ub_cfg: str | None = None) -> dict[str, str]:
+    """trainjob.yaml (with the userbuffers ConfigMap ``ub_cfg``, the YAML text, when given), and
+    clustertrainingruntime.yaml / computedomain.yaml where needed."""
     _check_checkpoint_dir(site)
+    groups = _ub_groups(groups, ub_cfg)
     k = site.kubernetes
     site_env = dict(site.env)
     args, refs = container_args(groups, site_env)
@@ -237,7 +287,8 @@ def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], clust
             "runtimePatches": [{"manager": "paraplan", "trainingRuntimeSpec": {"template": {"spec": {
                 "replicatedJobs": [{"name": TRAINER_NODE, "template": {"spec": {"template": {
                     **({"metadata": pod_meta} if pod_meta else {}),
-                    "spec": pod_patch(site, container=TRAINER_NODE)}}}}]}}}}],
+                    "spec": pod_patch(site, container=TRAINER_NODE, ub_config_map=None if ub_cfg is None else
+                                      ub_config_map_name(job_name))}}}}]}}}}],
         },
     }
     ckpt_note = [] if site.checkpoint_dir and k.volumes else [
@@ -248,6 +299,7 @@ def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], clust
                                             " (installed with Kubeflow Trainer)"),
                                          "Apply: kubectl apply -f trainjob.yaml"
                                          + ("; Kueue admits it (suspend: true until then)" if k.queue else "")])}
+    files["trainjob.yaml"] = _with_config_map(files["trainjob.yaml"], job_name, site, ub_cfg)
     if make_runtime:
         claim = compute_domain_name(job_name, site) if domain else None
         files["clustertrainingruntime.yaml"] = dump(
@@ -265,17 +317,21 @@ def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], clust
 
 
 def pytorchjob_file(*, job_name: str, candidate_id: str, header: list[str], cluster: ClusterSpec, site: SiteProfile,
-                    groups: tuple[ArgGroup, ...], env: list[tuple[str, str, str]], gpus_per_node: int) -> str:
+                    groups: tuple[ArgGroup, ...], env: list[tuple[str, str, str]], gpus_per_node: int,
+                    ub_cfg: str | None = None) -> str:
     """pytorchjob.yaml: the legacy Kubeflow Training Operator v1 ``PyTorchJob`` (Master + Workers), with the same
-    pod settings from the site as the TrainJob (the operator sets PET_* and MASTER_ADDR/PORT for torchrun)."""
+    pod settings from the site as the TrainJob (the operator sets PET_* and MASTER_ADDR/PORT for torchrun), and the
+    userbuffers ConfigMap ``ub_cfg`` (the YAML text) when given."""
     _check_checkpoint_dir(site)
+    groups = _ub_groups(groups, ub_cfg)
     k = site.kubernetes
     words: list[str] = []
     for group in groups:
         for arg in group.args:
             words += [arg.flag, *(_k8s_ref(v) if isinstance(v, Placeholder) else k8s_literal(v) for v in arg.values)]
     _, refs = container_args(groups, dict(site.env))
-    spec = pod_patch(site, container="pytorch")
+    spec = pod_patch(site, container="pytorch",
+                     ub_config_map=None if ub_cfg is None else ub_config_map_name(job_name))
     container = spec["containers"][0]
     container.update({
         "image": site.container_image or IMAGE_PLACEHOLDER,
@@ -306,4 +362,4 @@ def pytorchjob_file(*, job_name: str, candidate_id: str, header: list[str], clus
     if not site.container_image:
         notes.append("PLACEHOLDER: set container_image in the site profile (an image with Megatron-LM at "
                      "megatron_path, e.g. NVIDIA's NeMo container)")
-    return dump(job, [*header, *notes])
+    return _with_config_map(dump(job, [*header, *notes]), job_name, site, ub_cfg)

@@ -208,12 +208,13 @@ def _includer(base_dir: Path | None) -> Callable[[str], str | None]:
 
 def parse_script(text: str, *, name: str = "custom", source: str = "",
                  base_dir: str | Path | None = None, env_seed: dict[str, str] | None = None,
-                 positional: list[str] | None = None) -> ParsedScript:
+                 positional: list[str] | None = None, files: dict[str, str] | None = None) -> ParsedScript:
     """Parse a script, an arguments file or a one-line command (see the module docstring).
 
     ``source``d files are read from ``base_dir`` (the script's folder) when they exist there; ``env_seed``:
     variables set before the script runs (a container's environment); ``positional``: ``$0``, ``$1``, ... (the
-    words after a ``bash -c`` string), None when unknown.
+    words after a ``bash -c`` string), None when unknown; ``files``: path -> text of files the container holds
+    (``config_map_files``).
     """
     sbatch = _sbatch_options(text)
     env = Env(scalars=dict(env_seed or {}), positional=None if positional is None else list(positional))
@@ -230,7 +231,7 @@ def parse_script(text: str, *, name: str = "custom", source: str = "",
     if not args:
         raise SpecError(f"no {ENTRY_POINT} command line or Megatron arguments found"
                         + (f" in {source}" if source else ""))
-    flags = read_flags(args, name=name, source=source, base_dir=str(base_dir) if base_dir else None)
+    flags = read_flags(args, name=name, source=source, base_dir=str(base_dir) if base_dir else None, files=files)
     if env.notes:  # what the shell reader noticed (a bash -c string's $0)
         flags = replace(flags, notes=(*flags.notes, *env.notes))
     world, per_node, nodes = _world(launcher, sbatch, env)
@@ -490,6 +491,50 @@ def _kinds(docs: list[Any], source: str) -> None:
                             f"got {brief(kind)}")
 
 
+def _pod_specs(doc: dict[str, Any]) -> list[Any]:
+    """The pod specs of a job as ``launch.kubernetes`` writes them: each PyTorchJob replica's template, or the
+    TrainJob's runtime patches."""
+    if doc.get("kind") == "PyTorchJob":
+        specs = (doc.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        return [((rs or {}).get("template") or {}).get("spec") for rs in specs.values() if isinstance(rs, dict)]
+    out: list[Any] = []
+    for patch in (doc.get("spec") or {}).get("runtimePatches") or []:
+        jobs = (((patch or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+        for rj in jobs.get("replicatedJobs") or []:
+            out.append(((((rj or {}).get("template") or {}).get("spec") or {}).get("template") or {}).get("spec"))
+    return out
+
+
+def config_map_files(docs: list[Any], job: dict[str, Any]) -> dict[str, str]:
+    """path -> text of the ConfigMap files (documents of the same manifest) the job's pods mount: a ``configMap``
+    volume's keys (or its ``items``) under each container ``volumeMounts`` ``mountPath`` (no ``subPath``). Only what
+    every pod spec mounts the same way is taken (a Master and a Worker that differ hold neither)."""
+    maps = {(d.get("metadata") or {}).get("name"): d.get("data") or {} for d in docs
+            if isinstance(d, dict) and d.get("kind") == "ConfigMap" and isinstance(d.get("metadata"), dict)}
+    found: list[dict[str, str]] = []
+    for spec in _pod_specs(job):
+        if not isinstance(spec, dict):
+            continue
+        files: dict[str, str] = {}
+        volumes = {v.get("name"): v.get("configMap") for v in spec.get("volumes") or [] if isinstance(v, dict)}
+        for c in spec.get("containers") or []:
+            for m in (c.get("volumeMounts") or []) if isinstance(c, dict) else []:
+                cm = volumes.get(m.get("name")) if isinstance(m, dict) else None
+                data = maps.get(cm.get("name")) if isinstance(cm, dict) else None
+                if not isinstance(cm, dict) or not isinstance(data, dict) or m.get("subPath") \
+                        or not isinstance(m.get("mountPath"), str):
+                    continue
+                items = cm.get("items") or [{"key": k, "path": k} for k in data]
+                for item in items if isinstance(items, list) else []:
+                    key, rel = (item.get("key"), item.get("path")) if isinstance(item, dict) else (None, None)
+                    if isinstance(key, str) and isinstance(rel, str) and isinstance(data.get(key), str):
+                        files[f"{m['mountPath'].rstrip('/')}/{rel}"] = data[key]
+        found.append(files)
+    if not found:
+        return {}
+    return {k: v for k, v in found[0].items() if all(f.get(k) == v for f in found[1:])}
+
+
 def _flag_of(words: list[str], name: str) -> str:
     """The flag whose value holds ``$(name)`` (for messages)."""
     ref = f"$({name})"
@@ -548,7 +593,8 @@ def parse_manifest(text: str, *, name: str = "custom", source: str = "manifest")
     if ENTRY_POINT not in text and not any(ENTRY_POINT in w for w in positional or ()):
         raise not_run
     try:
-        parsed = parse_script(text, name=name, source=source, env_seed=seed, positional=positional)
+        parsed = parse_script(text, name=name, source=source, env_seed=seed, positional=positional,
+                              files=config_map_files(docs, doc))
     except SpecError as err:
         for ref in dict.fromkeys(unset):
             if f"$({ref})" not in str(err):

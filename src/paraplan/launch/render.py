@@ -250,13 +250,16 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
                                checkpoint=spec.checkpoint, megatron_lm=False)
     cid = candidate_id(spec)
     ctx = _context(spec, cid, groups)
+    ub_text = ub_cfg_file(spec.training, spec.layout)
+    ctx["ub_cfg"] = ub_text is not None  # job.sbatch mounts the launch directory in the container for it
     env = template_env()
     names = list(dict.fromkeys(n for t in chosen for n in TARGET_FILES[t]))
     files = {n: env.get_template(f"{n}.j2").render(**ctx) for n in names if n not in BUILT_FILES}
-    if "megatron_args.sh" in names and (ub_text := ub_cfg_file(spec.training)) is not None:
+    if "megatron_args.sh" in names and ub_text is not None:
         files[UB_CFG_FILE] = ub_text  # what --tp-comm-overlap-cfg "$LAUNCH_DIR/..." reads
     k8s = {"job_name": ctx["job_name"], "candidate_id": cid, "cluster": spec.cluster, "site": spec.site,
-           "groups": groups, "env": ctx["env"], "gpus_per_node": ctx["gpus_per_node"]}
+           "groups": groups, "env": ctx["env"], "gpus_per_node": ctx["gpus_per_node"],
+           "ub_cfg": ub_text}  # a ConfigMap in the manifest, mounted in every pod
     about = (f"{spec.model.name} on {spec.cluster.num_nodes} node(s) x {ctx['gpus_per_node']} GPUs "
              f"({spec.cluster.gpu.name}); {spec.layout.short()}")
     if "k8s" in chosen:

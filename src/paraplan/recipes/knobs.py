@@ -212,18 +212,20 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
 
 
 def _ub_knob(r: Recipe) -> dict[str, Any]:
-    """``tp_comm_overlap_cfg`` of ``r`` under ``tp_comm_overlap`` where the packaged configs name it (else the
-    column is listed as not modelled: ``ASSUMED``)."""
+    """``tp_comm_overlap_cfg`` of ``r`` under ``tp_comm_overlap`` where the packaged configs name it or it is a
+    YAML file here (a user recipe's ``tp_comm_overlap_cfg: /path.yaml``, as ``--knob`` takes it); else the column
+    is listed as not modelled (``ASSUMED``)."""
     return {"tp_comm_overlap_cfg": str(r.get("tp_comm_overlap_cfg"))} if _bool(r, "tp_comm_overlap") \
         and _ub_named(r) else {}
 
 
 def _ub_named(r: Recipe) -> bool:
-    """``r`` names a userbuffers config the packaged ones hold (Megatron-Bridge training/comm_overlap.py)."""
-    from paraplan.specs.userbuffers import packaged
+    """``r`` names a userbuffers config the packaged ones hold (Megatron-Bridge training/comm_overlap.py) or a
+    ``--tp-comm-overlap-cfg`` YAML file that exists here."""
+    from paraplan.specs.userbuffers import is_file_value, packaged
 
     name = r.get("tp_comm_overlap_cfg")
-    return isinstance(name, str) and name in packaged()
+    return isinstance(name, str) and (name in packaged() or is_file_value(name))
 
 
 def recipe_memory_options(r: Recipe, base: MemoryOptions | None = None) -> MemoryOptions:

@@ -9,6 +9,7 @@ own defaults (ecosystem.md 1.2), and each one is stated in ``defaults_applied``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -188,9 +189,12 @@ class MegatronFlags:
 
 
 class _Reader:
-    def __init__(self, values: Values, base_dir: str | None = None) -> None:
+    def __init__(self, values: Values, base_dir: str | None = None,
+                 files: Mapping[str, str] | None = None) -> None:
         self.v = values
         self.base_dir = base_dir
+        self.files = dict(files or {})
+        """path -> text of the files the job's container holds that are not on this machine (a ConfigMap)."""
         self.defaults: list[str] = []
         self.notes: list[str] = []
         self.problems: list[tuple[str, str]] = []
@@ -652,13 +656,17 @@ def _tp_comm_knobs(r: _Reader) -> dict[str, Any]:
     given = [f for f in TP_COMM_NOT_MODELLED if r.has(f)]
     if not r.has("--tp-comm-overlap"):
         raw = r.text("--tp-comm-overlap-cfg") or ""
-        if r.has("--tp-comm-overlap-cfg") and (raw in _packaged_ub() or Path(raw).is_file()):
-            out["tp_comm_overlap_cfg"] = _tp_comm_cfg(r)  # kept (``--knob``, launch writes it back)
+        if r.has("--tp-comm-overlap-cfg") and (raw in _packaged_ub() or raw in r.files or Path(raw).is_file()):
+            cfg = _tp_comm_cfg(r)  # kept (``--knob``, launch writes it back)
+            if cfg is not None:
+                out["tp_comm_overlap_cfg"] = cfg
         if out or given or r.has("--tp-comm-overlap-cfg"):  # kept as given (launch writes them back): they change
             r.notes.append("userbuffers flags are ignored without --tp-comm-overlap")  # nothing without userbuffers
         return out  # a cfg path that is no file is not opened (Megatron-LM reads it only to initialize userbuffers)
     if r.has("--tp-comm-overlap-cfg"):
-        out["tp_comm_overlap_cfg"] = _tp_comm_cfg(r)
+        cfg = _tp_comm_cfg(r)
+        if cfg is not None:
+            out["tp_comm_overlap_cfg"] = cfg
     if given:
         r.notes.append(f"not modelled: {', '.join(given)} (userbuffers costed with Transformer Engine's pairs, "
                        "methods and SMs)")
@@ -671,28 +679,42 @@ def _packaged_ub() -> dict[str, Any]:
     return packaged()
 
 
-def _tp_comm_cfg(r: _Reader) -> str:
+def _tp_comm_cfg(r: _Reader) -> str | None:
     """``--tp-comm-overlap-cfg PATH``: the YAML file TE's ``initialize_ub`` reads (Megatron-LM
-    training/initialize.py ``_initialize_tp_communicators``: ``yaml.safe_load``), checked
-    (``userbuffers.read_yaml_file``: it exists, parses and names TE's GEMMs and settings) and kept as compact JSON;
-    a value that is no file but one of Megatron-Bridge's named configs (``--knob tp-comm-overlap-cfg=NAME``) is
-    taken by name, with a note (Megatron-LM itself needs the file; launch files write one)."""
-    from paraplan.specs.userbuffers import packaged, read_yaml_file
+    training/initialize.py ``_initialize_tp_communicators``: ``yaml.safe_load``, on every rank at start-up; its
+    ``validate_args`` never opens it). Looked for beside the script first (a relative path, or the file name under
+    an unresolved shell expansion such as ``${LAUNCH_DIR:-.}/...``), then as given; a file found is checked
+    (``userbuffers.read_yaml_cfg``: it parses and names TE's GEMMs and settings; one SpecError line when not) and
+    kept by its path. A path the job's container holds (``r.files``: a manifest's ConfigMap) is read from there and
+    kept as compact JSON. A value that is no file but one of Megatron-Bridge's named configs (``--knob
+    tp-comm-overlap-cfg=NAME``) is taken by name, with a note (Megatron-LM itself needs the file; launch files write
+    one). Any other path (on the cluster only, under ``${VAR}``) cannot be read here: a note, and None (costed with
+    TE's defaults)."""
+    from paraplan.specs.userbuffers import canonical, packaged, read_yaml_cfg, yaml_cfg
 
     raw = r.text("--tp-comm-overlap-cfg") or ""
+    if raw in r.files:
+        r.notes.append(f"--tp-comm-overlap-cfg {brief(raw)}: read from the manifest's ConfigMap")
+        return canonical(yaml_cfg(r.files[raw], f"--tp-comm-overlap-cfg {raw} (the manifest's ConfigMap)"))
     if raw in packaged() and not Path(raw).exists():
         r.notes.append(f"--tp-comm-overlap-cfg {raw}: no such file, read as Megatron-Bridge's named userbuffers "
                        "config (Megatron-LM reads a YAML file: launch files write one)")
         return raw
     head, _, fname = raw.rpartition("/")
-    if "$" in head and r.base_dir is not None and not Path(raw).is_file():  # "${LAUNCH_DIR:-.}/..." (launch)
-        found = Path(r.base_dir) / fname
+    tries: list[Path] = []
+    if r.base_dir is not None and raw and not Path(raw).is_absolute():
+        tries.append(Path(r.base_dir) / (fname if "$" in head else raw))
+    if "$" not in raw:
+        tries.append(Path(raw))
+    found = next((p for p in tries if raw and p.is_file()), None)
+    if found is None:
+        r.notes.append(f"could not read --tp-comm-overlap-cfg {brief(raw)} here: costed with Transformer Engine's "
+                       "default userbuffers settings")
+        return None
+    read_yaml_cfg(str(found))
+    if str(found) != raw:
         r.notes.append(f"--tp-comm-overlap-cfg {brief(raw)}: read {found} (the script's directory)")
-        return read_yaml_file(str(found))
-    if not Path(raw).is_file():
-        raise SpecError(f"--tp-comm-overlap-cfg {brief(raw)}: no such file (nor one of Megatron-Bridge's "
-                        f"{len(packaged())} named userbuffers configs, e.g. {next(iter(packaged()))})")
-    return read_yaml_file(raw)
+    return str(found)
 
 
 def _got(raw: str | None) -> str:
@@ -818,10 +840,10 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     allowed = set(KNOB_FLAGS.values()) | {flag for aliases in KNOB_FLAG_ALIASES.values() for flag in aliases}
     for flag in [*unknown, *values]:
         if flag in OPTION_FLAGS:
-            raise SpecError(f"--knob {flag[2:]}: not a memory knob; paraplan's {OPTION_FLAGS[flag]} sets it "
+            raise SpecError(f"--knob {flag[2:]}: not a knob; paraplan's {OPTION_FLAGS[flag]} sets it "
                             "(estimate, plan)")
         if flag not in allowed:
-            raise SpecError(f"--knob {flag[2:]}: not a memory knob; one of "
+            raise SpecError(f"--knob {flag[2:]}: not a knob; one of "
                             f"{', '.join(sorted(f[2:] for f in allowed))}")
     if precision != "fp8":
         for key in ("fp8_recipe", "fp8_param_gather"):
@@ -838,12 +860,23 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     # the layout's rule is launch_violations'; a --knob userbuffers setting is read as under --tp-comm-overlap
     r = _Reader({**values, "--use-distributed-optimizer": (), "--tp-comm-overlap": ()})
     out = _memory_knobs(r, precision)
+    _knob_ub_found(r, out)
     # Megatron-LM's refusal of TE's cross-entropy fusion applies where its launch files are written
     # (launch.megatron.megatron_args) and to its scripts (check); Megatron-Core and -Bridge run it
     problems = [(code, message) for code, message in r.problems if code != "TE_CROSS_ENTROPY_FUSION"]
     if problems:
         raise SpecError(problems[0][1])
     return {**out, **off}
+
+
+def _knob_ub_found(r: _Reader, out: dict[str, Any]) -> None:
+    """``--knob tp-comm-overlap-cfg=X`` asks for X: a file here or a named config, else one SpecError line."""
+    if r.has("--tp-comm-overlap-cfg") and "tp_comm_overlap_cfg" not in out:
+        from paraplan.specs.userbuffers import packaged
+
+        raise SpecError(f"--knob tp-comm-overlap-cfg {_got(r.text('--tp-comm-overlap-cfg'))}: no such file (nor one "
+                        f"of Megatron-Bridge's {len(packaged())} named userbuffers configs, e.g. "
+                        f"{next(iter(packaged()))})")
 
 
 def _switch_values(values: Values) -> dict[str, Any]:
@@ -895,11 +928,13 @@ def _knob_problems(r: _Reader, out: dict[str, Any]) -> None:
 
 
 def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
-               source: str = "", base_dir: str | None = None) -> MegatronFlags:
+               source: str = "", base_dir: str | None = None,
+               files: Mapping[str, str] | None = None) -> MegatronFlags:
     """Interpret a Megatron argument list (see the module docstring); ``base_dir``: the script's directory (a
-    ``--tp-comm-overlap-cfg`` path under an unresolved shell expansion is looked for there)."""
+    ``--tp-comm-overlap-cfg`` path under an unresolved shell expansion is looked for there); ``files``: path ->
+    text of files the job's container holds (a manifest's ConfigMap)."""
     values, unknown, stray = split_flags(args)
-    r = _Reader(values, base_dir)
+    r = _Reader(values, base_dir, files)
     stray += [w for f, vals in values.items() if f in known_flags() and f not in switch_flags()
               and f not in MULTI_VALUE_FLAGS for w in vals[1:]]  # argparse: one word each, the rest positional
     if stray:  # pretrain_gpt.py defines no positional argument: parse_args exits on any

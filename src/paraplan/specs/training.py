@@ -401,8 +401,9 @@ class TrainingSpec:
     tp_comm_overlap_cfg: str = ""
     """The userbuffers per-GEMM config under ``--tp-comm-overlap`` (``specs.userbuffers``): "" (Megatron-LM's
     default: no ``--tp-comm-overlap-cfg``, TE's default methods and SMs), the name of one of Megatron-Bridge's named
-    configs (``tp_comm_overlap_cfg = userbuffers_...``, packaged ``recipes/ub_configs.json``), or a config as
-    compact JSON (a ``--tp-comm-overlap-cfg`` YAML file as read); each GEMM costed with its method, SMs and splits
+    configs (``tp_comm_overlap_cfg = userbuffers_...``, packaged ``recipes/ub_configs.json``), the path of a
+    ``--tp-comm-overlap-cfg`` YAML file (read when costed), or a config as compact JSON (a manifest's ConfigMap as
+    read); each GEMM costed with its method, SMs and splits
     (``time.tp.ub_block_exposure``)."""
     cross_entropy_loss_fusion: bool = False
     """``--cross-entropy-loss-fusion`` (Megatron-LM's default off; Megatron-Bridge's ``GPTModelProvider`` default on):
@@ -493,9 +494,12 @@ class TrainingSpec:
             raise SpecError("optimizer_cpu_offload (--optimizer-cpu-offload) needs use_precision_aware_optimizer "
                             "(--use-precision-aware-optimizer), as in Megatron-LM")
         self._check_optimizer_dtypes()
-        from paraplan.specs.userbuffers import resolve
+        from paraplan.specs.userbuffers import check_atomic_precision, resolve
 
-        resolve(self.tp_comm_overlap_cfg)
+        bf16_layers = self.first_last_layers_bf16 and (self.num_layers_at_start_in_bf16 > 0
+                                                       or self.num_layers_at_end_in_bf16 > 0)
+        check_atomic_precision(resolve(self.tp_comm_overlap_cfg), self.precision == "fp8" and not bf16_layers,
+                               "tp_comm_overlap_cfg")
 
     def _check_optimizer_dtypes(self) -> None:
         """megatron/core/optimizer/optimizer_config.py ``__post_init__``: lower-precision optimizer tensors need the
