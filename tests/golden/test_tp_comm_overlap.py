@@ -49,6 +49,15 @@ def test_bulk_golden(comm: float, gemm: float, exposed: float) -> None:
     assert float(tp.bulk_exposed_s(comm, gemm, 0.125)) == pytest.approx(exposed)
 
 
+@pytest.mark.parametrize(("comm", "gemm", "exposed"), [
+    (0.3, 1.0, 1.0 / 0.875 - 1.0),                  # the GEMM on 7/8 of the SMs, the whole RS behind it
+    (1.5, 1.0, 1.5 - 1.0 / 0.875 + 1.0 / 0.875 - 1.0),  # the RS outlasts the slowed GEMM: 0.5 in all
+])
+def test_bulk_golden_with_the_sm_margin(comm: float, gemm: float, exposed: float) -> None:
+    """TE's default for bulk (``set_sm_margin`` True): the GEMM runs on SMs - num_sm for its whole run."""
+    assert float(tp.bulk_exposed_s(comm, gemm, 0.125, True)) == pytest.approx(exposed)
+
+
 def test_comm_sm_share_is_te_default_over_the_gpu_sms() -> None:
     cluster = make_cluster(H100, 8, 8)
     assert tp.comm_sm_share(cluster) == pytest.approx(16 / 132)
@@ -68,7 +77,7 @@ def test_mlp_block_by_hand() -> None:
     ring = lambda g: max(0.0, 3 * (coll / 3 - g / 4))  # noqa: E731
     slowed = fc2 / (1 - share)
     pipe = coll / 4 + 3 * max(0.0, (coll - slowed) / 4) + slowed - fc2
-    bulk = max(0.0, coll - fc1) + share * min(coll, fc1)
+    bulk = max(0.0, coll - fc1 / (1 - share)) + fc1 / (1 - share) - fc1  # TE's bulk default: set_sm_margin
     fwd = ring(fc1) + pipe
     total = fwd + ring(fc2_dgrad) + 2 * bulk
     mlp = dense_mlp_time(LLAMA, cluster, TRAINING, TP4, ffn=f)

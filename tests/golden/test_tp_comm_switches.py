@@ -46,7 +46,8 @@ def _pairs() -> dict[str, float]:
     return {"coll": coll, "ag_fwd": max(0.0, 3 * (coll / 3 - fc1 / 4)),
             "rs_fwd": coll / 4 + 3 * max(0.0, (coll - slowed) / 4) + slowed - fc2,
             "ag_dgrad": max(0.0, 3 * (coll / 3 - fc2_dgrad / 4)),
-            "bulk": max(0.0, coll - fc1) + share * min(coll, fc1)}
+            # TE's bulk default set_sm_margin: the GEMM on SMs - 16 for its whole run
+            "bulk": max(0.0, coll - fc1 / (1 - share)) + fc1 / (1 - share) - fc1}
 
 
 @pytest.mark.parametrize(("knobs", "fwd", "bwd"), [
@@ -70,7 +71,8 @@ def test_mlp_block_pairs_by_hand(knobs: dict[str, bool], fwd: tuple[str, ...], b
 def test_switches_never_hide_more() -> None:
     cluster = make_cluster(H100, 8, 8)
     base = float(dense_mlp_time(LLAMA, cluster, TRAINING, TP4, ffn=LLAMA.ffn).tp_exposed_s)
-    for knobs in ({"tp_comm_overlap_ag": False}, {"tp_comm_overlap_rs": False}, {"peft": True}):
+    # (not PEFT: its frozen weights drop the wgrad GEMM, and with it the SM margin the bulk reduce-scatter costs)
+    for knobs in ({"tp_comm_overlap_ag": False}, {"tp_comm_overlap_rs": False}):
         got = float(dense_mlp_time(LLAMA, cluster, replace(TRAINING, **knobs), TP4, ffn=LLAMA.ffn).tp_exposed_s)
         assert got >= base
     # without userbuffers the switches change nothing

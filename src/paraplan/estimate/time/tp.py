@@ -159,12 +159,21 @@ def ring_rs_reduce_s(cluster: ClusterSpec, tokens: Num, hidden: int, tp: Num, in
     return np.where(tp > 1, out, 0.0)
 
 
-def bulk_exposed_s(comm_s: Num, gemm_s_: Num, sm_share: float) -> Num:
+def bulk_exposed_s(comm_s: Num, gemm_s_: Num, sm_share: float, set_sm_margin: bool = False) -> Num:
     """Exposed time of a bulk overlap (TE ``CommOverlapBase::bulk_overlap``, method "bulk"): the whole collective
-    runs on ``UB_COMM_SMS`` SMs beside the whole GEMM (no SM margin: while both run, the GEMM loses the comm
-    kernel's share of the SMs):
+    runs on ``num_sm`` SMs (``sm_share`` of them) beside the whole GEMM. With ``set_sm_margin`` (TE's default for
+    bulk, ``initialize_ub`` ``"set_sm_margin": not method == "ring_exchange"``) the GEMM is launched on ``_math_sms``
+    = SMs - num_sm for its whole run (comm_gemm_overlap.cpp ``bulk_overlap``: ``nvte_cublas_gemm(..., _math_sms,
+    ...)``), g' = gemm / (1 - share):
+
+        exposed = max(0, comm - g') + (g' - gemm)
+
+    without it the GEMM takes every SM and loses the comm kernel's share while both run:
 
         exposed = max(0, comm - gemm) + share x min(comm, gemm)"""
+    if set_sm_margin:
+        slowed = gemm_s_ / (1.0 - sm_share)
+        return np.maximum(0.0, comm_s - slowed) + (slowed - gemm_s_)
     return np.maximum(0.0, comm_s - gemm_s_) + sm_share * np.minimum(comm_s, gemm_s_)
 
 
@@ -197,10 +206,11 @@ def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num,
     (copy engine) but the GEMM on SMs - ``num_sm`` with ``set_sm_margin``; as a reduce-scatter it adds its final
     reduction (``ring_rs_reduce_s``). pipeline: ``pipeline_rs_exposed_s`` with ``num_splits`` chunks and the GEMM
     slowed by ``num_sm`` / SMs (``set_sm_margin``, or, without it, the comm kernel holding those SMs while it runs).
-    bulk: ``bulk_exposed_s`` on ``num_sm`` SMs. A non-bulk column dgrad (``dgrad_reduce_scatter_overlap``, the
-    LoRA configs) reduce-scatters the input gradient behind the dgrad GEMM by its method, the wgrad's bulk overlap is
-    unused and the input all-gather for wgrad runs as TE's asynchronous NCCL all-gather beside the dgrad GEMM
-    (layernorm_linear.py ``gather_along_first_dim(..., async_op=True)``): max(0, comm - dgrad); none under PEFT.
+    bulk: ``bulk_exposed_s`` on ``num_sm`` SMs, with its ``set_sm_margin``. A non-bulk column dgrad
+    (``dgrad_reduce_scatter_overlap``, the LoRA configs) reduce-scatters the input gradient behind the dgrad GEMM by
+    its method, the wgrad's bulk overlap is unused and the input all-gather for wgrad runs as TE's asynchronous NCCL
+    all-gather beside the dgrad GEMM (layernorm_linear.py ``gather_along_first_dim(..., async_op=True)``):
+    max(0, comm - dgrad); none under PEFT.
 
     Every collective moves the full T x h activation (T = tokens per rank); a buffer is FP8 under FP8 where TE makes
     it so (``UbGemm.fp8_buf``: the all-gathers, and a config's pipelined reduce-scatters that ask for it), else
@@ -260,9 +270,10 @@ def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num,
         rs_bwd_link, rs_bwd = _rs_s(_nbytes(cd)), _scatter(cd, g_col)
     else:
         ag_in_link = _ag_s(_nbytes(cd))
-        ag_in = bulk_exposed_s(ag_in_link, g_col, comm_sm_share(cluster, cd.num_sm))
+        ag_in = bulk_exposed_s(ag_in_link, g_col, comm_sm_share(cluster, cd.num_sm), cd.set_sm_margin)
         rs_bwd_link = _rs_s(act)
-        rs_bwd = rs_bwd_link if peft else bulk_exposed_s(rs_bwd_link, g_col, comm_sm_share(cluster, cw.num_sm))
+        rs_bwd = rs_bwd_link if peft else bulk_exposed_s(rs_bwd_link, g_col, comm_sm_share(cluster, cw.num_sm),
+                                                         cw.set_sm_margin)
     fwd = ag_fwd + rs_fwd
     bwd = ag_dgrad + ag_in + rs_bwd
     link = _ag_s(_nbytes(cf)) + _rs_s(_nbytes(rf)) + _ag_s(_nbytes(rd)) + ag_in_link + rs_bwd_link
