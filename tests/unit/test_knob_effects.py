@@ -164,3 +164,17 @@ def test_a_recipe_prints_its_time_only_knobs_apart(capsys: pytest.CaptureFixture
     assert "--grad-reduce-in-bf16" in memory and "--manual-gc" not in memory
     assert "--overlap-param-gather-with-optimizer-step" not in memory
     assert "time-only knobs: --overlap-param-gather-with-optimizer-step --manual-gc" in out
+
+
+def test_knob_words_name_fields_without_a_megatron_flag_as_such() -> None:
+    """Review finding (session 8): a knob with no Megatron-LM flag, and a Megatron-Bridge named userbuffers config,
+    are not printed as if they were Megatron-LM arguments."""
+    from paraplan.cli.render import knob_words
+    from paraplan.specs.userbuffers import packaged
+
+    name = sorted(packaged())[0]
+    words = knob_words(TrainingSpec(seq_len=4096, global_batch_size=8, precision="fp8",
+                                    fp8_dot_product_attention=True, tp_comm_overlap_cfg=name))
+    assert "fp8_dot_product_attention=True (no Megatron-LM flag)" in words
+    assert f"tp_comm_overlap_cfg={name} (a Megatron-Bridge config" in words
+    assert "--tp-comm-overlap-cfg" not in words and not words.startswith("fp8_dot_product_attention ")

@@ -116,6 +116,13 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
     return table
 
 
+def _is_cfg_path(value: str) -> bool:
+    """A ``tp_comm_overlap_cfg`` that is a YAML file's path, not one of Megatron-Bridge's named configs."""
+    from paraplan.specs.userbuffers import packaged
+
+    return value not in packaged()
+
+
 def knob_words(training: TrainingSpec, time_only: bool | None = None) -> str:
     """The knobs away from Megatron's defaults, as the Megatron flags that set them, written as Megatron
     takes them: a list as its words (``--cuda-graph-modules attn moe_router``), a store-false flag bare
@@ -127,8 +134,12 @@ def knob_words(training: TrainingSpec, time_only: bool | None = None) -> str:
     for key, value in memory_knobs_of(training).items():
         if time_only is not None and (key in TIME_ONLY_KNOBS) != time_only:
             continue
-        flag = KNOB_FLAGS.get(key, key)
-        if value is True or (value is False and flag.startswith("--no-")):
+        flag = KNOB_FLAGS.get(key)
+        if flag is None:  # a TransformerConfig / Bridge field without a Megatron-LM flag (fp8_dot_product_attention)
+            words.append(f"{key}={value} (no Megatron-LM flag)")
+        elif key == "tp_comm_overlap_cfg" and not _is_cfg_path(str(value)):
+            words.append(f"tp_comm_overlap_cfg={value} (a Megatron-Bridge config; Megatron-LM takes a YAML file)")
+        elif value is True or (value is False and flag.startswith("--no-")):
             words.append(flag)
         elif isinstance(value, (tuple, list)):
             words.append(" ".join([flag, *(str(v) for v in value)]))

@@ -90,7 +90,8 @@ ASSUMED: Final[dict[str, tuple[tuple[Cell, ...], Callable[[Recipe], bool] | None
     "moe_router_force_load_balancing": ((True, ""), None),
     "nccl_ub": ((False,), None),
     "tp_comm_overlap_cfg": ((None, ""), lambda r: _bool(r, "tp_comm_overlap") and not _ub_named(r)),
-    "use_transformer_engine_op_fuser": ((False,), None),
+    # applied with the paged stash (``training_knobs``: its rank budget needs the fuser); noted otherwise
+    "use_transformer_engine_op_fuser": ((False,), lambda r: not _bool_or_false(r, "moe_paged_stash")),
     "CUDA_DEVICE_MAX_CONNECTIONS": (("",), None),
     "other_env": (("",), None),
 }
