@@ -520,7 +520,14 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
     fields_["overlap_param_gather"] = fields_["overlap_param_gather"] and (
         fields_["distributed_optimizer"] or fields_["fsdp"])
     if model is None:
+        from paraplan.recipes.catalogue import RECIPE_MODEL_CHANGES
+
         model = load_model(job.model)
+        changes = RECIPE_MODEL_CHANGES.get(str(r.get("model")), {})
+        if changes and r.source.startswith("src/megatron/bridge/perf_recipes/"):
+            model = replace(model, **changes)  # type: ignore[arg-type]
+            notes.append("the recipe's model: " + ", ".join(f"{k} {v}" for k, v in changes.items())
+                         + f" (not the {job.model} preset's)")
     if job.mtp_num_layers is not None and job.mtp_num_layers != model.mtp_num_layers:
         model = replace(model, mtp_num_layers=job.mtp_num_layers)
     dp = r.get("dp")
