@@ -29,7 +29,8 @@ def test_20b_perf_recipes_run_the_model_they_build() -> None:
 
 
 @pytest.mark.parametrize(("model", "module", "function"), [
-    ("gpt-oss-120b", "megatron.bridge.perf_recipes.gpt_oss.h100.gpt_oss", "gpt_oss_120b_pretrain_64gpu_h100_bf16_config"),
+    ("gpt-oss-120b", "megatron.bridge.perf_recipes.gpt_oss.h100.gpt_oss",
+     "gpt_oss_120b_pretrain_64gpu_h100_bf16_config"),
     # the 20b perf recipes change vocab and RoPE: the base recipe builds the HF model
     ("gpt-oss-20b", "megatron.bridge.recipes.gpt_oss", "gpt_oss_20b_pretrain_config"),
 ])
