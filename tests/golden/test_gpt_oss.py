@@ -65,7 +65,7 @@ def test_hf_config_reads_to_the_preset(name: str) -> None:
                   "position_embedding_type", "normalization", "num_experts", "moe_router_topk", "moe_ffn",
                   "window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
                   "activation_func_clamp_value", "rotary_base", "rotary_scaling_factor", "max_position_embeddings",
-                  "moe_router_load_balancing_type", "moe_aux_loss_coeff"):
+                  "moe_router_load_balancing_type", "moe_aux_loss_coeff", "yarn_correction_range_round_to_int"):
         assert getattr(hf, field) == getattr(pre, field), field
     assert counts(hf) == counts(pre)
 
@@ -132,15 +132,21 @@ def test_launch_writes_the_flags_and_check_reads_them_back() -> None:
     pairs = dict(flag_pairs(megatron_args(model, lay, TRAIN)))
     assert {k: pairs.get(k, "MISSING") for k in ("--quick-geglu", "--window-size", "--window-attn-skip-freq",
                                                    "--softmax-type", "--glu-linear-offset",
-                                                   "--activation-func-clamp-value")} == {
+                                                   "--activation-func-clamp-value",
+                                                   "--no-yarn-correction-range-round-to-int")} == {
         "--quick-geglu": None, "--window-size": "127,0", "--window-attn-skip-freq": "2", "--softmax-type": "learnable",
-        "--glu-linear-offset": "1.0", "--activation-func-clamp-value": "7.0"}
+        "--glu-linear-offset": "1.0", "--activation-func-clamp-value": "7.0",
+        "--no-yarn-correction-range-round-to-int": None}  # GPTOSSBridge.provider_bridge: False
     assert "--swiglu" not in pairs and "--disable-bias-linear" not in pairs  # Megatron asserts not both
     got = read_flags(argv(megatron_args(model, lay, TRAIN))).model
     want, _ = as_launched(model, lay, TRAIN)
     for field in ("quick_geglu", "swiglu", "window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
-                  "activation_func_clamp_value", "add_bias_linear", "ffn"):
+                  "activation_func_clamp_value", "add_bias_linear", "ffn", "yarn_correction_range_round_to_int"):
         assert getattr(got, field) == getattr(want, field), field
+    assert got.yarn_correction_range_round_to_int is False
+    llama = load_model("llama3-8b")  # Megatron's default True: no switch written, True read back
+    assert "--no-yarn-correction-range-round-to-int" not in dict(flag_pairs(megatron_args(llama, lay, TRAIN)))
+    assert read_flags(argv(megatron_args(llama, lay, TRAIN))).model.yarn_correction_range_round_to_int is True
 
 
 @pytest.mark.parametrize(("fields", "message"), [
