@@ -134,6 +134,17 @@ _LAYOUT_RULES: tuple[Rule, ...] = (
                     f"{c.model.num_attention_heads // c.layout.tp}, num_heads_kv = {_kv_heads_per_tp_rank(c)}, "
                     f"cp_size = {c.layout.cp}."),
          "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py::AttnFuncWithCPAndQKVOA2A"),
+    Rule("CP_SOFTMAX_NEEDS_A2A",
+         lambda c: (c.layout.cp > 1) & (c.model.softmax_type != "vanilla") & (c.training.cp_comm_type != "a2a"),
+         lambda c: (f"No dot product attention backend for softmax_type={c.model.softmax_type} with context "
+                    f"parallelism and cp_comm_type={c.training.cp_comm_type} (CP={c.layout.cp}): Transformer Engine "
+                    "disables FlashAttention for a non-vanilla softmax, FusedAttention for context parallelism "
+                    "unless cp_comm_type='a2a', UnfusedDotProductAttention for context parallelism; "
+                    "use --cp-comm-type a2a"),
+         "transformer_engine/pytorch/attention/dot_product_attention/utils.py::get_attention_backend (TE d0067d0: "
+         "'Filter: Softmax type' table and 'context_parallel and cp_comm_type != \"a2a\"', 'Disabling "
+         "UnfusedDotProductAttention as it does not support context parallelism'); Megatron-Bridge's gpt-oss "
+         "recipes set cp_comm_type='a2a' for this reason"),
     Rule("SEQ_NOT_DIVISIBLE_BY_TP_SP",
          lambda c: c.layout.sp & ((c.training.seq_len // c.layout.cp) % c.layout.tp != 0),
          lambda c: ("First dimension of the tensor should be divisible by tensor parallel size "

@@ -142,6 +142,12 @@ PAGED_STASH_RANK_CAPACITY_FACTOR: Final = 1.5
 Megatron-Bridge's shared recipe helpers set beside the paged stash (perf_recipes deepseek/common.py, qwen/common.py
 ``_enable_hybridep_full_iteration_mxfp8``, gpt_oss/common.py). Only whether it is set moves the estimate (the
 host syncs); its receive-buffer memory is not modelled."""
+RECIPE_MODEL_KNOBS: Final[dict[str, dict[str, Any]]] = {
+    "gpt_oss_20b": {"cp_comm_type": "a2a"}, "gpt_oss_120b": {"cp_comm_type": "a2a"},
+}
+"""Knobs a model's recipes set where the CSV has no column: Megatron-Bridge recipes/gpt_oss/h100/gpt_oss.py sets
+``cfg.model.cp_comm_type = "a2a"`` in the pretrain configs every gpt-oss perf recipe starts from ("When CP>1 is
+used, a2a is required for TE attention backends with learnable softmax"; rules.py CP_SOFTMAX_NEEDS_A2A)."""
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -181,6 +187,7 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
         out["fsdp_double_buffer"] = True
     out.update(moe_knobs(r))
     out.update(_cuda_graphs(r))
+    out.update(RECIPE_MODEL_KNOBS.get(str(r.get("model")), {}))
     # Megatron-Core overlaps the first chunk's gather with the optimizer only when the gather is asynchronous
     # (--overlap-param-gather) and there are chunks (VP > 1); else the knob has no effect (Bridge sets it only then)
     if _bool(r, "overlap_param_gather_with_optimizer_step") and _bool(r, "overlap_param_gather") \
