@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.errors import SpecError
-from paraplan.estimate.flops import attention_score_fraction, windowed_score_pairs
+from paraplan.estimate.flops import attention_score_fraction, windowed_score_pairs, windowed_tile_pairs
 from paraplan.estimate.params import model_param_counts
 from paraplan.estimate.time.layer import attention_layer_time
 from paraplan.estimator import estimate
@@ -84,10 +84,24 @@ def test_windowed_score_pairs_by_hand() -> None:
     # s = 8, left 2 (w = 3 keys): queries see 1, 2, 3, 3, 3, 3, 3, 3 keys = 21 = 3*8 - 3*2/2
     assert windowed_score_pairs(8, 2) == 21
     assert windowed_score_pairs(8, -1) == 36 == windowed_score_pairs(8, 100)  # the causal s(s+1)/2
-    # gpt-oss-120b at 4096: half the layers at (128*4096 - 128*127/2) / (4096^2/2) = 516160 / 8388608
+    # gpt-oss-120b at 4096 in 128 x 128 tiles: query tile 0 touches 1 key tile, tiles 1..31 touch 2 (keys
+    # q*128-127 .. q*128+127): 63 tiles of the causal 32*33/2 = 528; half the layers windowed
     frac = attention_score_fraction(load_model("gpt-oss-120b"), 4096)
-    assert frac == pytest.approx((516160 / 8388608 + 1) / 2)
+    assert frac == pytest.approx((63 / 528 + 1) / 2)
+    assert frac > (516160 / 8388608 + 1) / 2  # more than the exact pairs: whole tiles are computed
     assert attention_score_fraction(load_model("llama3-8b"), 4096) == 1.0
+
+
+@pytest.mark.parametrize(("s", "left", "tile", "want"), [
+    (8, 2, 2, 2 * 2 * (1 + 2 + 2 + 2)),  # 4 query tiles of 2: 1, 2, 2, 2 key tiles
+    (8, 2, 4, 4 * 4 * (1 + 2)),  # keys 2..7 for query tile 1: key tiles 0 and 1
+    (9, -1, 4, 16 * (1 + 2) + 1 * (2 * 4 + 1)),  # causal, last query tile of 1 row: 2 full key tiles + its 1 x 1
+    (8, 0, 4, 2 * 16),  # self only: the diagonal tiles
+    (4096, 127, 128, 63 * 128 * 128),
+])
+def test_windowed_tile_pairs_by_hand(s: int, left: int, tile: int, want: int) -> None:
+    assert windowed_tile_pairs(s, left, tile) == want
+    assert windowed_tile_pairs(s, left, tile) >= windowed_score_pairs(s, left)  # whole tiles cover the pairs
 
 
 def test_flash_attention_time_follows_the_window_and_unfused_does_not() -> None:
