@@ -162,3 +162,23 @@ def test_the_recipe_finding_gives_the_difference_term_by_term(capsys: pytest.Cap
         assert "faster than every layout of this search" in f["text"] and nums["outside_search"]
     else:
         assert f"tier {nums['recipe_tier']}" in f["text"]
+
+
+def test_the_recipe_gap_splits_into_its_knobs_and_its_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    """Review finding (session 8): the gap is split at the recipe's layout run with the plan's knobs; the two parts
+    add up to the step gap, and the part from the knobs is that layout's own estimate with and without them."""
+    from paraplan.estimator import estimate
+
+    code, out = run(["explain", *JOB, "--format", "json"], capsys)
+    assert code == 0
+    (f,) = [x for x in json.loads(out)["explanation"] if x["code"] == "RECIPE"]
+    nums = f["numbers"]
+    assert nums["step_gap_knobs_s"] + nums["step_gap_layout_s"] == pytest.approx(nums["step_gap_s"], abs=1e-9)
+    assert "from its knobs" in f["text"] and "from its layout" in f["text"]
+    p = plan(load_model("llama3-70b"), make_cluster(load_gpu("h100-80gb"), 64),
+             TrainingSpec(seq_len=8192, global_batch_size=256, precision="fp8"), top_k=2)
+    cmp = compare_with_plan(p)
+    assert cmp is not None and cmp.run is not None and cmp.estimate is not None
+    mid = estimate(cmp.run.model, p.cluster, p.training, cmp.run.layout)
+    assert float(cmp.estimate.time.step_s) - float(mid.time.step_s) == pytest.approx(nums["step_gap_knobs_s"],
+                                                                                      rel=1e-9, abs=1e-9)

@@ -159,11 +159,35 @@ def dense_mlp_bytes(model: ModelSpec, ctx: ActivationContext, *, ffn: int, with_
     return full
 
 
+def saved_routed_load(routed_load: float, rank_capacity_factor: float | None, paged_stash: bool,
+                      stash_buffer_size_factor_cuda: float) -> float:
+    """Routed token copies an expert MLP keeps for the backward, over the dropless T k
+    (``ActivationContext.routed_load``).
+
+    - ``--moe-paged-stash``: |f_cuda|, the GPU stash holds pages of the tokens received, sized from the expected count
+      avg_num_tokens = max_num_tokens // rank capacity factor = T k (megatron/core/transformer/moe/experts.py,
+      ``TEGroupedMLP`` op-fuser path) accumulated over the layers in flight, times ``abs(factor)``
+      (moe/paged_stash.py ``PagedStashManager.allocate_stash_buffers``; a negative factor sizes from the largest actual
+      count, T k again under balanced routing). The host buffer (``..._factor_cpu``) is host memory.
+    - ``--moe-expert-rank-capacity-factor`` r without the stash: r, HybridEP's output is a static budget of
+      padded_num_tokens x topk x r rows (token_dispatcher.py ``_HybridEPManager.setup_metadata``, ``budget``; the
+      rounding to the quantization alignment is dropped) and the grouped MLP runs on, and saves, all
+      max_num_tokens rows.
+    - otherwise ``routed_load`` (``time.ep.routed_load_factor``: token drop / padding to capacity).
+    """
+    if paged_stash:
+        return abs(float(stash_buffer_size_factor_cuda))
+    if rank_capacity_factor is not None:
+        return float(rank_capacity_factor)
+    return routed_load
+
+
 def moe_mlp_bytes(model: ModelSpec, ctx: ActivationContext) -> Num:
     """MoE half of a layer: norm, router (fp32 logits and probabilities), routed experts, shared.
 
     Routed token copies per GPU: Te = s*b*k*etp/(t*c) (balanced dispatch over EP, each copy
-    processed by the ETP group), times ``routed_load`` (capacity factor, padding). Saved per copy: fc1 input h,
+    processed by the ETP group), times ``routed_load`` (capacity factor, padding, rank budget, paged stash:
+    ``saved_routed_load``). Saved per copy: fc1 input h,
     activation input f_e*(2|1)/etp, fc2 input f_e/etp and its fp32 routing probability (4 B); offloaded:
     ``mlp_norm`` the norm input, ``expert_fc1`` the fc1 input, ``moe_act`` the activation input,
     ``fused_group_mlp`` all three GEMM-side inputs. The probabilities are applied inside the activation

@@ -282,7 +282,9 @@ def activation_context(
         recompute_modules=tuple(layout.recompute_modules),
         # the block method checkpoints its layers one by one (megatron/core/recompute.py): one input each
         recompute_num_layers=1 if layout.recompute_method == "block" else int(layout.recompute_num_layers),
-        fp8=training.precision == "fp8", flash=flash, routed_load=routed_load_factor(training),
+        fp8=training.precision == "fp8", flash=flash,
+        routed_load=act.saved_routed_load(routed_load_factor(training), training.moe_expert_rank_capacity_factor,
+                                          training.moe_paged_stash, training.moe_paged_stash_buffer_size_factor_cuda),
         offload_modules=training.offloaded_modules,
         fp4=training.precision == "fp4",
         te_cross_entropy=training.cross_entropy_loss_fusion and training.cross_entropy_fusion_impl == "te",

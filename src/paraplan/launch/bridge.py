@@ -277,7 +277,10 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
                 # the rank budget, the paged stash that needs it and the op fuser it needs: one consistent set
                 ("model.moe_expert_rank_capacity_factor", t.moe_expert_rank_capacity_factor),
                 ("model.moe_paged_stash", t.moe_paged_stash),
+                ("model.moe_paged_stash_buffer_size_factor_cuda", t.moe_paged_stash_buffer_size_factor_cuda),
+                ("model.moe_paged_stash_buffer_size_factor_cpu", t.moe_paged_stash_buffer_size_factor_cpu),
                 ("model.use_transformer_engine_op_fuser", t.use_transformer_engine_op_fuser),
+                ("model.moe_use_grouped_tensor", t.moe_use_grouped_tensor),
                 ("model.overlap_moe_expert_parallel_comm", spec.layout.schedule == "combined_1f1b"),
                 ("model.delay_wgrad_compute", t.delay_wgrad_compute)]
     out += [("optimizer.use_precision_aware_optimizer", t.use_precision_aware_optimizer),

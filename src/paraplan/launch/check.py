@@ -8,15 +8,18 @@ Megatron asserts (CUDA_DEVICE_MAX_CONNECTIONS, ecosystem.md 1.4). Messages are M
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from paraplan.errors import LayoutError, SpecError
+from paraplan.estimate.memory import MemoryOptions, alloc_conf_expandable_segments
 from paraplan.estimate.pipeline import stage_assignment
 from paraplan.estimate.time import fsdp
 from paraplan.estimator import Estimate, estimate, max_positions_for
+from paraplan.fileio import brief
 from paraplan.headroom import Headroom
 from paraplan.launch.megatron import (
     CPU_OFFLOAD_V1,
@@ -78,7 +81,8 @@ def suggest_alternative(result: CheckResult, headroom: Headroom | None = None) -
     from paraplan.search import plan
 
     try:
-        p = plan(result.model, result.cluster, result.training, top_k=1, headroom=headroom)
+        p = plan(result.model, result.cluster, result.training, top_k=1, headroom=headroom,
+                 options=script_memory_options(result.parsed)[0])  # the script's allocator
     except PlannerError as err:  # nothing fits, or the model itself breaks a rule (e.g. positions < seq)
         return {"layout": None, "reason": str(err)}
     best = p.candidates[0]
@@ -178,10 +182,13 @@ def rule_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
 def script_training(fields: dict[str, Any]) -> tuple[TrainingSpec, list[tuple[str, str]]]:
     """A script's TrainingSpec and the knob rules it breaks (TrainingSpec's validation, in Megatron's words where it
     mirrors an assert), listed as KNOB_RULE violations like the other rules: the knob whose removal lifts a rule is
-    left out and the rest read again, so every such rule is listed, not only the first. An error no knob lifts
+    left out and the rest read again, so every such rule is listed, not only the first. A rule that names a knob
+    left out is about the leaving out, not about the script (the rank budget's "requires backend 'hybridep'" once
+    the backend is gone): it is not listed, so every message listed is true of the script. An error no knob lifts
     (the batch, the precision) stays a SpecError."""
     left = dict(fields)
     found: list[tuple[str, str]] = []
+    removed: list[str] = []
     while True:
         try:
             return TrainingSpec(**left), found
@@ -190,8 +197,16 @@ def script_training(fields: dict[str, Any]) -> tuple[TrainingSpec, list[tuple[st
             lifting = next((key for key in left if key in KNOB_FLAGS and _lifts(left, key, message)), None)
             if lifting is None:
                 raise
-            found.append(("KNOB_RULE", message))
+            if not any(_names(message, key) for key in removed):
+                found.append(("KNOB_RULE", message))
+            removed.append(lifting)
             del left[lifting]
+
+
+def _names(message: str, key: str) -> bool:
+    """``message`` names the knob ``key`` (its field or its Megatron-LM flag)."""
+    return re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", message) is not None \
+        or re.search(rf"{re.escape(KNOB_FLAGS[key])}(?![\w-])", message) is not None
 
 
 def _lifts(fields: dict[str, Any], key: str, message: str) -> bool:
@@ -201,6 +216,18 @@ def _lifts(fields: dict[str, Any], key: str, message: str) -> bool:
     except SpecError as err:
         return str(err) != message
     return True
+
+
+def script_memory_options(parsed: ParsedScript) -> tuple[MemoryOptions | None, str | None]:
+    """The allocator the script's environment sets (``PYTORCH_CUDA_ALLOC_CONF``, read as PyTorch does:
+    ``estimate.memory.alloc_conf_expandable_segments``): with expandable segments no fragmentation allowance, and a
+    note saying so; (None, None) otherwise (the default allowance)."""
+    conf = parsed.env.get("PYTORCH_CUDA_ALLOC_CONF")
+    if not conf or not alloc_conf_expandable_segments(conf):
+        return None, None
+    return MemoryOptions(expandable_segments=True), (
+        f"PYTORCH_CUDA_ALLOC_CONF={brief(conf)} ({parsed.env_source}): expandable segments, so no fragmentation "
+        "allowance in the memory estimate")
 
 
 def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
@@ -224,10 +251,12 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     found += knob_flag_violations(parsed, training)
     found += [p for p in fsdp_flag_violations(parsed) if p[1] not in {m for _, m in found}]
     est = None
+    options, alloc_note = script_memory_options(parsed)
     if not found:
         scope = fsdp.scope_note(layout.tp, layout.pp, layout.cp, gpu.arch) if layout.fsdp else None
-        est = estimate(model, cluster, training, layout, extra_notes=[*parsed.flags.notes, *([scope] if scope else [])],
-                       headroom=headroom)
+        est = estimate(model, cluster, training, layout, extra_notes=[*parsed.flags.notes, *([scope] if scope else []),
+                                                                      *([alloc_note] if alloc_note else [])],
+                       headroom=headroom, memory_options=options)
     result = CheckResult(parsed=parsed, model=model, cluster=cluster, training=training,
                          layout=layout, violations=tuple(found), estimate=est)
     alternative = suggest_alternative(result, headroom)

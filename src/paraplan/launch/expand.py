@@ -50,6 +50,8 @@ class Env:
     positional: list[str] | None = None
     """``$0``, ``$1``, ...: the words after a ``bash -c`` command string (None: not known, ``$@`` / ``$1`` stay
     as written)."""
+    zero_read: bool = False
+    """The ``bash -c`` string reads ``$0`` itself (``"$0" "$@"``): its first argument word is not lost."""
     notes: list[str] = field(default_factory=list)
     """What the reader noticed while expanding (one line each, for ``check``'s notes): ``dollar_zero_note``."""
 
@@ -77,7 +79,8 @@ def _positional(name: str, env: Env) -> tuple[list[str] | None, bool]:
     expands them; None (left as written) when the parameters are not known."""
     if env.positional is None:
         return None, False
-    if name != "0" and env.positional[0].startswith("-"):
+    if name != "0" and env.positional[0].startswith("-") and env.positional[0] not in ("-", "--") \
+            and not env.zero_read:  # bash -c '...' -- --flags: "--" is the name word, as intended
         note = dollar_zero_note(env.positional[0])
         if note not in env.notes:
             env.notes.append(note)

@@ -278,12 +278,13 @@ def _run_command(tokens: list[Token], env: Env, out: list[Command], nesting: int
     for k, f in enumerate(fields[:-1]):
         found = shell_c(fields[k:]) if f.rsplit("/", 1)[-1] in SHELLS else None
         if found is not None:
-            saved, env.positional = env.positional, found[1]
+            saved, env.positional = (env.positional, env.zero_read), found[1]
+            env.zero_read = re.search(r"\$(?:0|\{0\})(?![0-9])", found[0]) is not None
             try:
                 for inner in read_commands(found[0], env, nesting=nesting + 1, include=include):
                     out.append(Command(tuple(fields[:k]) + inner.fields))
             finally:
-                env.positional = saved
+                env.positional, env.zero_read = saved
             break
 
 

@@ -25,9 +25,10 @@ AGREE_FRAC = 0.03
 """A recipe within 3% of the pick's tokens/s/GPU agrees with it on speed (the RECIPE finding says so)."""
 
 _MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
-MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag", "moe_paged_stash")
+MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag",)
 """Not-modelled columns that lower a recipe's memory below paraplan's estimate; gradient and optimizer dtypes, FP8
-and FP4 parameter gather, optimizer and activation offloading, PEFT and the fused cross entropy are modelled
+and FP4 parameter gather, optimizer and activation offloading, PEFT, the fused cross entropy and the paged stash
+are modelled
 (``knobs.training_knobs``), and the allocator's expandable segments (``knobs.recipe_memory_options``)."""
 
 
@@ -292,6 +293,22 @@ def _tier_text(plan: Plan, rec: Estimate, pick: Estimate, nums: dict[str, Any]) 
             f"the pick comes first by {rule_words(rule)}")
 
 
+def _knobs_layout_split(cmp: RecipeComparison, plan: Plan, rec: Estimate, pick: Estimate) -> tuple[float, float] | None:
+    """The recipe's step-time gap to the pick split at the recipe's layout run with the plan's knobs: (recipe minus
+    that, what the recipe's knobs do; that minus the pick, what its layout does). None when that layout does not run
+    without the recipe's knobs (a Megatron rule)."""
+    from paraplan.errors import PlannerError
+    from paraplan.estimator import estimate
+
+    if cmp.run is None or cmp.at != "this job":
+        return None
+    try:
+        mid = estimate(cmp.run.model, plan.cluster, plan.training, cmp.run.layout)
+    except PlannerError:
+        return None
+    return float(rec.time.step_s) - float(mid.time.step_s), float(mid.time.step_s) - float(pick.time.step_s)
+
+
 def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[str, Any]]:
     """RECIPE: the recipe next to the pick, in numbers, and the term that differs most, as (code, text, numbers)
     for ``paraplan.explain.Finding`` (this module does not import explain: no import circle)."""
@@ -336,7 +353,12 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[st
                     time_terms_diff_s=diffs, memory_terms_diff_bytes=mem_diff)
         verdict = "agrees with the pick on speed" if abs(gain) <= AGREE_FRAC else (
             "is predicted faster than the pick" if gain > 0 else "is predicted slower")
-        text += (f"; it {verdict}: step {step_gap:+.3f} s = " + ", ".join(f"{k} {diffs[k]:+.3f}" for k in ranked)
+        split = _knobs_layout_split(cmp, plan, rec, pick)
+        if split is not None:
+            nums.update(step_gap_knobs_s=split[0], step_gap_layout_s=split[1])
+        text += (f"; it {verdict}: step {step_gap:+.3f} s"
+                 + (f" ({split[0]:+.3f} s from its knobs, {split[1]:+.3f} s from its layout)" if split else "")
+                 + " = " + ", ".join(f"{k} {diffs[k]:+.3f}" for k in ranked)
                  + " s; memory " + ", ".join(f"{k} {mem_diff[k] / GIB:+.1f}" for k in _MEMORY_TERMS) + " GiB"
                  + f"; most from {_mechanism(ranked[0], rec, pick)}"
                  + (f", then {_mechanism(ranked[1], rec, pick)}" if len(ranked) > 1 and diffs[ranked[1]] else "")

@@ -135,13 +135,20 @@ MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
 """MoE time knobs: recipe column -> TrainingSpec field (``training_knobs``); ``moe_a2a_overlap`` is the
 combined_1f1b schedule (``layout_fields``). A ``?`` cell (not statically resolvable) keeps the default and is
 listed as not modelled. ``moe_paged_stash`` (HybridEP) brings the ``moe_expert_rank_capacity_factor`` Megatron
-requires with it (``PAGED_STASH_RANK_CAPACITY_FACTOR``) and the TE op fuser that factor requires: its dispatch is
-then sync-free (``estimate.time.moe_sync``)."""
+requires with it (``PAGED_STASH_RANK_CAPACITY_FACTOR``), the TE op fuser that factor requires and the helpers' stash
+buffer factors (``PAGED_STASH_BUFFER_SIZE_FACTOR_CUDA`` / ``_CPU``): its dispatch is then sync-free
+(``estimate.time.moe_sync``) and its routed activations sized by the stash."""
 PAGED_STASH_RANK_CAPACITY_FACTOR: Final = 1.5
 """``moe_expert_rank_capacity_factor`` of a recipe with ``moe_paged_stash`` (the CSV has no column for it): the value
 Megatron-Bridge's shared recipe helpers set beside the paged stash (perf_recipes deepseek/common.py, qwen/common.py
-``_enable_hybridep_full_iteration_mxfp8``, gpt_oss/common.py). Only whether it is set moves the estimate (the
-host syncs); its receive-buffer memory is not modelled."""
+``_enable_hybridep_full_iteration_mxfp8``, gpt_oss/common.py). Whether it is set moves the host syncs; beside the
+paged stash its value moves nothing (the stash, not the budget, holds the routed activations)."""
+PAGED_STASH_BUFFER_SIZE_FACTOR_CUDA: Final = 1.2
+"""``moe_paged_stash_buffer_size_factor_cuda`` of a recipe with ``moe_paged_stash`` (no CSV column): the value the same
+Megatron-Bridge helpers set (deepseek/common.py, qwen/common.py, gpt_oss/common.py; a few qwen3_moe recipes set 1.1
+or 1.0 themselves). The GPU stash is that many times the routed tokens (``activations.saved_routed_load``)."""
+PAGED_STASH_BUFFER_SIZE_FACTOR_CPU: Final = 1.0
+"""``moe_paged_stash_buffer_size_factor_cpu`` the same helpers set beside it: a host buffer, no GPU memory."""
 RECIPE_MODEL_KNOBS: Final[dict[str, dict[str, Any]]] = {
     "gpt_oss_20b": {"cp_comm_type": "a2a"}, "gpt_oss_120b": {"cp_comm_type": "a2a"},
 }
@@ -289,7 +296,9 @@ def moe_knobs(r: Recipe) -> dict[str, Any]:
             raise bad(r, "moe_paged_stash", "False unless moe_flex_dispatcher_backend=hybridep (the paged stash needs "
                       "moe_expert_rank_capacity_factor, a HybridEP budget)")
         out.update(moe_paged_stash=True, moe_expert_rank_capacity_factor=PAGED_STASH_RANK_CAPACITY_FACTOR,
-                   use_transformer_engine_op_fuser=True)
+                   use_transformer_engine_op_fuser=True,
+                   moe_paged_stash_buffer_size_factor_cuda=PAGED_STASH_BUFFER_SIZE_FACTOR_CUDA,
+                   moe_paged_stash_buffer_size_factor_cpu=PAGED_STASH_BUFFER_SIZE_FACTOR_CPU)
     if out.get("moe_shared_expert_overlap") and _bool_or_false(r, "moe_a2a_overlap"):
         out["moe_shared_expert_overlap"] = False  # Bridge's --moe_a2a_overlap turns it off (overrides.py)
     return out

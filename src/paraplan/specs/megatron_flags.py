@@ -26,6 +26,7 @@ from paraplan.specs.training import (
     KNOB_FLAG_ALIASES,
     KNOB_FLAGS,
     MAX_SMS,
+    NCCLEP_MESSAGE,
     OFFLOAD_MODULES,
     TE_CROSS_ENTROPY_MESSAGE,
 )
@@ -78,6 +79,19 @@ def known_flags() -> frozenset[str]:
     text = _DATA.joinpath("megatron_flags.txt").read_text("utf-8")
     return frozenset(line.strip() for line in text.splitlines()
                      if line.strip() and not line.startswith("#"))
+
+
+MULTI_VALUE_FLAGS: Final = frozenset((
+    "--cp-comm-type", "--cuda-graph-modules", "--cuda-graph-scope", "--data-path",
+    "--ddp-param-name-patterns-for-fp32-local-accumulation", "--gtp-remat-opt-in-modules",
+    "--hierarchical-context-parallel-sizes", "--high-priority-stream-groups", "--iterations-to-skip",
+    "--moe-aux-loss-coeff", "--moe-router-load-balancing-type", "--mrope-section", "--offload-modules",
+    "--profile-ranks", "--rampup-batch-size", "--recompute-modules", "--retriever-report-topk-accuracies",
+    "--rl-inference-parsers", "--spec", "--test-data-path", "--tokenizer-special-tokens", "--train-data-path",
+    "--valid-data-path", "--validation-set-names"))
+"""The Megatron-LM flags that take several words (nargs ``+``, ``*`` or 3 in megatron_lm_flags_main_d98e8a6.tsv);
+every other valued flag takes one, and argparse leaves a second word as a positional argument, which
+``pretrain_gpt.py`` refuses ("unrecognized arguments")."""
 
 
 @cache
@@ -536,7 +550,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
         elif key in DTYPE_CHOICES:
             raw = r.text(flag)
             if raw not in DTYPE_CHOICES[key]:
-                raise SpecError(f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {_got(raw)}")
+                raise SpecError(NCCLEP_MESSAGE if (key, raw) == ("moe_flex_dispatcher_backend", "ncclep")
+                                else f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {_got(raw)}")
             out[key] = raw
         elif key in ("cuda_graph_modules", "gradient_accumulation_fusion", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
                      "tp_comm_overlap_cfg"):
@@ -548,7 +563,8 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
             except ValueError:
                 raise SpecError(f"{flag} {_got(raw)} is not an integer") from None
         elif key in ("optimizer_offload_fraction", "moe_expert_capacity_factor", "moe_hybridep_num_sms",
-                     "moe_expert_rank_capacity_factor"):
+                     "moe_expert_rank_capacity_factor", "moe_paged_stash_buffer_size_factor_cuda",
+                     "moe_paged_stash_buffer_size_factor_cpu"):
             out[key] = _number_knob(r, key, flag)
         else:
             out[key] = True
@@ -587,6 +603,10 @@ def _drop_ignored(r: _Reader, out: dict[str, Any]) -> None:
     elif out.get("moe_flex_dispatcher_backend", "deepep") != "hybridep" and out.pop(
             "moe_permute_fusion_into_hybridep", None) is not None:  # only _HybridEPManager reads it
         r.notes.append("--moe-permute-fusion-into-hybridep is ignored without --moe-flex-dispatcher-backend hybridep")
+    stash_factors = ("moe_paged_stash_buffer_size_factor_cuda", "moe_paged_stash_buffer_size_factor_cpu")
+    for key in stash_factors if not out.get("moe_paged_stash") else ():  # only allocate_stash_buffers reads them
+        if out.pop(key, None) is not None:
+            r.notes.append(f"{KNOB_FLAGS[key]} is ignored without --moe-paged-stash")
 
 
 
@@ -880,8 +900,11 @@ def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
     ``--tp-comm-overlap-cfg`` path under an unresolved shell expansion is looked for there)."""
     values, unknown, stray = split_flags(args)
     r = _Reader(values, base_dir)
-    if stray:
-        r.notes.append("words that are not flag values: " + " ".join(stray[:5]))
+    stray += [w for f, vals in values.items() if f in known_flags() and f not in switch_flags()
+              and f not in MULTI_VALUE_FLAGS for w in vals[1:]]  # argparse: one word each, the rest positional
+    if stray:  # pretrain_gpt.py defines no positional argument: parse_args exits on any
+        r.problems.append(("UNRECOGNIZED_ARGUMENTS", "unrecognized arguments: " + brief(" ".join(stray[:5]))
+                           + " (Megatron-LM's parse_args: a word that is no flag's value; a bash -c string's $0?)"))
     for flag in sorted(f for f, vals in values.items() if vals and f in switch_flags()):  # argparse parse_args
         r.problems.append(("SWITCH_WITH_VALUE", f"{flag} takes no value: Megatron-LM's parse_args refuses "
                            f"{brief(' '.join(values[flag]))} after it (unrecognized arguments); drop the word, "

@@ -77,6 +77,9 @@ KNOB_FLAGS: Final = {
     "moe_pad_expert_input_to_capacity": "--moe-pad-expert-input-to-capacity",
     "moe_expert_rank_capacity_factor": "--moe-expert-rank-capacity-factor", "moe_paged_stash": "--moe-paged-stash",
     "use_transformer_engine_op_fuser": "--use-transformer-engine-op-fuser",
+    "moe_use_grouped_tensor": "--moe-use-grouped-tensor",
+    "moe_paged_stash_buffer_size_factor_cuda": "--moe-paged-stash-buffer-size-factor-cuda",
+    "moe_paged_stash_buffer_size_factor_cpu": "--moe-paged-stash-buffer-size-factor-cpu",
     "cuda_graph_impl": "--cuda-graph-impl", "cuda_graph_modules": "--cuda-graph-modules",
     "overlap_param_gather_with_optimizer_step": "--overlap-param-gather-with-optimizer-step",
     "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
@@ -102,6 +105,10 @@ TE_CROSS_ENTROPY_MESSAGE: Final = ("Transformer Engine cross entropy loss fusion
 te``: refused where a Megatron-LM launch file is written (``launch.megatron.megatron_args``) and in ``check`` of a
 Megatron-LM script; estimate, plan and the Bridge target take it (Megatron-Bridge builds TransformerConfig itself,
 where it is only a warning, and its perf recipes run it)."""
+NCCLEP_MESSAGE: Final = ("moe_flex_dispatcher_backend ncclep (--moe-flex-dispatcher-backend ncclep, Megatron-LM's "
+                         "NCCL-EP backend) is not modelled by paraplan: choose deepep or hybridep")
+"""Megatron-LM accepts ``ncclep`` (TransformerConfig.moe_flex_dispatcher_backend); paraplan has no cost for its
+NCCL-EP kernels, so it refuses it in one line rather than pricing it as another backend."""
 DEPRECATED_SMS_FLAG: Final = "--moe-hybridep-num-sms"
 """Megatron-LM's deprecated spelling of ``--moe-flex-dispatcher-num-sms`` (TransformerConfig.__post_init__ routes
 ``moe_hybridep_num_sms`` to ``moe_flex_dispatcher_num_sms`` and warns; an explicit ``moe_flex_dispatcher_num_sms``
@@ -120,6 +127,7 @@ KNOB_REFINEMENTS: Final = {
                                   "moe_permute_fusion_into_hybridep"),
     "moe_flex_dispatcher_backend": ("moe_permute_fusion_into_hybridep",),
     "cuda_graph_impl": ("cuda_graph_modules",),
+    "moe_paged_stash": ("moe_paged_stash_buffer_size_factor_cuda", "moe_paged_stash_buffer_size_factor_cpu"),
     "use_precision_aware_optimizer": ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
                                       "optimizer_cpu_offload"),
 }
@@ -135,7 +143,8 @@ TIME_ONLY_KNOBS: Final = frozenset({
     "overlap_param_gather_with_optimizer_step",
     "gradient_accumulation_fusion", "manual_gc", "manual_gc_interval", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
     "attention_kernel", "fp8_dot_product_attention", "fp4_recipe",
-    "moe_expert_rank_capacity_factor", "moe_paged_stash", "use_transformer_engine_op_fuser", "tp_comm_overlap_cfg",
+    "use_transformer_engine_op_fuser", "tp_comm_overlap_cfg",
+    "moe_use_grouped_tensor", "moe_paged_stash_buffer_size_factor_cpu",
 })
 """TrainingSpec knobs that move step time only: no memory formula reads them (``tests/unit/test_knob_effects.py``
 turns each on and compares every stage's memory). The other knobs move memory (and may move time too). estimate and
@@ -312,12 +321,27 @@ class TrainingSpec:
     """``--moe-expert-rank-capacity-factor`` (flex dispatcher, HybridEP backend): a static per-rank budget of
     factor x T k received tokens (``_HybridEPManager.setup_metadata``), so HybridEP's dispatch needs no host sync
     (``estimate.time.moe_sync``); tokens over the budget are dropped. None: dropless, the budget read back from the
-    GPU each dispatch. Its receive-buffer memory is not modelled (routed activations stay at T k)."""
+    GPU each dispatch. Without the paged stash the grouped expert MLP runs on, and saves for the backward, the whole
+    budget (``experts.py``: ``max_num_tokens``), so the routed activations are factor x T k
+    (``activations.saved_routed_load``)."""
     moe_paged_stash: bool = False
     """``--moe-paged-stash``: routed-expert activations saved for the backward go into a paged buffer
-    (moe/paged_stash.py); needs ``moe_expert_rank_capacity_factor`` (TransformerConfig.__post_init__). Its memory
-    (pages of actual tokens instead of the budget-sized receive buffer) is not modelled: the routed activations
-    stay at T k, as dropless."""
+    (moe/paged_stash.py); needs ``moe_expert_rank_capacity_factor`` (TransformerConfig.__post_init__). The GPU stash
+    holds pages of the tokens actually received, sized ``moe_paged_stash_buffer_size_factor_cuda`` x the expected
+    T k (``activations.saved_routed_load``), instead of the budget-sized buffers."""
+    moe_paged_stash_buffer_size_factor_cuda: float = 1.10
+    """``--moe-paged-stash-buffer-size-factor-cuda`` (with ``moe_paged_stash``): the GPU stash buffer holds
+    |factor| x the in-flight routed tokens (``PagedStashManager.allocate_stash_buffers``: positive sizes from the
+    expected tokens max_num_tokens // rank capacity factor, negative from the largest actual count, which balanced
+    routing puts at the same T k). Megatron-LM's default 1.10; the Bridge perf recipes set 1.2."""
+    moe_paged_stash_buffer_size_factor_cpu: float = 0.0
+    """``--moe-paged-stash-buffer-size-factor-cpu`` (with ``moe_paged_stash``): a pinned host buffer of |factor| x
+    the routed tokens that takes what overflows the GPU stash (0: none). Host memory only: no GPU memory, and its
+    spill traffic is not modelled. Megatron-LM's default 0.0; the Bridge perf recipes set 1.0."""
+    moe_use_grouped_tensor: bool = False
+    """``--moe-use-grouped-tensor``: TE's GroupedTensor path for the grouped expert GEMMs (the op fuser turns it
+    on, TransformerConfig.__post_init__); Megatron accepts it instead of the op fuser for
+    ``moe_expert_rank_capacity_factor`` with HybridEP. Its kernels' speed is not modelled (no time, no memory)."""
     use_transformer_engine_op_fuser: bool = False
     """``--use-transformer-engine-op-fuser``: TE's operation fuser for the grouped expert MLP; Megatron requires it
     (or ``--moe-use-grouped-tensor``) for ``moe_expert_rank_capacity_factor`` with HybridEP. Its kernels' speed is
@@ -425,12 +449,14 @@ class TrainingSpec:
 
     def _check_knobs(self) -> None:
         for fname, choices in DTYPE_CHOICES.items():
-            if getattr(self, fname) not in choices:
-                raise SpecError(f"{fname} must be one of {', '.join(choices)}, got {brief(getattr(self, fname))}")
+            if (value := getattr(self, fname)) not in choices:
+                raise SpecError(NCCLEP_MESSAGE if (fname, value) == ("moe_flex_dispatcher_backend", "ncclep")
+                                else f"{fname} must be one of {', '.join(choices)}, got {brief(value)}")
         for fname in ("grad_reduce_in_bf16", "use_precision_aware_optimizer", "store_param_remainders",
                       "fp8_param_gather", "optimizer_cpu_offload", "fsdp_double_buffer", "delay_wgrad_compute",
                       "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
                       "moe_pad_expert_input_to_capacity", "moe_paged_stash", "use_transformer_engine_op_fuser",
+                      "moe_use_grouped_tensor",
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                       "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
                       "defer_embedding_wgrad_compute", "cross_entropy_loss_fusion", "tp_comm_overlap_ag",
@@ -548,9 +574,17 @@ class TrainingSpec:
                                 != "hybridep"):
             raise SpecError("moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend to be 'hybridep' "
                             "(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep)")
-        if rcf is not None and not self.use_transformer_engine_op_fuser:
+        if rcf is not None and not (self.use_transformer_engine_op_fuser or self.moe_use_grouped_tensor):
             raise SpecError("moe_expert_rank_capacity_factor with the 'hybridep' backend requires "
-                            "use_transformer_engine_op_fuser=True (--use-transformer-engine-op-fuser)")
+                            "use_transformer_engine_op_fuser=True or moe_use_grouped_tensor=True "
+                            "(--use-transformer-engine-op-fuser or --moe-use-grouped-tensor)")
+        for name in ("moe_paged_stash_buffer_size_factor_cuda", "moe_paged_stash_buffer_size_factor_cpu"):
+            f = getattr(self, name)
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not abs(f) <= MAX_CAPACITY_FACTOR \
+                    or (f == 0 and name.endswith("cuda")):
+                allowed = "a nonzero number" if name.endswith("cuda") else "a number"
+                raise SpecError(f"{name} must be {allowed} from -{MAX_CAPACITY_FACTOR:g} to {MAX_CAPACITY_FACTOR:g} "
+                                f"(sign: sizing from the expected or the largest token count), got {brief(f)}")
         if self.moe_paged_stash and rcf is None:
             raise SpecError("moe_paged_stash requires moe_expert_rank_capacity_factor to be set "
                             "(--moe-expert-rank-capacity-factor); there is no need to use paged stashing without it")
