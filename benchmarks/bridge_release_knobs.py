@@ -66,7 +66,8 @@ COLUMNS = ("recompute_granularity", "recompute_method", "recompute_num_layers", 
            "tp_comm_overlap", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_hybridep_num_sms",
            "moe_a2a_overlap", "delay_wgrad_compute", "moe_permute_fusion", "moe_router_dtype",
            "moe_shared_expert_overlap", "fp8_dot_product_attention", "first_last_layers_bf16",
-           "cross_entropy_fusion_impl", "nccl_ub", "pipeline_model_parallel_layout", "tp_comm_overlap_cfg")
+           "cross_entropy_fusion_impl", "nccl_ub", "pipeline_model_parallel_layout", "tp_comm_overlap_cfg",
+           "moe_paged_stash")
 """The bridge_perf_recipes.csv columns (that move memory or time) recorded per config; a config's ``unknown`` lists
 those it leaves unread."""
 LAYOUT = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
@@ -301,6 +302,23 @@ def apply_workload(f: dict[str, Any], gpu: str, moe: bool, harness: str, contain
 
 
 MOE_FAMILIES = ("deepseek", "qwen", "gpt_oss", "kimi")
+_FULL_ITER_GUARD = re.compile(r'if (?:precision == "(?P<prec>[a-z0-9_]+)" and )?'
+                              r"is_full_iteration_cuda_graph\(cfg\.model\):\s*\n\s*set_full_iter_cg_configs\(cfg\)")
+
+
+def full_iteration_paged_stash(texts: list[str], prec: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``moe_paged_stash`` True for a full-iteration config whose family harness (v0.5.x *_llm_pretrain.py) applies
+    ``set_full_iter_cg_configs`` at its precision: that helper sets ``moe_paged_stash = True`` with
+    ``moe_expert_rank_capacity_factor = 1.5`` (HybridEP's static rank budget, which makes the dispatch sync-free for
+    the graph), gated ``if [precision == "fp8_mx" and] is_full_iteration_cuda_graph(cfg.model)``."""
+    if settings.get("cuda_graph_impl") != "full_iteration":
+        return {}
+    for text in texts:
+        if "def set_full_iter_cg_configs" not in text or "cfg.model.moe_paged_stash = True" not in text:
+            continue
+        if any(m["prec"] in (None, prec) for m in _FULL_ITER_GUARD.finditer(text)):
+            return {"moe_paged_stash": True}
+    return {}
 
 
 def _precision_cols(prec: str, presets: dict[str, dict[str, Any]], harness: str, fsdp: bool) -> dict[str, Any]:
@@ -558,6 +576,8 @@ def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]
                  **apply_workload(f, gpu, moe, harness, container),
                  **workload_comm_overlap(funcs, known, m["model"].lower(), gpu, prec,
                                          f.get("tensor_model_parallel_size"))}
+            if moe:
+                s.update(full_iteration_paged_stash(texts, prec, s))
             layout = {LAYOUT[k]: f.get(k) for k in LAYOUT}
             out.append(_record(container, tag, path, name, m["model"].lower(), "pretrain", gpu, prec,
                                variant, layout, s))

@@ -320,7 +320,8 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
 
 BRIDGE_SOURCE = "NVIDIA-NeMo/Megatron-Bridge performance summary"
 BRIDGE_MODELS = {"Llama-3 8B": "llama3-8b", "Llama-3 70B": "llama3-70b", "Llama-3.1 405B": "llama3.1-405b",
-                 "DeepSeek-V3": "deepseek-v3", "Qwen3-235B-A22B": "qwen3-235b-a22b", "Qwen3-30B-A3B": "qwen3-30b-a3b"}
+                 "DeepSeek-V3": "deepseek-v3", "Qwen3-235B-A22B": "qwen3-235b-a22b", "Qwen3-30B-A3B": "qwen3-30b-a3b",
+                 "gpt-oss-120B": "gpt-oss-120b"}
 """Published model names -> paraplan presets (the recipe library's ``model_preset``); other models have no preset."""
 BRIDGE_PRECISIONS = {"bf16": ("bf16",), "mxfp8": ("fp8_mx",), "fp8-cs": ("fp8_cs",), "nvfp4": ("nvfp4",),
                      "fp8": ("fp8_cs", "fp8_sc", "fp8_ds"), "fp8-blockwise": ("fp8_sc",)}

@@ -134,6 +134,17 @@ _LAYOUT_RULES: tuple[Rule, ...] = (
                     f"{c.model.num_attention_heads // c.layout.tp}, num_heads_kv = {_kv_heads_per_tp_rank(c)}, "
                     f"cp_size = {c.layout.cp}."),
          "transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py::AttnFuncWithCPAndQKVOA2A"),
+    Rule("CP_SOFTMAX_NEEDS_A2A",
+         lambda c: (c.layout.cp > 1) & (c.model.softmax_type != "vanilla") & (c.training.cp_comm_type != "a2a"),
+         lambda c: (f"No dot product attention backend for softmax_type={c.model.softmax_type} with context "
+                    f"parallelism and cp_comm_type={c.training.cp_comm_type} (CP={c.layout.cp}): Transformer Engine "
+                    "disables FlashAttention for a non-vanilla softmax, FusedAttention for context parallelism "
+                    "unless cp_comm_type='a2a', UnfusedDotProductAttention for context parallelism; "
+                    "use --cp-comm-type a2a"),
+         "transformer_engine/pytorch/attention/dot_product_attention/utils.py::get_attention_backend (TE d0067d0: "
+         "'Filter: Softmax type' table and 'context_parallel and cp_comm_type != \"a2a\"', 'Disabling "
+         "UnfusedDotProductAttention as it does not support context parallelism'); Megatron-Bridge's gpt-oss "
+         "recipes set cp_comm_type='a2a' for this reason"),
     Rule("SEQ_NOT_DIVISIBLE_BY_TP_SP",
          lambda c: c.layout.sp & ((c.training.seq_len // c.layout.cp) % c.layout.tp != 0),
          lambda c: ("First dimension of the tensor should be divisible by tensor parallel size "
@@ -217,6 +228,21 @@ FULL_ITERATION_NAN_CHECK_MESSAGE: Final = ("--no-check-for-nan-in-loss-and-grad 
 """arguments.py ``validate_args``: the NaN check syncs the host inside the graphed iteration."""
 
 
+FULL_ITERATION_MOE_SYNC_MESSAGE: Final = (
+    "--cuda-graph-impl full_iteration on an MoE model needs a sync-free token dispatcher: --moe-token-dispatcher-type "
+    "alltoall with drop-and-pad (--moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity), or flex with "
+    "--moe-flex-dispatcher-backend hybridep and --moe-expert-rank-capacity-factor (or drop-and-pad); allgather and "
+    "DeepEP always sync the host, which the captured graph cannot")
+"""paraplan's words (Megatron-LM has no such check; the failure is at capture time): the dropless alltoall
+dispatcher waits on ``self.d2h_event.synchronize()`` (token_dispatcher.py ``_maybe_dtoh_and_synchronize``), DeepEP's
+``buffer.dispatch`` waits on the host for the received counts (fused_a2a.py ``FusedDispatch.forward``: "not
+compatible with CUDA graph"), HybridEP without a rank budget syncs to size its buffers (``hybrid_ep_dispatch``
+``non_blocking``); stream capture forbids each (``moe_sync.dispatcher_host_syncs`` counts them). The NVIDIA
+recipes that run full_iteration on MoE set HybridEP with the rank budget (Megatron-Bridge perf_recipes
+gpt_oss/common.py ``_apply_gpt_oss_120b_full_iter_fp8mx_configs``, qwen/common.py
+``_enable_hybridep_full_iteration_mxfp8``)."""
+
+
 def graphed_modules(training: TrainingSpec) -> frozenset[str]:
     """The ``--cuda-graph-modules`` Megatron-Core graphs: ``local`` takes moe_router and moe_preprocess together
     when either is given (TransformerConfig.__post_init__); none without a per-layer implementation."""
@@ -251,6 +277,11 @@ def cuda_graph_violations(model: ModelSpec, layout: ParallelLayout, training: Tr
                     and training.moe_expert_capacity_factor is not None:
                 out.append(("CUDA_GRAPH_MOE_PREPROCESS_SYNC", "moe_preprocess cuda graph is not supported when "
                             "there are DtoH copies and synchronizations in the preprocess step."))
+    if impl == "full_iteration" and model.is_moe:
+        from paraplan.estimate.time.moe_sync import dispatcher_host_syncs
+
+        if dispatcher_host_syncs(training):
+            out.append(("CUDA_GRAPH_FULL_ITERATION_MOE_SYNC", FULL_ITERATION_MOE_SYNC_MESSAGE))
     if layout.recompute == "full" and impl != "full_iteration":
         out.append(("CUDA_GRAPH_FULL_RECOMPUTE", "full recompute is only supported with full iteration CUDA graph."))
     if layout.recompute == "selective" and impl == "transformer_engine" and "moe" in layout.recompute_modules \

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.errors import SpecError
-from paraplan.estimate.flops import attention_score_fraction, windowed_score_pairs
+from paraplan.estimate.flops import attention_score_fraction, windowed_score_pairs, windowed_tile_pairs
 from paraplan.estimate.params import model_param_counts
 from paraplan.estimate.time.layer import attention_layer_time
 from paraplan.estimator import estimate
@@ -65,7 +65,7 @@ def test_hf_config_reads_to_the_preset(name: str) -> None:
                   "position_embedding_type", "normalization", "num_experts", "moe_router_topk", "moe_ffn",
                   "window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
                   "activation_func_clamp_value", "rotary_base", "rotary_scaling_factor", "max_position_embeddings",
-                  "moe_router_load_balancing_type", "moe_aux_loss_coeff"):
+                  "moe_router_load_balancing_type", "moe_aux_loss_coeff", "yarn_correction_range_round_to_int"):
         assert getattr(hf, field) == getattr(pre, field), field
     assert counts(hf) == counts(pre)
 
@@ -84,10 +84,24 @@ def test_windowed_score_pairs_by_hand() -> None:
     # s = 8, left 2 (w = 3 keys): queries see 1, 2, 3, 3, 3, 3, 3, 3 keys = 21 = 3*8 - 3*2/2
     assert windowed_score_pairs(8, 2) == 21
     assert windowed_score_pairs(8, -1) == 36 == windowed_score_pairs(8, 100)  # the causal s(s+1)/2
-    # gpt-oss-120b at 4096: half the layers at (128*4096 - 128*127/2) / (4096^2/2) = 516160 / 8388608
+    # gpt-oss-120b at 4096 in 128 x 128 tiles: query tile 0 touches 1 key tile, tiles 1..31 touch 2 (keys
+    # q*128-127 .. q*128+127): 63 tiles of the causal 32*33/2 = 528; half the layers windowed
     frac = attention_score_fraction(load_model("gpt-oss-120b"), 4096)
-    assert frac == pytest.approx((516160 / 8388608 + 1) / 2)
+    assert frac == pytest.approx((63 / 528 + 1) / 2)
+    assert frac > (516160 / 8388608 + 1) / 2  # more than the exact pairs: whole tiles are computed
     assert attention_score_fraction(load_model("llama3-8b"), 4096) == 1.0
+
+
+@pytest.mark.parametrize(("s", "left", "tile", "want"), [
+    (8, 2, 2, 2 * 2 * (1 + 2 + 2 + 2)),  # 4 query tiles of 2: 1, 2, 2, 2 key tiles
+    (8, 2, 4, 4 * 4 * (1 + 2)),  # keys 2..7 for query tile 1: key tiles 0 and 1
+    (9, -1, 4, 16 * (1 + 2) + 1 * (2 * 4 + 1)),  # causal, last query tile of 1 row: 2 full key tiles + its 1 x 1
+    (8, 0, 4, 2 * 16),  # self only: the diagonal tiles
+    (4096, 127, 128, 63 * 128 * 128),
+])
+def test_windowed_tile_pairs_by_hand(s: int, left: int, tile: int, want: int) -> None:
+    assert windowed_tile_pairs(s, left, tile) == want
+    assert windowed_tile_pairs(s, left, tile) >= windowed_score_pairs(s, left)  # whole tiles cover the pairs
 
 
 def test_flash_attention_time_follows_the_window_and_unfused_does_not() -> None:
@@ -132,15 +146,21 @@ def test_launch_writes_the_flags_and_check_reads_them_back() -> None:
     pairs = dict(flag_pairs(megatron_args(model, lay, TRAIN)))
     assert {k: pairs.get(k, "MISSING") for k in ("--quick-geglu", "--window-size", "--window-attn-skip-freq",
                                                    "--softmax-type", "--glu-linear-offset",
-                                                   "--activation-func-clamp-value")} == {
+                                                   "--activation-func-clamp-value",
+                                                   "--no-yarn-correction-range-round-to-int")} == {
         "--quick-geglu": None, "--window-size": "127,0", "--window-attn-skip-freq": "2", "--softmax-type": "learnable",
-        "--glu-linear-offset": "1.0", "--activation-func-clamp-value": "7.0"}
+        "--glu-linear-offset": "1.0", "--activation-func-clamp-value": "7.0",
+        "--no-yarn-correction-range-round-to-int": None}  # GPTOSSBridge.provider_bridge: False
     assert "--swiglu" not in pairs and "--disable-bias-linear" not in pairs  # Megatron asserts not both
     got = read_flags(argv(megatron_args(model, lay, TRAIN))).model
     want, _ = as_launched(model, lay, TRAIN)
     for field in ("quick_geglu", "swiglu", "window_size", "window_attn_skip_freq", "softmax_type", "glu_linear_offset",
-                  "activation_func_clamp_value", "add_bias_linear", "ffn"):
+                  "activation_func_clamp_value", "add_bias_linear", "ffn", "yarn_correction_range_round_to_int"):
         assert getattr(got, field) == getattr(want, field), field
+    assert got.yarn_correction_range_round_to_int is False
+    llama = load_model("llama3-8b")  # Megatron's default True: no switch written, True read back
+    assert "--no-yarn-correction-range-round-to-int" not in dict(flag_pairs(megatron_args(llama, lay, TRAIN)))
+    assert read_flags(argv(megatron_args(llama, lay, TRAIN))).model.yarn_correction_range_round_to_int is True
 
 
 @pytest.mark.parametrize(("fields", "message"), [

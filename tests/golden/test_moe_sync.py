@@ -24,6 +24,7 @@ from paraplan.launch.megatron import argv, megatron_args
 from paraplan.layout import ParallelLayout
 from paraplan.recipes.catalogue import bridge_recipes
 from paraplan.recipes.knobs import PAGED_STASH_RANK_CAPACITY_FACTOR, training_knobs
+from paraplan.rules import knob_violations
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import load_gpu, load_model
 from paraplan.specs.megatron_flags import read_flags
@@ -62,8 +63,12 @@ def test_dispatcher_syncs(kw: dict[str, object], syncs: int) -> None:
 
 
 @pytest.mark.parametrize(("kw", "syncs"), [
-    ({"cuda_graph_impl": "full_iteration"}, 0),
-    ({"cuda_graph_impl": "full_iteration", **HYBRID}, 0),
+    # full_iteration is sync-free only with a sync-free dispatcher (rules: CUDA_GRAPH_FULL_ITERATION_MOE_SYNC)
+    ({"cuda_graph_impl": "full_iteration", **BUDGET}, 0),
+    ({"cuda_graph_impl": "full_iteration", **DROP_PAD}, 0),
+    ({"cuda_graph_impl": "full_iteration"}, 1),
+    ({"cuda_graph_impl": "full_iteration", **HYBRID}, 1),
+    ({"cuda_graph_impl": "full_iteration", "moe_token_dispatcher_type": "flex"}, 1),  # DeepEP's host wait
     ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ("attn", "moe"), **DROP_PAD}, 0),
     ({"cuda_graph_impl": "local", "cuda_graph_modules": ("moe",), **DROP_PAD}, 0),
     # the router graph leaves the dispatch (and its sync) outside
@@ -85,7 +90,7 @@ def test_host_sync_time_is_count_times_the_per_sync_cost() -> None:
     assert per_sync > 0.0  # Blackwell's fitted value
     eager = moe_mlp_time(QWEN, GB200, _t(**HYBRID), LAYOUT)
     assert float(eager.host_sync_s) == pytest.approx(per_sync, rel=1e-15)
-    for kw in ({**HYBRID, "cuda_graph_impl": "full_iteration"}, BUDGET):
+    for kw in ({**BUDGET, "cuda_graph_impl": "full_iteration"}, BUDGET):
         assert float(moe_mlp_time(QWEN, GB200, _t(**kw), LAYOUT).host_sync_s) == 0.0
     # what a full-iteration graph saves: one sync per MoE layer and micro-batch on top of the launches
     assert float(eager.compute_s) - float(moe_mlp_time(QWEN, GB200, _t(**BUDGET), LAYOUT).compute_s) \
@@ -124,11 +129,14 @@ def test_graphs_never_add_syncs(kw: dict[str, object], impl: str, mods: tuple[st
 
 
 def test_full_iteration_step_is_faster_by_the_syncs() -> None:
-    """Qwen3-30B-A3B (48 MoE layers) on 8 GB200, 8 micro-batches a step: the full-iteration graph removes
-    48 x 8 syncs from the step (and the launches, which this GPU-bound layer hides)."""
+    """Qwen3-30B-A3B (48 MoE layers) on 8 GB200, 8 micro-batches a step: the full-iteration graph with HybridEP's
+    rank budget (what the NVIDIA recipes run) removes 48 x 8 syncs from the step (and the launches, which this
+    GPU-bound layer hides); without the budget HybridEP syncs inside the capture, which estimate refuses."""
     t = _t(**HYBRID)
     eager = estimate(QWEN, GB200, t, LAYOUT)
-    graphed = estimate(QWEN, GB200, replace(t, cuda_graph_impl="full_iteration"), LAYOUT)
+    assert "CUDA_GRAPH_FULL_ITERATION_MOE_SYNC" in dict(
+        knob_violations(QWEN, LAYOUT, replace(t, cuda_graph_impl="full_iteration")))
+    graphed = estimate(QWEN, GB200, _t(**BUDGET, cuda_graph_impl="full_iteration"), LAYOUT)
     assert QWEN.num_layers == 48 and sum(QWEN.moe_layer_pattern()) == 48
     micro = 256 // (8 * 4)
     saved = eager.time.step_s - graphed.time.step_s

@@ -67,6 +67,15 @@ MOE = ParallelLayout(ep=8, etp=1, dp=16, recompute="none")
      _t(cuda_graph_impl="transformer_engine", cuda_graph_modules=("mlp",)),
      "CUDA_GRAPH_EP_OVERLAP_SCOPE", "CUDA graph scope on moe and mlp is not supported with "
                                     "overlap_moe_expert_parallel_comm"),
+    # the dropless alltoall dispatcher's d2h_event.synchronize(), DeepEP's host wait, HybridEP without a rank
+    # budget: a host sync inside the captured iteration (paraplan's words: Megatron checks nothing)
+    (QWEN, MOE, _t(cuda_graph_impl="full_iteration"),
+     "CUDA_GRAPH_FULL_ITERATION_MOE_SYNC", "needs a sync-free token dispatcher"),
+    (QWEN, MOE, _t(cuda_graph_impl="full_iteration", moe_token_dispatcher_type="flex"),
+     "CUDA_GRAPH_FULL_ITERATION_MOE_SYNC", "needs a sync-free token dispatcher"),
+    (QWEN, MOE, _t(cuda_graph_impl="full_iteration", moe_token_dispatcher_type="flex",
+                   moe_flex_dispatcher_backend="hybridep"),
+     "CUDA_GRAPH_FULL_ITERATION_MOE_SYNC", "needs a sync-free token dispatcher"),
 ])
 def test_launch_refuses_what_megatron_refuses(model: Any, layout: ParallelLayout, training: TrainingSpec, code: str,
                                               words: str) -> None:
@@ -87,6 +96,11 @@ def test_launch_refuses_what_megatron_refuses(model: Any, layout: ParallelLayout
     (QWEN, MOE, _t(fine_grained_activation_offloading=True, offload_modules=("expert_fc1",), cuda_graph_impl="local",
                    cuda_graph_modules=("attn",))),
     (LLAMA, DENSE, _t(cpu_offloading_num_layers=4, cuda_graph_impl="full_iteration")),
+    (QWEN, MOE, _t(cuda_graph_impl="full_iteration", moe_expert_capacity_factor=1.0,
+                   moe_pad_expert_input_to_capacity=True)),
+    (QWEN, MOE, _t(cuda_graph_impl="full_iteration", moe_token_dispatcher_type="flex",
+                   moe_flex_dispatcher_backend="hybridep", moe_expert_rank_capacity_factor=1.5,
+                   use_transformer_engine_op_fuser=True)),
     (QWEN, replace(MOE, schedule="combined_1f1b"),
      _t(delay_wgrad_compute=True, cuda_graph_impl="transformer_engine", cuda_graph_modules=("attn",))),
 ])
@@ -200,3 +214,28 @@ def test_plan_ranks_only_interleaved_layouts_for_gather_with_optimizer_step() ->
     assert p.candidates and all(c.layout.vp > 1 for c in p.candidates)
     assert all(not launch_violations(LLAMA, c.layout, training) for c in p.candidates)
     assert "OVERLAP_PARAM_GATHER_WITH_OPT_STEP_NEEDS_VP" not in plan(LLAMA, CLUSTER, _t()).rejections
+
+
+def test_check_reports_a_full_iteration_graph_over_a_syncing_dispatcher(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The dropless alltoall dispatcher syncs the host inside the captured iteration; drop-and-pad does not."""
+    moe = ("--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 4 --expert-tensor-parallel-size 1 "
+           "--moe-grouped-gemm --cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad")
+    found = _codes(tmp_path, moe, capsys)
+    assert "CUDA_GRAPH_FULL_ITERATION_MOE_SYNC" in found and "\n" not in found["CUDA_GRAPH_FULL_ITERATION_MOE_SYNC"]
+    a2a = moe + " --moe-token-dispatcher-type alltoall"
+    assert "CUDA_GRAPH_FULL_ITERATION_MOE_SYNC" in _codes(tmp_path, a2a, capsys)
+    fixed = a2a + " --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"
+    assert "CUDA_GRAPH_FULL_ITERATION_MOE_SYNC" not in _codes(tmp_path, fixed, capsys)
+
+
+def test_estimate_refuses_a_full_iteration_graph_over_a_syncing_dispatcher(capsys: pytest.CaptureFixture[str]) -> None:
+    cli = ["estimate", "--model", "qwen3-30b-a3b", "--gpu", "gb200", "-n", "16", "-s", "4096", "--gbs", "512",
+           "--tp", "1", "--pp", "1", "--ep", "16", "--mbs", "4", "--recompute", "none",
+           "--knob", "cuda-graph-impl=full_iteration"]
+    assert main(cli) == 1
+    _, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "needs a sync-free token dispatcher" in err
+    assert main([*cli, "--knob", "moe-token-dispatcher-type=flex", "--knob", "moe-flex-dispatcher-backend=hybridep",
+                 "--knob", "moe-expert-rank-capacity-factor=1.5",
+                 "--knob", "use-transformer-engine-op-fuser=true"]) == 0

@@ -11,6 +11,7 @@ arXiv:2204.02311 App. B). Hardware FLOPs add the recomputed forward passes (HFU 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -88,17 +89,42 @@ def windowed_score_pairs(seq_len: int, left: int) -> int:
     return w * seq_len - w * (w - 1) // 2
 
 
+ATTENTION_TILE_TOKENS: Final = 128
+"""Query and key tile of the fused attention kernel, tokens (ASSUMED, not fitted): TE runs cuDNN's fused attention
+for gpt-oss's sinks (``get_attention_backend`` disables flash-attn for softmax_type learnable / off-by-one), and
+cuDNN's kernels are closed source, so no primary source gives their tile; 128 x 128 is the tile of the open
+flash-attention kernels on these GPUs (an assumption). A kernel computes a tile whole or skips it, so a 128-key
+window costs ~2 key tiles per 128-query tile, not 128 keys."""
+
+
+def windowed_tile_pairs(seq_len: int, left: int, tile: int = ATTENTION_TILE_TOKENS) -> int:
+    """(query, key) elements of the tiles a causal sliding-window layer computes: query tile q (rows q*T ..
+    min(q*T + T, s) - 1) touches the key tiles from (max(0, q*T - left)) // T to q (``left`` -1: unlimited, every
+    tile up to the diagonal), each computed whole: sum over touched tiles of rows(q) x cols(k), T = ``tile``.
+
+    Closed form: n = ceil(s/T) tiles, m = ceil(left/T) (n when unlimited); query tile q touches min(q, m) + 1 key
+    tiles; the n-1 full query tiles give T^2 * sum_{q<n-1} (min(q, m) + 1), the last one (r = s - (n-1)T rows)
+    r * (min(n-1, m) * T + r) (its diagonal tile is r x r)."""
+    n = -(-seq_len // tile)
+    m = n if left < 0 else -(-left // tile)
+    full = n - 1  # query tiles 0 .. n-2, all T rows
+    sum_min = full * (full - 1) // 2 if full <= m + 1 else m * (m + 1) // 2 + (full - 1 - m) * m
+    r = seq_len - full * tile
+    return tile * tile * (sum_min + full) + r * (min(full, m) * tile + r)
+
+
 def attention_score_fraction(model: ModelSpec, seq_len: int) -> float:
-    """Score pairs per layer, averaged over the main layers, as a share of the causal count s^2/2 that
+    """Score work per layer, averaged over the main layers, as a share of the causal work that
     ``attention_score_width`` callers take (Megatron's ``num_floating_point_operations``): 1 for full causal
-    attention, (w*s - w(w-1)/2)/(s^2/2) for a windowed layer (``windowed_score_pairs``), layers chosen by
-    ``ModelSpec.window_layer_pattern`` (gpt-oss-120B at s = 4096: 18 of 36 layers at 128 keys -> 0.531).
-    Megatron's reported model FLOPs (``model_flops_per_step``) do not count the window; the time model does."""
+    attention; for a windowed layer the tiles it computes over the causal layer's, both counted in whole
+    ``ATTENTION_TILE_TOKENS`` tiles (``windowed_tile_pairs``), layers chosen by ``ModelSpec.window_layer_pattern``
+    (gpt-oss-120B at s = 4096: 18 of 36 layers at 128 keys, 63 of 528 tiles -> 0.560; exact pairs would give 0.531,
+    ``windowed_score_pairs``). Megatron's reported model FLOPs (``model_flops_per_step``) do not count the window;
+    the time model does."""
     pattern = model.window_layer_pattern()
     if model.window_size is None or not any(pattern):
         return 1.0
-    causal = seq_len * seq_len / 2.0
-    windowed = windowed_score_pairs(seq_len, model.window_size[0]) / causal
+    windowed = min(1.0, windowed_tile_pairs(seq_len, model.window_size[0]) / windowed_tile_pairs(seq_len, -1))
     n_win = sum(pattern)
     return (n_win * windowed + (len(pattern) - n_win)) / len(pattern)
 

@@ -50,12 +50,16 @@ BASE_RECIPES: Final[dict[str, tuple[str, str]]] = {
     "qwen3-235b-a22b": ("megatron.bridge.recipes.qwen", "qwen3_235b_a22b_pretrain_config"),
     "deepseek-v3": ("megatron.bridge.recipes.deepseek", "deepseek_v3_pretrain_config"),
     "gpt3-175b": ("megatron.bridge.recipes.gpt", "gpt3_175b_pretrain_config"),
+    "gpt-oss-20b": ("megatron.bridge.recipes.gpt_oss", "gpt_oss_20b_pretrain_config"),
+    "gpt-oss-120b": ("megatron.bridge.recipes.gpt_oss", "gpt_oss_120b_pretrain_config"),
 }
 """paraplan model -> (module, function) of Bridge's base pretrain recipe (``megatron.bridge.recipes``)."""
 PERF_STEMS: Final = {"llama3-8b": "llama3_8b", "llama3-70b": "llama3_70b", "llama3.1-405b": "llama31_405b",
                      "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b",
-                     "deepseek-v3": "deepseek_v3"}
-"""paraplan model -> the ``model`` column of the performance recipe table."""
+                     "deepseek-v3": "deepseek_v3", "gpt-oss-120b": "gpt_oss_120b"}
+"""paraplan model -> the ``model`` column of the performance recipe table. Not gpt-oss-20b: its performance recipes
+build another model (perf_recipes/gpt_oss/common.py ``_apply_gpt_oss_20b_common_configs``: vocab 128256, plain
+RoPE), so its launch takes the base recipe, which builds the HF model (recipes/gpt_oss/h100/gpt_oss.py)."""
 GPU_NAMES: Final = {"h100-80gb": "h100", "b200": "b200", "b300": "b300", "gb200": "gb200", "gb300": "gb300"}
 _IDENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -41,9 +41,19 @@ MODEL_PRESETS: Final[dict[str, str]] = {
     "deepseek_v3": "deepseek-v3",
     "qwen3_30b_a3b": "qwen3-30b-a3b",
     "qwen3_235b_a22b": "qwen3-235b-a22b",
+    "gpt_oss_120b": "gpt-oss-120b",
+    "gpt_oss_20b": "gpt-oss-20b",
 }
-"""Recipe ``model`` -> paraplan model preset (``paraplan models``). The other recipe models (Kimi-K2, GPT-OSS,
+"""Recipe ``model`` -> paraplan model preset (``paraplan models``); the GPT-OSS-20B perf recipes change the model
+(``RECIPE_MODEL_CHANGES``). The other recipe models (Kimi-K2,
 Nemotron-H/3, Qwen3-Next, Qwen3/3.5-VL, GLM, DeepSeek-V4, Wan) have no preset yet."""
+
+RECIPE_MODEL_CHANGES: Final[dict[str, dict[str, str | int]]] = {
+    "gpt_oss_20b": {"vocab_size": 128256, "position_embedding_type": "rope"},
+}
+"""ModelSpec fields a recipe model's performance recipes set over its preset: Megatron-Bridge
+perf_recipes/gpt_oss/common.py ``_apply_gpt_oss_20b_common_configs`` sets ``model.vocab_size = 128256`` and
+``model.position_embedding_type = "rope"`` (the preset: 201088, YaRN), so those recipes are estimated as they run."""
 
 GPU_PRESETS: Final[dict[str, str]] = {
     "h100": "h100-80gb", "b200": "b200", "b300": "b300", "gb200": "gb200", "gb300": "gb300",

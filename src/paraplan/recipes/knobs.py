@@ -150,6 +150,12 @@ Megatron-Bridge helpers set (deepseek/common.py, qwen/common.py, gpt_oss/common.
 or 1.0 themselves). The GPU stash is that many times the routed tokens (``activations.saved_routed_load``)."""
 PAGED_STASH_BUFFER_SIZE_FACTOR_CPU: Final = 1.0
 """``moe_paged_stash_buffer_size_factor_cpu`` the same helpers set beside it: a host buffer, no GPU memory."""
+RECIPE_MODEL_KNOBS: Final[dict[str, dict[str, Any]]] = {
+    "gpt_oss_20b": {"cp_comm_type": "a2a"}, "gpt_oss_120b": {"cp_comm_type": "a2a"},
+}
+"""Knobs a model's recipes set where the CSV has no column: Megatron-Bridge recipes/gpt_oss/h100/gpt_oss.py sets
+``cfg.model.cp_comm_type = "a2a"`` in the pretrain configs every gpt-oss perf recipe starts from ("When CP>1 is
+used, a2a is required for TE attention backends with learnable softmax"; rules.py CP_SOFTMAX_NEEDS_A2A)."""
 FP8_RECIPE_OF: Final = {"fp8_cs": "tensorwise", "fp8_mx": "mxfp8", "fp8_sc": "blockwise", "fp8_ds": "delayed"}
 """Recipe precision -> Megatron's ``--fp8-recipe`` (TrainingSpec.fp8_recipe)."""
 _STATE_FIELDS: Final = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype",
@@ -189,6 +195,7 @@ def training_knobs(r: Recipe, precision: str) -> dict[str, Any]:
         out["fsdp_double_buffer"] = True
     out.update(moe_knobs(r))
     out.update(_cuda_graphs(r))
+    out.update(RECIPE_MODEL_KNOBS.get(str(r.get("model")), {}))
     # Megatron-Core overlaps the first chunk's gather with the optimizer only when the gather is asynchronous
     # (--overlap-param-gather) and there are chunks (VP > 1); else the knob has no effect (Bridge sets it only then)
     if _bool(r, "overlap_param_gather_with_optimizer_step") and _bool(r, "overlap_param_gather") \
@@ -532,7 +539,14 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
     fields_["overlap_param_gather"] = fields_["overlap_param_gather"] and (
         fields_["distributed_optimizer"] or fields_["fsdp"])
     if model is None:
+        from paraplan.recipes.catalogue import RECIPE_MODEL_CHANGES
+
         model = load_model(job.model)
+        changes = RECIPE_MODEL_CHANGES.get(str(r.get("model")), {})
+        if changes and r.source.startswith("src/megatron/bridge/perf_recipes/"):
+            model = replace(model, **changes)  # type: ignore[arg-type]
+            notes.append("the recipe's model: " + ", ".join(f"{k} {v}" for k, v in changes.items())
+                         + f" (not the {job.model} preset's)")
     if job.mtp_num_layers is not None and job.mtp_num_layers != model.mtp_num_layers:
         model = replace(model, mtp_num_layers=job.mtp_num_layers)
     dp = r.get("dp")

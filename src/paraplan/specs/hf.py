@@ -380,7 +380,8 @@ def _gpt_oss(data: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """gpt-oss: sliding window on the "sliding_attention" layers, attention sinks, the clamped QuickGELU GLU."""
     out: dict[str, Any] = {"softmax_type": "learnable", "quick_geglu": True, "glu_linear_offset": 1.0,
                            "activation_func_clamp_value": data.get("swiglu_limit", 7.0),
-                           "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": None}
+                           "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": None,
+                           "yarn_correction_range_round_to_int": False}
     window = _opt(data, "sliding_window")
     if window is None:
         return out

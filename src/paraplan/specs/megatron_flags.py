@@ -255,7 +255,7 @@ def _recipe_fields(r: _Reader, out: dict[str, Any]) -> None:
             continue
         default = defaults[key]
         if isinstance(default, bool):
-            out[key] = True
+            out[key] = not default  # a bare switch sets the field away from its default (--no-... for True)
             continue
         raw = r.text(flag)
         if raw is None:

@@ -55,6 +55,7 @@ RECIPE_FLAGS: tuple[tuple[str, str, bool], ...] = (
     ("moe_router_dtype", "--moe-router-dtype", True),
     ("glu_linear_offset", "--glu-linear-offset", False),
     ("activation_func_clamp_value", "--activation-func-clamp-value", False),
+    ("yarn_correction_range_round_to_int", "--no-yarn-correction-range-round-to-int", False),
 )
 """(ModelSpec field, Megatron flag, MoE only) of the recipe fields: ``paraplan launch`` emits the
 ones that differ from Megatron's default (a bool as a bare switch) and ``check`` reads them back."""
@@ -212,6 +213,10 @@ class ModelSpec:
     activation_func_clamp_value: float | None = None
     """``--activation-func-clamp-value``: clamp of the gated activation's inputs (gpt-oss: 7.0, HF ``swiglu_limit``);
     applied inside the fused bias-activation kernel (``fused_bias_geglu.weighted_bias_quick_geglu_impl``)."""
+    yarn_correction_range_round_to_int: bool = True
+    """YaRN rounds its correction range to whole dimensions (Megatron's default True; ``False`` is written as
+    ``--no-yarn-correction-range-round-to-int``; gpt-oss: False, as Megatron-Bridge's GPTOSSBridge.provider_bridge
+    sets ``provider.yarn_correction_range_round_to_int = False``). No size or time effect."""
     name: str = "custom"
     """Display name."""
     source: str = ""

@@ -27,7 +27,9 @@ def sync_free_capture(training: TrainingSpec) -> bool:
     forbids a host sync): ``--cuda-graph-impl full_iteration`` (the whole forward-backward,
     megatron/core/full_cuda_graph.py; the NVIDIA recipes that run it use HybridEP with
     ``moe_expert_rank_capacity_factor`` and the paged stash, Megatron-Bridge perf_recipes qwen/common.py
-    ``_enable_hybridep_full_iteration_mxfp8``), or a per-layer graph with the ``moe`` module (transformer_layer.py
+    ``_enable_hybridep_full_iteration_mxfp8``) when the dispatcher is sync-free (``dispatcher_host_syncs`` 0;
+    otherwise the capture fails, a broken rule: rules.py ``FULL_ITERATION_MOE_SYNC_MESSAGE``), or a per-layer graph
+    with the ``moe`` module (transformer_layer.py
     ``_get_submodules_under_cudagraphs``: ``self.pre_mlp_layernorm, self.mlp``), which Megatron allows only with
     drop-and-pad (transformer_config.py ``__post_init__``: "moe cuda graph is only supported with drop-padding
     MoE"). ``moe_router`` / ``moe_preprocess`` capture only the router and its metadata: the dispatch and its sync
@@ -36,7 +38,9 @@ def sync_free_capture(training: TrainingSpec) -> bool:
     dispatcher's copy to ``before_ep_alltoall`` and keeps the wait, ``MoEAlltoAllTokenDispatcher.__init__``), so
     the dispatcher's syncs are counted."""
     impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
-    return impl == "full_iteration" or (impl != "none" and "moe" in mods)
+    if impl == "full_iteration":  # only with a sync-free dispatcher (rules.CUDA_GRAPH_FULL_ITERATION_MOE_SYNC)
+        return dispatcher_host_syncs(training) == 0
+    return impl != "none" and "moe" in mods
 
 
 def drop_and_pad(training: TrainingSpec) -> bool:
