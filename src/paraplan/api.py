@@ -129,6 +129,7 @@ if TYPE_CHECKING:
     from paraplan.specs.training import KNOB_REFINEMENTS as KNOB_REFINEMENTS
     from paraplan.specs.training import TIME_ONLY_KNOBS as TIME_ONLY_KNOBS
     from paraplan.specs.training import TrainingSpec as TrainingSpec
+    from paraplan.specs.userbuffers import ub_configs as ub_configs
     from paraplan.tune import Comparison as Comparison
     from paraplan.tune import Metric as Metric
     from paraplan.tune import compare as compare
@@ -248,6 +249,7 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "recipe_run": ("paraplan.recipes.knobs", "A recipe as model, job and layout, with overrides."),
     "estimate_run": ("paraplan.recipes.knobs", "The estimate of a recipe run."),
     "recipe_memory_options": ("paraplan.recipes.knobs", "MemoryOptions with a recipe's allocator setting."),
+    "ub_configs": ("paraplan.specs.userbuffers", "Megatron-Bridge's named userbuffers configs (packaged)."),
     "training_knobs": ("paraplan.recipes.knobs", "A recipe's TrainingSpec memory knobs at a precision."),
     "run_dict": ("paraplan.recipes.knobs", "The ``recipe`` block of ``estimate --recipe``'s JSON."),
     "compare_with_plan": ("paraplan.recipes.compare", "The closest recipe for a plan's model and GPU, estimated."),

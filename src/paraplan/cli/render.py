@@ -118,9 +118,9 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
 
 def _is_cfg_path(value: str) -> bool:
     """A ``tp_comm_overlap_cfg`` that is a YAML file's path, not one of Megatron-Bridge's named configs."""
-    from paraplan.specs.userbuffers import packaged
+    from paraplan.api import ub_configs
 
-    return value not in packaged()
+    return value not in ub_configs()
 
 
 def knob_words(training: TrainingSpec, time_only: bool | None = None) -> str:

@@ -188,6 +188,10 @@ def packaged() -> dict[str, dict[str, dict[str, Any]]]:
     return data
 
 
+ub_configs = packaged
+"""``packaged`` under the name ``paraplan.api`` re-exports it by."""
+
+
 def canonical(cfg: Mapping[str, Mapping[str, Any]]) -> str:
     """A config as the compact JSON text ``TrainingSpec.tp_comm_overlap_cfg`` holds."""
     return json.dumps({k: dict(sorted(v.items())) for k, v in sorted(cfg.items())}, separators=(",", ":"))
