@@ -174,9 +174,9 @@ def test_megatron_args_read_the_yaml_file(tmp_path: Path) -> None:
     value = got.training_fields["tp_comm_overlap_cfg"]
     assert resolve(value) == packaged()[BF16_H100]
     assert not [n for n in got.notes if n.startswith("not modelled")]
-    named = read_flags([*FLAGS, "--tp-comm-overlap-cfg", BF16_H100])  # no such file: Bridge's name, with a note
-    assert named.training_fields["tp_comm_overlap_cfg"] == BF16_H100
-    assert any("named userbuffers config" in n for n in named.notes)
+    named = read_flags([*FLAGS, "--tp-comm-overlap-cfg", BF16_H100])  # no such file: Bridge's name, which
+    assert named.training_fields["tp_comm_overlap_cfg"] == BF16_H100  # Megatron-LM cannot open (a broken rule)
+    assert any(code == "TP_COMM_OVERLAP_CFG_NOT_A_FILE" for code, _ in named.problems)
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -249,3 +249,15 @@ def test_bridge_target_takes_only_the_recipes_own_config() -> None:
     other = replace(spec, training=replace(spec.training, tp_comm_overlap_cfg=BF16_H100))
     with pytest.raises(SpecError, match=r"--target bridge: tp_comm_overlap_cfg .* cannot be set"):
         bridge_files(other, "x")
+
+
+def test_a_named_config_in_a_megatron_lm_script_is_a_broken_rule() -> None:
+    """Review finding (session 8): Megatron-LM opens --tp-comm-overlap-cfg as a file on every rank at start-up
+    (training/initialize.py _initialize_tp_communicators), so a Megatron-Bridge config name there fails; --knob takes
+    the name (launch writes the YAML)."""
+    from paraplan.specs.megatron_flags import memory_knobs_from_words
+
+    got = read_flags([*FLAGS, "--tp-comm-overlap-cfg", BF16_H100])
+    assert [code for code, _ in got.problems if code == "TP_COMM_OVERLAP_CFG_NOT_A_FILE"]
+    knob = memory_knobs_from_words([f"--tp-comm-overlap-cfg={BF16_H100}"], "bf16")
+    assert knob["tp_comm_overlap_cfg"] == BF16_H100

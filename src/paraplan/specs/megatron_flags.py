@@ -198,6 +198,8 @@ class _Reader:
         self.defaults: list[str] = []
         self.notes: list[str] = []
         self.problems: list[tuple[str, str]] = []
+        self.script = False
+        """Reading a launch script or argument list (``read_flags``), not ``--knob`` words."""
 
     def has(self, flag: str) -> bool:
         return flag in self.v
@@ -697,8 +699,14 @@ def _tp_comm_cfg(r: _Reader) -> str | None:
         r.notes.append(f"--tp-comm-overlap-cfg {brief(raw)}: read from the manifest's ConfigMap")
         return canonical(yaml_cfg(r.files[raw], f"--tp-comm-overlap-cfg {raw} (the manifest's ConfigMap)"))
     if raw in packaged() and not Path(raw).exists():
-        r.notes.append(f"--tp-comm-overlap-cfg {raw}: no such file, read as Megatron-Bridge's named userbuffers "
-                       "config (Megatron-LM reads a YAML file: launch files write one)")
+        if r.script:  # Megatron-LM opens the value as a file on every rank at start-up
+            r.problems.append(("TP_COMM_OVERLAP_CFG_NOT_A_FILE", f"--tp-comm-overlap-cfg {raw}: Megatron-LM opens "
+                               "it as a YAML file at start-up (training/initialize.py _initialize_tp_communicators: "
+                               "FileNotFoundError); it is the name of a Megatron-Bridge userbuffers config, which "
+                               "`paraplan launch --knob tp-comm-overlap-cfg=NAME` writes as tp_comm_overlap_cfg.yaml"))
+        else:
+            r.notes.append(f"--tp-comm-overlap-cfg {raw}: no such file, read as Megatron-Bridge's named userbuffers "
+                           "config (Megatron-LM reads a YAML file: launch files write one)")
         return raw
     head, _, fname = raw.rpartition("/")
     tries: list[Path] = []
@@ -935,6 +943,7 @@ def read_flags(args: tuple[str, ...] | list[str], *, name: str = "custom",
     text of files the job's container holds (a manifest's ConfigMap)."""
     values, unknown, stray = split_flags(args)
     r = _Reader(values, base_dir, files)
+    r.script = True
     stray += [w for f, vals in values.items() if f in known_flags() and f not in switch_flags()
               and f not in MULTI_VALUE_FLAGS for w in vals[1:]]  # argparse: one word each, the rest positional
     if stray:  # pretrain_gpt.py defines no positional argument: parse_args exits on any
