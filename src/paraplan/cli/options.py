@@ -292,6 +292,7 @@ KnobOpt = typer.Option(
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
          "no-gradient-accumulation-fusion, cross-entropy-loss-fusion, cross-entropy-fusion-impl=native|te; "
          "userbuffers (with --tp-comm-overlap): no-tp-comm-overlap-ag, no-tp-comm-overlap-rs, "
+         "tp-comm-overlap-rs-dgrad, "
          "tp-comm-overlap-cfg=NAME|FILE.yaml (a Megatron-Bridge named config or a Megatron-LM YAML file); "
          "paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
 
