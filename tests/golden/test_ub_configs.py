@@ -141,11 +141,13 @@ def test_bf16_h100_attention_block_by_hand() -> None:
 
 
 def test_lora_config_reduce_scatters_the_dgrad_under_peft() -> None:
-    """A pipelined fc1 dgrad (the LoRA configs): the input-gradient reduce-scatter rides the dgrad GEMM in 4
-    splits on 16 SMs (FP8 buffer); PEFT needs no input all-gather for wgrad."""
+    """A pipelined fc1 dgrad (the LoRA configs) with --tp-comm-overlap-rs-dgrad (TE ``ub_overlap_rs_dgrad``): the
+    input-gradient reduce-scatter rides the dgrad GEMM in 4 splits on 16 SMs (FP8 buffer); PEFT needs no input
+    all-gather for wgrad."""
     cluster = make_cluster(H100, 8, 8)
     lay = _lay(2)
-    training = TrainingSpec(seq_len=4096, global_batch_size=16, precision="fp8", peft=True, tp_comm_overlap_cfg=LORA)
+    training = TrainingSpec(seq_len=4096, global_batch_size=16, precision="fp8", peft=True, tp_comm_overlap_cfg=LORA,
+                            tp_comm_overlap_rs_dgrad=True)
     T, h, f, t = 4096, LLAMA.hidden_size, LLAMA.ffn, 2
     sms = sm_count_of(cluster)
     fc1 = float(gemm_s(cluster, "fp8", T, 2 * f / t, h))
@@ -160,6 +162,59 @@ def test_lora_config_reduce_scatters_the_dgrad_under_peft() -> None:
         + s16 - fc1
     got = dense_mlp_time(LLAMA, cluster, training, lay, ffn=LLAMA.ffn)
     assert float(got.tp_exposed_s) == pytest.approx(fwd + bwd, rel=1e-9)
+
+
+@pytest.mark.parametrize("peft", [True, False])
+def test_lora_config_without_rs_dgrad_runs_the_bulk_pair(peft: bool) -> None:
+    """Megatron's default (no --tp-comm-overlap-rs-dgrad): TE keeps ``ub_bulk_dgrad`` / ``ub_bulk_wgrad``
+    (layernorm_linear.py ``... and not self.ub_overlap_rs_dgrad``), so the LoRA config's pipelined fc1 dgrad
+    communicator runs the bulk input all-gather (its 16 SMs, SM margin, FP8 buffer: ``bulk_overlap`` runs whatever
+    PEFT) and the wgrad the bulk bf16 input-gradient reduce-scatter on TE's bulk defaults (16 SMs, SM margin; the
+    config may not set it), which under PEFT (no wgrad GEMM) shows in full."""
+    cluster = make_cluster(H100, 8, 8)
+    lay = _lay(2)
+    training = TrainingSpec(seq_len=4096, global_batch_size=16, precision="fp8", peft=peft, tp_comm_overlap_cfg=LORA)
+    T, h, f, t = 4096, LLAMA.hidden_size, LLAMA.ffn, 2
+    sms = sm_count_of(cluster)
+    fc1 = float(gemm_s(cluster, "fp8", T, 2 * f / t, h))
+    fc2 = float(gemm_s(cluster, "fp8", T, h, f / t))
+    fc2_dgrad = float(gemm_s(cluster, "fp8", T, f / t, h))
+    ag8, rs8 = _coll(cluster, lay, 1.0 * T * h), _coll(cluster, lay, 1.0 * T * h, rs=True)
+    rs16 = _coll(cluster, lay, 2.0 * T * h, rs=True)
+    m = 1 / (1 - 1 / sms)
+    reduce = (t * 1.0 + 2.0) * T / t * h / hbm_rate(cluster)
+    fwd = max(0.0, ag8 - fc1 * m / 2) + fc1 * m - fc1 + max(0.0, rs8 - fc2 * m / 2) + fc2 * m - fc2 + reduce
+    s16 = fc1 / (1 - 16 / sms)
+    rs_bwd = rs16 if peft else max(0.0, rs16 - s16) + s16 - fc1
+    bwd = max(0.0, ag8 - fc2_dgrad * m / 2) + fc2_dgrad * m - fc2_dgrad + max(0.0, ag8 - s16) + s16 - fc1 + rs_bwd
+    got = dense_mlp_time(LLAMA, cluster, training, lay, ffn=LLAMA.ffn)
+    assert float(got.tp_exposed_s) == pytest.approx(fwd + bwd, rel=1e-9)
+    on = dense_mlp_time(LLAMA, cluster, replace(training, tp_comm_overlap_rs_dgrad=True), lay, ffn=LLAMA.ffn)
+    assert float(on.tp_exposed_s) != pytest.approx(float(got.tp_exposed_s), rel=1e-6)  # the knob moves it
+
+
+def test_rs_dgrad_changes_nothing_with_a_bulk_dgrad() -> None:
+    """TE's default and Bridge's non-LoRA configs keep a bulk qkv/fc1 dgrad: ``ub_overlap_rs_dgrad`` then finds no
+    reduce-scatter communicator for it (``initialize_ub`` builds ``fc1_dgrad`` as an all-gather) and Megatron's
+    flag moves nothing."""
+    cluster = make_cluster(H100, 8, 8)
+    lay = _lay(4)
+    for cfg in ("", BF16_H100):
+        training = TrainingSpec(seq_len=8192, global_batch_size=16, tp_comm_overlap_cfg=cfg)
+        off = dense_mlp_time(LLAMA, cluster, training, lay, ffn=LLAMA.ffn)
+        on = dense_mlp_time(LLAMA, cluster, replace(training, tp_comm_overlap_rs_dgrad=True), lay, ffn=LLAMA.ffn)
+        assert float(on.tp_exposed_s) == float(off.tp_exposed_s)
+
+
+def test_rs_dgrad_is_read_and_written_back() -> None:
+    got = read_flags([*FLAGS, "--tp-comm-overlap-rs-dgrad"])
+    assert got.training_fields["tp_comm_overlap_rs_dgrad"] is True
+    assert not [n for n in got.notes if "rs-dgrad" in n]
+    training = TrainingSpec(seq_len=2048, global_batch_size=8, tp_comm_overlap_rs_dgrad=True)
+    words = argv(megatron_args(load_model("llama3-8b"), _lay(2), training))
+    assert "--tp-comm-overlap-rs-dgrad" in words
+    assert "--tp-comm-overlap-rs-dgrad" not in argv(megatron_args(load_model("llama3-8b"), _lay(2),
+                                                                   replace(training, tp_comm_overlap_rs_dgrad=False)))
 
 
 FLAGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "

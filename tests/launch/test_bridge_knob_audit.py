@@ -85,6 +85,7 @@ BRIDGE_FIELDS: dict[str, tuple[str | None, Callable[[TrainingSpec, bool], bool],
     "cross_entropy_fusion_impl": ("model.cross_entropy_fusion_impl", _ALWAYS, str),
     "tp_comm_overlap_ag": ("model.tp_comm_overlap_ag", _ALWAYS, bool),
     "tp_comm_overlap_rs": ("model.tp_comm_overlap_rs", _ALWAYS, bool),
+    "tp_comm_overlap_rs_dgrad": ("model.tp_comm_overlap_rs_dgrad", _ALWAYS, bool),
     # a dataclass the overrides cannot write: --target bridge refuses a config its recipe does not set (ubcfg)
     "tp_comm_overlap_cfg": (None, _ALWAYS, str),
 }

@@ -155,14 +155,16 @@ def test_a_ring_exchange_dgrad_takes_ring_exchange_defaults() -> None:
 
 
 def test_ring_exchange_dgrad_backward_by_hand(tmp_path: Path) -> None:
-    """H100 TP2 BF16, fc1 dgrad ring exchange: the input-gradient reduce-scatter behind fc1's dgrad on the copy
+    """H100 TP2 BF16, fc1 dgrad ring exchange with --tp-comm-overlap-rs-dgrad (TE ``ub_overlap_rs_dgrad``, which a
+    non-bulk dgrad needs): the input-gradient reduce-scatter behind fc1's dgrad on the copy
     engine with no SM margin (TE's ring-exchange defaults), then its final reduction; the input all-gather for
     wgrad runs beside it (NCCL); fc2 dgrad's output-gradient all-gather by ring exchange."""
     path = tmp_path / "ub.yaml"
     path.write_text("fc1_dgrad: {method: ring_exchange}\n")
     cluster = make_cluster(H100, 8, 8)
     lay = _lay(2)
-    training = TrainingSpec(seq_len=8192, global_batch_size=16, tp_comm_overlap_cfg=str(path))
+    training = TrainingSpec(seq_len=8192, global_batch_size=16, tp_comm_overlap_cfg=str(path),
+                            tp_comm_overlap_rs_dgrad=True)
     T, h, f, t = 8192, LLAMA.hidden_size, LLAMA.ffn, 2
     fc1 = float(gemm_s(cluster, "bf16", T, 2 * f / t, h))
     fc2_dgrad = float(gemm_s(cluster, "bf16", T, f / t, h))

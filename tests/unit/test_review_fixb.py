@@ -70,6 +70,7 @@ KNOB_SAMPLES: dict[str, tuple[str | None, str, object]] = {
     "defer_embedding_wgrad_compute": (None, "bf16", True), "wgrad_deferral_limit": ("3", "bf16", 3),
     "cross_entropy_loss_fusion": (None, "bf16", True), "cross_entropy_fusion_impl": ("te", "bf16", "te"),
     "tp_comm_overlap_ag": (None, "bf16", False), "tp_comm_overlap_rs": (None, "bf16", False),
+    "tp_comm_overlap_rs_dgrad": (None, "bf16", True),
     "tp_comm_overlap_cfg": ("userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192", "bf16",
                             "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192"),
 }

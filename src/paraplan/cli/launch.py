@@ -12,6 +12,7 @@ from paraplan.api import (
     CheckpointArgs,
     Estimate,
     LaunchSpec,
+    MemoryOptions,
     advise,
     candidate_id,
     dense_moe_knobs_note,
@@ -37,6 +38,7 @@ from paraplan.cli.options import (
     PrecisionOpt,
     ProfileOpt,
     resolve_inputs,
+    site_memory_options,
     with_layout_flags,
 )
 from paraplan.cli.render import console, safe
@@ -58,15 +60,16 @@ class Target(StrEnum):
     all = "all"
 
 
-def _from_plan(path: str, rank: int) -> tuple[LaunchSpec, Estimate]:
-    """The rank-th layout (1 = best) of a saved plan.json, re-estimated."""
+def _from_plan(path: str, rank: int, options: MemoryOptions | None = None) -> tuple[LaunchSpec, Estimate]:
+    """The rank-th layout (1 = best) of a saved plan.json, re-estimated (``options``: the site's allocator)."""
     from paraplan.api import load_plan
 
     loaded = load_plan(path)
     if not 1 <= rank <= len(loaded.layouts):
         raise SpecError(f"--rank {rank}: the plan has {len(loaded.layouts)} layouts (1 = best)")
     layout = loaded.layouts[rank - 1]
-    result = run_estimate(loaded.model, loaded.cluster, layout=layout, training=loaded.training)
+    result = run_estimate(loaded.model, loaded.cluster, layout=layout, training=loaded.training,
+                          memory_options=options)
     spec = LaunchSpec(model=loaded.model, cluster=loaded.cluster, training=loaded.training,
                       layout=layout, prediction=result.to_dict())
     return spec, result
@@ -121,10 +124,11 @@ def launch(
         raise SpecError("launch needs --out DIR (the directory to write the launch files into; an empty name is "
                         "not one)")
     site_profile = load_site(site)
+    options, alloc_note = site_memory_options(site_profile.env, MemoryOptions(), fragmentation_given=False)
     if plan is not None:
         if knob:
             raise SpecError("--plan carries the training spec and its knobs; drop --knob (or drop --plan)")
-        spec, result = _from_plan(plan, rank)
+        spec, result = _from_plan(plan, rank, options if alloc_note else None)
     else:
         missing = [f"--{n}" for n, v in (("model", model), ("gpu", gpu), ("num-gpus", num_gpus),
                                          ("seq-len", seq_len), ("gbs", gbs)) if v is None]
@@ -138,7 +142,8 @@ def launch(
         layout, notes = flags.layout(num_gpus, inputs.model)
         notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training),
                                           ub_cfg_ignored_note(inputs.training, layout)])]
-        result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
+        result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes,
+                              memory_options=options if alloc_note else None)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())
     advice = advise(result, site_profile.storage(), site_profile.failures())
@@ -154,6 +159,8 @@ def launch(
     con.print(f"checkpoint: --save-interval {ckpt.save_interval_iters} ({advice.reason()})", soft_wrap=True)
     if not result.fits:
         con.print("[red]warning:[/] the predicted peak memory does not fit this GPU")
+    if alloc_note is not None:
+        con.print(f"note: {safe(alloc_note)}", soft_wrap=True)
     if (ub_note := ub_cfg_ignored_note(spec.training, spec.layout)) is not None:
         con.print(f"note: {safe(ub_note)}", soft_wrap=True)
     written = json.loads(files["manifest.json"])

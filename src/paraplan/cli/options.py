@@ -292,6 +292,7 @@ KnobOpt = typer.Option(
          "cuda-graph-impl=transformer_engine, cuda-graph-modules=attn; overlap-param-gather-with-optimizer-step, "
          "no-gradient-accumulation-fusion, cross-entropy-loss-fusion, cross-entropy-fusion-impl=native|te; "
          "userbuffers (with --tp-comm-overlap): no-tp-comm-overlap-ag, no-tp-comm-overlap-rs, "
+         "tp-comm-overlap-rs-dgrad, "
          "tp-comm-overlap-cfg=NAME|FILE.yaml (a Megatron-Bridge named config or a Megatron-LM YAML file); "
          "paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
 
@@ -455,3 +456,21 @@ def memory_options(workspace_gib: float | None, fragmentation: float | None) -> 
         fragmentation_frac=base.fragmentation_frac if fragmentation is None else fragmentation,
         backward_working_frac=base.backward_working_frac,
     )
+
+
+def site_memory_options(env: tuple[tuple[str, str], ...], options: MemoryOptions, *,
+                        fragmentation_given: bool) -> tuple[MemoryOptions, str | None]:
+    """``options`` with the allocator a site profile's ``env`` sets for the job (env.sh / the pod env export it):
+    ``PYTORCH_CUDA_ALLOC_CONF`` read as PyTorch does (``alloc_conf_expandable_segments``; a later pair wins, a bad
+    value is one SpecError line), so expandable segments drop the fragmentation allowance, as ``check`` does for a
+    script's env (``launch.check.script_memory_options``); a note saying so. An explicit ``--fragmentation`` wins."""
+    from dataclasses import replace
+
+    from paraplan.estimate.memory import alloc_conf_expandable_segments
+
+    conf = dict(env).get("PYTORCH_CUDA_ALLOC_CONF")
+    if not conf or not alloc_conf_expandable_segments(conf) or fragmentation_given:
+        return options, None
+    return replace(options, expandable_segments=True), (
+        f"PYTORCH_CUDA_ALLOC_CONF={conf} (site env): expandable segments, so no fragmentation allowance in the "
+        "memory estimate")

@@ -52,6 +52,7 @@ from paraplan.cli.options import (
     WorkspaceOpt,
     memory_options,
     resolve_inputs,
+    site_memory_options,
 )
 from paraplan.cli.recipes import RecipesFileOpt
 from paraplan.cli.render import console, fit_table, no_fit_line, safe
@@ -59,6 +60,7 @@ from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.units import GIB
 
 if TYPE_CHECKING:
+    from paraplan.estimate.memory import MemoryOptions
     from paraplan.recipes.compare import RecipeComparison
 
 
@@ -175,8 +177,9 @@ def search_space(*, tp: str | None = None, pp: str | None = None, vp: str | None
     )
 
 
-def run_plan(req: PlanRequest) -> Plan:
-    """Resolve the inputs and search, through the public API (``paraplan.api.plan``)."""
+def run_plan(req: PlanRequest, options: MemoryOptions | None = None) -> Plan:
+    """Resolve the inputs and search, through the public API (``paraplan.api.plan``; ``options``: the memory
+    allowances, default those of the request's flags)."""
     from paraplan.api import plan
 
     margin = parse_headroom(req.headroom)
@@ -194,7 +197,7 @@ def run_plan(req: PlanRequest) -> Plan:
                         "selective recompute only")
     return plan(inputs.model, inputs.cluster, training=inputs.training, space=req.space(),
                 objective=req.objective, top_k=req.top,  # type: ignore[arg-type]
-                memory_options=memory_options(req.workspace_gib, req.fragmentation), headroom=margin)
+                memory_options=options or memory_options(req.workspace_gib, req.fragmentation), headroom=margin)
 
 
 def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparison | None = None) -> None:
@@ -407,8 +410,12 @@ def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: st
         from paraplan.api import check_output_file
 
         check_output_file(save, "--save", force=force)
+    options, note = site_memory_options(site_profile.env, memory_options(req.workspace_gib, req.fragmentation),
+                                        fragmentation_given=req.fragmentation is not None)
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
     try:
-        p = run_plan(req)
+        p = run_plan(req, options)
     except NoFeasiblePlanError as err:
         if fmt != PlanFormat.json:
             raise
@@ -423,7 +430,7 @@ def plan_and_emit(req: PlanRequest, *, explain: bool, site: str | None, save: st
         save_plan(p, save, option="--save", force=force)
     from paraplan.api import catalogue, compare_with_plan
 
-    recipe = compare_with_plan(p, memory_options(req.workspace_gib, req.fragmentation), catalogue(recipes_file))
+    recipe = compare_with_plan(p, options, catalogue(recipes_file))
     emit(p, fmt, explain, site_profile, recipe=recipe)
 
 

@@ -255,7 +255,8 @@ def knob_overrides(spec: LaunchSpec) -> list[tuple[str, Scalar | list[str]]]:
     if t.attention_backend == "unfused":
         out.append(("model.attention_backend", "unfused"))
     # userbuffers pair switches (TransformerConfig fields Bridge's CommOverlapConfig leaves alone), written either way
-    out += [(f"model.{k}", getattr(t, k)) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs")]
+    out += [(f"model.{k}", getattr(t, k)) for k in ("tp_comm_overlap_ag", "tp_comm_overlap_rs",
+                                                     "tp_comm_overlap_rs_dgrad")]
     # modelled as no time, written either way: the perf recipes turn it on (_benchmark_common: manual_gc True,
     # interval 100), Megatron-LM's default is off
     out += [("train.manual_gc", t.manual_gc)] + ([("train.manual_gc_interval", t.manual_gc_interval)]

@@ -560,7 +560,7 @@ def _memory_knobs(r: _Reader, precision: str) -> dict[str, Any]:
                                 else f"{flag} must be one of {', '.join(DTYPE_CHOICES[key])}, got {_got(raw)}")
             out[key] = raw
         elif key in ("cuda_graph_modules", "gradient_accumulation_fusion", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
-                     "tp_comm_overlap_cfg"):
+                     "tp_comm_overlap_cfg", "tp_comm_overlap_rs_dgrad"):
             continue  # _cuda_graph_knobs, _grad_accumulation_knob, _tp_comm_knobs
         elif key in _INT_KNOBS:
             raw = r.text(flag) or ""
@@ -639,7 +639,7 @@ def _grad_accumulation_knob(r: _Reader) -> dict[str, Any]:
     return {"gradient_accumulation_fusion": False}
 
 
-TP_COMM_NOT_MODELLED: Final = ("--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-dgrad",
+TP_COMM_NOT_MODELLED: Final = ("--no-tp-comm-bulk-dgrad",
                                 "--disable-tp-comm-bulk-dgrad", "--no-tp-comm-bulk-wgrad",
                                 "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-split-ag", "--disable-tp-comm-split-ag",
                                 "--no-tp-comm-split-rs", "--disable-tp-comm-split-rs")
@@ -649,12 +649,15 @@ TP_COMM_NOT_MODELLED: Final = ("--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-
 
 def _tp_comm_knobs(r: _Reader) -> dict[str, Any]:
     """``--no-tp-comm-overlap-ag`` / ``--no-tp-comm-overlap-rs`` (StoreFalse; ``--disable-...`` their aliases) as
-    ``tp_comm_overlap_ag`` / ``tp_comm_overlap_rs`` False (``--knob no-tp-comm-overlap-ag`` too); a note for the
+    ``tp_comm_overlap_ag`` / ``tp_comm_overlap_rs`` False (``--knob no-tp-comm-overlap-ag`` too),
+    ``--tp-comm-overlap-rs-dgrad`` as ``tp_comm_overlap_rs_dgrad`` True; a note for the
     userbuffers flags not modelled (``TP_COMM_NOT_MODELLED``) and for any of them without ``--tp-comm-overlap``."""
     out: dict[str, Any] = {}
     for key, pair in (("tp_comm_overlap_ag", "ag"), ("tp_comm_overlap_rs", "rs")):
         if r.has(f"--no-tp-comm-overlap-{pair}") or r.has(f"--disable-tp-comm-overlap-{pair}"):
             out[key] = False
+    if r.has(KNOB_FLAGS["tp_comm_overlap_rs_dgrad"]):  # StoreTrue: TE's ub_overlap_rs_dgrad
+        out["tp_comm_overlap_rs_dgrad"] = True
     given = [f for f in TP_COMM_NOT_MODELLED if r.has(f)]
     if not r.has("--tp-comm-overlap"):
         raw = r.text("--tp-comm-overlap-cfg") or ""

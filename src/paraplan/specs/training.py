@@ -94,6 +94,7 @@ KNOB_FLAGS: Final = {
     "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
     "tp_comm_overlap_ag": "--no-tp-comm-overlap-ag", "tp_comm_overlap_rs": "--no-tp-comm-overlap-rs",
     "tp_comm_overlap_cfg": "--tp-comm-overlap-cfg",
+    "tp_comm_overlap_rs_dgrad": "--tp-comm-overlap-rs-dgrad",
 }
 """TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
 Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
@@ -145,6 +146,7 @@ TIME_ONLY_KNOBS: Final = frozenset({
     "attention_kernel", "fp8_dot_product_attention", "fp4_recipe",
     "use_transformer_engine_op_fuser", "tp_comm_overlap_cfg",
     "moe_use_grouped_tensor", "moe_paged_stash_buffer_size_factor_cpu",
+    "tp_comm_overlap_rs_dgrad",
 })
 """TrainingSpec knobs that move step time only: no memory formula reads them (``tests/unit/test_knob_effects.py``
 turns each on and compares every stage's memory). The other knobs move memory (and may move time too). estimate and
@@ -398,6 +400,13 @@ class TrainingSpec:
     tp_comm_overlap_rs: bool = True
     """Megatron's default; ``--no-tp-comm-overlap-rs`` (or ``--disable-tp-comm-overlap-rs``) turns off the
     proj/fc2 output reduce-scatter pair (TE ``ub_overlap_rs``), which then shows in full."""
+    tp_comm_overlap_rs_dgrad: bool = False
+    """Megatron's default (ModelParallelConfig ``tp_comm_overlap_rs_dgrad``); ``--tp-comm-overlap-rs-dgrad`` lets a
+    qkv/fc1 dgrad that the userbuffers config gives a non-bulk method (the LoRA configs) reduce-scatter the input
+    gradient behind the dgrad GEMM (TE ``ub_overlap_rs_dgrad``; extensions/transformer_engine.py passes
+    ``ub_overlap_rs_dgrad=config.tp_comm_overlap_rs_dgrad``). Off, TE runs that dgrad's bulk all-gather and the
+    wgrad's bulk reduce-scatter instead (``ub_bulk_dgrad = ub_bulk_dgrad and not ub_overlap_rs_dgrad``;
+    ``time.tp.ub_block_exposure``)."""
     tp_comm_overlap_cfg: str = ""
     """The userbuffers per-GEMM config under ``--tp-comm-overlap`` (``specs.userbuffers``): "" (Megatron-LM's
     default: no ``--tp-comm-overlap-cfg``, TE's default methods and SMs), the name of one of Megatron-Bridge's named
@@ -461,7 +470,7 @@ class TrainingSpec:
                       "overlap_param_gather_with_optimizer_step", "gradient_accumulation_fusion",
                       "fp4_param_gather", "first_last_layers_bf16", "fp8_dot_product_attention", "manual_gc",
                       "defer_embedding_wgrad_compute", "cross_entropy_loss_fusion", "tp_comm_overlap_ag",
-                      "tp_comm_overlap_rs"):
+                      "tp_comm_overlap_rs", "tp_comm_overlap_rs_dgrad"):
             if not isinstance(getattr(self, fname), bool):
                 raise SpecError(f"{fname} must be true or false, got {brief(getattr(self, fname))}")
         frac = self.optimizer_offload_fraction

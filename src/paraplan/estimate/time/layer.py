@@ -192,12 +192,13 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
 
 
 def tp_switches(training: TrainingSpec) -> dict[str, Any]:
-    """The userbuffers pair switches, PEFT and the per-GEMM config (``tp_comm_overlap_cfg``) as
-    ``tp.block_exposure`` takes them."""
+    """The userbuffers pair switches (and ``tp_comm_overlap_rs_dgrad``), PEFT and the per-GEMM config
+    (``tp_comm_overlap_cfg``) as ``tp.block_exposure`` takes them."""
     from paraplan.specs.userbuffers import gemms_of
 
     return {"overlap_ag": training.tp_comm_overlap_ag, "overlap_rs": training.tp_comm_overlap_rs,
-            "peft": training.peft, "ub": gemms_of(training.tp_comm_overlap_cfg)}
+            "peft": training.peft, "ub": gemms_of(training.tp_comm_overlap_cfg),
+            "overlap_rs_dgrad": training.tp_comm_overlap_rs_dgrad}
 
 
 def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout,

@@ -189,7 +189,7 @@ class BlockExposure:
 def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num, hidden: int,
                       column: list[tuple[Num, Num, Num]], row: tuple[Num, Num, Num], *, overlap_ag: bool = True,
                       overlap_rs: bool = True, peft: bool = False, ub: Mapping[str, UbGemm] | None = None,
-                      block: str = "mlp") -> BlockExposure:
+                      block: str = "mlp", overlap_rs_dgrad: bool = False) -> BlockExposure:
     """TP time of one block (attention, ``block`` "attn": ``column`` = the QKV GEMM(s), ``row`` = proj; MLP, "mlp":
     fc1, fc2) under userbuffers, with sequence parallelism, per GEMM as TE's ``initialize_ub`` builds its
     communicators (``ub``: ``specs.userbuffers.effective`` of the run's ``tp_comm_overlap_cfg``; None = TE's defaults:
@@ -210,7 +210,11 @@ def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num,
     (``dgrad_reduce_scatter_overlap``, the LoRA configs) reduce-scatters the input gradient behind the dgrad GEMM by
     its method, the wgrad's bulk overlap is unused and the input all-gather for wgrad runs as TE's asynchronous NCCL
     all-gather beside the dgrad GEMM (layernorm_linear.py ``gather_along_first_dim(..., async_op=True)``):
-    max(0, comm - dgrad); none under PEFT.
+    max(0, comm - dgrad); none under PEFT. That path needs ``overlap_rs_dgrad`` (``--tp-comm-overlap-rs-dgrad``, TE
+    ``ub_overlap_rs_dgrad``; Megatron's default False): without it TE keeps ``ub_bulk_dgrad`` / ``ub_bulk_wgrad``
+    (layernorm_linear.py ``ub_bulk_dgrad = ub_bulk_dgrad and ... not self.ub_overlap_rs_dgrad``), so the dgrad runs
+    its bulk all-gather on that GEMM's communicator (its ``num_sm``, ``set_sm_margin`` and buffer) and the wgrad its
+    bulk reduce-scatter (TE's bulk defaults: the config cannot set that wgrad).
 
     Every collective moves the full T x h activation (T = tokens per rank); a buffer is FP8 under FP8 where TE makes
     it so (``UbGemm.fp8_buf``: the all-gathers, and a config's pipelined reduce-scatters that ask for it), else
@@ -264,7 +268,7 @@ def ub_block_exposure(cluster: ClusterSpec, group: Group, fp8: str, tokens: Num,
     ag_fwd = _ring(cf, _ag_s(_nbytes(cf)), g_col) if overlap_ag else _ag_s(_nbytes(cf))
     rs_fwd = _scatter(rf, g_row) if overlap_rs else _rs_s(act)
     ag_dgrad = _ring(rd, _ag_s(_nbytes(rd)), g_row_dgrad) if overlap_ag else _ag_s(_nbytes(rd))
-    if cd.reduce_scatter:  # non-bulk dgrad: the input-gradient reduce-scatter rides the dgrad GEMM
+    if cd.reduce_scatter and overlap_rs_dgrad:  # non-bulk dgrad: the input-gradient reduce-scatter rides the dgrad
         ag_in_link = 0.0 if peft else _ag_s(_nbytes(cd))
         ag_in = 0.0 if peft else np.maximum(0.0, _ag_s(_nbytes(cd)) - g_col)
         rs_bwd_link, rs_bwd = _rs_s(_nbytes(cd)), _scatter(cd, g_col)
@@ -284,16 +288,16 @@ def block_exposure(cluster: ClusterSpec, group: Group, layout: LayerLayout, eff:
                    tokens: Num, hidden: int, column: list[tuple[Num, Num, Num]],
                    row: tuple[Num, Num, Num], *, overlap_ag: bool = True, overlap_rs: bool = True,
                    peft: bool = False, ub: Mapping[str, UbGemm] | None = None,
-                   block: str = "mlp") -> BlockExposure:
+                   block: str = "mlp", overlap_rs_dgrad: bool = False) -> BlockExposure:
     """TP time of one block: ``ub_block_exposure`` with --tp-comm-overlap and sequence parallelism (its pair
-    switches, ``peft``, the per-GEMM config ``ub`` and the ``block`` passed on), else ``block_link_s`` of which
-    ``1 - tp_overlap_frac`` shows (half of it in the forward)."""
+    switches and ``overlap_rs_dgrad``, ``peft``, the per-GEMM config ``ub`` and the ``block`` passed on), else
+    ``block_link_s`` of which ``1 - tp_overlap_frac`` shows (half of it in the forward)."""
     link = block_link_s(cluster, group, tokens, hidden)
     plain = (1.0 - eff.tp_overlap_frac) * link
     ub_on = layout.tp_comm_overlap & layout.sp
     if not np.any(ub_on):
         return BlockExposure(link_s=link, exposed_s=plain, fwd_exposed_s=plain * FWD_SHARE)
     x = ub_block_exposure(cluster, group, fp8, tokens, hidden, column, row, overlap_ag=overlap_ag,
-                          overlap_rs=overlap_rs, peft=peft, ub=ub, block=block)
+                          overlap_rs=overlap_rs, peft=peft, ub=ub, block=block, overlap_rs_dgrad=overlap_rs_dgrad)
     return BlockExposure(link_s=np.where(ub_on, x.link_s, link), exposed_s=np.where(ub_on, x.exposed_s, plain),
                          fwd_exposed_s=np.where(ub_on, x.fwd_exposed_s, plain * FWD_SHARE))

@@ -72,6 +72,7 @@ OVERRIDES = {
     'model.cross_entropy_fusion_impl': 'native',
     'model.tp_comm_overlap_ag': True,
     'model.tp_comm_overlap_rs': True,
+    'model.tp_comm_overlap_rs_dgrad': False,
     'train.manual_gc': False,
     'model.moe_token_dispatcher_type': 'alltoall',
     'model.moe_permute_fusion': False,

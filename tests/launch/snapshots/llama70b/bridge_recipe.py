@@ -70,6 +70,7 @@ OVERRIDES = {
     'model.cross_entropy_fusion_impl': 'native',
     'model.tp_comm_overlap_ag': True,
     'model.tp_comm_overlap_rs': True,
+    'model.tp_comm_overlap_rs_dgrad': False,
     'train.manual_gc': False,
     'optimizer.use_precision_aware_optimizer': False,
     'optimizer.main_grads_dtype': 'float32',
