@@ -84,7 +84,8 @@ def windowed_score_pairs(seq_len: int, left: int) -> int:
     min(i + 1, w) keys, w = left + 1 (``--window-size (left, 0)``), so the sum is w*s - w(w-1)/2 for s >= w and the
     causal s(s+1)/2 otherwise (``left`` -1: unlimited). Flash attention (cuDNN fused attention, which TE runs for
     windows, ``attention/dot_product_attention/utils.py`` ``get_attention_backend``) skips the tiles outside the
-    window, so its FLOPs follow these pairs, ~2*b*s*w*d per score GEMM instead of the causal b*s^2*d."""
+    window, ~2*b*s*w*d per score GEMM instead of the causal b*s^2*d; the time model counts the tiles it computes
+    whole (``windowed_tile_pairs``), these exact pairs are the lower bound they cover."""
     w = seq_len if left < 0 else min(left + 1, seq_len)
     return w * seq_len - w * (w - 1) // 2
 
