@@ -14,7 +14,6 @@ from paraplan.api import (
     LaunchSpec,
     advise,
     candidate_id,
-    dense_moe_knobs_note,
     load_site,
     render_files,
     ub_cfg_ignored_note,
@@ -36,6 +35,7 @@ from paraplan.cli.options import (
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
+    knob_notes,
     resolve_inputs,
     with_layout_flags,
 )
@@ -136,8 +136,7 @@ def launch(
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                                 profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
-        notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training),
-                                          ub_cfg_ignored_note(inputs.training, layout)])]
+        notes = [*notes, *knob_notes(inputs.model, inputs.training, layout)]
         result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,
                           layout=layout, prediction=result.to_dict())
