@@ -15,10 +15,8 @@ from paraplan.api import (
     Estimate,
     Headroom,
     MemoryOptions,
-    dense_moe_knobs_note,
     dumps_json,
     parse_headroom,
-    ub_cfg_ignored_note,
 )
 from paraplan.api import estimate as run_estimate
 from paraplan.cli._app import app, state
@@ -44,6 +42,7 @@ from paraplan.cli.options import (
     ProfileOpt,
     WorkspaceOpt,
     given_layout_flags,
+    knob_notes,
     memory_options,
     positive,
     resolve_gpu,
@@ -135,8 +134,7 @@ def estimate(
                             seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                             profile=profile, attention_backend=attention_backend.value, knobs=knob)
     layout, notes = flags.layout(num_gpus, inputs.model)
-    notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training),
-                                      ub_cfg_ignored_note(inputs.training, layout)])]
+    notes = [*notes, *knob_notes(inputs.model, inputs.training, layout)]
     from paraplan.api import launch_violations
 
     broken = launch_violations(inputs.model, layout, inputs.training, inputs.cluster.gpu.arch)

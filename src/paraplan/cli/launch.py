@@ -15,7 +15,6 @@ from paraplan.api import (
     MemoryOptions,
     advise,
     candidate_id,
-    dense_moe_knobs_note,
     load_site,
     render_files,
     ub_cfg_ignored_note,
@@ -37,6 +36,7 @@ from paraplan.cli.options import (
     PrecisionChoice,
     PrecisionOpt,
     ProfileOpt,
+    knob_notes,
     resolve_inputs,
     site_memory_options,
     with_layout_flags,
@@ -140,8 +140,7 @@ def launch(
                                 seq_len=seq_len, gbs=gbs, precision=precision.value, gpu_set=gpu_set,
                                 profile=profile, knobs=knob)
         layout, notes = flags.layout(num_gpus, inputs.model)
-        notes = [*notes, *filter(None, [dense_moe_knobs_note(inputs.model, inputs.training),
-                                          ub_cfg_ignored_note(inputs.training, layout)])]
+        notes = [*notes, *knob_notes(inputs.model, inputs.training, layout)]
         result = run_estimate(inputs.model, inputs.cluster, layout=layout, training=inputs.training, notes=notes,
                               memory_options=options if alloc_note else None)
         spec = LaunchSpec(model=inputs.model, cluster=inputs.cluster, training=inputs.training,

@@ -382,6 +382,14 @@ class LayoutFlags:
         return apply_pipeline_split(model, layout, str(getattr(self.pipeline_split, "value", self.pipeline_split)))
 
 
+def knob_notes(model: ModelSpec, training: TrainingSpec, layout: ParallelLayout) -> list[str]:
+    """The notes for knobs that take no effect here (estimate and launch add them to the layout's notes): MoE knobs
+    on a dense model, a userbuffers config without --tp-comm-overlap."""
+    from paraplan.api import dense_moe_knobs_note, ub_cfg_ignored_note
+
+    return [n for n in (dense_moe_knobs_note(model, training), ub_cfg_ignored_note(training, layout)) if n]
+
+
 def given_layout_flags(flags: LayoutFlags) -> list[str]:
     """The layout flags set away from their defaults, as ``--name`` (for 'drop these' errors where
     another input already describes the layout)."""

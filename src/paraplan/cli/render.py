@@ -116,11 +116,11 @@ def fit_table(title: str, columns: list[tuple[str, str]], rows: list[list[str]],
     return table
 
 
-def _is_cfg_path(value: str) -> bool:
-    """A ``tp_comm_overlap_cfg`` that is a YAML file's path, not one of Megatron-Bridge's named configs."""
+def _is_named_cfg(value: str) -> bool:
+    """A ``tp_comm_overlap_cfg`` that is one of Megatron-Bridge's named configs, not a YAML file's path."""
     from paraplan.api import ub_configs
 
-    return value not in ub_configs()
+    return value in ub_configs()
 
 
 def knob_words(training: TrainingSpec, time_only: bool | None = None) -> str:
@@ -137,7 +137,7 @@ def knob_words(training: TrainingSpec, time_only: bool | None = None) -> str:
         flag = KNOB_FLAGS.get(key)
         if flag is None:  # a TransformerConfig / Bridge field without a Megatron-LM flag (fp8_dot_product_attention)
             words.append(f"{key}={value} (no Megatron-LM flag)")
-        elif key == "tp_comm_overlap_cfg" and not _is_cfg_path(str(value)):
+        elif key == "tp_comm_overlap_cfg" and _is_named_cfg(str(value)):
             words.append(f"tp_comm_overlap_cfg={value} (a Megatron-Bridge config; Megatron-LM takes a YAML file)")
         elif value is True or (value is False and flag.startswith("--no-")):
             words.append(flag)

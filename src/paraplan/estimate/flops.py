@@ -84,7 +84,8 @@ def windowed_score_pairs(seq_len: int, left: int) -> int:
     min(i + 1, w) keys, w = left + 1 (``--window-size (left, 0)``), so the sum is w*s - w(w-1)/2 for s >= w and the
     causal s(s+1)/2 otherwise (``left`` -1: unlimited). Flash attention (cuDNN fused attention, which TE runs for
     windows, ``attention/dot_product_attention/utils.py`` ``get_attention_backend``) skips the tiles outside the
-    window, so its FLOPs follow these pairs, ~2*b*s*w*d per score GEMM instead of the causal b*s^2*d."""
+    window, ~2*b*s*w*d per score GEMM instead of the causal b*s^2*d; the time model counts the tiles it computes
+    whole (``windowed_tile_pairs``), these exact pairs are the lower bound they cover."""
     w = seq_len if left < 0 else min(left + 1, seq_len)
     return w * seq_len - w * (w - 1) // 2
 
@@ -97,20 +98,20 @@ flash-attention kernels on these GPUs (an assumption). A kernel computes a tile 
 window costs ~2 key tiles per 128-query tile, not 128 keys."""
 
 
-def windowed_tile_pairs(seq_len: int, left: int, tile: int = ATTENTION_TILE_TOKENS) -> int:
+def windowed_tile_pairs(seq_len: int, left: int, tile_tokens: int = ATTENTION_TILE_TOKENS) -> int:
     """(query, key) elements of the tiles a causal sliding-window layer computes: query tile q (rows q*T ..
     min(q*T + T, s) - 1) touches the key tiles from (max(0, q*T - left)) // T to q (``left`` -1: unlimited, every
-    tile up to the diagonal), each computed whole: sum over touched tiles of rows(q) x cols(k), T = ``tile``.
+    tile up to the diagonal), each computed whole: sum over touched tiles of rows(q) x cols(k), T = ``tile_tokens``.
 
     Closed form: n = ceil(s/T) tiles, m = ceil(left/T) (n when unlimited); query tile q touches min(q, m) + 1 key
     tiles; the n-1 full query tiles give T^2 * sum_{q<n-1} (min(q, m) + 1), the last one (r = s - (n-1)T rows)
     r * (min(n-1, m) * T + r) (its diagonal tile is r x r)."""
-    n = -(-seq_len // tile)
-    m = n if left < 0 else -(-left // tile)
+    n = -(-seq_len // tile_tokens)
+    m = n if left < 0 else -(-left // tile_tokens)
     full = n - 1  # query tiles 0 .. n-2, all T rows
     sum_min = full * (full - 1) // 2 if full <= m + 1 else m * (m + 1) // 2 + (full - 1 - m) * m
-    r = seq_len - full * tile
-    return tile * tile * (sum_min + full) + r * (min(full, m) * tile + r)
+    r = seq_len - full * tile_tokens
+    return tile_tokens * tile_tokens * (sum_min + full) + r * (min(full, m) * tile_tokens + r)
 
 
 def attention_score_fraction(model: ModelSpec, seq_len: int) -> float:

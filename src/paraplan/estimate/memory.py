@@ -102,7 +102,7 @@ def alloc_conf_expandable_segments(alloc_conf: str) -> bool:
     tokens = [t for t in re.split(r"([,:\[\]])", re.sub(r"\s+", "", alloc_conf)) if t]
     on = False
     for i, tok in enumerate(tokens):
-        if tok != "expandable_segments" or (i > 0 and tokens[i - 1] not in (",",)):
+        if tok != "expandable_segments" or (i > 0 and tokens[i - 1] != ","):
             continue
         value = tokens[i + 2] if i + 2 < len(tokens) and tokens[i + 1] == ":" else ""
         if value not in ("True", "False"):

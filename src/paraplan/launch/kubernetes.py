@@ -54,6 +54,11 @@ def ub_config_map_name(job_name: str) -> str:
     return f"{job_name}-ub-cfg"
 
 
+def _ub_config_map_of(job_name: str, ub_cfg: str | None) -> str | None:
+    """The userbuffers ConfigMap's name for ``pod_patch``, None without a config."""
+    return None if ub_cfg is None else ub_config_map_name(job_name)
+
+
 def ub_config_map(job_name: str, site: SiteProfile, text: str) -> dict[str, Any]:
     """The ConfigMap holding ``UB_CFG_FILE`` (its data the YAML text, quoted as YAML by ``yaml.safe_dump``)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -287,8 +292,8 @@ def trainjob_files(*, job_name: str, candidate_id: str, header: list[str], clust
             "runtimePatches": [{"manager": "paraplan", "trainingRuntimeSpec": {"template": {"spec": {
                 "replicatedJobs": [{"name": TRAINER_NODE, "template": {"spec": {"template": {
                     **({"metadata": pod_meta} if pod_meta else {}),
-                    "spec": pod_patch(site, container=TRAINER_NODE, ub_config_map=None if ub_cfg is None else
-                                      ub_config_map_name(job_name))}}}}]}}}}],
+                    "spec": pod_patch(site, container=TRAINER_NODE,
+                                      ub_config_map=_ub_config_map_of(job_name, ub_cfg))}}}}]}}}}],
         },
     }
     ckpt_note = [] if site.checkpoint_dir and k.volumes else [
@@ -331,7 +336,7 @@ def pytorchjob_file(*, job_name: str, candidate_id: str, header: list[str], clus
             words += [arg.flag, *(_k8s_ref(v) if isinstance(v, Placeholder) else k8s_literal(v) for v in arg.values)]
     _, refs = container_args(groups, dict(site.env))
     spec = pod_patch(site, container="pytorch",
-                     ub_config_map=None if ub_cfg is None else ub_config_map_name(job_name))
+                     ub_config_map=_ub_config_map_of(job_name, ub_cfg))
     container = spec["containers"][0]
     container.update({
         "image": site.container_image or IMAGE_PLACEHOLDER,

@@ -72,7 +72,7 @@ TARGET_FILES: Final[dict[str, tuple[str, ...]]] = {
     "bridge": ("bridge_recipe.py", "bridge_overrides.txt"),
 }
 """Files of each target; ``trainjob`` adds clustertrainingruntime.yaml / computedomain.yaml where needed."""
-OPTIONAL_FILES: Final = ("clustertrainingruntime.yaml", "computedomain.yaml", "tp_comm_overlap_cfg.yaml")
+OPTIONAL_FILES: Final = ("clustertrainingruntime.yaml", "computedomain.yaml", UB_CFG_FILE)
 BUILT_FILES: Final = frozenset({"pytorchjob.yaml", "trainjob.yaml", *OPTIONAL_FILES, "bridge_recipe.py",
                                 "bridge_overrides.txt"})
 """Files built as data in Python (YAML by yaml.safe_dump, Python by repr of validated values), not templates."""

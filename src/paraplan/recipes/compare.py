@@ -28,8 +28,7 @@ _MEMORY_TERMS = ("weights", "grads", "optimizer", "activations", "other")
 MEMORY_KNOBS = ("reuse_grad_buf_for_mxfp8_param_ag",)
 """Not-modelled columns that lower a recipe's memory below paraplan's estimate; gradient and optimizer dtypes, FP8
 and FP4 parameter gather, optimizer and activation offloading, PEFT, the fused cross entropy and the paged stash
-are modelled
-(``knobs.training_knobs``), and the allocator's expandable segments (``knobs.recipe_memory_options``)."""
+are modelled (``knobs.training_knobs``), and the allocator's expandable segments (``knobs.recipe_memory_options``)."""
 
 
 @dataclass(frozen=True, slots=True)

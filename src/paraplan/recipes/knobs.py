@@ -22,7 +22,8 @@ Column by column (bridge_perf_recipes.md gives each column's meaning and default
     ``wgrad_deferral_limit``), the cross-entropy fusion (``cross_entropy_fusion_impl``, fused as Megatron-Bridge's
     ``GPTModelProvider`` default ``cross_entropy_loss_fusion=True``), the named userbuffers config
     (``tp_comm_overlap_cfg`` under ``tp_comm_overlap``, where the packaged configs hold it);
-  * MoE time knobs (``MOE_COLUMNS``, into the TrainingSpec): the dispatcher, the flex backend and its SMs,
+  * MoE knobs (``MOE_COLUMNS``, into the TrainingSpec; time, and memory for the capacity factor and the paged
+    stash): the dispatcher, the flex backend and its SMs,
     ``delay_wgrad_compute``, permute fusion (TE's; HybridEP's in-kernel permute is
     ``moe_permute_fusion_into_hybridep``, which has no column: off), shared-expert overlap, the capacity factor,
     the paged stash (with its HybridEP rank budget: no host sync in the dispatch); ``moe_a2a_overlap`` is
@@ -133,7 +134,8 @@ MOE_COLUMNS: Final = {"moe_token_dispatcher_type": "moe_token_dispatcher_type",
                       "moe_shared_expert_overlap": "moe_shared_expert_overlap",
                       "moe_expert_capacity_factor": "moe_expert_capacity_factor",
                       "moe_paged_stash": "moe_paged_stash"}
-"""MoE time knobs: recipe column -> TrainingSpec field (``training_knobs``); ``moe_a2a_overlap`` is the
+"""MoE knobs (time; the capacity factor and the paged stash move memory too): recipe column -> TrainingSpec field
+(``training_knobs``); ``moe_a2a_overlap`` is the
 combined_1f1b schedule (``layout_fields``). A ``?`` cell (not statically resolvable) keeps the default and is
 listed as not modelled. ``moe_paged_stash`` (HybridEP) brings the ``moe_expert_rank_capacity_factor`` Megatron
 requires with it (``PAGED_STASH_RANK_CAPACITY_FACTOR``), the TE op fuser that factor requires and the helpers' stash
@@ -269,7 +271,7 @@ def _offload_knobs(r: Recipe) -> dict[str, Any]:
 
 
 def moe_knobs(r: Recipe) -> dict[str, Any]:
-    """The MoE time knobs of ``r`` (``MOE_COLUMNS``): empty for dense recipes; ``?`` and empty cells keep the
+    """The MoE knobs of ``r`` (``MOE_COLUMNS``): empty for dense recipes; ``?`` and empty cells keep the
     defaults; the flex backend and its SMs only with the flex dispatcher (Megatron ignores them otherwise)."""
     out: dict[str, Any] = {}
     kind = r.get("moe_token_dispatcher_type")

@@ -81,7 +81,8 @@ class EfficiencySpec:
     """Time of one host-device synchronisation of an MoE layer's token dispatcher (the host waits for the token
     counts per expert, so the GPU drains its queue and idles until the host issues the next kernels), charged per
     sync: ``estimate.time.moe_sync.host_syncs_per_moe_layer`` syncs per MoE layer and micro-batch (1 for every
-    dropless dispatcher, 0 under a full-iteration CUDA graph, drop-and-pad or HybridEP's rank budget). Fitted per
+    dropless dispatcher and for allgather; 0 under a CUDA graph that captures the dispatch, for alltoall or
+    HybridEP with drop-and-pad, or HybridEP with its rank budget). Fitted per
     architecture (Blackwell 1.206 ms, when it was a per-layer constant; every dispatcher the fit saw makes one sync,
     and refitting it per sync, 1.838 ms, did not improve the cross-validated error, so it was kept); the name is
     kept so that presets and cluster profiles load."""

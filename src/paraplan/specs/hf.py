@@ -56,7 +56,7 @@ from typing import Any
 from paraplan.errors import SpecError
 from paraplan.fileio import brief
 from paraplan.specs.megatron_args import model_from_megatron_args
-from paraplan.specs.model import ModelSpec
+from paraplan.specs.model import ModelSpec, windowed_every
 
 _PREFIX = "config.json: "
 
@@ -395,7 +395,7 @@ def _gpt_oss(data: dict[str, Any], num_layers: int) -> dict[str, Any]:
     pattern = [int(k == "sliding_attention") for k in kinds]
     if any(pattern):
         out["window_size"] = (window - 1, 0)  # Bridge: (sliding_window - 1, 0), the query's own key included
-        alternate = [int((n + 1) % 2 != 0) for n in range(num_layers)]
+        alternate = [int(w) for w in windowed_every(2, num_layers)]
         out["window_attn_skip_freq"] = 2 if pattern == alternate else None if all(pattern) else pattern
     return out
 

@@ -331,7 +331,7 @@ class ModelSpec:
         if freq is None:
             return (True,) * self.num_layers
         if isinstance(freq, int):
-            return tuple((n + 1) % freq != 0 for n in range(self.num_layers))
+            return windowed_every(freq, self.num_layers)
         return tuple(bool(x) for x in freq)
 
     def _check_moe(self) -> None:
@@ -430,6 +430,12 @@ class ModelSpec:
         """
         multiple = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
+
+
+def windowed_every(freq: int, num_layers: int) -> tuple[bool, ...]:
+    """Windowed layers of ``--window-attn-skip-freq N`` (Megatron's ``is_layer_window_attention``): layer n,
+    1-indexed, has full attention when n % N == 0, the window otherwise."""
+    return tuple((n + 1) % freq != 0 for n in range(num_layers))
 
 
 def _require_positive(name: str, value: object) -> None:

@@ -96,10 +96,11 @@ KNOB_FLAGS: Final = {
     "tp_comm_overlap_cfg": "--tp-comm-overlap-cfg",
     "tp_comm_overlap_rs_dgrad": "--tp-comm-overlap-rs-dgrad",
 }
-"""TrainingSpec memory knob -> the Megatron-LM flag that sets it (megatron_lm_flags_main_d98e8a6.tsv).
-Megatron-Bridge's ``grad_reduce_in_fp32=False`` is ``grad_reduce_in_bf16=True``; ``store_param_remainders``
-has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by default). ``moe_hybridep_num_sms`` is written as
-``--moe-flex-dispatcher-num-sms``: ``--moe-hybridep-num-sms`` is deprecated (``DEPRECATED_SMS_FLAG``)."""
+"""TrainingSpec knob (memory or time: ``TIME_ONLY_KNOBS``) -> the Megatron-LM flag that sets it
+(megatron_lm_flags_main_d98e8a6.tsv). Megatron-Bridge's ``grad_reduce_in_fp32=False`` is
+``grad_reduce_in_bf16=True``; ``store_param_remainders`` has no flag at d98e8a6 (an ``OptimizerConfig`` field, on by
+default). ``moe_hybridep_num_sms`` is written as ``--moe-flex-dispatcher-num-sms``: ``--moe-hybridep-num-sms`` is
+deprecated (``DEPRECATED_SMS_FLAG``)."""
 TE_CROSS_ENTROPY_MESSAGE: Final = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. "
                                    "Use --cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
 """Megatron-LM ``arguments.py`` ``validate_args``' assert on ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl

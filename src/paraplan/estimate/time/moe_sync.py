@@ -76,14 +76,15 @@ def dispatcher_host_syncs(training: TrainingSpec) -> int:
 
     ``--moe-router-force-load-balancing`` changes the logits, not where the host waits: no effect."""
     dispatcher = training.moe_token_dispatcher_type
+    syncing = FORWARD_SYNCS_PER_DISPATCH + BACKWARD_SYNCS  # the forward's wait for the counts, none in the backward
     if dispatcher == "allgather":
-        return FORWARD_SYNCS_PER_DISPATCH + BACKWARD_SYNCS
+        return syncing
     if dispatcher == "alltoall":
-        return BACKWARD_SYNCS if drop_and_pad(training) else FORWARD_SYNCS_PER_DISPATCH + BACKWARD_SYNCS
+        return BACKWARD_SYNCS if drop_and_pad(training) else syncing
     if training.moe_flex_dispatcher_backend == "hybridep" and (
             drop_and_pad(training) or training.moe_expert_rank_capacity_factor is not None):
         return BACKWARD_SYNCS
-    return FORWARD_SYNCS_PER_DISPATCH + BACKWARD_SYNCS
+    return syncing
 
 
 def host_syncs_per_moe_layer(training: TrainingSpec) -> int:
