@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from paraplan.checkpoint import advise as advise
     from paraplan.checkpoint import format_decimal_bytes as format_decimal_bytes
     from paraplan.estimate.memory import MemoryOptions as MemoryOptions
+    from paraplan.estimate.memory import alloc_conf_expandable_segments as alloc_conf_expandable_segments
     from paraplan.estimate.pipeline import auto_uneven_split as auto_uneven_split
     from paraplan.estimate.pipeline import pipeline_layout_string as pipeline_layout_string
     from paraplan.estimator import Estimate as Estimate
@@ -165,6 +166,8 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "check_layout_sizes": ("paraplan.layout", "SpecError for a layout flag that sizes a list above num_layers."),
     "layout_for_world": ("paraplan.layout", "A layout with DP = GPUs / (TP x PP x CP) (SpecError if not whole)."),
     "MemoryOptions": ("paraplan.estimate.memory", "Memory allowances not derived from the model."),
+    "alloc_conf_expandable_segments": ("paraplan.estimate.memory",
+                                       "Whether a PYTORCH_CUDA_ALLOC_CONF value turns on expandable segments."),
     "auto_uneven_split": ("paraplan.estimate.pipeline", "The split used when layers do not divide over PP x VP."),
     "pipeline_layout_string": ("paraplan.estimate.pipeline", "Megatron's pipeline layout string for per-stage counts."),
     "SCHEDULE_NAMES": ("paraplan.schedules", "The pipeline schedules a plan may use."),

@@ -474,7 +474,7 @@ def site_memory_options(env: tuple[tuple[str, str], ...], options: MemoryOptions
     script's env (``launch.check.script_memory_options``); a note saying so. An explicit ``--fragmentation`` wins."""
     from dataclasses import replace
 
-    from paraplan.estimate.memory import alloc_conf_expandable_segments
+    from paraplan.api import alloc_conf_expandable_segments
 
     conf = dict(env).get("PYTORCH_CUDA_ALLOC_CONF")
     if not conf or not alloc_conf_expandable_segments(conf) or fragmentation_given:
