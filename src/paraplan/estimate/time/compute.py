@@ -133,6 +133,14 @@ def quick_geglu_clamp_bytes_per_element(model: ModelSpec, training: TrainingSpec
     return 0.0 if training.use_transformer_engine_op_fuser else QUICK_GEGLU_CLAMP_BYTES_PER_ELEMENT
 
 
+BIAS_PRODUCT_GRADIENTS: Final = 2.0
+"""Gradients of the expert bias's ``b * p``: one for the bias b, one for the routing probability p (it comes from the
+router, which trains)."""
+PRODUCT_GRADIENT_PASSES: Final = 3.0
+"""Passes over the full product of one broadcast-product gradient: autograd forms ``grad * other`` (read, write) and
+sums it to the broadcast operand's shape (read)."""
+
+
 def expert_bias_bytes_per_element(model: ModelSpec, training: TrainingSpec, probs_bytes: float) -> float:
     """HBM bytes per routed token copy and hidden unit of the fc2 expert bias, forward + backward, when the experts
     have biases (``add_bias_linear``; gpt-oss), else 0. TEGroupedMLP builds fc2 with ``skip_bias_add=True`` and adds
@@ -152,8 +160,8 @@ def expert_bias_bytes_per_element(model: ModelSpec, training: TrainingSpec, prob
     o = max(BF16_BYTES_PER_ELEMENT, probs_bytes)
     b = BF16_BYTES_PER_ELEMENT
     cast = o > b
-    fwd = o + (b + 2 * o) + 2 * o + ((o + b) if cast else 0.0)
-    bwd = ((b + o) + (o + b) if cast else 0.0) + 6 * o + (b + b)
+    fwd = o + (b + o + o) + (o + o) + ((o + b) if cast else 0.0)
+    bwd = ((b + o) + (o + b) if cast else 0.0) + BIAS_PRODUCT_GRADIENTS * PRODUCT_GRADIENT_PASSES * o + (b + b)
     return float(fwd + bwd)
 
 
