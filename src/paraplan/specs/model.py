@@ -212,7 +212,8 @@ class ModelSpec:
     """``--glu-linear-offset``: act(x_glu) * (x_linear + offset) (gpt-oss: 1.0)."""
     activation_func_clamp_value: float | None = None
     """``--activation-func-clamp-value``: clamp of the gated activation's inputs (gpt-oss: 7.0, HF ``swiglu_limit``);
-    applied inside the fused bias-activation kernel (``fused_bias_geglu.weighted_bias_quick_geglu_impl``)."""
+    with QuickGeGLU applied by two clamps and a cat before the fused bias-activation kernel
+    (``fused_bias_geglu.weighted_bias_quick_geglu_impl``; time: ``compute.quick_geglu_clamp_bytes_per_element``)."""
     yarn_correction_range_round_to_int: bool = True
     """YaRN rounds its correction range to whole dimensions (Megatron's default True; ``False`` is written as
     ``--no-yarn-correction-range-round-to-int``; gpt-oss: False, as Megatron-Bridge's GPTOSSBridge.provider_bridge

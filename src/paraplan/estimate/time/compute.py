@@ -80,6 +80,91 @@ def loss_bytes_per_logit(training: TrainingSpec) -> float:
     return LOSS_BYTES_PER_LOGIT_FUSED[training.cross_entropy_fusion_impl]
 
 
+UNFUSED_ROPE_BYTES_PER_ELEMENT: Final = 24.0 + 26.0
+"""HBM bytes per rotated q or k element (bf16) of Megatron's unfused RoPE, forward + backward, kernel by kernel
+(megatron/core/models/common/embeddings/rope_utils.py ``_apply_rotary_pos_emb_bshd``, ``_rotate_half``; the cos/sin
+tables are s x d, negligible): forward ``t * cos_`` (2 + 2), ``-x2`` on half the elements (1 + 1), ``torch.cat((-x2,
+x1))`` (2 + 2), ``* sin_`` (2 + 2), the sum (2 + 2 + 2), ``torch.cat((t, t_pass))`` with an empty ``t_pass`` (2 + 2):
+24; backward (autograd) ``grad * sin_`` (2 + 2), the negation (1 + 1), the chunk's gradient assembled by a cat
+(2 + 2), ``grad * cos_`` (2 + 2), the two gradients of ``t`` summed (2 + 2 + 2), the ``t[..., :rot_dim]`` slice's
+zero-filled gradient and copy (2 + 2 + 2): 26."""
+FUSED_ROPE_BYTES_PER_ELEMENT: Final = (2.0 + 2.0) + (2.0 + 2.0)
+"""The same for Transformer Engine's fused RoPE (``fused_apply_rotary_pos_emb``): the element read and written once
+forward and once backward. It is what the models the element-wise constant was fitted on mostly run, so it is taken
+as inside the fitted ``elementwise_bytes_per_token_hidden`` (an accounting assumption)."""
+
+
+def rope_unfused(model: ModelSpec) -> bool:
+    """True when Megatron applies RoPE with its unfused kernels whatever ``--apply-rope-fusion`` says: YaRN RoPE on
+    standard (non-MLA) attention. Two reasons in the code: Megatron-Core's ``apply_rotary_pos_emb`` (rope_utils.py)
+    takes the unfused path when ``mscale`` != 1, and attention.py passes YaRN's concentration factor as ``mscale``
+    (yarn_rotary_pos_embedding.py ``_yarn_get_concentration_factor``: 0.1 ln(factor) + 1 without mscale /
+    mscale_all_dim: 1.35 for gpt-oss's factor 32); Megatron-Bridge's ``validate_rope_fusion_compatibility``
+    (utils/fusions.py, called by ``GPTModelProvider.provide``) also turns the fusion off for any position embedding
+    other than "rope" (gpt-oss's provider sets "yarn"). MLA's rope path (multi_latent_attention.py) is not examined
+    here and is left as fused."""
+    return model.position_embedding_type == "yarn" and not model.multi_latent_attention
+
+
+def rope_extra_bytes_per_element(model: ModelSpec) -> float:
+    """HBM bytes per rotated q/k element beyond the fused RoPE the fitted element-wise constant holds:
+    ``UNFUSED_ROPE_BYTES_PER_ELEMENT`` - ``FUSED_ROPE_BYTES_PER_ELEMENT`` (42) when ``rope_unfused``, else 0."""
+    return UNFUSED_ROPE_BYTES_PER_ELEMENT - FUSED_ROPE_BYTES_PER_ELEMENT if rope_unfused(model) else 0.0
+
+
+QUICK_GEGLU_CLAMP_BYTES_PER_ELEMENT: Final = (2.0 + 2.0) + (2.0 + 2.0) + (2.0 + 2.0 + 2.0) + (2.0 + 2.0)
+"""HBM bytes per fc1-output element (bf16, both GLU halves) of the clamp that Megatron's QuickGeGLU fusion runs
+OUTSIDE its fused kernel (megatron/core/fusions/fused_bias_geglu.py ``weighted_bias_quick_geglu_impl``: with
+``clamp_value`` it clamps ``x_glu`` and ``x_linear`` and ``torch.cat``s them before ``WeightedQuickGeGLUFunction``),
+forward + backward: the two clamps (2 + 2, each over its half), the cat (2 + 2); backward the clamps' masked gradient
+(read the gradient and the saved input, write: 2 + 2 + 2; the cat's backward is a view) and the chunk's gradient
+assembled by a cat (2 + 2): 18. The SwiGLU fusion clamps inside its kernel (fused_bias_swiglu.py
+``weighted_bias_swiglu_impl`` passes ``clamp_value`` in): nothing extra there."""
+
+
+def quick_geglu_clamp_bytes_per_element(model: ModelSpec, training: TrainingSpec) -> float:
+    """``QUICK_GEGLU_CLAMP_BYTES_PER_ELEMENT`` for the routed experts of a model with a clamped QuickGeGLU
+    (``quick_geglu`` and ``activation_func_clamp_value``; gpt-oss) on TEGroupedMLP's unfused-op path, else 0: under
+    ``--use-transformer-engine-op-fuser`` the experts run TE's fused ops (experts.py ``_make_fused_ops``: the clamped
+    QuickGeGLU is one TE op). Assumes the bias-activation fusion on (Megatron-Bridge's GPTOSSProvider
+    ``bias_activation_fusion = True``; Megatron-LM's ``--no-bias-gelu-fusion`` default)."""
+    if not (model.quick_geglu and model.activation_func_clamp_value is not None):
+        return 0.0
+    return 0.0 if training.use_transformer_engine_op_fuser else QUICK_GEGLU_CLAMP_BYTES_PER_ELEMENT
+
+
+BIAS_PRODUCT_GRADIENTS: Final = 2.0
+"""Gradients of the expert bias's ``b * p``: one for the bias b, one for the routing probability p (it comes from the
+router, which trains)."""
+PRODUCT_GRADIENT_PASSES: Final = 3.0
+"""Passes over the full product of one broadcast-product gradient: autograd forms ``grad * other`` (read, write) and
+sums it to the broadcast operand's shape (read)."""
+
+
+def expert_bias_bytes_per_element(model: ModelSpec, training: TrainingSpec, probs_bytes: float) -> float:
+    """HBM bytes per routed token copy and hidden unit of the fc2 expert bias, forward + backward, when the experts
+    have biases (``add_bias_linear``; gpt-oss), else 0. TEGroupedMLP builds fc2 with ``skip_bias_add=True`` and adds
+    the probability-weighted bias after the grouped GEMM in PyTorch, per local expert (experts.py
+    ``TEGroupedMLP._apply_bias``: ``torch.cat([t + b * p for ... in zip(torch.split(out, tokens_per_expert), biases,
+    torch.split(probs, tokens_per_expert))]).to(out.dtype)``; the fc1 bias is in the grouped GEMM's epilogue, TE
+    grouped_linear.py). With o = the bytes of promote(bf16, probs) (``probs_bytes``: ``layer.routed_probs_bytes``):
+    forward ``b * p`` (write o), the sum (2 + o + o), the cat (o + o), ``.to(bf16)`` when o > 2 (o + 2); backward
+    the cast's gradient when o > 2 (2 + o), the sum's gradient cast to bf16 when o > 2 (o + 2), the product's two
+    gradients, each a full product and a reduction (b's over tokens, p's over h: 3 o each), the split's gradient
+    assembled by a cat (2 + 2). bf16 probs (o = 2): 12 + 16 = 28; fp32 (o = 4): 28 + 40 = 68. The packed path
+    (``moe_use_grouped_tensor``, ``_apply_packed_bias``) is counted the same (not separately examined); under
+    ``--use-transformer-engine-op-fuser`` the bias is inside TE's fused ops (0). Per-expert kernel launches of the
+    loop are neglected."""
+    if not model.add_bias_linear or training.use_transformer_engine_op_fuser:
+        return 0.0
+    o = max(BF16_BYTES_PER_ELEMENT, probs_bytes)
+    b = BF16_BYTES_PER_ELEMENT
+    cast = o > b
+    fwd = o + (b + o + o) + (o + o) + ((o + b) if cast else 0.0)
+    bwd = ((b + o) + (o + b) if cast else 0.0) + BIAS_PRODUCT_GRADIENTS * PRODUCT_GRADIENT_PASSES * o + (b + b)
+    return float(fwd + bwd)
+
+
 EMBEDDING_BYTES_PER_TOKEN_HIDDEN: Final = 8.0
 """HBM bytes per token and hidden unit of the embedding lookup, forward + backward, as the model
 counts them: the bf16 row written forward (2), its gradient read and accumulated into the fp32

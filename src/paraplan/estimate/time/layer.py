@@ -32,6 +32,8 @@ MOE_ROUTER_LAUNCH_FRAC: Final = 0.5
 ``moe_router`` / ``moe_preprocess`` CUDA graph modules: gating GEMM, top-k, softmax, aux-loss and permutation
 metadata kernels) against dispatch, expert GEMMs, activation and combine. Assumed (an even split of the MoE
 block's launches; not derived from a kernel count, not fitted): docs/model.md section 4."""
+FLEX_PROBS_BYTES: Final = 4.0
+"""Routing probabilities under the flex dispatcher: fp32 (``routed_probs_bytes``)."""
 SELECTIVE_ELEMENTWISE_DIVISOR: Final = 6.0
 """Selective recompute of ``layernorm`` (or ``moe_act``) re-runs half of the forward element-wise
 traffic (1 / (``ELEMENTWISE_FWD_BWD_RATIO`` x 2) of the layer's): a modelling share, not measured."""
@@ -182,7 +184,9 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
     tpx = tp.block_exposure(cluster, grid.tp_group, layout, eff, fp8, T, h, shapes[:-1], shapes[-1],
                             **tp_switches(training), block="attn")
     cpt = cp.cp_times(cluster, grid.cp_group, training.cp_comm_type, model, T, t, kv_width, attn)
-    elem = compute.block_elementwise_s(cluster, T, h, sh) + quant / compute.hbm_rate(cluster) + cpt.merge_s
+    rope = compute.rope_extra_bytes_per_element(model) * T * (model.query_width + kv_width) / t
+    elem = (compute.block_elementwise_s(cluster, T, h, sh) + (quant + rope) / compute.hbm_rate(cluster)
+            + cpt.merge_s)
     return LayerTime(gemm_fwd_s=g, attn_fwd_s=attn, elementwise_s=elem,
                      overhead_s=_issue_s(eff, training, "attn"),
                      tp_link_s=tpx.link_s, tp_exposed_s=tpx.exposed_s, tp_fwd_exposed_s=tpx.fwd_exposed_s,
@@ -244,7 +248,10 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
             + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * ep.permute_copies(training) / ep.PERMUTE_COPIES * te * h
             + compute.quantize_bytes(training, m_e, fe * gate / layout.etp, h, local)
-            + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local)) / hbm
+            + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local)
+            + compute.quick_geglu_clamp_bytes_per_element(model, training) * te * fe * gate / layout.etp
+            + compute.expert_bias_bytes_per_element(model, training, routed_probs_bytes(model, training)) * te * h
+            ) / hbm
     grid = Grid.inner(layout)
     tp_ep = grid.group(Axis.TP, Axis.EP, expert=True)
     # the routed experts' grouped GEMMs have no userbuffers pairs: their ETP traffic shows as without overlap
@@ -263,6 +270,14 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         out = replace(_add(out, sh_t, elementwise_extra=-compute.block_elementwise_s(cluster, T, h, sh)),
                       shared_gemm_fwd_s=sh_t.gemm_fwd_s)
     return out
+
+
+def routed_probs_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """Bytes of one routing probability as the experts receive it: the router's dtype (``ep.ROUTER_PROBS_BYTES``,
+    bf16 without ``--moe-router-dtype``: ``ep.ROUTER_PROBS_DEFAULT_BYTES``), fp32 at least under the flex dispatcher
+    (token_dispatcher.py: DeepEP and HybridEP "only support float32 probs" and call ``self.token_probs.float()``)."""
+    probs = ep.ROUTER_PROBS_BYTES.get(model.moe_router_dtype or "", ep.ROUTER_PROBS_DEFAULT_BYTES)
+    return max(probs, FLEX_PROBS_BYTES) if training.moe_token_dispatcher_type == "flex" else probs
 
 
 def moe_host_sync_s(eff: EfficiencySpec, training: TrainingSpec) -> float:
