@@ -147,3 +147,18 @@ def test_host_op_issue_s_is_validated() -> None:
 def test_host_kind() -> None:
     assert [host_kind(g) for g in ("gb200", "gb300", "b200", "b300", "h100-80gb")] == \
         ["grace", "grace", "x86", "x86", "x86"]
+
+
+def test_explain_prints_the_host_bound_term_and_its_fixes() -> None:
+    from paraplan.explain import time_findings
+
+    cl = _cluster()
+    lay = replace(LAYOUT, schedule="combined_1f1b")
+    est = estimate(QWEN, cl, _t(), lay)
+    found = {f.code: f for f in time_findings(est, None)}
+    per = float(est.time.host_bound_per_layer_s)
+    assert f"host-bound: {1e3 * per:.2f} ms per MoE layer" in found["HOST_BOUND"].text
+    assert "--moe-expert-rank-capacity-factor" in found["HOST_BOUND"].text
+    assert found["HOST_BOUND"].numbers["host_bound_per_layer_s"] == per
+    sync_free = estimate(QWEN, cl, _t(**DROP_PAD), lay)
+    assert "HOST_BOUND" not in {f.code for f in time_findings(sync_free, None)}
