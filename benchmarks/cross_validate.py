@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from calibration import case_inputs
-from fit_efficiency import ARCH_GPUS, fit_arch, fitted_names
+from fit_efficiency import ARCH_GPUS, efficiency_values, fit_arch, fitted_names
 from paraplan.errors import SpecError
 from paraplan.estimate.step_time import step_time
 from paraplan.layout import ParallelLayout
@@ -119,7 +119,7 @@ def predict_with(case: Case, values: dict[str, float] | None) -> float | str:
     """Tokens/s/GPU of ``case`` with its preset's efficiency and ``values`` in place of the fitted parameters;
     ``None``: the uncalibrated ``EfficiencySpec`` defaults."""
     gpu = _GPUS.setdefault(case.gpu, load_gpu(case.gpu))
-    eff = EfficiencySpec() if values is None else replace(gpu.efficiency, **values)
+    eff = EfficiencySpec() if values is None else replace(gpu.efficiency, **efficiency_values(case.gpu, values))
     return fast_predict(case, replace(gpu, efficiency=eff))
 
 

@@ -44,7 +44,27 @@ PARAMS = {
     "moe_overhead_frac": (0.0, 3.0),
     "moe_layer_overhead_s": (0.0, 5e-3),
     "dp_overlap_frac": (0.3, 0.9),
+    "host_op_issue_s": (0.0, 2e-4),
 }
+HOST_KIND_PARAMS = ("host_op_issue_s",)
+"""Parameters of the host CPU, not the GPU: fitted once per host kind (``cluster.host_kind``: Grace or x86) among an
+architecture's GPUs, as ``NAME@KIND`` (``efficiency_values``)."""
+
+
+def efficiency_values(gpu_name: str, values: dict[str, float]) -> dict[str, float]:
+    """The EfficiencySpec fields ``values`` set on GPU ``gpu_name``: plain names on every GPU, ``NAME@KIND`` only on
+    the GPUs whose host is of that kind (``cluster.host_kind``)."""
+    from paraplan.specs.cluster import host_kind
+
+    kind = host_kind(gpu_name)
+    out = {n: v for n, v in values.items() if "@" not in n}
+    out.update({n.split("@")[0]: v for n, v in values.items() if "@" in n and n.split("@")[1] == kind})
+    return out
+
+
+def _field(name: str) -> str:
+    """The EfficiencySpec field of a fitted name (``NAME@KIND`` -> ``NAME``)."""
+    return name.split("@")[0]
 
 
 def fit_arch(cases: list[Any], arch: str, names: list[str],
@@ -56,22 +76,31 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     the log residuals before and after. ``ftol``: least_squares' relative cost tolerance (its default)."""
     from scipy.optimize import least_squares
 
+    from paraplan.specs.cluster import host_kind
+
     base = {g: load_gpu(g) for g in ARCH_GPUS[arch]}
-    x0 = np.array([getattr(base[ARCH_GPUS[arch][0]].efficiency, n) for n in names])
-    scale = np.array([PARAMS[n][1] for n in names])
+
+    def start(n: str) -> float:
+        """The preset's value (a ``NAME@KIND``: of the architecture's first GPU with that host)."""
+        kind = n.split("@")[1] if "@" in n else None
+        first = next(g for g in ARCH_GPUS[arch] if kind is None or host_kind(g) == kind)
+        return float(getattr(base[first].efficiency, _field(n)))
+
+    x0 = np.array([start(n) for n in names])
+    scale = np.array([PARAMS[_field(n)][1] for n in names])
 
     def residuals(x: np.ndarray) -> np.ndarray:
         vals = dict(zip(names, x * scale, strict=True))
         out = []
         for c in cases:
             gpu = base[c.gpu]
-            gpu = replace(gpu, efficiency=replace(gpu.efficiency, **vals))
+            gpu = replace(gpu, efficiency=replace(gpu.efficiency, **efficiency_values(c.gpu, vals)))
             p = predictor(c, gpu)
             out.append(math.log(p / c.target_tokens_per_s_per_gpu) if isinstance(p, float) and p > 0 else 0.0)
         return np.array(out)
 
-    lo = np.array([PARAMS[n][0] for n in names]) / scale
-    hi = np.array([PARAMS[n][1] for n in names]) / scale
+    lo = np.array([PARAMS[_field(n)][0] for n in names]) / scale
+    hi = np.array([PARAMS[_field(n)][1] for n in names]) / scale
     r0 = residuals(x0 / scale)
     fit = least_squares(residuals, np.clip(x0 / scale, lo, hi), bounds=(lo, hi), loss="soft_l1",
                         f_scale=0.1, max_nfev=max_nfev, diff_step=0.02, ftol=ftol)
@@ -80,8 +109,12 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
 
 def fitted_names(arch: str, fix: str) -> list[str]:
     """The parameters fitted for ``arch`` with ``--fix`` = ``fix`` (comma-separated)."""
+    from paraplan.specs.cluster import HOST_KINDS, host_kind
+
     names = [p for p in PARAMS if p not in fix.split(",")]
-    return [p for p in names if p != "fp8_gemm_speedup"] if arch == "ampere" else names
+    names = [p for p in names if p != "fp8_gemm_speedup"] if arch == "ampere" else names
+    kinds = [k for k in HOST_KINDS if any(host_kind(g) == k for g in ARCH_GPUS[arch])]
+    return [q for p in names for q in ([f"{p}@{k}" for k in kinds] if p in HOST_KIND_PARAMS else [p])]
 
 
 def main() -> int:

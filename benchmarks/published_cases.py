@@ -304,18 +304,31 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
     cases: list[Case] = []
     skipped: dict[str, int] = {}
     ub_off = bridge_rows_without_tp_comm_overlap() if split == "published" else set()
+    tokendrop: set[str] = set()
     with open(path, newline="") as f:
         for i, r in enumerate(csv.DictReader(f)):
             try:
                 case = row_to_case(split, i, r)
                 if i in ub_off:
                     case.layout["tp_comm_overlap"] = False
+                if TOKENDROP_LABEL in r["notes"]:
+                    tokendrop.add(case.id)
                 cases.append(case)
             except Skip as err:
                 skipped[str(err)] = skipped.get(str(err), 0) + 1
     if split == "published":
         attach_recipe_knobs(cases)
+    for case in cases:  # Bridge's --use_tokendrop (scripts/performance/utils/overrides.py: apply_moe_token_drop)
+        if case.id in tokendrop:
+            case.knobs = {**case.knobs, **TOKENDROP_KNOBS}
     return cases, skipped
+
+
+TOKENDROP_LABEL = "(tokendrop)'"
+"""How a Bridge table names a row run with ``--use_tokendrop`` (its model label ends in "(tokendrop)")."""
+TOKENDROP_KNOBS: dict[str, Any] = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}
+"""What ``--use_tokendrop`` sets: Megatron-Bridge training/utils/moe_token_drop.py ``apply_moe_token_drop`` (its
+defaults, capacity factor 1.0 with padding to capacity)."""
 
 
 BRIDGE_SOURCE = "NVIDIA-NeMo/Megatron-Bridge performance summary"

@@ -228,6 +228,16 @@ def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") ->
             f"the GPU waits; more work per micro-batch (mbs {best.layout.mbs} now; a larger one, less TP, "
             "or fewer GPUs for this batch) would cost no extra time per micro-batch",
             {"gpu_s": gpu_s, "issue_s": issue_s, "mbs": best.layout.mbs}))
+    if float(best.time.host_bound_s) > 0.0:  # time.layer.moe_host_bound_s
+        per, hb = float(best.time.host_bound_per_layer_s), float(best.time.host_bound_s)
+        out.append(Finding(
+            "HOST_BOUND",
+            f"host-bound: {1e3 * per:.2f} ms per MoE layer and micro-batch ({hb:.2f} s, {100 * hb / step:.0f}% of the "
+            "step): after the dispatcher's host sync the GPU waits while the CPU issues the layer's ops "
+            "(host_op_issue_s); removed by a CUDA graph over the dispatch (--cuda-graph-impl full_iteration with a "
+            "sync-free dispatcher, or the moe scope with drop-and-pad), drop-and-pad (--moe-expert-capacity-factor "
+            "with --moe-pad-expert-input-to-capacity) or HybridEP's rank budget (--moe-expert-rank-capacity-factor)",
+            {"host_bound_s": hb, "host_bound_per_layer_s": per}))
     return out
 
 

@@ -32,6 +32,9 @@ def test_knobs_only_for_bridge_rows_matched_to_their_release_config() -> None:
     tags = {r["container"]: r["tag"] for r in published_cases.release_configs()["releases"]}
     for c in cases:
         m = matches.get(int(c.id.split(":")[1]))
+        if c.knobs and c.knobs == published_cases.TOKENDROP_KNOBS:  # a "(tokendrop)" row without a release config
+            assert c.source == "Megatron-Bridge"
+            continue
         if c.knobs:
             assert c.source == "Megatron-Bridge" and m is not None and m.config is not None
             assert m.config["container"] == m.container and m.config["tag"] == tags[m.container]
@@ -93,8 +96,19 @@ def test_rows_whose_release_has_no_matching_config_keep_megatron_defaults() -> N
     cases, _ = published_cases.load_cases("published")
     by_row = {int(c.id.split(":")[1]): c for c in cases}
     for m in unmatched:
-        if m.row in by_row:
-            assert by_row[m.row].knobs == {}
+        if m.row in by_row:  # Megatron's defaults, with --use_tokendrop's capacity on the "(tokendrop)" rows
+            assert by_row[m.row].knobs in ({}, published_cases.TOKENDROP_KNOBS)
+
+
+@NEEDS_SHARED
+def test_tokendrop_rows_run_drop_and_pad() -> None:
+    # Bridge scripts/performance/utils/overrides.py: --use_tokendrop -> apply_moe_token_drop(recipe.model), whose
+    # defaults are moe_expert_capacity_factor=1.0 and moe_pad_expert_input_to_capacity=True
+    cases, _ = published_cases.load_cases("published")
+    dropped = [c for c in cases if c.knobs.get("moe_pad_expert_input_to_capacity")]
+    assert len(dropped) == 7  # the seven "(tokendrop)" rows of the tables (GB200 x4, B200 x3)
+    for c in dropped:
+        assert c.knobs["moe_expert_capacity_factor"] == 1.0 and c.source == "Megatron-Bridge"
 
 
 def test_25_09_rows_without_a_precision_column_take_the_page_note_s_fp8_recipe() -> None:

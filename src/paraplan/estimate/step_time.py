@@ -60,6 +60,8 @@ class StageTime:
     exposed_s: dict[str, Num]
     ep_paired_s: Num = 0.0
     """EP time left exposed when every micro-batch pass is paired with another's (``ep.paired_exposed_s``)."""
+    host_bound_s: Num = 0.0
+    """The host-bound part of ``compute_s`` (``LayerKindTerms.host_bound_s`` over the rank's layers)."""
 
     @property
     def total_s(self) -> Num:
@@ -86,6 +88,8 @@ class LayerKindTerms:
     """EP time a combined chunk pair exposes once at its start and end (``ep.paired_chunk_s``)."""
     tp_exposed_s: Num = 0.0
     """TP time that shows (``LayerTime.tp_exposed_s``: per GEMM pair under --tp-comm-overlap)."""
+    host_bound_s: Num = 0.0
+    """Host-bound time in ``compute_s`` (``LayerTime.host_bound_s``: the GPU waits for the host after an MoE sync)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,7 @@ def stage_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     delay = training.delay_wgrad_compute
     share = ep.ep_compute_share(cluster, training, Grid.inner(layout).ep_group) if model.is_moe else 1.0
     parts = tuple(LayerKindTerms(compute_s=lt.compute_s, recompute_s=recompute_s(lt, layout, modules, eff, moe=m),
+                                 host_bound_s=lt.host_bound_s,
                                  tp_link_s=lt.tp_link_s, ep_link_s=lt.ep_link_s, cp_link_s=lt.cp_link_s,
                                  attn_fwd_s=lt.attn_fwd_s, cp_exposed_s=lt.cp_exposed_s, tp_exposed_s=lt.tp_exposed_s,
                                  ep_unpaired_s=ep.unpaired_exposed_s(lt.ep_link_s, lt.shared_gemm_fwd_s,
@@ -264,7 +269,8 @@ def stage_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     if model.is_moe:  # VP chunk pairs per micro-batch, each with its start and end (ep.paired_chunk_s)
         paired = paired + (1.0 - eff.ep_overlap_frac) * layout.vp * np.where(
             np.asarray(stage.num_moe_layers) > 0, terms.parts[1].ep_paired_chunk_s, 0.0)
-    return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed, ep_paired_s=paired)
+    return StageTime(compute_s=compute, recompute_s=recompute, link_s=links, exposed_s=exposed, ep_paired_s=paired,
+                     host_bound_s=sum(n * k.host_bound_s for k, n in parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +288,12 @@ class StepTime:
     link_comm_s: dict[str, Num]
     bubble_frac: Num
     slowest_stage: Int
+    host_bound_s: Num = 0.0
+    """The host-bound part of ``compute_s`` (not added again to ``step_s``): where the GPU waits after an MoE
+    layer's dispatcher sync while the host issues the layer's ops (``time.layer.moe_host_bound_s``); 0 when the
+    host runs ahead (no sync, or a CUDA graph / drop-and-pad / HybridEP's rank budget removes it)."""
+    host_bound_per_layer_s: Num = 0.0
+    """``host_bound_s`` per MoE layer and micro-batch (``LayerTime.host_bound_s``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (scalar) breakdown."""
@@ -292,6 +304,7 @@ class StepTime:
             "exposed_comm_s": {k: float(v) for k, v in self.exposed_comm_s.items()},
             "link_comm_s": {k: float(v) for k, v in self.link_comm_s.items()},
             "bubble_frac": float(self.bubble_frac), "slowest_stage": int(self.slowest_stage),
+            "host_bound_s": float(self.host_bound_s), "host_bound_per_layer_s": float(self.host_bound_per_layer_s),
         }
 
 
@@ -382,7 +395,9 @@ def step_time_from_stages(
     step = compute_s + recompute + bubble + optimizer + overhead + sum(exposed.values())
     return StepTime(step_s=step, compute_s=compute_s, recompute_s=recompute, bubble_s=bubble,
                     optimizer_s=optimizer, overhead_s=overhead, exposed_comm_s=exposed,
-                    link_comm_s=links, bubble_frac=bub_frac, slowest_stage=slow)
+                    link_comm_s=links, bubble_frac=bub_frac, slowest_stage=slow,
+                    host_bound_s=m * pick([st.host_bound_s for st in times]),
+                    host_bound_per_layer_s=terms.parts[1].host_bound_s if model.is_moe else 0.0)
 
 
 def step_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: ParallelLayout, *,

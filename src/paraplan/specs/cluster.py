@@ -86,6 +86,14 @@ class EfficiencySpec:
     architecture (Blackwell 1.206 ms, when it was a per-layer constant; every dispatcher the fit saw makes one sync,
     and refitting it per sync, 1.838 ms, did not improve the cross-validated error, so it was kept); the name is
     kept so that presets and cluster profiles load."""
+    host_op_issue_s: float = 0.0
+    """Host (CPU) time to issue one op of an MoE layer's code path (a PyTorch operator, a Transformer Engine call, a
+    collective, a stream or event call: ``estimate.time.moe_sync.host_issue_ops``) where the host cannot run ahead of
+    the GPU: after each dispatcher sync the GPU has drained its queue and waits while the host issues the layer's
+    next ops (``moe_sync.host_bound_ops``), so a layer takes max(GPU time, ops x this). Fitted (benchmarks/
+    fit_efficiency.py, inside every cross-validation fold), not derived: Python, PyTorch dispatch and TE wrapper cost
+    per call depend on the host CPU, so it is fitted per host kind where the rows allow (``host_kind``: Grace or
+    x86). 0: host issue never binds (the uncalibrated default)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -104,7 +112,8 @@ EFFICIENCY_RANGES: dict[str, tuple[float, bool, float]] = {
                                             "cp_overlap_frac", "pp_overlap_frac", "ep_overlap_frac")},
     "fp8_gemm_speedup": (0.1, False, 10.0), "moe_overhead_frac": (0.0, False, 100.0),
     "gemm_half_dim": (0.0, False, 2.0**20), "elementwise_bytes_per_token_hidden": (0.0, False, 1e4),
-    **{name: (0.0, False, 1.0) for name in ("collective_latency_s", "layer_overhead_s", "moe_layer_overhead_s")},
+    **{name: (0.0, False, 1.0) for name in ("collective_latency_s", "layer_overhead_s", "moe_layer_overhead_s",
+                                            "host_op_issue_s")},
     "step_overhead_s": (0.0, False, 3600.0),
 }
 """(lower bound, lower bound excluded, upper bound) of every EfficiencySpec field: physical bounds, so
@@ -130,6 +139,19 @@ MAX_SM_COUNT: Final = 1024
 HOST_LINK_DEFAULT_BYTES_PER_S: Final = {"pcie5": 64e9, "pcie4": 32e9, "nvlink_c2c": 450e9}
 """GPU <-> host bandwidth per direction by link (Transformer Engine docs, "CPU Offloading", Hardware Support:
 PCIe Gen5 x16 128 GB/s bidirectional, NVLink-C2C on GB200 900 GB/s bidirectional; PCIe Gen4 x16 is half of Gen5)."""
+
+
+HOST_KINDS: Final = ("grace", "x86")
+"""Host CPU kinds of the GPU presets (``host_kind``)."""
+
+
+def host_kind(name: str) -> str:
+    """The host CPU of a GPU preset: "grace" for the Grace superchips (``gb...`` / ``gh...`` presets: GB200 and
+    GB300 NVL72 pair each Blackwell GPU with an Arm Neoverse V2 Grace CPU over NVLink-C2C, NVIDIA GB200 NVL72 and
+    GB300 NVL72 product pages), "x86" otherwise (DGX/HGX H100, H200, B200 and B300 carry Intel Xeon hosts over
+    PCIe: NVIDIA DGX H100 / B200 / B300 user guides; A100 DGX: AMD EPYC). The same split as
+    ``host_link_default_bytes_per_s``."""
+    return "grace" if name.startswith(("gb", "gh")) else "x86"
 
 
 def host_link_default_bytes_per_s(name: str, arch: str) -> float:

@@ -79,6 +79,11 @@ class LayerTime:
     """Forward GEMMs of the MoE layer's shared expert (part of gemm_fwd_s): what selective recompute of
     shared_experts re-runs, and what ``--moe-shared-expert-overlap`` hides the dispatch behind
     (``ep.unpaired_exposed_s``)."""
+    host_bound_s: Num = 0.0
+    """Host-bound time of an MoE layer, forward + backward: where the GPU waits after a dispatcher sync while the
+    host issues the layer's ops, what those ops take beyond the GPU's time (``moe_host_bound_s``)."""
+    host_bound_fwd_s: Num = 0.0
+    """The forward's part of ``host_bound_s`` (re-run by full and ``moe`` recompute)."""
 
     @property
     def gpu_s(self) -> Num:
@@ -90,7 +95,13 @@ class LayerTime:
     def compute_s(self) -> Num:
         """Forward + backward compute: the GPU's time, or the host's kernel-issue time when that
         is longer (a launch-bound layer: the GPU waits for the CPU)."""
-        return np.maximum(self.gpu_s, self.overhead_s) + self.host_sync_s
+        return np.maximum(self.gpu_s, self.overhead_s) + self.host_sync_s + self.host_bound_s
+
+    @property
+    def gpu_fwd_s(self) -> Num:
+        """The forward's part of ``gpu_s``: forward GEMMs, attention and 1 / ``ELEMENTWISE_FWD_BWD_RATIO`` of the
+        element-wise traffic."""
+        return self.gemm_fwd_s + self.attn_fwd_s + self.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO
 
 
 def graph_captured_frac(training: TrainingSpec, block: str) -> float:
@@ -299,7 +310,32 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     att = attention_layer_time(model, cluster, training, layout)
     mlp = moe_mlp_time(model, cluster, training, layout) if moe else dense_mlp_time(
         model, cluster, training, layout, ffn=model.ffn)
-    return LayerTime(**{f.name: getattr(att, f.name) + getattr(mlp, f.name) for f in fields(att)})
+    lt = LayerTime(**{f.name: getattr(att, f.name) + getattr(mlp, f.name) for f in fields(att)})
+    if not moe:
+        return lt
+    total, fwd = moe_host_bound_s(cluster.gpu.efficiency, training, layout, lt, shared_expert=bool(model.shared_ffn))
+    return replace(lt, host_bound_s=total, host_bound_fwd_s=fwd)
+
+
+def moe_host_bound_s(eff: EfficiencySpec, training: TrainingSpec, layout: LayerLayout, lt: LayerTime, *,
+                     shared_expert: bool) -> tuple[Num, Num]:
+    """(forward + backward, forward) host-bound time of one MoE layer per micro-batch: after the dispatcher's sync
+    the GPU waits while the host issues ``moe_sync.host_bound_ops`` ops at ``EfficiencySpec.host_op_issue_s``
+    each, so the layer takes max(GPU time, host time) over what the host issues between two syncs; this is the
+    excess over the GPU's time. Plain schedules: one layer's forward, max(0, f x op - GPU forward) (its backward
+    has no sync and the host runs ahead). Paired schedules (combined 1F1B): the forward and the paired backward
+    layer, max(0, (f + b) x op - GPU forward + backward). 0 where a CUDA graph makes the layer sync-free
+    (``moe_sync.host_syncs_per_moe_layer``)."""
+    from paraplan.schedules import schedule_of
+
+    f_ops, b_ops = moe_sync.host_bound_ops(training, tp=layout.tp, shared_expert=shared_expert,
+                                           schedule=schedule_of(layout).name)
+    per_op = eff.host_op_issue_s
+    fwd: Num = np.maximum(f_ops * per_op - lt.gpu_fwd_s, 0.0)
+    if np.all(np.asarray(b_ops) == 0):
+        return fwd, fwd
+    total: Num = np.maximum((f_ops + b_ops) * per_op - lt.gpu_s, 0.0)
+    return total, fwd
 
 
 def launch_bound_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -327,12 +363,12 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     function is what core_attn checkpoints)."""
     full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
                        lt.overhead_s / FWD_BWD_HALVES)
-            + lt.host_sync_s)
+            + lt.host_sync_s + lt.host_bound_fwd_s)
     full = (full + lt.tp_fwd_exposed_s
             + lt.ep_link_s / FWD_BWD_HALVES + lt.cp_fwd_exposed_s)
     sel = (lt.attn_fwd_s + lt.cp_fwd_exposed_s) * ("core_attn" in modules)
     sel = sel + lt.mlp_gemm_fwd_s * (("moe" if moe else "mlp") in modules)
-    sel = sel + lt.host_sync_s * (moe and "moe" in modules)
+    sel = sel + (lt.host_sync_s + lt.host_bound_fwd_s) * (moe and "moe" in modules)
     sel = sel + lt.mla_up_gemm_fwd_s * ("mla_up_proj" in modules)
     sel = sel + lt.shared_gemm_fwd_s * (moe and "shared_experts" in modules and "moe" not in modules)
     sel = sel + lt.elementwise_s / SELECTIVE_ELEMENTWISE_DIVISOR * (("layernorm" in modules)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Final
 
+import numpy as np
+
+from paraplan.specs.num import Int
 from paraplan.specs.training import TrainingSpec
 
 FORWARD_SYNCS_PER_DISPATCH: Final = 1
@@ -92,3 +95,138 @@ def host_syncs_per_moe_layer(training: TrainingSpec) -> int:
     dispatch (``sync_free_capture``), else ``dispatcher_host_syncs``. All of them are in the forward: full
     recompute and selective ``moe`` recompute, which re-run the MoE forward, pay them again."""
     return 0 if sync_free_capture(training) else dispatcher_host_syncs(training)
+
+
+# --- host issue work the GPU waits for after a sync (issue 18) ---------------------------------------------------
+#
+# An "op" is one host-issued call of the layer's Python code path: a PyTorch operator, a Transformer Engine or
+# extension call (counted by the kernels its Python wrapper issues), a collective, or a stream / event call. Counted by
+# reading Megatron-LM d98e8a6 for one MoE layer and micro-batch, forward and backward (the backward: the autograd
+# nodes those ops record). Views and reshapes are counted: they cost host dispatch time though they launch nothing.
+# Each count is (forward, backward).
+
+ATTENTION_OPS: Final = (16, 20)
+"""Self-attention block (transformer_layer.py ``TransformerLayer._forward_attention``; attention.py
+``SelfAttention.get_query_key_value_tensors`` / ``Attention.forward``): forward = input norm fused with the QKV GEMM
+(TE ``LayerNormColumnParallelLinear``: norm, quantize, GEMM) 3, QKV view and split 3, q/k layernorm 2, rotary on q and
+k 2, TE ``DotProductAttention`` (layout + fused kernel) 3, ``linear_proj`` (quantize, GEMM) 2, bias-dropout-add 1,
+``pre_mlp_layernorm`` 1 = 17, less one view the fused QKV layout skips = 16. Backward = the proj's and QKV's
+gradient quantize, dgrad and wgrad (2 x 3), attention 1, rotary 2, q/k norms 2, split's cat 1, the two norms 2,
+bias-dropout-add 1, residual gradient adds 2, grad-accumulation hooks 3 = 20."""
+TP_SP_COLLECTIVE_OPS: Final = (2, 2)
+"""With TP > 1 and sequence parallelism: the attention block's all-gather before the QKV GEMM and reduce-scatter
+after ``linear_proj`` (TE's ``_LayerNormLinear`` / ``_Linear`` with ``sequence_parallel``), and their backward
+counterparts."""
+ROUTER_OPS: Final = (21, 10)
+"""Router (router.py ``TopKRouter.forward`` / ``routing``; moe_utils.py ``topk_routing_with_score_function`` without
+``--moe-router-fusion``, which paraplan does not model): forward = gating (``router_gating_linear``: cast, GEMM) 2,
+view 1, top-k 1, softmax 1, dense probs and routing map (zeros, scatter, x2) 4, aux loss 12
+(``compute_routing_scores_for_aux_loss`` softmax/top-k/scatter 3, ``get_tokens_per_expert_and_token_count`` sum +
+all-reduce 2, ``switch_load_balancing_loss_func`` 4, ``attach_and_log_load_balancing_loss`` tracker 2 +
+``MoEAuxLossAutoScaler`` 1) = 21. Backward = gating dgrad + wgrad 2, softmax and scatter 3, aux loss 5 = 10."""
+ALLTOALL_OPS: Final = {True: (34, 10), False: (51, 16)}
+"""``MoEAlltoAllTokenDispatcher`` by ``moe_permute_fusion``: forward = ``preprocess`` (counts: sum, long,
+input_splits reshape/sum, the counts' all-gather over TPxEP, reshape/transpose/slice/contiguous, three sums, view)
+14, ``_maybe_dtoh_and_synchronize`` (wait_stream, six ``maybe_move_tensor_to_cpu``, record_event, synchronize) 9, the
+two ``all_to_all`` of tokens and probs 4, the combine ``all_to_all`` 2, ``view`` 1; plus with fusion TE's
+``fused_permute_with_probs`` 1, ``sort_chunks_by_idxs`` 1, its inverse 1, ``unpermute`` 1 (= 34), without it the
+argsort permute (moe_utils.py ``permute``: bool, T, contiguous, reshape, argsort, slice, mod, probs T / contiguous /
+reshape / index, index_select) 11, split + cat of tokens and probs 4, their inverse 2, ``unpermute`` (zeros, probs
+multiply, scatter-add, view) 4 (= 51). Backward = the three all-to-alls' gradients 6, permute / sort / unpermute
+gradients 4 fused or 10 unfused."""
+DEEPEP_OPS: Final = (26, 8)
+"""``MoEFlexTokenDispatcher`` with DeepEP (``_DeepepManager``; fused_a2a.py ``FusedDispatch`` / ``FusedCombine``):
+forward = ``_initialize_metadata`` (reshape/expand/reshape/contiguous of map and probs) 8, ``setup_metadata``
+(routing map to indices and probs) 5, dispatch (``get_dispatch_layout``, ``dispatch``, event handling, the counts'
+list to a tensor) 6, ``get_permuted_hidden_states_by_experts`` (pad routing map, permute) 3, restore 1, combine 3 =
+26. Backward = dispatch's and combine's gradients (a combine and a dispatch) 4, permute and metadata gradients 4."""
+HYBRIDEP_OPS: Final = (19, 4)
+"""``MoEFlexTokenDispatcher`` with HybridEP (``_HybridEPManager``): forward = ``_initialize_metadata`` 8,
+``setup_metadata`` (reshape x2, budget) 3, ``dispatch`` (probs cast, ``hybrid_ep_dispatch``'s preprocess, dispatch
+and permute, counts cast and sum) 6, ``combine`` (``hybrid_ep_combine``, slice) 2 = 19. Backward = the fused combine
+and dispatch gradients 4 (``combine_with_unpermute(handle=ctx.handle)`` and its dual)."""
+EXPERTS_OPS: Final = (10, 10)
+"""Routed experts (experts.py ``TEGroupedMLP.forward``): fc1 and fc2 TE ``GroupedLinear`` (split-quantize, grouped
+GEMM, two bookkeeping calls) 2 x 4, the activation weighted by the probs (cast, kernel) 2 = 10; backward = each
+GroupedLinear's gradient quantize, dgrad, wgrad and bookkeeping 2 x 4, the activation's gradient 2 = 10."""
+SHARED_EXPERT_OPS: Final = (6, 8)
+"""Shared expert (shared_experts.py ``SharedExpertMLP``, an ``MLP``): fc1 (quantize, GEMM) 2, activation 1, fc2 2,
+the add into the routed output 1; backward = 2 x (gradient quantize, dgrad, wgrad) + activation 1 + add 1 = 8."""
+COMBINED_NODE_OPS: Final = (9, 7)
+"""Host calls of one combined-1F1B schedule node (pipeline_parallel/utils.py ``ScheduleNode._forward`` /
+``_backward`` and ``stream_acquire_context``): forward = event wait, stream enter and exit 2, detach and
+``requires_grad`` of its input 2, ``make_viewless`` 1, ``record_stream`` and storage ``resize_`` of the freed input 2,
+event record 1 = 9; backward = event wait, stream 2, the node's ``torch.autograd.backward`` 1, ``record_stream`` 1,
+``get_grad`` 1, event record 1 = 7."""
+COMBINED_NODES_PER_MOE_LAYER: Final = 4
+"""Schedule nodes of an MoE layer under combined 1F1B (models/common/model_chunk_schedule_plan.py
+``TransformerLayerSchedulePlan``: ``pre_dispatch_computation`` (attention, router, preprocess), ``moe_dispatch``,
+``mlp``, ``moe_combine``)."""
+PAIRED_SCHEDULES: Final = ("combined_1f1b", "dualpipe-v")
+"""Schedules that run one micro-batch's forward layer beside another's backward layer on the same host thread
+(combined_1f1b.py ``combined_1f1b_schedule_for_no_pipelining`` / ``..._interleaving``): the host cannot issue the
+backward ahead while it waits at the forward's sync, so both halves' ops are issued in the GPU's wait."""
+
+
+def _captured(training: TrainingSpec) -> frozenset[str]:
+    """Which of an MoE layer's parts ("attn", "router", "moe") a CUDA graph replays: as
+    ``layer.graph_captured_frac`` reads the graph scope (``full_iteration`` or a per-layer graph of the whole
+    layer: all; ``attn``; ``moe_router`` / ``moe_preprocess``: the router and the dispatcher's preprocess; ``moe``:
+    the whole MoE block)."""
+    impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    if impl == "none":
+        return frozenset()
+    if impl == "full_iteration" or not mods:
+        return frozenset({"attn", "router", "moe"})
+    out = {"attn"} if "attn" in mods else set()
+    if "moe_router" in mods or "moe_preprocess" in mods:
+        out.add("router")
+    if "moe" in mods:
+        out |= {"router", "moe"}
+    return frozenset(out)
+
+
+def dispatcher_ops(training: TrainingSpec) -> tuple[int, int]:
+    """(forward, backward) host ops of the token dispatcher: ``ALLTOALL_OPS`` (by ``moe_permute_fusion``; also the
+    allgather dispatcher, which the recipes do not run, as the nearest count), ``DEEPEP_OPS`` or ``HYBRIDEP_OPS``."""
+    if training.moe_token_dispatcher_type == "flex":
+        return HYBRIDEP_OPS if training.moe_flex_dispatcher_backend == "hybridep" else DEEPEP_OPS
+    return ALLTOALL_OPS[bool(training.moe_permute_fusion)]
+
+
+def host_issue_ops(training: TrainingSpec, *, tp: Int, shared_expert: bool) -> tuple[Int, Int]:
+    """(forward, backward) host ops of one MoE layer (attention + MoE block) per micro-batch that run outside a CUDA
+    graph: the sum of ``ATTENTION_OPS`` (+ ``TP_SP_COLLECTIVE_OPS`` with TP > 1), ``ROUTER_OPS``,
+    ``dispatcher_ops``, ``EXPERTS_OPS`` and ``SHARED_EXPERT_OPS`` (with a shared expert), less the parts a graph
+    replays (``_captured``: "attn" the attention block; "router" ``ROUTER_OPS``; "moe" the whole MoE block). ``tp``
+    may be an array (a layout table)."""
+    cap = _captured(training)
+    parts: list[tuple[int, int]] = []
+    if "attn" not in cap:
+        parts.append(ATTENTION_OPS)
+    if "router" not in cap:
+        parts.append(ROUTER_OPS)
+    if "moe" not in cap:
+        parts += [dispatcher_ops(training), EXPERTS_OPS]
+        if shared_expert:
+            parts.append(SHARED_EXPERT_OPS)
+    tp_on = (np.asarray(tp) > 1) * ("attn" not in cap)
+    fwd: Int = sum(p[0] for p in parts) + TP_SP_COLLECTIVE_OPS[0] * tp_on
+    bwd: Int = sum(p[1] for p in parts) + TP_SP_COLLECTIVE_OPS[1] * tp_on
+    return fwd, bwd
+
+
+def host_bound_ops(training: TrainingSpec, *, tp: Int, shared_expert: bool, schedule: str) -> tuple[Int, Int]:
+    """(forward, backward) host ops of one MoE layer per micro-batch that the host issues while the GPU waits:
+    none without a host sync (``host_syncs_per_moe_layer`` 0: the host runs ahead of the GPU); else the forward's
+    ``host_issue_ops`` (the host waits for the counts once per layer, so from one sync to the next it issues one
+    layer's forward, then the GPU has work again), and under a paired schedule (``PAIRED_SCHEDULES``) also the
+    backward's and the schedule nodes' (``COMBINED_NODE_OPS``), since the paired backward layer is issued between
+    the same two syncs. A plain schedule's backward has no sync: its host runs ahead, as for a dense layer."""
+    if host_syncs_per_moe_layer(training) == 0:
+        return 0, 0
+    fwd, bwd = host_issue_ops(training, tp=tp, shared_expert=shared_expert)
+    if schedule not in PAIRED_SCHEDULES:
+        return fwd, 0
+    n = COMBINED_NODES_PER_MOE_LAYER
+    return fwd + n * COMBINED_NODE_OPS[0], bwd + n * COMBINED_NODE_OPS[1]

@@ -1,0 +1,164 @@
+"""Golden host-bound MoE layers, by hand from the op counts of ``estimate.time.moe_sync`` (each count's docstring
+cites the Megatron-LM d98e8a6 function it reads) and the formula of ``time.layer.moe_host_bound_s``:
+
+- ops per MoE layer and micro-batch, (forward, backward): attention (16, 20), router (21, 10), alltoall (34, 10)
+  with permute fusion or (51, 16) without, DeepEP (26, 8), HybridEP (19, 4), experts (10, 10), shared expert (6, 8),
+  TP > 1 with SP adds (2, 2); combined 1F1B adds 4 schedule nodes of (9, 7);
+- the GPU waits only after a sync: plain schedules pay max(0, f x op - GPU forward), paired ones
+  max(0, (f + b) x op - GPU forward + backward); a sync-free layer pays nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan.errors import SpecError
+from paraplan.estimate.time import moe_sync
+from paraplan.estimate.time.layer import layer_time, recompute_s
+from paraplan.estimator import estimate
+from paraplan.layout import ParallelLayout
+from paraplan.specs.cluster import EfficiencySpec, host_kind, make_cluster
+from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.training import TrainingSpec
+
+QWEN = load_model("qwen3-30b-a3b")
+LAYOUT = ParallelLayout(tp=1, pp=1, dp=8, ep=8, etp=1, mbs=1)
+HYBRID = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep"}
+DEEPEP = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}
+DROP_PAD = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True}
+BUDGET = {**HYBRID, "moe_expert_rank_capacity_factor": 1.5, "use_transformer_engine_op_fuser": True}
+ATTN_GRAPH = {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ("attn",)}
+OP_S = 50e-6
+
+
+def _t(**kw: object) -> TrainingSpec:
+    return TrainingSpec(seq_len=4096, global_batch_size=64, precision="fp8", **kw)  # type: ignore[arg-type]
+
+
+def _cluster(op_s: float = OP_S, gpu: str = "h100-80gb"):  # type: ignore[no-untyped-def]
+    g = load_gpu(gpu)
+    return make_cluster(replace(g, efficiency=replace(g.efficiency, host_op_issue_s=op_s)), 8)
+
+
+@pytest.mark.parametrize(("kw", "tp", "shared", "ops"), [
+    ({}, 1, False, (16 + 21 + 51 + 10, 20 + 10 + 16 + 10)),  # alltoall, unfused permute
+    ({"moe_permute_fusion": True}, 1, False, (16 + 21 + 34 + 10, 20 + 10 + 10 + 10)),
+    ({}, 2, False, (16 + 2 + 21 + 51 + 10, 20 + 2 + 10 + 16 + 10)),  # SP collectives
+    ({}, 1, True, (16 + 21 + 51 + 10 + 6, 20 + 10 + 16 + 10 + 8)),  # shared expert
+    (DEEPEP, 1, False, (16 + 21 + 26 + 10, 20 + 10 + 8 + 10)),
+    (HYBRID, 1, False, (16 + 21 + 19 + 10, 20 + 10 + 4 + 10)),
+    # graph scopes: attn replays the attention block (and its SP collectives), moe_router the router
+    (ATTN_GRAPH, 2, False, (21 + 51 + 10, 10 + 16 + 10)),
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ("attn", "moe_router", "moe_preprocess")}, 1,
+     False, (51 + 10, 16 + 10)),
+])
+def test_host_issue_ops(kw: dict[str, object], tp: int, shared: bool, ops: tuple[int, int]) -> None:
+    fwd, bwd = moe_sync.host_issue_ops(_t(**kw), tp=tp, shared_expert=shared)
+    assert (int(fwd), int(bwd)) == ops
+
+
+@pytest.mark.parametrize(("kw", "schedule", "ops"), [
+    ({}, "", (98, 0)),  # plain 1F1B: the backward runs ahead of the GPU
+    ({}, "interleaved", (98, 0)),
+    ({}, "combined_1f1b", (98 + 4 * 9, 56 + 4 * 7)),  # the paired backward is issued between the same syncs
+    (DROP_PAD, "combined_1f1b", (0, 0)),  # alltoall with drop-and-pad: no sync
+    (BUDGET, "", (0, 0)),  # HybridEP's rank budget: no sync
+    ({"cuda_graph_impl": "local", "cuda_graph_modules": ("moe",), **DROP_PAD}, "", (0, 0)),
+])
+def test_host_bound_ops(kw: dict[str, object], schedule: str, ops: tuple[int, int]) -> None:
+    fwd, bwd = moe_sync.host_bound_ops(_t(**kw), tp=1, shared_expert=False, schedule=schedule)
+    assert (int(fwd), int(bwd)) == ops
+
+
+def test_host_bound_time_plain_is_forward_ops_beyond_the_gpu_forward() -> None:
+    cl, t = _cluster(), _t()
+    base = layer_time(QWEN, _cluster(0.0), t, LAYOUT, moe=True)
+    lt = layer_time(QWEN, cl, t, LAYOUT, moe=True)
+    expect = max(0.0, 98 * OP_S - float(base.gpu_fwd_s))
+    assert expect > 0.0  # this layer is host-bound at 50 us per op
+    assert float(lt.host_bound_s) == pytest.approx(expect, rel=1e-12)
+    assert float(lt.host_bound_fwd_s) == float(lt.host_bound_s)
+    assert float(lt.compute_s) == pytest.approx(float(base.compute_s) + expect, rel=1e-12)
+
+
+def test_host_bound_time_combined_pairs_forward_and_backward() -> None:
+    cl, t = _cluster(), _t()
+    combined = replace(LAYOUT, schedule="combined_1f1b")
+    base = layer_time(QWEN, _cluster(0.0), t, combined, moe=True)
+    lt = layer_time(QWEN, cl, t, combined, moe=True)
+    expect = max(0.0, (98 + 36 + 56 + 28) * OP_S - float(base.gpu_s))
+    assert expect > 0.0
+    assert float(lt.host_bound_s) == pytest.approx(expect, rel=1e-12)
+    assert float(lt.host_bound_fwd_s) == pytest.approx(max(0.0, 134 * OP_S - float(base.gpu_fwd_s)), rel=1e-12)
+
+
+def test_dense_layers_and_sync_free_layers_are_not_host_bound() -> None:
+    cl = _cluster()
+    assert float(layer_time(QWEN, cl, _t(), LAYOUT, moe=False).host_bound_s) == 0.0
+    assert float(layer_time(QWEN, cl, _t(**DROP_PAD), LAYOUT, moe=True).host_bound_s) == 0.0
+
+
+def test_full_recompute_reruns_the_forward_host_bound_time() -> None:
+    cl, t = _cluster(), _t()
+    full = replace(LAYOUT, recompute="full")
+    lt = layer_time(QWEN, cl, t, full, moe=True)
+    no_host = replace(lt, host_bound_s=0.0, host_bound_fwd_s=0.0)
+    eff = cl.gpu.efficiency
+    assert float(recompute_s(lt, full, (), eff, moe=True)) - float(recompute_s(no_host, full, (), eff, moe=True)) \
+        == pytest.approx(float(lt.host_bound_fwd_s), rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(op_s=st.floats(0.0, 2e-4), schedule=st.sampled_from(["", "combined_1f1b"]),
+       mbs=st.sampled_from([1, 2, 4]))
+def test_host_bound_is_never_negative_and_grows_with_the_per_op_cost(op_s: float, schedule: str, mbs: int) -> None:
+    lay = replace(LAYOUT, schedule=schedule, mbs=mbs)
+    lo = layer_time(QWEN, _cluster(op_s), _t(), lay, moe=True)
+    hi = layer_time(QWEN, _cluster(op_s * 1.5 + 1e-6), _t(), lay, moe=True)
+    assert float(lo.host_bound_s) >= 0.0
+    assert float(hi.compute_s) >= float(lo.compute_s)
+
+
+def test_step_breakdown_names_the_host_bound_term() -> None:
+    cl = _cluster()
+    lay = replace(LAYOUT, schedule="combined_1f1b")
+    est = estimate(QWEN, cl, _t(), lay)
+    hb = float(est.time.host_bound_s)
+    assert hb > 0.0 and hb <= float(est.time.compute_s)
+    per_layer = float(layer_time(QWEN, cl, _t(), lay, moe=True).host_bound_s)
+    assert float(est.time.host_bound_per_layer_s) == pytest.approx(per_layer, rel=1e-12)
+    # every layer of Qwen3-30B is MoE: m micro-batches x 48 layers x the per-layer term
+    m = lay.num_microbatches(64)
+    assert hb == pytest.approx(m * 48 * per_layer, rel=1e-9)
+    assert est.time.as_dict()["host_bound_per_layer_s"] == pytest.approx(per_layer)
+    graphed = estimate(QWEN, cl, _t(**DROP_PAD, cuda_graph_impl="local", cuda_graph_modules=("moe",)), lay)
+    assert float(graphed.time.host_bound_s) == 0.0
+
+
+def test_host_op_issue_s_is_validated() -> None:
+    with pytest.raises(SpecError, match="host_op_issue_s"):
+        EfficiencySpec(host_op_issue_s=-1e-6)
+
+
+def test_host_kind() -> None:
+    assert [host_kind(g) for g in ("gb200", "gb300", "b200", "b300", "h100-80gb")] == \
+        ["grace", "grace", "x86", "x86", "x86"]
+
+
+def test_explain_prints_the_host_bound_term_and_its_fixes() -> None:
+    from paraplan.explain import time_findings
+
+    cl = _cluster()
+    lay = replace(LAYOUT, schedule="combined_1f1b")
+    est = estimate(QWEN, cl, _t(), lay)
+    found = {f.code: f for f in time_findings(est, None)}
+    per = float(est.time.host_bound_per_layer_s)
+    assert f"host-bound: {1e3 * per:.2f} ms per MoE layer" in found["HOST_BOUND"].text
+    assert "--moe-expert-rank-capacity-factor" in found["HOST_BOUND"].text
+    assert found["HOST_BOUND"].numbers["host_bound_per_layer_s"] == per
+    sync_free = estimate(QWEN, cl, _t(**DROP_PAD), lay)
+    assert "HOST_BOUND" not in {f.code for f in time_findings(sync_free, None)}
