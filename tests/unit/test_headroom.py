@@ -203,6 +203,29 @@ def test_plan_table_and_json_say_free_memory_and_the_band(capsys: pytest.Capture
     assert "no memory margin (--headroom 0)" in " ".join(out.split())
 
 
+def test_plan_csv_has_the_margin_free_memory_bands_tier_and_rule_of_the_json(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    code, out, _ = _run([*PLAN, "--format", "json", "--headroom", "7GiB"], capsys)
+    doc = json.loads(out)
+    code_csv, text, _ = _run([*PLAN, "--format", "csv", "--headroom", "7GiB"], capsys)
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert code == code_csv == 0 and len(rows) == len(doc["candidates"]) >= 2
+    for row, c in zip(rows, doc["candidates"], strict=True):
+        mem = c["memory"]
+        assert float(row["free_bytes"]) == pytest.approx(mem["free_bytes"], abs=1)
+        assert float(row["margin_bytes"]) == pytest.approx(7 * GIB, abs=1)
+        assert row["fits_with_margin"] == str(mem["fits_with_margin"])
+        assert [float(row["peak_bytes_lo"]), float(row["peak_bytes_hi"])] == pytest.approx(mem["peak_bytes_range"])
+        assert [float(row["step_s_lo"]), float(row["step_s_hi"])] == pytest.approx(c["time"]["step_s_range"],
+                                                                                   rel=1e-5)
+        assert float(row["tokens_per_s_per_gpu_lo"]) == pytest.approx(
+            c["throughput"]["tokens_per_s_per_gpu_range"][0], rel=1e-5)
+        assert int(row["tier"]) == c["tier"] and row["decided_by"] == c["decided_by"]
+
+
 def test_plan_rejects_a_bad_headroom_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run([*PLAN, "--headroom", "lots"], capsys)
     assert code == 1 and out == "" and err.startswith("error: --headroom:") and len(err.strip().splitlines()) == 1

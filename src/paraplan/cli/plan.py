@@ -307,14 +307,21 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None 
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
         w = csv.writer(buf)
+        # the margin, free memory and error bands after the columns of before (as the JSON's memory/time keys)
         w.writerow(["rank", "tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "recompute", "sequence_parallel",
-                    "distributed_optimizer", "fsdp", "peak_bytes", "step_s", "tokens_per_s_per_gpu", "mfu"])
+                    "distributed_optimizer", "fsdp", "peak_bytes", "step_s", "tokens_per_s_per_gpu", "mfu",
+                    "free_bytes", "margin_bytes", "fits_with_margin", "peak_bytes_lo", "peak_bytes_hi", "step_s_lo",
+                    "step_s_hi", "tokens_per_s_per_gpu_lo", "tokens_per_s_per_gpu_hi", "tier", "decided_by"])
         for i, c in enumerate(p.candidates):
             lay = c.layout
+            bands = [*c.peak_bytes_range, *c.step_s_range, *c.tokens_per_s_per_gpu_range]
             w.writerow([i + 1, lay.tp, lay.pp, lay.vp, lay.cp, lay.ep, lay.etp, lay.dp, lay.mbs, lay.recompute,
                         lay.sp, lay.distributed_optimizer, lay.fsdp, f"{c.peak_bytes:.0f}",
                         f"{float(c.time.step_s):.6g}", f"{float(c.throughput.tokens_per_s_per_gpu):.6g}",
-                        f"{float(c.throughput.mfu):.4f}"])
+                        f"{float(c.throughput.mfu):.4f}", f"{c.free_bytes:.0f}",
+                        f"{c.headroom.margin_bytes(c.usable_bytes):.0f}", c.fits_with_margin,
+                        *(f"{v:.0f}" for v in bands[:2]), *(f"{v:.6g}" for v in bands[2:]),
+                        p.tiers[i] if i < len(p.tiers) else "", p.decided_by[i] if i < len(p.decided_by) else ""])
         sys.stdout.write(buf.getvalue())
     else:
         render_plan(p, site, recipe)
