@@ -201,6 +201,10 @@ def test_plan_table_and_json_say_free_memory_and_the_band(capsys: pytest.Capture
     code, out, _ = _run([*PLAN, "--headroom", "0"], capsys)
     assert code == 0 and "free" in out.split("best layouts")[1].splitlines()[2]  # the column header
     assert "no memory margin (--headroom 0)" in " ".join(out.split())
+    lo, hi = (x / GIB for x in doc["candidates"][0]["memory"]["peak_bytes_range"])
+    s_lo, s_hi = doc["candidates"][0]["time"]["step_s_range"]
+    assert (f"#1 ranges (measured error bands): peak {lo:.1f} - {hi:.1f} GiB" in " ".join(out.split())
+            and f"step {s_lo:.2f} - {s_hi:.2f} s" in " ".join(out.split()))
 
 
 def test_plan_csv_has_the_margin_free_memory_bands_tier_and_rule_of_the_json(

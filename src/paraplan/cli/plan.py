@@ -235,6 +235,7 @@ def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparis
                                        ("dominant", "left")], rows, con.width,
                       drop_order=("dominant", "tok/s\n/GPU", "ahead\nby"))
     con.print(table)
+    con.print(ranges_line(p.candidates[0]))
     if recipe is not None:
         con.print(recipe_line(recipe, p.candidates[0]))
     con.print("checkpoints: " + "; ".join(ckpts))
@@ -244,6 +245,16 @@ def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparis
     con.print(f"rejected: {rej or 'none'}")
     for note in p.notes:
         con.print(f"note: {safe(note)}")
+
+
+def ranges_line(pick: Estimate) -> str:
+    """The pick's measured error bands (``Estimate.*_range``, as the JSON's memory.peak_bytes_range,
+    time.step_s_range and throughput.tokens_per_s_per_gpu_range), on one line."""
+    (m_lo, m_hi), (s_lo, s_hi) = pick.peak_bytes_range, pick.step_s_range
+    k_lo, k_hi = pick.tokens_per_s_per_gpu_range
+    return (f"#1 ranges (measured error bands): peak {m_lo / GIB:.1f} - {m_hi / GIB:.1f} GiB "
+            f"({safe(pick.memory_band.describe())}); step {s_lo:.2f} - {s_hi:.2f} s, {k_lo:,.0f} - {k_hi:,.0f} "
+            f"tokens/s/GPU ({safe(pick.step_band.describe())})")
 
 
 RULE_LABELS = {"tier": "faster tier", "free_memory": "free mem", "distributed_optimizer": "dist-opt",
