@@ -283,7 +283,8 @@ def recipe_line(cmp: RecipeComparison, pick: Estimate) -> str:
 
     r = cmp.recipe
     head = (f"[cyan]recipe[/] {safe(r.alias)} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
-            f"{r.get('global_batch_size')}; closest NVIDIA recipe for this model and GPU): {safe(layout_text(r))}, "
+            f"{r.get('global_batch_size')}; {'closest NVIDIA recipe' if r.origin == 'bridge' else 'closest recipe, yours,'} "
+            f"for this model and GPU): {safe(layout_text(r))}, "
             f"{safe(knobs_summary(r))}")
     e = cmp.estimate
     if e is None:
