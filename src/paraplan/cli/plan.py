@@ -282,9 +282,9 @@ def recipe_line(cmp: RecipeComparison, pick: Estimate) -> str:
     from paraplan.cli.recipes import knobs_summary, layout_text
 
     r = cmp.recipe
+    whose = "closest NVIDIA recipe" if r.origin == "bridge" else "closest recipe, yours,"
     head = (f"[cyan]recipe[/] {safe(r.alias)} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
-            f"{r.get('global_batch_size')}; {'closest NVIDIA recipe' if r.origin == 'bridge' else 'closest recipe, yours,'} "
-            f"for this model and GPU): {safe(layout_text(r))}, "
+            f"{r.get('global_batch_size')}; {whose} for this model and GPU): {safe(layout_text(r))}, "
             f"{safe(knobs_summary(r))}")
     e = cmp.estimate
     if e is None:
