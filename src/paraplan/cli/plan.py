@@ -165,7 +165,7 @@ def search_space(*, tp: str | None = None, pp: str | None = None, vp: str | None
                  tp_comm_overlap: bool = False, recompute_modules: str | None = None,
                  schedule: str = "") -> SearchSpace:
     """The SearchSpace of the search flags (comma-separated lists; None keeps the default)."""
-    dp_variants = _strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp"))
+    dp_variants = _strs("dp-variant", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp"))
     return SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
