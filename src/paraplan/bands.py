@@ -64,13 +64,13 @@ class Band:
                 "coverage": self.coverage, "rows": self.rows, "method": self.method}
 
     def describe(self) -> str:
-        """``-8% / +19% (80% of 567 held-out rows)`` for the output."""
+        """``-8% / +19% (80% of 567 held-out rows)`` for the output; an offset goes with its end, a zero one is left
+        out: ``-7% - 0.033 GiB / +8% + 0.26 GiB (...)``."""
         lo, hi = 100 * (self.lo_ratio - 1), 100 * (self.hi_ratio - 1)
-        offsets = ""
-        if self.lo_offset or self.hi_offset:
-            unit, scale = ("GiB", GIB) if self.quantity == "peak_bytes" else ("s", 1.0)
-            offsets = f" -{self.lo_offset / scale:.2g}/+{self.hi_offset / scale:.2g} {unit}"
-        return f"{lo:+.0f}% / {hi:+.0f}%{offsets} ({100 * self.coverage:.0f}% of {self.rows} held-out rows)"
+        unit, scale = ("GiB", GIB) if self.quantity == "peak_bytes" else ("s", 1.0)
+        lo_text = f"{lo:+.0f}%" + (f" - {self.lo_offset / scale:.2g} {unit}" if self.lo_offset else "")
+        hi_text = f"{hi:+.0f}%" + (f" + {self.hi_offset / scale:.2g} {unit}" if self.hi_offset else "")
+        return f"{lo_text} / {hi_text} ({100 * self.coverage:.0f}% of {self.rows} held-out rows)"
 
 
 def value_range(value: float, band: Band, *, inverse: bool = False) -> tuple[float, float]:

@@ -912,12 +912,15 @@ def fit_advice(cluster: ClusterSpec, space: SearchSpace, smallest: tuple[Any, fl
     layout, need = smallest
     usable = cluster.gpu.usable_bytes
     margin = headroom.margin_bytes(usable)
-    if need <= usable:  # it fits only inside the margin
-        return FitTip("headroom", margin), FitTip("num_gpus", cluster.num_gpus * 2, need / (usable - margin), True)
-    ratio = need / (usable - margin)
-    per_node = cluster.gpus_per_node
-    more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
-    tips = [FitTip("num_gpus", more, ratio, margin > 0)]
+    if need <= usable:  # it fits only inside the margin (more GPUs help only while the margin leaves memory)
+        return (FitTip("headroom", margin), *([FitTip("num_gpus", cluster.num_gpus * 2, need / (usable - margin), True)]
+                                               if margin < usable else []))
+    tips = []
+    if margin < usable:  # a margin of all usable memory leaves no GPU count that fits
+        ratio = need / (usable - margin)
+        per_node = cluster.gpus_per_node
+        more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
+        tips.append(FitTip("num_gpus", more, ratio, margin > 0))
     if layout.recompute != "full" and "full" not in space.recompute:
         tips.append(FitTip("recompute"))
     if space.max_pp is not None or space.pp is not None:

@@ -530,3 +530,10 @@ def test_ctrl_c_at_any_moment_of_the_process(argv: list[str], tmp_path: Path) ->
         else:
             assert proc.returncode == 0 and proc.stderr == b"" and proc.stdout == whole.stdout, where
     assert interrupted >= len(moments) // 2, f"only {interrupted} of {len(moments)} moments interrupted the run"
+
+
+def test_a_bad_dp_variant_names_the_flag_given(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", "-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "64",
+                          "--dp-variant", "zero3"], capsys)
+    assert code == 1 and out == ""
+    assert err.strip() == "error: --dp-variant: unknown 'zero3' (allowed: distopt, fsdp, ddp)"  # was "--dp:"

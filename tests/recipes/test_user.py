@@ -182,3 +182,16 @@ def test_an_oversized_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     path.write_bytes(b"#" * (MAX_USER_FILE_BYTES + 1))
     code, _, err = run(["recipes", "--recipes", str(path)], capsys)
     assert code == 1 and "larger than 16 MiB" in err
+
+
+def test_plan_and_explain_call_a_user_recipe_yours_not_nvidias(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    job = ["-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "64"]
+    path = write(tmp_path, "mine.csv", ",".join(REQUIRED) + "\n" + "a:mine,llama3_8b,h100,8,bf16,4096,64,1,2,1\n")
+    code, out, _ = run(["explain", *job, "--recipes", path], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "llama3-8b-h100-bf16-8-user" in text
+    assert "closest recipe, yours, for this model and GPU" in text and "- RECIPE your recipe llama3-8b-h100" in text
+    assert "NVIDIA recipe llama3-8b-h100-bf16-8-user" not in text
+    code, out, _ = run(["explain", *job], capsys)  # without the file: NVIDIA's
+    assert code == 0 and "closest NVIDIA recipe for this model and GPU" in " ".join(out.split())

@@ -283,3 +283,28 @@ def test_ranges_contain_the_prediction_and_inverse_inverts(value: float, lo: flo
     t_lo, t_hi = value_range(1.0 / value, rel, inverse=True)
     assert t_lo <= 1.0 / value <= t_hi
     assert t_lo == pytest.approx(1.0 / s_hi, rel=1e-12) and t_hi == pytest.approx(1.0 / s_lo, rel=1e-12)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_docs_model_md_states_the_packaged_bands(family: str) -> None:
+    """docs/model.md 6.1 gives the figures of src/paraplan/bands.json (issue 18: "docs/model.md states the figures"):
+    refreshing the file (benchmarks/bands.py) without the docs fails here."""
+    text = " ".join((ROOT / "docs" / "model.md").read_text(encoding="utf-8").split())
+    step, mem = band_for("step_s", family), band_for("peak_bytes", family)  # type: ignore[arg-type]
+    assert f"{step.lo_ratio:.3f}-{step.hi_ratio:.3f} (coverage " in text or \
+        f"{step.lo_ratio:.3f}-{step.hi_ratio:.3f} ({100 * step.coverage:.1f}% of {step.rows})" in text
+    assert f"{100 * step.coverage:.1f}% of {step.rows}" in text
+    assert f"{mem.lo_ratio:.3f} - {mem.hi_ratio:.3f} with " in text
+    assert f"+{mem.hi_offset / GIB:.2f} GiB" in text and f"{100 * mem.coverage:.1f}% of {mem.rows}" in text
+
+
+def test_describe_puts_each_offset_with_its_end_and_leaves_zero_ones_out() -> None:
+    both = Band(quantity="peak_bytes", family="dense", lo_ratio=0.93, hi_ratio=1.08, lo_offset=0.03 * GIB,
+                hi_offset=0.26 * GIB, coverage=0.81, rows=507, method="test")
+    assert both.describe() == "-7% - 0.03 GiB / +8% + 0.26 GiB (81% of 507 held-out rows)"
+    upper = Band(quantity="peak_bytes", family="moe", lo_ratio=0.89, hi_ratio=1.07, lo_offset=0.0,
+                 hi_offset=0.23 * GIB, coverage=0.89, rows=130, method="test")
+    assert upper.describe() == "-11% / +7% + 0.23 GiB (89% of 130 held-out rows)"  # was "-0/+0.23 GiB"
+    step = Band(quantity="step_s", family="dense", lo_ratio=0.91, hi_ratio=1.17, lo_offset=0.0, hi_offset=0.0,
+                coverage=0.805, rows=195, method="test")
+    assert step.describe() == "-9% / +17% (80% of 195 held-out rows)"

@@ -10,6 +10,7 @@ import paraplan
 from paraplan.cli import main
 from paraplan.cli.render import fit_tip_flags, no_fit_line
 from paraplan.errors import NoFeasiblePlanError
+from paraplan.headroom import parse_headroom
 from paraplan.search import FitTip, SearchSpace, candidate_table, knob_rule_tip
 from paraplan.specs.cluster import make_cluster
 from paraplan.specs.load import load_gpu, load_model
@@ -124,3 +125,16 @@ def test_a_knob_rule_that_leaves_layouts_keeps_the_memory_advice() -> None:
     err = info.value
     assert err.rejections[GATHER] > 0 and err.rejections["OOM"] > 0
     assert err.advice[0].knob == "num_gpus"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("model", "margin", "knobs"), [
+    ("llama3-8b", "79GiB", ["headroom"]),  # fits in usable memory, only inside a margin of more than all of it
+    ("llama3.1-405b", "100GiB", ["recompute", "gpu_memory"]),  # over usable memory too
+])
+def test_a_margin_of_all_usable_memory_advises_no_gpu_count(model: str, margin: str, knobs: list[str]) -> None:
+    """More GPUs cannot help when the margin alone is more than usable memory (no "-20x the usable memory")."""
+    with pytest.raises(NoFeasiblePlanError) as info:
+        paraplan.plan(model, "h100-80gb", 8, training=TRAINING, headroom=parse_headroom(margin),
+                      space={"recompute": ("none", "selective")})  # type: ignore[arg-type]
+    assert [t.knob for t in info.value.advice] == knobs  # type: ignore[attr-defined]
+    assert "x the usable memory" not in no_fit_line(info.value)

@@ -201,6 +201,33 @@ def test_plan_table_and_json_say_free_memory_and_the_band(capsys: pytest.Capture
     code, out, _ = _run([*PLAN, "--headroom", "0"], capsys)
     assert code == 0 and "free" in out.split("best layouts")[1].splitlines()[2]  # the column header
     assert "no memory margin (--headroom 0)" in " ".join(out.split())
+    lo, hi = (x / GIB for x in doc["candidates"][0]["memory"]["peak_bytes_range"])
+    s_lo, s_hi = doc["candidates"][0]["time"]["step_s_range"]
+    assert (f"#1 ranges (measured error bands): peak {lo:.1f} - {hi:.1f} GiB" in " ".join(out.split())
+            and f"step {s_lo:.2f} - {s_hi:.2f} s" in " ".join(out.split()))
+
+
+def test_plan_csv_has_the_margin_free_memory_bands_tier_and_rule_of_the_json(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    code, out, _ = _run([*PLAN, "--format", "json", "--headroom", "7GiB"], capsys)
+    doc = json.loads(out)
+    code_csv, text, _ = _run([*PLAN, "--format", "csv", "--headroom", "7GiB"], capsys)
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert code == code_csv == 0 and len(rows) == len(doc["candidates"]) >= 2
+    for row, c in zip(rows, doc["candidates"], strict=True):
+        mem = c["memory"]
+        assert float(row["free_bytes"]) == pytest.approx(mem["free_bytes"], abs=1)
+        assert float(row["margin_bytes"]) == pytest.approx(7 * GIB, abs=1)
+        assert row["fits_with_margin"] == str(mem["fits_with_margin"])
+        assert [float(row["peak_bytes_lo"]), float(row["peak_bytes_hi"])] == pytest.approx(mem["peak_bytes_range"])
+        assert [float(row["step_s_lo"]), float(row["step_s_hi"])] == pytest.approx(c["time"]["step_s_range"],
+                                                                                   rel=1e-5)
+        assert float(row["tokens_per_s_per_gpu_lo"]) == pytest.approx(
+            c["throughput"]["tokens_per_s_per_gpu_range"][0], rel=1e-5)
+        assert int(row["tier"]) == c["tier"] and row["decided_by"] == c["decided_by"]
 
 
 def test_plan_rejects_a_bad_headroom_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -165,7 +165,7 @@ def search_space(*, tp: str | None = None, pp: str | None = None, vp: str | None
                  tp_comm_overlap: bool = False, recompute_modules: str | None = None,
                  schedule: str = "") -> SearchSpace:
     """The SearchSpace of the search flags (comma-separated lists; None keeps the default)."""
-    dp_variants = _strs("dp", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp"))
+    dp_variants = _strs("dp-variant", dp_variant, ("distopt", "fsdp", "ddp"), ("distopt", "fsdp"))
     return SearchSpace(
         tp=_ints("tp", tp), pp=_ints("pp", pp), vp=_ints("vp", vp), cp=_ints("cp", cp), ep=_ints("ep", ep),
         mbs=_ints("mbs", mbs) or (1, 2, 4, 8), max_pp=max_pp,
@@ -235,6 +235,7 @@ def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparis
                                        ("dominant", "left")], rows, con.width,
                       drop_order=("dominant", "tok/s\n/GPU", "ahead\nby"))
     con.print(table)
+    con.print(ranges_line(p.candidates[0]))
     if recipe is not None:
         con.print(recipe_line(recipe, p.candidates[0]))
     con.print("checkpoints: " + "; ".join(ckpts))
@@ -244,6 +245,16 @@ def render_plan(p: Plan, site: SiteProfile | None = None, recipe: RecipeComparis
     con.print(f"rejected: {rej or 'none'}")
     for note in p.notes:
         con.print(f"note: {safe(note)}")
+
+
+def ranges_line(pick: Estimate) -> str:
+    """The pick's measured error bands (``Estimate.*_range``, as the JSON's memory.peak_bytes_range,
+    time.step_s_range and throughput.tokens_per_s_per_gpu_range), on one line."""
+    (m_lo, m_hi), (s_lo, s_hi) = pick.peak_bytes_range, pick.step_s_range
+    k_lo, k_hi = pick.tokens_per_s_per_gpu_range
+    return (f"#1 ranges (measured error bands): peak {m_lo / GIB:.1f} - {m_hi / GIB:.1f} GiB "
+            f"({safe(pick.memory_band.describe())}); step {s_lo:.2f} - {s_hi:.2f} s, {k_lo:,.0f} - {k_hi:,.0f} "
+            f"tokens/s/GPU ({safe(pick.step_band.describe())})")
 
 
 RULE_LABELS = {"tier": "faster tier", "free_memory": "free mem", "distributed_optimizer": "dist-opt",
@@ -271,8 +282,9 @@ def recipe_line(cmp: RecipeComparison, pick: Estimate) -> str:
     from paraplan.cli.recipes import knobs_summary, layout_text
 
     r = cmp.recipe
+    whose = "closest NVIDIA recipe" if r.origin == "bridge" else "closest recipe, yours,"
     head = (f"[cyan]recipe[/] {safe(r.alias)} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
-            f"{r.get('global_batch_size')}; closest NVIDIA recipe for this model and GPU): {safe(layout_text(r))}, "
+            f"{r.get('global_batch_size')}; {whose} for this model and GPU): {safe(layout_text(r))}, "
             f"{safe(knobs_summary(r))}")
     e = cmp.estimate
     if e is None:
@@ -307,14 +319,21 @@ def emit(p: Plan, fmt: PlanFormat, with_explain: bool, site: SiteProfile | None 
     elif fmt == PlanFormat.csv:
         buf = io.StringIO()
         w = csv.writer(buf)
+        # the margin, free memory and error bands after the columns of before (as the JSON's memory/time keys)
         w.writerow(["rank", "tp", "pp", "vp", "cp", "ep", "etp", "dp", "mbs", "recompute", "sequence_parallel",
-                    "distributed_optimizer", "fsdp", "peak_bytes", "step_s", "tokens_per_s_per_gpu", "mfu"])
+                    "distributed_optimizer", "fsdp", "peak_bytes", "step_s", "tokens_per_s_per_gpu", "mfu",
+                    "free_bytes", "margin_bytes", "fits_with_margin", "peak_bytes_lo", "peak_bytes_hi", "step_s_lo",
+                    "step_s_hi", "tokens_per_s_per_gpu_lo", "tokens_per_s_per_gpu_hi", "tier", "decided_by"])
         for i, c in enumerate(p.candidates):
             lay = c.layout
+            bands = [*c.peak_bytes_range, *c.step_s_range, *c.tokens_per_s_per_gpu_range]
             w.writerow([i + 1, lay.tp, lay.pp, lay.vp, lay.cp, lay.ep, lay.etp, lay.dp, lay.mbs, lay.recompute,
                         lay.sp, lay.distributed_optimizer, lay.fsdp, f"{c.peak_bytes:.0f}",
                         f"{float(c.time.step_s):.6g}", f"{float(c.throughput.tokens_per_s_per_gpu):.6g}",
-                        f"{float(c.throughput.mfu):.4f}"])
+                        f"{float(c.throughput.mfu):.4f}", f"{c.free_bytes:.0f}",
+                        f"{c.headroom.margin_bytes(c.usable_bytes):.0f}", c.fits_with_margin,
+                        *(f"{v:.0f}" for v in bands[:2]), *(f"{v:.6g}" for v in bands[2:]),
+                        p.tiers[i] if i < len(p.tiers) else "", p.decided_by[i] if i < len(p.decided_by) else ""])
         sys.stdout.write(buf.getvalue())
     else:
         render_plan(p, site, recipe)

@@ -314,7 +314,8 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[st
     pick = plan.candidates[0]
     r = cmp.recipe
     rec = cmp.estimate
-    head = (f"NVIDIA recipe {r.alias} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
+    head = (f"{'NVIDIA' if r.origin == 'bridge' else 'your'} recipe {r.alias} ({r.get('num_gpus')} GPUs, seq "
+            f"{r.get('seq_length')}, GBS "
             f"{r.get('global_batch_size')}, {r.get('precision')}; the closest for this model and GPU)")
     nums: dict[str, Any] = {"source": r.source, "alias": r.alias, "at": cmp.at}
     if rec is None:
