@@ -164,3 +164,18 @@ def test_check_suggests_no_expert_flags_for_a_dense_model(tmp_path: Path, capsys
     assert alt["config"]["tp"] > 1  # the pick has TP, which the config's ETP follows
     assert f"--tp {alt['config']['tp']}" in alt["estimate_flags"]
     assert "--etp" not in alt["estimate_flags"] and "--ep " not in alt["estimate_flags"]
+
+
+def test_launch_notes_the_gather_with_optimizer_step_it_leaves_out(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, stdout, _ = run([*BASE, "--knob", "overlap-param-gather-with-optimizer-step", "--out", str(out)], capsys)
+    assert code == 0
+    assert "note: --overlap-param-gather-with-optimizer-step left out: Megatron-LM's validate_args" in " ".join(
+        stdout.split())
+    assert "--overlap-param-gather-with-optimizer-step" not in json.loads((out / "manifest.json").read_text())[
+        "megatron_args"]
+    code, stdout, _ = run([*BASE, "--knob", "overlap-param-gather-with-optimizer-step", "--target", "bridge",
+                           "--out", str(tmp_path / "bridge")], capsys)
+    assert code == 0 and "left out" not in stdout  # Megatron-Bridge has no such rule: its files keep it
+    assert "overlap_param_gather_with_optimizer_step=true" in (tmp_path / "bridge" / "bridge_overrides.txt").read_text()
