@@ -321,3 +321,21 @@ def test_every_packaged_userbuffers_name_spells_its_job() -> None:
         job = name_layout(name)
         assert job is not None and f"_tp{job['tp']}_" in name and f"_seqlen{job['seq_len']}" in name, name
     assert name_layout("/tmp/ub.yaml") is None and name_layout("") is None
+
+
+def test_plans_recipe_line_drops_the_named_config_for_another_seq_length() -> None:
+    """plan / explain estimate the closest recipe at the plan's job (``compare_with_plan``): the same rule."""
+    from paraplan.recipes.compare import compare_with_plan
+    from paraplan.search import plan
+    from paraplan.specs.cluster import make_cluster
+    from paraplan.specs.load import load_gpu
+    from paraplan.specs.training import TrainingSpec
+
+    cluster = make_cluster(load_gpu("h100-80gb"), 64)
+    for seq, dropped in ((4096, True), (8192, False)):
+        p = plan(load_model("llama3-70b"), cluster, TrainingSpec(seq_len=seq, global_batch_size=128, precision="fp8"),
+                 top_k=1)
+        cmp = compare_with_plan(p)
+        assert cmp is not None and cmp.recipe.alias == UB_RECIPE and cmp.at == "this job" and cmp.estimate
+        assert (cmp.estimate.training.tp_comm_overlap_cfg == "") is dropped
+        assert any("seq length 4096" in n for n in cmp.estimate.notes) is dropped
