@@ -164,7 +164,7 @@ def held_out_band(rows: Sequence[Row], family: str, make: Callable[[Sequence[Row
                   folds: int = FOLDS, seed: int = SEED) -> dict[str, Any]:
     """The family's band over all ``rows`` and its held-out coverage (each fold judged by the band ``make``
     builds from the other folds), at the lowest level from the target whose coverage reaches it."""
-    fold = fold_ids(len(rows), folds, seed)
+    fold = fold_ids([r.id for r in rows], folds, seed)
     mine = [i for i, r in enumerate(rows) if r.family == family]
     level = TARGET_COVERAGE
     while True:
