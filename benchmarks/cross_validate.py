@@ -7,7 +7,8 @@ log tokens/s, physical bounds, started from the preset's values, the parameters 
 vTrain rows are never held out (they are not scored by calibration.py).
 
 Two schemes:
-- ``kfold``: ``FOLDS`` seeded folds over the rows, each row's fold from its id alone (``fold_ids``);
+- ``kfold``: ``FOLDS`` seeded folds over the rows, each row's fold from its content
+  alone (``fold_ids`` of ``Case.fold_key``);
 - ``loso``: leave one source out. When the held-out source is the only one of an architecture (the
   Megatron-Bridge rows are every Blackwell row), nothing is left to fit on: those rows are predicted with the
   uncalibrated ``EfficiencySpec`` defaults (what a GPU without a calibration gets), and marked so.
@@ -133,7 +134,7 @@ class Held:
 def groups_of(cases: list[Case], scheme: str, folds: int = FOLDS, seed: int = SEED) -> dict[str, list[int]]:
     """Held-out groups: seeded folds (``kfold``) or one group per source (``loso``)."""
     if scheme == "kfold":
-        ids = fold_ids([c.id for c in cases], folds, seed)
+        ids = fold_ids([c.fold_key or c.id for c in cases], folds, seed)
         return {f"fold {k}": [i for i, f in enumerate(ids) if f == k] for k in range(folds)}
     if scheme == "loso":
         return {s: [i for i, c in enumerate(cases) if c.source == s] for s in sorted({c.source for c in cases})}

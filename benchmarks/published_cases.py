@@ -114,6 +114,8 @@ class Case:
     """TrainingSpec knobs the row ran with (``attach_recipe_knobs``); empty: Megatron's defaults."""
     excluded: str = ""
     """Why the row is left out of the scores (``DOCUMENTED_REGRESSIONS``, the source's own statement); empty: scored."""
+    fold_key: str = ""
+    """The row's identity for cross-validation folds (``row_fold_key``): its content, not its position in the CSV."""
 
 
 def _i(x: str | None) -> int | None:
@@ -291,7 +293,19 @@ def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - 
     return Case(id=f"{split}:{i:04d}", source=short, label=r["model"], model=model, gpu=gpu, num_gpus=n,
                 gpus_per_node=per_node, seq_len=seq, gbs=gbs, layout=layout, precision=precision,
                 target_tokens_per_s_per_gpu=target, moe=moe, attention_backend=d.get("attn", "flash"),
-                fp8_recipe=FP8_RECIPE.get(prec_raw, "delayed"), attention_kernel=d.get("kernel", "current"))
+                fp8_recipe=FP8_RECIPE.get(prec_raw, "delayed"), attention_kernel=d.get("kernel", "current"),
+                fold_key=row_fold_key(r))
+
+
+FOLD_KEY_COLUMNS = ("source", "source_detail", "model", "gpu", "num_gpus", "tp", "pp", "vp", "cp", "ep", "dp", "mbs",
+                    "gbs", "seq_length", "precision", "tokens_per_sec_per_gpu", "tflops_per_gpu", "step_time_s")
+"""The columns that identify a measured run: a row keeps its cross-validation fold when rows are added anywhere in
+the file (the newest Bridge release is inserted at the top) or when its notes are edited."""
+
+
+def row_fold_key(r: dict[str, str]) -> str:
+    """``FOLD_KEY_COLUMNS`` of a CSV row joined with '|' (missing columns empty)."""
+    return "|".join((r.get(c) or "").strip() for c in FOLD_KEY_COLUMNS)
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -79,6 +79,18 @@ def test_conformal_interval_covers_at_least_the_target() -> None:
     assert sum(10.0 <= x <= 90.0 for x in xs) / len(xs) >= 0.8
 
 
+@needs_shared
+def test_published_rows_have_distinct_content_fold_keys() -> None:
+    """A row's fold key is its content (not its CSV position, which shifts when a release is added at the top)."""
+    _bands_module()
+    from published_cases import FOLD_KEY_COLUMNS, load_cases, row_fold_key
+    cases, _ = load_cases("published", include_excluded=True)
+    keys = [c.fold_key for c in cases]
+    assert all(keys) and len(set(keys)) == len(keys)
+    row = {c: "x" for c in FOLD_KEY_COLUMNS}
+    assert row_fold_key({**row, "notes": "edited"}) == row_fold_key(row) != row_fold_key({**row, "tp": "y"})
+
+
 def test_folds_are_seeded_stable_and_roughly_balanced() -> None:
     bands = _bands_module()
     keys = [f"published:{i:04d}" for i in range(400)]
