@@ -103,6 +103,8 @@ class Row:
     source: str = ""
     usable: float = math.inf
     """Usable memory of the row's GPU (memory rows)."""
+    fold_key: str = ""
+    """The row's identity for its fold (``Case.fold_key`` for step rows); empty: ``id``."""
 
     @property
     def ratio(self) -> float:
@@ -164,7 +166,7 @@ def held_out_band(rows: Sequence[Row], family: str, make: Callable[[Sequence[Row
                   folds: int = FOLDS, seed: int = SEED) -> dict[str, Any]:
     """The family's band over all ``rows`` and its held-out coverage (each fold judged by the band ``make``
     builds from the other folds), at the lowest level from the target whose coverage reaches it."""
-    fold = fold_ids(len(rows), folds, seed)
+    fold = fold_ids([r.fold_key or r.id for r in rows], folds, seed)
     mine = [i for i, r in enumerate(rows) if r.family == family]
     level = TARGET_COVERAGE
     while True:
@@ -236,8 +238,9 @@ def scored_cases() -> list[Case]:
 
 
 def step_rows(held: list[Any]) -> list[Row]:
-    return [Row(id=h.case.id, family="moe" if h.case.moe else "dense", predicted=step_s(h.case, h.predicted),
-                measured=step_s(h.case, h.case.target_tokens_per_s_per_gpu), source=h.case.source)
+    return [Row(id=h.case.id, fold_key=h.case.fold_key, family="moe" if h.case.moe else "dense",
+                predicted=step_s(h.case, h.predicted), measured=step_s(h.case, h.case.target_tokens_per_s_per_gpu),
+                source=h.case.source)
             for h in held if isinstance(h.predicted, float) and h.predicted > 0]
 
 

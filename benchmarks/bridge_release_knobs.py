@@ -18,8 +18,10 @@ The configs took three forms over the releases, each read as the harness of that
     ``WorkloadBaseConfig(...)`` / ``replace(BASE, ...)`` assignments (fields not given take the class defaults of
     that tag's ``utils/utils.py``), applied as that tag's ``set_workload_base_configs`` does (utils/overrides.py or
     utils/helpers.py: FSDP, CUDA graphs, offload / block recompute, MoE A2A overlap with delay-wgrad, the flex
-    backend or alltoall, HybridEP SMs, TE cross entropy), plus the unconditional literal assignments of the family's
-    ``set_*common_configs`` functions (*_llm_pretrain.py).
+    backend or alltoall, HybridEP SMs, TE cross entropy), plus the unconditional literal assignments of the
+    ``set_*common_configs`` functions the config's harness function (``<model>_pretrain_config_<gpu>`` in
+    *_llm_pretrain.py) calls, that function's own ``moe_token_dispatcher_type`` where the tag's workload leaves the
+    dispatcher alone (up to v0.3.1), and its literal assignments after ``set_workload_base_configs``.
   * v0.6.0 (``perf_recipes``): ``src/megatron/bridge/perf_recipes/<family>/<gpu>/<model>.py``, the form of the
     packaged recipe library (bridge_perf_recipes.csv, @067f987): a recipe function whose source (and the source of
     the same-file functions it calls) is identical at v0.6.0 takes the library row's settings; any other is unknown.
@@ -126,17 +128,36 @@ def _column(attr: str) -> str:
     return ATTR_COLUMN.get(attr, attr)
 
 
-def common_assignments(text: str, model: str | None = None) -> dict[str, Any]:
+def _is_common(name: str) -> bool:
+    return name.startswith("set_") and "common" in name
+
+
+def called_common_functions(func: ast.FunctionDef) -> set[str]:
+    """The ``set_*common*`` functions a harness config function calls (``set_deepseek_v3_common_configs(cfg)``)."""
+    return {n.func.id for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and _is_common(n.func.id)}
+
+
+def common_assignments(text: str, model: str | None = None, called: set[str] | None = None) -> dict[str, Any]:
     """Unconditional ``cfg.<section>.<field> = <literal>`` statements in the body of each ``set_*common*`` function
-    (the family settings every config of the file gets), as {column: value}; non-literal values are ``?``. With
-    ``model``, only the functions whose name part (``set_<part>_common_configs``) the model name starts with: the
-    gpt_oss file's ``set_gpt_oss_20b_common_configs`` (offload of 95 layers, HybridEP with 128 SMs) is the 20B's, not
-    the 120B's, which its ``gpt_oss_120b_pretrain_config_*`` functions set with ``set_gpt_oss_common_configs``."""
+    (the family settings every config of the file gets), as {column: value}; non-literal values are ``?``.
+
+    With ``called`` (``called_common_functions`` of the config's harness function, ``<model>_pretrain_config_<gpu>``),
+    only the functions it calls: a file holds the common settings of several models (v0.5.1 deepseek_llm_pretrain.py:
+    ``set_deepseek_v4_pro_common_configs``, fp8 parameter gather, native cross entropy, bf16 gradients, which
+    DeepSeek-V3's functions never call; v0.2.0-v0.3.1 qwen3_llm_pretrain.py: ``set_qwen3_next_common_configs``).
+    Without it, with ``model``, the functions whose name part (``set_<part>_common_configs``) the model name starts
+    with: the gpt_oss file's ``set_gpt_oss_20b_common_configs`` (offload of 95 layers, HybridEP with 128 SMs) is the
+    20B's, not the 120B's, which its ``gpt_oss_120b_pretrain_config_*`` functions set with
+    ``set_gpt_oss_common_configs``."""
     out: dict[str, Any] = {}
     for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("set_") and "common" in node.name:
+        if isinstance(node, ast.FunctionDef) and _is_common(node.name):
             part = node.name.removeprefix("set_").removesuffix("_configs").removesuffix("_common")
-            if model is not None and model.startswith(("gpt_oss", "kimi")) and not model.startswith(part):
+            if called is not None:
+                if node.name not in called:
+                    continue
+            elif model is not None and not model.startswith(part):
                 continue
             for stmt in node.body:
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
@@ -273,8 +294,50 @@ def _recompute(f: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-def apply_workload(f: dict[str, Any], gpu: str, moe: bool, harness: str, container: str) -> dict[str, Any]:
-    """The columns a WorkloadBaseConfig sets, as that tag's ``set_workload_base_configs`` applies them."""
+WORKLOAD_APPLIES_FLEX = "apply_flex_dispatcher_backend(cfg.model, settings.moe_flex_dispatcher_backend)"
+"""From v0.4.0, ``set_workload_base_configs`` (utils/overrides.py) ends with the workload's dispatcher: the flex
+backend when it names one, else ``moe_token_dispatcher_type = "alltoall"``; up to v0.3.1 it leaves the dispatcher as
+the harness function and its recipe set it."""
+
+
+def harness_dispatcher(func: ast.FunctionDef | None) -> str | None:
+    """The last unconditional ``cfg.model.moe_token_dispatcher_type = "<literal>"`` in a harness config function's
+    body (v0.3.1 qwen3_llm_pretrain.py ``qwen3_235b_a22b_pretrain_config_h100``: ``"alltoall"``, set after the recipe
+    applied its flex backend), or None."""
+    found = None
+    for stmt in func.body if func is not None else []:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute) \
+                and stmt.targets[0].attr == "moe_token_dispatcher_type":
+            value = _literal(stmt.value)
+            found = value if isinstance(value, str) else None
+    return found
+
+
+def harness_overrides(func: ast.FunctionDef | None) -> dict[str, Any]:
+    """{column: literal} of the unconditional ``cfg.<section>.<field> = <literal>`` statements a harness config
+    function makes after its ``set_workload_base_configs(cfg, base_cfg)`` call, which therefore win over the workload
+    and the presets (v0.4.2-v0.5.1 deepseek_llm_pretrain.py ``deepseek_v3_pretrain_config_b200``:
+    ``cfg.mixed_precision.fp4_param_gather = False``). Userbuffers are read by ``harness_comm_overlap``."""
+    out: dict[str, Any] = {}
+    after = False
+    for stmt in func.body if func is not None else []:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name) \
+                and stmt.value.func.id == "set_workload_base_configs":
+            after = True
+        elif after and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Attribute):
+            col = _column(stmt.targets[0].attr)
+            if col in COLUMNS and col not in ("tp_comm_overlap", "tp_comm_overlap_cfg"):
+                out[col] = _literal(stmt.value)
+    return out
+
+
+def apply_workload(f: dict[str, Any], gpu: str, moe: bool, harness: str, container: str,
+                   dispatcher: str | None = None) -> dict[str, Any]:
+    """The columns a WorkloadBaseConfig sets, as that tag's ``set_workload_base_configs`` applies them;
+    ``dispatcher``: the harness function's own ``moe_token_dispatcher_type`` (``harness_dispatcher``), which is what
+    runs where ``set_workload_base_configs`` leaves the dispatcher alone (``WORKLOAD_APPLIES_FLEX`` absent): the flex
+    backend of the workload only with ``"flex"``."""
     s: dict[str, Any] = {**_graphs(f), **_recompute(f)}
     if f.get("use_megatron_fsdp") is True:
         s["use_megatron_fsdp"] = True
@@ -293,12 +356,23 @@ def apply_workload(f: dict[str, Any], gpu: str, moe: bool, harness: str, contain
     if 'cross_entropy_fusion_impl = "te"' in harness:
         s["cross_entropy_fusion_impl"] = "te"
     if moe:
-        backend = f.get("moe_flex_dispatcher_backend")
-        if backend is not None:
-            s.update(_flex(str(backend), gpu, harness, container))
-        elif 'moe_token_dispatcher_type = "alltoall"' in harness:
-            s["moe_token_dispatcher_type"] = "alltoall"
+        s.update(_moe_dispatcher(f, gpu, harness, container, dispatcher))
     return s
+
+
+def _moe_dispatcher(f: dict[str, Any], gpu: str, harness: str, container: str, dispatcher: str | None
+                    ) -> dict[str, Any]:
+    """The dispatcher columns of an MoE workload (``apply_workload``)."""
+    backend = f.get("moe_flex_dispatcher_backend")
+    if dispatcher is not None and WORKLOAD_APPLIES_FLEX not in harness:
+        if dispatcher != "flex":
+            return {"moe_token_dispatcher_type": dispatcher}
+        return _flex(str(backend), gpu, harness, container) if backend is not None else {}
+    if backend is not None:
+        return _flex(str(backend), gpu, harness, container)
+    if 'moe_token_dispatcher_type = "alltoall"' in harness:
+        return {"moe_token_dispatcher_type": "alltoall"}
+    return {}
 
 
 MOE_FAMILIES = ("deepseek", "qwen", "gpt_oss", "kimi")
@@ -566,16 +640,20 @@ def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]
             m = _NAME.match(name) or _NAME_V02.match(name)
             if m is None or (m["task"] or "PRETRAIN") != "PRETRAIN":
                 continue
+            gpu, prec = m["gpu"].lower(), m["prec"].lower()
+            model = m["model"].lower()
+            func = funcs.get(f"{model}_pretrain_config_{gpu}") or funcs.get(f"{model}_{gpu}_config")
+            called = called_common_functions(func) if func is not None else None
             common: dict[str, Any] = {}
             for text in texts:
-                common.update(common_assignments(text, m["model"].lower()))
-            gpu, prec = m["gpu"].lower(), m["prec"].lower()
+                common.update(common_assignments(text, model, called))
             variant = (m.groupdict().get("variant") or "").lower()
             moe = family in MOE_FAMILIES or int(f.get("expert_model_parallel_size") or 1) > 1
             s = {**common, **_precision_cols(prec, presets, harness, f.get("use_megatron_fsdp") is True),
-                 **apply_workload(f, gpu, moe, harness, container),
+                 **apply_workload(f, gpu, moe, harness, container, harness_dispatcher(func)),
                  **workload_comm_overlap(funcs, known, m["model"].lower(), gpu, prec,
-                                         f.get("tensor_model_parallel_size"))}
+                                         f.get("tensor_model_parallel_size")),
+                 **harness_overrides(func)}
             if moe:
                 s.update(full_iteration_paged_stash(texts, prec, s))
             layout = {LAYOUT[k]: f.get(k) for k in LAYOUT}

@@ -19,7 +19,10 @@ the model now; ``--cv`` recomputes them here (minutes: every fold is refitted).
 
 Layer counts that do not divide over PP x VP get the balanced first/last-stage split the
 published recipes use (``--pipeline-split auto``). Usage: python benchmarks/calibration.py
-[--worst 10] [--no-vtrain] [--source TEXT] [--cv]
+[--worst 10] [--no-vtrain] [--source TEXT] [--cv] [--by-container]
+
+Rows whose source states a software regression (published_cases ``DOCUMENTED_REGRESSIONS``) are left out of every
+figure and listed after the tables with the citation (``excluded ...``).
 """
 
 from __future__ import annotations
@@ -161,6 +164,22 @@ def print_table(rows: list[dict[str, Any]], key: str) -> None:
               f"{100 * w20:>5.0f}% {100 * bias:>+6.1f}%")
 
 
+def excluded_lines(source: str = "") -> list[str]:
+    """The rows left out of every score for a software regression their source states (``Case.excluded``,
+    published_cases ``DOCUMENTED_REGRESSIONS``): each with its prediction and measurement, then the reasons."""
+    cases = [c for c in load_cases("published", include_excluded=True)[0]
+             if c.excluded and source.lower() in c.source.lower()]
+    if not cases:
+        return []
+    lines = [f"\nexcluded, a software regression the source states (not scored): {len(cases)} rows"]
+    for c in cases:
+        p, m = predict(c), c.target_tokens_per_s_per_gpu
+        err = f"{p:.0f} vs {m:.0f} ({100 * (p / m - 1):+.0f}%)" if isinstance(p, float) else p[:60]
+        lines.append(f"  excluded {c.id} {c.label} {c.gpu} n={c.num_gpus}: {err}")
+    lines += [f"  reason: {why}" for why in dict.fromkeys(c.excluded for c in cases)]
+    return lines
+
+
 CV_SCHEMES = (("kfold", "5-fold"), ("loso", "leave-one-source-out"))
 
 
@@ -212,12 +231,20 @@ def main() -> int:
     ap.add_argument("--source", default="")
     ap.add_argument("--source-attention", action="store_true",
                     help="score rows with the attention backend their source ran (unfused before 2022)")
+    ap.add_argument("--by-container", action="store_true",
+                    help="only the Megatron-Bridge jobs measured in several NeMo containers: measured and predicted "
+                         "per container, the knobs that differ (benchmarks/bridge_containers.py)")
     ap.add_argument("--cv", action="store_true",
                     help="recompute the cross-validated figures (refits every fold; minutes) instead of reading them "
                          "from src/paraplan/bands.json")
     args = ap.parse_args()
     global SOURCE_ATTENTION
     SOURCE_ATTENTION = args.source_attention
+    if args.by_container:
+        from bridge_containers import table_lines
+
+        print("\n".join(table_lines(predict)))
+        return 0
     cases, _skipped = load_cases("published")
     cases = [c for c in cases if args.source.lower() in c.source.lower()]
     rows = score(cases)
@@ -226,6 +253,7 @@ def main() -> int:
     print_table(rows, "gpu")
     print()
     print_table(rows, "kind")
+    print("\n".join(excluded_lines(args.source)))
     refused = [r for r in rows if "ape" not in r]
     if refused:
         print(f"\nrefused by the estimator: {len(refused)} (first: {refused[0]['pred'][:100]})")

@@ -7,7 +7,8 @@ log tokens/s, physical bounds, started from the preset's values, the parameters 
 vTrain rows are never held out (they are not scored by calibration.py).
 
 Two schemes:
-- ``kfold``: ``FOLDS`` seeded folds over the rows (benchmarks/bands.py ``fold_ids``);
+- ``kfold``: ``FOLDS`` seeded folds over the rows, each row's fold from its content
+  alone (``fold_ids`` of ``Case.fold_key``);
 - ``loso``: leave one source out. When the held-out source is the only one of an architecture (the
   Megatron-Bridge rows are every Blackwell row), nothing is left to fit on: those rows are predicted with the
   uncalibrated ``EfficiencySpec`` defaults (what a GPU without a calibration gets), and marked so.
@@ -18,8 +19,8 @@ also builds the memory model; tested), so a refit takes seconds, not minutes.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,14 +50,11 @@ the evaluations for a cost 1% lower on the Hopper rows; the parameters it moves 
 ARCH_OF = {g: arch for arch, gs in ARCH_GPUS.items() for g in gs}
 
 
-def fold_ids(n: int, folds: int = FOLDS, seed: int = SEED) -> list[int]:
-    """Fold of each of ``n`` rows: a seeded shuffle dealt round-robin (fold sizes differ by at most one)."""
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    out = [0] * n
-    for pos, i in enumerate(order):
-        out[i] = pos % folds
-    return out
+def fold_ids(keys: Sequence[str], folds: int = FOLDS, seed: int = SEED) -> list[int]:
+    """Fold of each row, from its key alone: ``sha256(f"{seed}:{key}") mod folds``. A row keeps its fold when other
+    rows are added or removed (a shuffle of positions redraws every fold when the row count changes, which moved the
+    5-fold figures for reasons that were not the model); fold sizes are balanced in expectation only."""
+    return [int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big") % folds for key in keys]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +134,7 @@ class Held:
 def groups_of(cases: list[Case], scheme: str, folds: int = FOLDS, seed: int = SEED) -> dict[str, list[int]]:
     """Held-out groups: seeded folds (``kfold``) or one group per source (``loso``)."""
     if scheme == "kfold":
-        ids = fold_ids(len(cases), folds, seed)
+        ids = fold_ids([c.fold_key or c.id for c in cases], folds, seed)
         return {f"fold {k}": [i for i, f in enumerate(ids) if f == k] for k in range(folds)}
     if scheme == "loso":
         return {s: [i for i, c in enumerate(cases) if c.source == s] for s in sorted({c.source for c in cases})}

@@ -112,6 +112,10 @@ class Case:
     """The flash-attention kernel generation the source ran (``SOURCES`` ``kernel``; TrainingSpec.attention_kernel)."""
     knobs: dict[str, Any] = field(default_factory=dict)
     """TrainingSpec knobs the row ran with (``attach_recipe_knobs``); empty: Megatron's defaults."""
+    excluded: str = ""
+    """Why the row is left out of the scores (``DOCUMENTED_REGRESSIONS``, the source's own statement); empty: scored."""
+    fold_key: str = ""
+    """The row's identity for cross-validation folds (``row_fold_key``): its content, not its position in the CSV."""
 
 
 def _i(x: str | None) -> int | None:
@@ -289,7 +293,19 @@ def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - 
     return Case(id=f"{split}:{i:04d}", source=short, label=r["model"], model=model, gpu=gpu, num_gpus=n,
                 gpus_per_node=per_node, seq_len=seq, gbs=gbs, layout=layout, precision=precision,
                 target_tokens_per_s_per_gpu=target, moe=moe, attention_backend=d.get("attn", "flash"),
-                fp8_recipe=FP8_RECIPE.get(prec_raw, "delayed"), attention_kernel=d.get("kernel", "current"))
+                fp8_recipe=FP8_RECIPE.get(prec_raw, "delayed"), attention_kernel=d.get("kernel", "current"),
+                fold_key=row_fold_key(r))
+
+
+FOLD_KEY_COLUMNS = ("source", "source_detail", "model", "gpu", "num_gpus", "tp", "pp", "vp", "cp", "ep", "dp", "mbs",
+                    "gbs", "seq_length", "precision", "tokens_per_sec_per_gpu", "tflops_per_gpu", "step_time_s")
+"""The columns that identify a measured run: a row keeps its cross-validation fold when rows are added anywhere in
+the file (the newest Bridge release is inserted at the top) or when its notes are edited."""
+
+
+def row_fold_key(r: dict[str, str]) -> str:
+    """``FOLD_KEY_COLUMNS`` of a CSV row joined with '|' (missing columns empty)."""
+    return "|".join((r.get(c) or "").strip() for c in FOLD_KEY_COLUMNS)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -298,8 +314,29 @@ def pct(xs: list[float], q: float) -> float:
     return math.nan if value is None else value
 
 
-def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
-    """All usable cases of a split ('published' or 'vtrain') and skip counts per reason."""
+DOCUMENTED_REGRESSIONS: tuple[tuple[str, str, str], ...] = (
+    ("26.06.01", "gpt-oss-120B",
+     "software regression stated by the source: docs/performance-summary-archive.md @067f987, 26.06.01 GPT OSS 120B "
+     "rows, footnote [^gpt-oss-note] \"Performance regression in GPT-OSS 120B pre-training is a known issue "
+     "(NVIDIA/cudnn-frontend#256). It will be resolved with the next container release.\" (the same jobs: 26.06 and "
+     "26.08 about 1.6x faster with the same recipe)"),
+)
+"""(NeMo container, published model, reason): Megatron-Bridge rows whose own page says they ran with a software
+regression no recipe setting expresses; they are kept as cases with ``Case.excluded`` set, left out of every score
+and fit (``load_cases``), and printed with the reason by calibration.py (``excluded_lines``)."""
+
+
+def documented_regression(r: dict[str, str]) -> str:
+    """The ``DOCUMENTED_REGRESSIONS`` reason of a published_runs.csv row, or ``""``."""
+    if not r["source"].startswith(BRIDGE_SOURCE):
+        return ""
+    container = row_container(r["notes"])
+    return next((why for c, model, why in DOCUMENTED_REGRESSIONS if c == container and r["model"] == model), "")
+
+
+def load_cases(split: str, include_excluded: bool = False) -> tuple[list[Case], dict[str, int]]:
+    """All usable cases of a split ('published' or 'vtrain') and skip counts per reason; the rows of a documented
+    software regression (``DOCUMENTED_REGRESSIONS``) only with ``include_excluded`` (``Case.excluded`` says why)."""
     path = SHARED / ("published_runs.csv" if split == "published" else "vtrain_runs.csv")
     cases: list[Case] = []
     skipped: dict[str, int] = {}
@@ -313,6 +350,7 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
                     case.layout["tp_comm_overlap"] = False
                 if TOKENDROP_LABEL in r["notes"]:
                     tokendrop.add(case.id)
+                case.excluded = documented_regression(r) if split == "published" else ""
                 cases.append(case)
             except Skip as err:
                 skipped[str(err)] = skipped.get(str(err), 0) + 1
@@ -321,6 +359,11 @@ def load_cases(split: str) -> tuple[list[Case], dict[str, int]]:
     for case in cases:  # Bridge's --use_tokendrop (scripts/performance/utils/overrides.py: apply_moe_token_drop)
         if case.id in tokendrop:
             case.knobs = {**case.knobs, **TOKENDROP_KNOBS}
+    if not include_excluded:
+        for c in cases:
+            if c.excluded:
+                skipped["documented software regression"] = skipped.get("documented software regression", 0) + 1
+        cases = [c for c in cases if not c.excluded]
     return cases, skipped
 
 

@@ -53,3 +53,12 @@ def test_the_cli_computes_through_the_public_api(monkeypatch: pytest.MonkeyPatch
     assert main(["plan", "-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "64", "--top", "2",
                  "--tp", "1,2", "-f", "json"]) == 0
     assert len(calls) == 1 and calls[0]["top_k"] == 2
+
+
+def test_an_empty_choice_list_is_refused_not_read_as_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--dp-variant ""` (an empty shell variable) once searched Megatron-FSDP on every layout."""
+    from paraplan.cli import main
+    code = main(["plan", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "8192",
+                 "--gbs", "64", "--dp-variant", ""])
+    err = capsys.readouterr().err
+    assert code == 1 and "--dp-variant: empty (allowed: distopt, fsdp, ddp)" in err

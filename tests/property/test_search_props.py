@@ -198,8 +198,12 @@ def test_search_plans_uneven_pipelines_for_layer_counts_that_do_not_divide() -> 
     assert sum(best.layout.pipeline_layout) == 61
     ev = p.feasible
     assert ev is not None
-    i = int(np.argmin(ev.step_s))
-    assert float(best.time.step_s) == pytest.approx(float(ev.step_s[i]), rel=1e-9)
+    # the pick is the search's own row, re-estimated to the same step time, and in the fastest tier (issue 14: a
+    # layout within the tier tolerance of the fastest may win on free memory or fewer parallel dimensions)
+    rows = [i for i in range(len(ev.step_s)) if ev.table.row(i) == best.layout]
+    assert len(rows) == 1
+    assert float(best.time.step_s) == pytest.approx(float(ev.step_s[rows[0]]), rel=1e-9)
+    assert p.tiers[0] == 1 and float(best.time.step_s) >= float(np.min(ev.step_s))
 
 
 def test_top_layouts_are_distinct_and_exact_ties_are_counted() -> None:

@@ -243,3 +243,89 @@ def test_rows_run_their_release_configs_userbuffers(monkeypatch: pytest.MonkeyPa
     got = [(c.layout["tp_comm_overlap"], c.knobs.get("tp_comm_overlap_cfg"))  # type: ignore[attr-defined]
            for c in cases]
     assert got == [(True, name), (False, None), (True, None)]
+
+
+TWO_MODELS = '''
+def set_deepseek_v3_common_configs(cfg):
+    cfg.model.recompute_granularity = "selective"
+def set_deepseek_v4_pro_common_configs(cfg):
+    cfg.model.cross_entropy_fusion_impl = "native"
+    cfg.mixed_precision.fp8_param_gather = True
+    cfg.ddp.grad_reduce_in_fp32 = False
+def deepseek_v3_pretrain_config_gb200(precision="bf16"):
+    cfg = pretrain_config()
+    set_deepseek_v3_common_configs(cfg)
+    set_workload_base_configs(cfg, base_cfg)
+    return cfg
+'''
+
+
+def test_common_settings_are_only_those_of_the_functions_the_config_calls() -> None:
+    # v0.5.1 deepseek_llm_pretrain.py holds DeepSeek-V4-Pro's common settings beside DeepSeek-V3's; a V3 config
+    # calls only set_deepseek_v3_common_configs
+    func = next(n for n in ast.parse(TWO_MODELS).body if isinstance(n, ast.FunctionDef)
+                and n.name == "deepseek_v3_pretrain_config_gb200")
+    called = brk.called_common_functions(func)
+    assert called == {"set_deepseek_v3_common_configs"}
+    assert brk.common_assignments(TWO_MODELS, "deepseek_v3", called) == {"recompute_granularity": "selective"}
+    # without the call graph: the functions whose name part the model starts with (deepseek_v3, not deepseek_v4_pro)
+    assert brk.common_assignments(TWO_MODELS, "deepseek_v3") == {"recompute_granularity": "selective"}
+    assert brk.common_assignments(TWO_MODELS)["cross_entropy_fusion_impl"] == "native"  # every function
+
+
+QWEN_HARNESS = '''
+def qwen3_235b_a22b_pretrain_config_h100(precision="bf16"):
+    cfg = qwen3_235b_a22b_pretrain_config()
+    cfg.model.moe_flex_dispatcher_backend = base_cfg.moe_flex_dispatcher_backend
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    set_qwen3_common_configs(cfg)
+    set_workload_base_configs(cfg, base_cfg)
+    cfg.mixed_precision.fp4_param_gather = False
+    if cfg.ddp.use_megatron_fsdp:
+        cfg.ddp.nccl_ub = True
+    return cfg
+'''
+
+
+def test_harness_dispatcher_wins_where_the_workload_leaves_the_dispatcher() -> None:
+    # v0.3.1: set_workload_base_configs does not touch the dispatcher, so the harness function's "alltoall" (set after
+    # the recipe applied its flex backend) runs, whatever backend the workload names; from v0.4.0 the workload's
+    # apply_flex_dispatcher_backend call comes last and its backend wins
+    func = ast.parse(QWEN_HARNESS).body[0]
+    assert isinstance(func, ast.FunctionDef)
+    assert brk.harness_dispatcher(func) == "alltoall" and brk.harness_dispatcher(None) is None
+    f = {"moe_flex_dispatcher_backend": "deepep"}
+    old = brk.apply_workload(f, "h100", True, "", "26.02.01", "alltoall")
+    assert old["moe_token_dispatcher_type"] == "alltoall" and "moe_flex_dispatcher_backend" not in old
+    new = brk.apply_workload(f, "h100", True, brk.WORKLOAD_APPLIES_FLEX, "26.04", "alltoall")
+    assert (new["moe_token_dispatcher_type"], new["moe_flex_dispatcher_backend"]) == ("flex", "deepep")
+    flex = brk.apply_workload({"moe_flex_dispatcher_backend": "hybridep"}, "gb200", True, "", "26.02.01", "flex")
+    assert (flex["moe_token_dispatcher_type"], flex["moe_flex_dispatcher_backend"]) == ("flex", "hybridep")
+
+
+def test_harness_overrides_after_the_workload_win() -> None:
+    func = ast.parse(QWEN_HARNESS).body[0]
+    assert isinstance(func, ast.FunctionDef)
+    # the dispatcher line comes before set_workload_base_configs, nccl_ub only under a branch: neither
+    assert brk.harness_overrides(func) == {"fp4_param_gather": False}
+    assert brk.harness_overrides(None) == {}
+
+
+@NEEDS_MIRROR
+def test_qwen3_235b_h100_ran_alltoall_in_26_02_01() -> None:
+    # v0.3.1 qwen3_workload_base_configs.py BASE_QWEN3_235B_A22B_CONFIG: moe_flex_dispatcher_backend="deepep";
+    # qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_h100: cfg.model.moe_token_dispatcher_type = "alltoall";
+    # overrides.py set_workload_base_configs (v0.3.1) calls no apply_flex_dispatcher_backend
+    data = json.loads(brk.OUT.read_text())
+    by = {(c["tag"], c["name"]): c["settings"] for c in data["configs"]}
+    s = by[("v0.3.1", "QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2")]
+    assert s["moe_token_dispatcher_type"] == "alltoall" and "moe_flex_dispatcher_backend" not in s
+    gb = by[("v0.3.1", "QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_FP8_MX_V2")]  # its harness function says "flex"
+    assert (gb["moe_token_dispatcher_type"], gb["moe_flex_dispatcher_backend"]) == ("flex", "hybridep")
+    git = brk.Git(MIRROR)
+    text = git.show("v0.5.1", "scripts/performance/configs/deepseek/deepseek_llm_pretrain.py") or ""
+    func = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)
+                and n.name == "deepseek_v3_pretrain_config_gb200")
+    common = brk.common_assignments(text, "deepseek_v3", brk.called_common_functions(func))
+    assert "cross_entropy_fusion_impl" not in common and "fp8_param_gather" not in common  # V4-Pro's
+    assert "native" in str(brk.common_assignments(text))  # what merging every function gave

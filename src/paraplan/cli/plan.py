@@ -100,9 +100,11 @@ def _ints(name: str, text: str | None) -> tuple[int, ...] | None:
 
 
 def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
-    if not text:
+    if text is None:
         return default
     values = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not values:  # an empty shell variable (--dp-variant "$V") must not silently change the search
+        raise SpecError(f"--{name}: empty (allowed: {', '.join(allowed)})")
     bad = [v for v in values if v not in allowed]
     if bad:
         raise SpecError(f"--{name}: unknown '{bad[0]}' (allowed: {', '.join(allowed)})")

@@ -188,7 +188,10 @@ def render_estimate(est: Estimate) -> None:
     tt.add_column("term")
     tt.add_column("time", justify="right")
     tt.add_column("share", justify="right")
-    terms = [("compute", t.compute_s), ("recompute", t.recompute_s), ("bubble", t.bubble_s)]
+    terms = [("compute", t.compute_s)]
+    if float(t.host_bound_s) > 0:  # inside compute: the GPU waits for the host after an MoE dispatcher sync
+        terms.append(("  of which host-bound (MoE)", t.host_bound_s))
+    terms += [("recompute", t.recompute_s), ("bubble", t.bubble_s)]
     terms += [(f"exposed {k.upper()} comm", v) for k, v in t.exposed_comm_s.items()]
     terms += [("optimizer", t.optimizer_s), ("overhead", t.overhead_s)]
     for name, value in terms:

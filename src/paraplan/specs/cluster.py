@@ -76,7 +76,10 @@ class EfficiencySpec:
     ep_overlap_frac: float = 0.0
     """Share of the EP all-to-all hidden (0 unless overlap is configured)."""
     moe_overhead_frac: float = 0.25
-    """Extra time of MoE layers over their GEMM time (permute, router, grouped-GEMM imbalance)."""
+    """Extra time of MoE layers over their routed GEMM time, as a share of it: the grouped GEMM's imbalance and
+    small-m tiles, the router's top-k, softmax and aux-loss kernels, whatever else the fit finds. Fitted per
+    architecture. The dispatcher's row copies (permute / unpermute, alltoall's sort by local expert, the experts'
+    quantization padding) are not in it: ``estimate.time.permute`` counts their bytes per dispatcher."""
     moe_layer_overhead_s: float = 0.0
     """Time of one host-device synchronisation of an MoE layer's token dispatcher (the host waits for the token
     counts per expert, so the GPU drains its queue and idles until the host issues the next kernels), charged per

@@ -309,7 +309,9 @@ class TrainingSpec:
     """``--delay-wgrad-compute`` (with ``--overlap-moe-expert-parallel-comm``, the combined_1f1b schedule): weight
     gradients run after the dispatch backward is issued, so they hide it too."""
     moe_permute_fusion: bool = False
-    """``--moe-permute-fusion``: TE's fused permute kernels (the separate permute / unpermute copies stay)."""
+    """``--moe-permute-fusion``: TE's fused permute kernels (the separate permute / unpermute copies stay, with the
+    same bytes; with DeepEP the fused permute also pads to the quantization alignment, so the experts' padding
+    copies go: ``estimate.time.permute``)."""
     moe_permute_fusion_into_hybridep: bool = False
     """``--moe-permute-fusion-into-hybridep`` (flex dispatcher, HybridEP backend): the expert permutation runs inside
     HybridEP's dispatch / combine kernels (``_HybridEPManager``: ``fused=config.moe_permute_fusion_into_hybridep``,
@@ -344,7 +346,8 @@ class TrainingSpec:
     moe_use_grouped_tensor: bool = False
     """``--moe-use-grouped-tensor``: TE's GroupedTensor path for the grouped expert GEMMs (the op fuser turns it
     on, TransformerConfig.__post_init__); Megatron accepts it instead of the op fuser for
-    ``moe_expert_rank_capacity_factor`` with HybridEP. Its kernels' speed is not modelled (no time, no memory)."""
+    ``moe_expert_rank_capacity_factor`` with HybridEP. Its kernels' speed is not modelled (no memory); the experts pad
+    their input to 256-token segments with it (the padding copies of ``estimate.time.permute``, not with HybridEP)."""
     use_transformer_engine_op_fuser: bool = False
     """``--use-transformer-engine-op-fuser``: TE's operation fuser for the grouped expert MLP; Megatron requires it
     (or ``--moe-use-grouped-tensor``) for ``moe_expert_rank_capacity_factor`` with HybridEP. Its kernels' speed is

@@ -15,6 +15,7 @@ Three dispatchers (``--moe-token-dispatcher-type``, ``megatron/core/transformer/
   destination rank over NVLink (the two run at once), instead of once per routed expert; HybridEP also
   permutes the tokens for the experts inside the kernel with ``--moe-permute-fusion-into-hybridep``
   (``fused=config.moe_permute_fusion_into_hybridep``; ``--moe-permute-fusion`` is TE's separate permute kernel).
+  The row copies each dispatcher makes outside its communication kernels: ``estimate.time.permute``.
 
 Every dispatcher makes ``EP_ALL_TO_ALLS_PER_LAYER`` passes of the same size per MoE layer and micro-batch.
 """
@@ -41,14 +42,6 @@ EP_ALL_TO_ALLS_PER_LAYER: Final = 4.0
 """Dispatch and combine, forward and backward."""
 DISPATCH_PASSES_PER_DIRECTION: Final = 2.0
 """Dispatch and combine in each of forward and backward (``EP_ALL_TO_ALLS_PER_LAYER`` / 2)."""
-PERMUTE_COPIES: Final = 2.0
-"""Row copies of the routed tokens outside the communication kernel, per direction: ``moe_utils.permute``
-before the dispatch and ``moe_utils.unpermute`` after the combine (alltoall, allgather, DeepEP)."""
-HYBRIDEP_FUSED_PERMUTE_COPIES: Final = 0.0
-"""HybridEP with ``--moe-permute-fusion-into-hybridep`` permutes inside its dispatch / combine kernels
-(``_HybridEPManager``: ``hybrid_ep_dispatch(..., fused=self.config.moe_permute_fusion_into_hybridep)`` and the
-same in ``hybrid_ep_combine``, token_dispatcher.py; TransformerConfig: "Fuse token rearrangement ops during token
-dispatching for HybridEP", default False)."""
 SHARED_FC1_SHARE: Final = 0.5
 """Share of the shared expert's forward GEMMs in its fc1 (beside the dispatch) and in its fc2 (beside the
 combine): fc1 (T x h)(h x g f) and fc2 (T x f)(f x h) have equal FLOPs at g = 1; an even split is taken."""
@@ -155,16 +148,6 @@ def dispatcher_link_s(cluster: ClusterSpec, model: ModelSpec, training: Training
     if kind == "flex":
         return flex_link_s(cluster, model, ep_group, tokens, hidden)
     return all_to_all_link_s(cluster, ep_group, routed_tokens, hidden)
-
-
-def permute_copies(training: TrainingSpec) -> float:
-    """Row copies of the routed tokens per direction outside the dispatch kernel: ``PERMUTE_COPIES``, none with
-    HybridEP and ``--moe-permute-fusion-into-hybridep`` (``HYBRIDEP_FUSED_PERMUTE_COPIES``; ``--moe-permute-fusion``
-    alone keeps them: TE's fused permute is still a copy outside the dispatch kernel)."""
-    if training.moe_token_dispatcher_type == "flex" and training.moe_flex_dispatcher_backend == "hybridep" \
-            and training.moe_permute_fusion_into_hybridep:
-        return HYBRIDEP_FUSED_PERMUTE_COPIES
-    return PERMUTE_COPIES
 
 
 def routed_load_factor(training: TrainingSpec) -> float:

@@ -10,7 +10,7 @@ import numpy as np
 
 from paraplan.estimate.flops import attention_heads_tensor_core_aligned, attention_score_fraction, attention_score_width
 from paraplan.estimate.layouts import LayerLayout
-from paraplan.estimate.time import compute, cp, ep, moe_sync, tp
+from paraplan.estimate.time import compute, cp, ep, moe_sync, permute, tp
 from paraplan.estimate.time.compute import ACT_FN_BYTES_PER_ELEMENT, ATTENTION_BWD_FACTOR, GEMM_FWD_BWD_FACTOR, gemm_s
 from paraplan.layout import RECOMPUTE_CODES
 from paraplan.specs.cluster import ClusterSpec, EfficiencySpec
@@ -237,8 +237,9 @@ def dense_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
 def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: LayerLayout) -> LayerTime:
     """MoE MLP: router, routed experts as grouped GEMMs with m = tokens per local expert (times the
-    capacity's ``ep.routed_load_factor``), permutation traffic (``ep.permute_copies``), the dispatcher's
-    dispatch + combine, forward + backward (``ep.dispatcher_link_s``), shared expert. The router's gating GEMM
+    capacity's ``ep.routed_load_factor``), the dispatcher's row copies outside its kernels
+    (``permute.permute_bytes``), the dispatcher's dispatch + combine, forward + backward (``ep.dispatcher_link_s``),
+    shared expert. The router's gating GEMM
     (T/sp x h)(h x E) runs on the BF16 tensor cores whatever ``--moe-router-dtype`` says: fp32 only makes its
     output fp32 (moe_utils.py ``RouterGatingLinearFunction.forward``: ``te_general_gemm(weight, inp, router_dtype)``
     on the bf16 operands; fp64 falls back to ``torch.mm`` in fp64, not modelled)."""
@@ -257,7 +258,7 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     hbm = compute.hbm_rate(cluster)
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
-            + compute.MOE_PERMUTE_BYTES_PER_ELEMENT * ep.permute_copies(training) / ep.PERMUTE_COPIES * te * h
+            + permute.permute_bytes(training, te * h, local)
             + compute.quantize_bytes(training, m_e, fe * gate / layout.etp, h, local)
             + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local)
             + compute.quick_geglu_clamp_bytes_per_element(model, training) * te * fe * gate / layout.etp
