@@ -62,3 +62,10 @@ def test_an_empty_choice_list_is_refused_not_read_as_the_default(capsys: pytest.
                  "--gbs", "64", "--dp-variant", ""])
     err = capsys.readouterr().err
     assert code == 1 and "--dp-variant: empty (allowed: distopt, fsdp, ddp)" in err
+
+
+def test_explain_refuses_csv_rather_than_dropping_its_findings(capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+    code = main(["explain", "--model", "llama3-8b", "--gpu", "h100-80gb", "--num-gpus", "8", "--seq-len", "8192",
+                 "--gbs", "64", "--format", "csv"])
+    assert code == 1 and "--format: explain prints table or json" in capsys.readouterr().err

@@ -177,3 +177,20 @@ def test_a_csv_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe" + HEADER.encode("utf-16-le"))
     with pytest.raises(SpecError, match="is not UTF-8 text"):
         read_runs_csv(path, load_gpu(GPU))
+
+
+def test_every_fitted_efficiency_of_the_presets_can_be_calibrated() -> None:
+    """benchmarks/fit_efficiency.py fits these for the presets; a user's `calibrate --params` must accept them too
+    (docs/model.md says calibrate fits the same parameters), each within EfficiencySpec's own range."""
+    import sys
+
+    from paraplan.calibrate import PARAM_BOUNDS
+    from paraplan.specs.cluster import EfficiencySpec
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    fit_efficiency = pytest.importorskip("fit_efficiency")
+    assert set(fit_efficiency.PARAMS) <= set(PARAM_BOUNDS)
+    from dataclasses import fields
+    names = {f.name for f in fields(EfficiencySpec)}
+    for name, (lo, hi) in PARAM_BOUNDS.items():
+        assert name in names
+        EfficiencySpec(**{name: lo}), EfficiencySpec(**{name: hi})  # type: ignore[arg-type]

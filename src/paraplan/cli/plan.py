@@ -471,5 +471,8 @@ def explain_cmd(
 
     Example: paraplan explain --model llama3-8b --gpu h100-80gb --num-gpus 16 --seq-len 8192 --gbs 256
     """
+    if fmt is PlanFormat.csv:  # the findings are text; a CSV would silently drop them
+        raise SpecError("--format: explain prints table or json (allowed: table, json); for the layouts as CSV use "
+                        "paraplan plan --format csv")
     plan_and_emit(replace(req, schedule=schedule.value if schedule is not None else ""), explain=True, site=site,
                   save=save, force=force, fmt=fmt, recipes_file=recipes_file)
