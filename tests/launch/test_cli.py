@@ -145,3 +145,37 @@ def test_check_table_output_and_world_size_from_flag(capsys: pytest.CaptureFixtu
 def test_check_missing_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["check", "/nonexistent/run.sh"], capsys)
     assert code == 1 and err.startswith("error: script: cannot read '/nonexistent/run.sh': file not found")
+
+
+DENSE_SCRIPT = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+                "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 "
+                "--seq-length 8192 --max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 128 --bf16 "
+                "--swiglu --use-distributed-optimizer --normalization RMSNorm --position-embedding-type rope "
+                "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 "
+                "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1\n")
+
+
+def test_check_suggests_no_expert_flags_for_a_dense_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Llama-3-8B script: plan's pick has TP 2 (so ETP 2 in its config), but ETP means nothing without experts."""
+    script = tmp_path / "dense.sh"
+    script.write_text(DENSE_SCRIPT)
+    assert main(["check", str(script), "--gpu", "h100-80gb", "--format", "json"]) == 0
+    alt = json.loads(capsys.readouterr().out)["alternative"]
+    assert alt["config"]["tp"] > 1  # the pick has TP, which the config's ETP follows
+    assert f"--tp {alt['config']['tp']}" in alt["estimate_flags"]
+    assert "--etp" not in alt["estimate_flags"] and "--ep " not in alt["estimate_flags"]
+
+
+def test_launch_notes_the_gather_with_optimizer_step_it_leaves_out(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, stdout, _ = run([*BASE, "--knob", "overlap-param-gather-with-optimizer-step", "--out", str(out)], capsys)
+    assert code == 0
+    assert "note: --overlap-param-gather-with-optimizer-step left out: Megatron-LM's validate_args" in " ".join(
+        stdout.split())
+    assert "--overlap-param-gather-with-optimizer-step" not in json.loads((out / "manifest.json").read_text())[
+        "megatron_args"]
+    code, stdout, _ = run([*BASE, "--knob", "overlap-param-gather-with-optimizer-step", "--target", "bridge",
+                           "--out", str(tmp_path / "bridge")], capsys)
+    assert code == 0 and "left out" not in stdout  # Megatron-Bridge has no such rule: its files keep it
+    assert "overlap_param_gather_with_optimizer_step=true" in (tmp_path / "bridge" / "bridge_overrides.txt").read_text()

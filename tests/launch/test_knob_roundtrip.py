@@ -36,7 +36,8 @@ NOT_MEGATRON_LM = {
     "tp_comm_overlap_cfg": "a Megatron-Bridge config name goes into a YAML file beside the script, read back as that "
                            "file (tests/launch/test_ub_cfg_surfaces.py)",
     "overlap_param_gather_with_optimizer_step": "Megatron-LM refuses it with distributed checkpointing, which its "
-                                                "launch files use; read from Megatron args in "
+                                                "launch files use, so they leave it out with a comment "
+                                                "(tests/launch/test_megatron_validate.py); read from Megatron args in "
                                                 "tests/golden/test_time_knobs.py",
 }
 """Knobs whose Megatron-LM launch files carry them in another form, with the test that covers it."""

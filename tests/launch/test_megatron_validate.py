@@ -30,7 +30,7 @@ from paraplan.launch.check import check_parsed
 from paraplan.launch.parse import parse_file
 from paraplan.launch.render import render_files, write_files
 
-from .matrix import NAMES, plan_spec
+from .matrix import NAMES, _spec, plan_spec
 
 HERE = Path(__file__).parent
 CAPABILITY = {"ampere": [8, 0], "hopper": [9, 0], "blackwell": [10, 0]}
@@ -131,3 +131,47 @@ def test_megatron_lm_rejects_the_old_deepseek_launch(out_root: str) -> None:
             "capability": CAPABILITY[spec.cluster.gpu.arch]}
     result = _run_worker(python, source, [case], Path(out_root) / "old.json")[0]
     assert not result["ok"] and "Multi-Token Prediction (MTP) is not supported with yarn" in result["error"]
+
+
+def _opt_step_launch(root: Path) -> tuple[Path, Any]:
+    """A Llama-3-70B launch (VP 5, distributed optimizer, --overlap-param-gather) with
+    --overlap-param-gather-with-optimizer-step, as a recipe that sets it gives it."""
+    from paraplan.specs.load import load_model
+
+    spec = _spec(load_model("llama3-70b"), "h100-80gb", 64, {"tp": 4, "pp": 4, "vp": 5},
+                 {"seq_len": 8192, "global_batch_size": 128, "overlap_param_gather_with_optimizer_step": True})
+    out = root / "opt-step"
+    if not out.exists():
+        write_files(render_files(spec, ["all"]), out)
+    return out, spec
+
+
+def test_gather_with_optimizer_step_is_left_out_of_megatron_lm_files_with_a_comment(tmp_path: Path) -> None:
+    out, spec = _opt_step_launch(tmp_path)
+    args = (out / "megatron_args.sh").read_text()
+    flag_lines = [line for line in args.splitlines() if "--overlap-param-gather-with-optimizer-step" in line]
+    assert len(flag_lines) == 1 and flag_lines[0].lstrip().startswith("#") and "validate_args" in flag_lines[0]
+    assert "--ckpt-format torch_dist" in args
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "left out" in manifest["left_out"][0]
+    assert "overlap_param_gather_with_optimizer_step=true" in (out / "bridge_overrides.txt").read_text()
+    for script in ("job.sbatch", "torchrun.sh"):
+        result = check_parsed(parse_file(out / script), spec.cluster.gpu, num_gpus=spec.cluster.num_gpus,
+                              gpus_per_node=spec.cluster.gpus_per_node)
+        assert result.violations == (), result.violations
+
+
+def test_megatron_lm_accepts_the_files_and_refuses_the_flag_with_torch_dist(tmp_path: Path) -> None:
+    """Megatron-LM's validate_args takes the files as written and refuses them with the flag put back."""
+    source, python = _megatron()
+    out, spec = _opt_step_launch(tmp_path)
+    words, exported, unset = sourced(out)
+    base = {"env": exported, "unset": unset, "world_size": spec.cluster.num_gpus,
+            "capability": CAPABILITY[spec.cluster.gpu.arch]}
+    cases = [{"name": "as-written", "argv": words, **base},
+             {"name": "with-flag", "argv": [*words, "--overlap-param-gather-with-optimizer-step"], **base}]
+    written_ok, with_flag = _run_worker(python, source, cases, tmp_path / "opt-step.json")
+    assert written_ok["ok"], written_ok["error"]
+    assert not with_flag["ok"]
+    assert "--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing" \
+        in with_flag["error"]

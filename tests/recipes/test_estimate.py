@@ -262,3 +262,80 @@ def test_recipe_estimate_uses_the_model_family_margin(capsys: pytest.CaptureFixt
     code, dense = run_json(["estimate", "--recipe", "llama3-8b-h100-bf16-8", "--format", "json"], capsys)
     assert isinstance(dense, dict) and code == fit_code(dense)
     assert dense["memory"]["headroom"]["source"].startswith("dense memory error band")  # type: ignore[index]
+
+
+UB_RECIPE = "llama3-70b-h100-fp8cs-64"
+UB_NAME = "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"
+
+
+@pytest.mark.parametrize(("overrides", "precision", "named"), [
+    ({"tp": 2}, None, "TP 2"), ({"tp": 8}, None, "TP 8"), ({"tp": 1}, None, "TP 1"),
+    ({"mbs": 2}, None, "micro-batch 2"),
+    ({}, "bf16", "precision bf16"),
+])
+def test_an_override_off_the_named_userbuffers_config_drops_it(overrides: dict[str, int], precision: str | None,
+                                                               named: str) -> None:
+    r = find_recipe(UB_RECIPE, bridge_recipes())
+    assert r.get("tp_comm_overlap_cfg") == UB_NAME and training_knobs(r, "fp8")["tp_comm_overlap_cfg"] == UB_NAME
+    run = recipe_run(r, layout_overrides=overrides, precision=precision,
+                     num_gpus=64 if overrides.get("tp") != 8 else 128)
+    assert "tp_comm_overlap_cfg" not in training_knobs(run.recipe, run.job.precision)
+    [note] = [n for n in run.notes if UB_NAME in n]
+    assert f"({named}" in note and "Transformer Engine's defaults" in note
+
+
+@pytest.mark.parametrize("overrides", [{"tp": 4}, {"pp": 4, "vp": 1}, {"cp": 1}])
+def test_an_override_that_keeps_the_named_job_keeps_its_userbuffers_config(overrides: dict[str, int]) -> None:
+    run = recipe_run(find_recipe(UB_RECIPE, bridge_recipes()), layout_overrides=overrides)
+    assert training_knobs(run.recipe, run.job.precision)["tp_comm_overlap_cfg"] == UB_NAME
+    assert not [n for n in run.notes if "userbuffers" in n]
+
+
+def test_the_recipes_own_mismatch_with_its_config_name_is_kept() -> None:
+    """Bridge's own recipes run configs named for another TP (b300 llama3.1-405b bf16: tp2 with a tp4_cp2 config):
+    only an override that moves off both the recipe's value and the name's drops it."""
+    rows = [r for r in bridge_recipes() if r.runnable and r.get("tp_comm_overlap") is True
+            and str(r.get("tp_comm_overlap_cfg")).startswith("userbuffers_")
+            and f"_tp{r.get('tp')}_" not in str(r.get("tp_comm_overlap_cfg"))]
+    assert rows
+    for r in rows:
+        run = recipe_run(r)
+        assert training_knobs(run.recipe, run.job.precision)["tp_comm_overlap_cfg"] == r.get("tp_comm_overlap_cfg")
+
+
+def test_the_cli_notes_the_dropped_userbuffers_config_unless_the_knob_keeps_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_json(["estimate", "--recipe", UB_RECIPE, "--precision", "bf16", "--format", "json"], capsys)
+    assert code in (0, 4) and isinstance(out, dict)
+    assert any(UB_NAME in n and "dropped" in n for n in out["recipe"]["notes"])  # type: ignore[index]
+    code, out = run_json(["estimate", "--recipe", UB_RECIPE, "--precision", "bf16", "--knob",
+                          f"tp-comm-overlap-cfg={UB_NAME}", "--format", "json"], capsys)
+    assert code in (0, 4) and isinstance(out, dict)
+    assert not any("dropped" in n for n in out["recipe"]["notes"])  # type: ignore[index]
+
+
+def test_every_packaged_userbuffers_name_spells_its_job() -> None:
+    from paraplan.specs.userbuffers import name_layout, packaged
+
+    for name in packaged():
+        job = name_layout(name)
+        assert job is not None and f"_tp{job['tp']}_" in name and f"_seqlen{job['seq_len']}" in name, name
+    assert name_layout("/tmp/ub.yaml") is None and name_layout("") is None
+
+
+def test_plans_recipe_line_drops_the_named_config_for_another_seq_length() -> None:
+    """plan / explain estimate the closest recipe at the plan's job (``compare_with_plan``): the same rule."""
+    from paraplan.recipes.compare import compare_with_plan
+    from paraplan.search import plan
+    from paraplan.specs.cluster import make_cluster
+    from paraplan.specs.load import load_gpu
+    from paraplan.specs.training import TrainingSpec
+
+    cluster = make_cluster(load_gpu("h100-80gb"), 64)
+    for seq, dropped in ((4096, True), (8192, False)):
+        p = plan(load_model("llama3-70b"), cluster, TrainingSpec(seq_len=seq, global_batch_size=128, precision="fp8"),
+                 top_k=1)
+        cmp = compare_with_plan(p)
+        assert cmp is not None and cmp.recipe.alias == UB_RECIPE and cmp.at == "this job" and cmp.estimate
+        assert (cmp.estimate.training.tp_comm_overlap_cfg == "") is dropped
+        assert any("seq length 4096" in n for n in cmp.estimate.notes) is dropped

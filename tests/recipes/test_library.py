@@ -149,3 +149,24 @@ def test_recipes_known_pair_without_runnable_rows(capsys: pytest.CaptureFixture[
     assert "add --all" in out
     assert main(["recipes", "--model", "llama3-8b", "--gpu", "vr200", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_the_generator_prints_usage_for_help_and_one_line_for_a_bad_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.recipes.build import main as build_main
+
+    with pytest.raises(SystemExit) as done:
+        build_main(["--help"])
+    assert done.value.code == 0 and "usage: python -m paraplan.recipes.build" in capsys.readouterr().out
+    before = PACKAGED_PATH.read_bytes()
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    short = tmp_path / "short.csv"
+    short.write_text("a,b\n1\n")
+    for path, text in ((tmp_path / "none.csv", "FileNotFoundError"), (tmp_path, "IsADirectoryError"),
+                       (empty, "no header row"), (short, "a row has 1 cells, the header 2")):
+        assert build_main(["--check", str(path)]) == 1
+        assert build_main([str(path)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 2 and err.startswith(f"error: {path}: ") and text in err, err
+    assert PACKAGED_PATH.read_bytes() == before  # nothing written

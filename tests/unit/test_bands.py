@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -323,3 +324,12 @@ def test_describe_puts_each_offset_with_its_end_and_leaves_zero_ones_out() -> No
     step = Band(quantity="step_s", family="dense", lo_ratio=0.91, hi_ratio=1.17, lo_offset=0.0, hi_offset=0.0,
                 coverage=0.805, rows=195, method="test")
     assert step.describe() == "-9% / +17% (80% of 195 held-out rows)"
+
+
+def test_readme_points_at_docs_for_the_default_margin_instead_of_a_figure() -> None:
+    """README's default --headroom margin names no GiB figure (it moves with bands.json); docs/model.md 6.1 does,
+    kept in step by ``test_docs_model_md_states_the_packaged_bands``."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    start = text.index("default: the upper end of the memory model's cross-validated error band")
+    sentence = text[start:text.index("--headroom", start)]
+    assert "docs/model.md 6.1" in sentence and not re.search(r"\d GiB", sentence), sentence

@@ -205,6 +205,10 @@ def _from_recipe(ctx: typer.Context, name: str, recipes_file: str | None, *, gpu
     if knobs is not None:
         _refuse_new_violations(run, knobs, gpu_spec.arch)
     given += [f"--knob {item.strip()}" for item in knob or ()]
+    if knobs is not None and knobs.get("tp_comm_overlap_cfg"):  # --knob tp-comm-overlap-cfg: recipe_run's note is moot
+        from dataclasses import replace as _replace
+
+        run = _replace(run, notes=tuple(n for n in run.notes if not n.startswith("the recipe's userbuffers config")))
     if given:
         from dataclasses import replace
 

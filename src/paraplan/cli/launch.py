@@ -163,11 +163,8 @@ def launch(
     if (ub_note := ub_cfg_ignored_note(spec.training, spec.layout)) is not None:
         con.print(f"note: {safe(ub_note)}", soft_wrap=True)
     written = json.loads(files["manifest.json"])
-    by_reason: dict[str, list[str]] = {}
-    for target_name, reason in written.get("skipped_targets", {}).items():
-        by_reason.setdefault(reason, []).append(target_name)
-    for reason, names in by_reason.items():
-        con.print(f"note: {safe(', '.join(names))} not written: {safe(reason)}", soft_wrap=True)
+    for line in _manifest_notes(written):
+        con.print(f"note: {safe(line)}", soft_wrap=True)
     for warning in written.get("warnings", []):
         con.print(f"[yellow]warning:[/] {safe(warning)}", soft_wrap=True)
     gaps = written.get("bridge_overrides_not_set", [])
@@ -177,3 +174,14 @@ def launch(
                   "dtype or does not read an enum", soft_wrap=True)
     for path in paths:
         con.print(f"wrote {safe(path)}")
+
+
+def _manifest_notes(written: dict[str, object]) -> list[str]:
+    """The targets not written (grouped by reason) and the flags left out, from manifest.json."""
+    by_reason: dict[str, list[str]] = {}
+    skipped = written.get("skipped_targets", {})
+    for target_name, reason in (skipped.items() if isinstance(skipped, dict) else ()):
+        by_reason.setdefault(str(reason), []).append(str(target_name))
+    left_out = written.get("left_out", [])
+    return [*(f"{', '.join(names)} not written: {reason}" for reason, names in by_reason.items()),
+            *(str(x) for x in (left_out if isinstance(left_out, list) else ()))]

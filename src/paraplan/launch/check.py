@@ -90,7 +90,8 @@ def suggest_alternative(result: CheckResult, headroom: Headroom | None = None) -
     current = float(result.estimate.throughput.tokens_per_s_per_gpu) if result.estimate is not None else None
     gain = None if current is None else tokens / current - 1.0
     cfg = best.to_dict()["config"]
-    flags = " ".join(f"--{k} {cfg[k]}" for k in ("tp", "pp", "vp", "cp", "ep", "etp", "mbs") if cfg[k] != 1)
+    keys = ("tp", "pp", "vp", "cp", "ep", "etp", "mbs") if result.model.is_moe else ("tp", "pp", "vp", "cp", "mbs")
+    flags = " ".join(f"--{k} {cfg[k]}" for k in keys if cfg[k] != 1)  # no expert flags for a dense model
     return {
         "layout": best.layout.short(), "config": cfg, "tokens_per_s_per_gpu": tokens,
         "step_s": float(best.time.step_s), "peak_bytes": best.peak_bytes,

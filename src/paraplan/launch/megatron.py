@@ -687,7 +687,9 @@ def megatron_args(
 
     ``megatron_lm`` (a Megatron-LM launch file is written from them) refuses Transformer Engine's cross-entropy
     fusion, as Megatron-LM's validate_args asserts; Megatron-Core only warns (ModelParallelConfig.__post_init__) and
-    Megatron-Bridge's recipes run it, so estimate, plan and ``launch --target bridge`` take it.
+    Megatron-Bridge's recipes run it, so estimate, plan and ``launch --target bridge`` take it. It also leaves
+    ``--overlap-param-gather-with-optimizer-step`` out, with ``OPT_STEP_LEFT_OUT`` over the checkpoint flags
+    (validate_args refuses it with the distributed checkpoint formats written; Bridge has no such rule).
 
     ``checkpoint`` (``launch``'s recommendation) sets ``--save-interval``'s default, ``--ckpt-format`` and
     ``--async-save``, with the reason in the group's comment; without it the interval is a 1000 placeholder.
@@ -702,14 +704,26 @@ def megatron_args(
     if megatron_lm and te_cross_entropy(training):  # A: validate_args
         raise LayoutError(f"{TE_CROSS_ENTROPY_MESSAGE} (Megatron-LM's validate_args; `launch --target bridge` "
                           "writes it for Megatron-Bridge)", reason="TE_CROSS_ENTROPY_FUSION")
-    if training.overlap_param_gather_with_optimizer_step:  # A: validate_args; launch writes torch_dist / fsdp_dtensor
-        raise LayoutError("--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing "
-                          "yet (Megatron-LM's launch files use --ckpt-format torch_dist; drop the knob to launch)",
-                          reason="OVERLAP_PARAM_GATHER_WITH_OPT_STEP_DIST_CKPT")
+    left_out = megatron_lm and training.overlap_param_gather_with_optimizer_step
+    if left_out:  # validate_args asserts it off with the distributed checkpoint formats these files write
+        training = replace(training, overlap_param_gather_with_optimizer_step=False)
     m, lay = as_launched(model, layout, training)
     groups = (_parallel(m, lay), _recompute(lay), _model(m, training), _moe_mla(m, arch, training), _recipe(m),
               _batch_precision(m, lay, training, arch), *_placeholders(lay, checkpoint))
+    if left_out:
+        *rest, ckpt_group = groups
+        groups = (*rest, ArgGroup(f"{ckpt_group.title}; {OPT_STEP_LEFT_OUT}", ckpt_group.args))
     return tuple(g for g in groups if g.args)
+
+
+OPT_STEP_LEFT_OUT: Final = (
+    "--overlap-param-gather-with-optimizer-step left out: Megatron-LM's validate_args asserts "
+    "'--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing yet' and these files "
+    "write --ckpt-format torch_dist (or fsdp_dtensor); the first chunk's parameter gather is not hidden behind the "
+    "optimizer step (the Megatron-Bridge files keep it)")
+"""Why the Megatron-LM launch files of a training with ``overlap_param_gather_with_optimizer_step`` leave the flag
+out (arguments.py ``validate_args``: ``assert not args.use_dist_ckpt``, ``use_dist_ckpt = ckpt_format != "torch"``),
+as the comment over the checkpoint flags and ``launch``'s note."""
 
 
 def argv(groups: tuple[ArgGroup, ...], *, resolve: bool = False) -> list[str]:

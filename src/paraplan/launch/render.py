@@ -273,6 +273,10 @@ def render_files(spec: LaunchSpec, targets: list[str] | tuple[str, ...]) -> dict
     doc = manifest(spec, cid, groups, [*names, "manifest.json"], chosen)
     if skipped:
         doc["skipped_targets"] = skipped
+    if spec.training.overlap_param_gather_with_optimizer_step and set(chosen) - {"bridge"}:
+        from paraplan.launch.megatron import OPT_STEP_LEFT_OUT
+
+        doc["left_out"] = [OPT_STEP_LEFT_OUT]  # megatron_args leaves it out of the Megatron-LM files
     if gaps:
         doc["bridge_overrides_not_set"] = gaps
     warnings = gpu_product_warnings(spec.site, spec.cluster.gpu.name) if {"k8s", "trainjob"} & set(chosen) else []

@@ -44,14 +44,25 @@ def library_text(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    check = "--check" in args
-    paths = [a for a in args if a != "--check"]
-    if len(paths) != 1:
-        print("usage: python -m paraplan.recipes.build [--check] PATH/bridge_perf_recipes.csv", file=sys.stderr)
-        return 2
-    text = library_text(Path(paths[0]).read_text(encoding="utf-8"))
-    if check:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m paraplan.recipes.build",
+        description=f"Write {PACKAGED_NAME} (the packaged recipe library) from {CSV_NAME}.")
+    parser.add_argument("csv", metavar="PATH/bridge_perf_recipes.csv", help="the reference recipe table")
+    parser.add_argument("--check", action="store_true", help="compare with the packaged file instead of writing "
+                        "(exit 1 when it differs)")
+    args = parser.parse_args(argv)
+    try:
+        text = library_text(Path(args.csv).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        print(f"error: {args.csv}: not a readable CSV file ({type(err).__name__}: "
+              f"{getattr(err, 'strerror', None) or err})", file=sys.stderr)
+        return 1
+    except (ValueError, StopIteration, csv.Error) as err:
+        print(f"error: {args.csv}: {str(err) or 'no header row'}", file=sys.stderr)
+        return 1
+    if args.check:
         same = PACKAGED_PATH.exists() and PACKAGED_PATH.read_text(encoding="utf-8") == text
         print(f"{PACKAGED_PATH}: {'up to date' if same else 'differs: regenerate it'}")
         return 0 if same else 1

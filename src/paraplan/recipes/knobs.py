@@ -524,7 +524,7 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
     from paraplan.layout import layout_for_world
     from paraplan.specs.load import load_model
 
-    job = recipe_job(r)
+    own_job = job = recipe_job(r)
     job = replace(job, num_gpus=num_gpus or job.num_gpus, seq_len=seq_len or job.seq_len, gbs=gbs or job.gbs,
                   precision=precision or job.precision, attention_backend=attention_backend or job.attention_backend)
     fields_, extra = layout_fields(r)
@@ -535,6 +535,7 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
         del fields_["pipeline_layout"]
         notes.append(f"the recipe's pipeline layout '{r.get('pipeline_model_parallel_layout')}' is dropped: "
                      + ", ".join(sorted(moved & set(over))) + " given")
+    own_fields = dict(fields_)
     fields_.update(over)
     # the CLI's rules (build_layout): FSDP shards the optimizer itself; the param gather needs a sharded optimizer
     fields_["distributed_optimizer"] = fields_["distributed_optimizer"] and not fields_["fsdp"]
@@ -567,8 +568,42 @@ def recipe_run(r: Recipe, *, num_gpus: int | None = None, seq_len: int | None = 
                       else replace(layout, pipeline_layout=tuple(found)))
             notes.append("uneven pipeline split (--pipeline-split auto): "
                          + (f"first {found[0]}, last {found[1]} layers" if len(found) == 2 else f"layout {found}"))
+    r, ub_note = _ub_for_overrides(r, own_job, own_fields, job, layout)
+    notes += [ub_note] if ub_note else []
     return RecipeRun(recipe=r, job=job, layout=layout, model=model, not_modelled=tuple(not_modelled(r) + extra),
                      notes=tuple(notes))
+
+
+def _ub_for_overrides(r: Recipe, own_job: RecipeJob, own_fields: dict[str, Any], job: RecipeJob,
+                      layout: ParallelLayout) -> tuple[Recipe, str]:
+    """``r`` without its named userbuffers config (``tp_comm_overlap_cfg`` "": Transformer Engine's defaults) and
+    a note saying why, when an override moves the job off the one the config's name is tuned for
+    (``userbuffers.name_layout``: a TP, CP, micro-batch, sequence length or precision given beside the recipe that
+    is neither the recipe's own value nor the name's), or the layout has TP 1 (Megatron-Bridge's
+    ``CommOverlapConfig`` turns TP overlap off below TP 2: "Disabling tensor parallel communication overlap due to
+    TP size < 2"); else ``r`` and "". Bridge itself would apply a named config at any other TP >= 2 unchanged; its
+    SM counts and methods were chosen for the named job, so the override is costed with TE's defaults instead
+    (``--knob tp-comm-overlap-cfg=NAME`` keeps it)."""
+    from paraplan.specs.userbuffers import name_layout
+
+    name = r.get("tp_comm_overlap_cfg")
+    named = name_layout(name) if isinstance(name, str) and _bool(r, "tp_comm_overlap") and _ub_named(r) else None
+    if named is None:
+        return r, ""
+    now = {"tp": layout.tp, "cp": layout.cp, "mbs": layout.mbs, "seq_len": job.seq_len,
+           "precision": "bf16" if job.precision == "bf16" else "fp8"}
+    own = {"tp": own_fields.get("tp"), "cp": own_fields.get("cp"), "mbs": own_fields.get("mbs"),
+           "seq_len": own_job.seq_len, "precision": "bf16" if own_job.precision == "bf16" else "fp8"}
+    label = {"tp": "TP", "cp": "CP", "mbs": "micro-batch", "seq_len": "seq length", "precision": "precision"}
+    off = [f"{label[k]} {now[k]}" for k in now if k != "tp" and now[k] != own[k] and now[k] != named[k]]
+    if layout.tp == 1 or (now["tp"] != own["tp"] and now["tp"] != named["tp"]):
+        off.insert(0, f"TP {layout.tp}")
+    if not off:
+        return r, ""
+    why = " (Megatron-Bridge turns TP overlap off below TP 2)" if layout.tp == 1 else ""
+    return replace(r, fields={**r.fields, "tp_comm_overlap_cfg": ""}), (
+        f"the recipe's userbuffers config {name} is named for another job than this one ({', '.join(off)}){why}: "
+        f"dropped, userbuffers costed with Transformer Engine's defaults (--knob tp-comm-overlap-cfg={name} keeps it)")
 
 
 def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: Any = None,
