@@ -44,6 +44,12 @@ def _lay(t: int) -> ParallelLayout:
                           distributed_optimizer=True, tp_comm_overlap=True)
 
 
+def _fp8_mlp_gemms_s(cluster: object, T: int, h: int, f: int, t: int) -> tuple[float, float, float]:
+    """The dense MLP's FP8 GEMM times at TP ``t`` (fc1 fprop, fc2 fprop, fc2 dgrad), by ``gemm_s`` itself."""
+    return (float(gemm_s(cluster, "fp8", T, 2 * f / t, h)), float(gemm_s(cluster, "fp8", T, h, f / t)),  # type: ignore[arg-type]
+            float(gemm_s(cluster, "fp8", T, f / t, h)))  # type: ignore[arg-type]
+
+
 def _coll(cluster: object, lay: ParallelLayout, nbytes: float, rs: bool = False) -> float:
     group = Grid.inner(lay).tp_group
     bw = comm.ring_busbw(cluster, group.size, group.stride)  # type: ignore[arg-type]
@@ -100,9 +106,7 @@ def test_fp8_b200_mlp_block_by_hand() -> None:
     training = TrainingSpec(seq_len=8192, global_batch_size=16, precision="fp8", tp_comm_overlap_cfg=FP8_B200)
     T, h, f, t = 8192, LLAMA.hidden_size, LLAMA.ffn, 2
     sms = sm_count_of(cluster)
-    fc1 = float(gemm_s(cluster, "fp8", T, 2 * f / t, h))
-    fc2 = float(gemm_s(cluster, "fp8", T, h, f / t))
-    fc2_dgrad = float(gemm_s(cluster, "fp8", T, f / t, h))
+    fc1, fc2, fc2_dgrad = _fp8_mlp_gemms_s(cluster, T, h, f, t)
     ag8, rs16 = _coll(cluster, lay, 1.0 * T * h), _coll(cluster, lay, 2.0 * T * h, rs=True)
     slowed = fc2 / (1 - 1 / sms)
     reduce = (t * 2.0 + 2.0) * T / t * h / hbm_rate(cluster)
@@ -150,9 +154,7 @@ def test_lora_config_reduce_scatters_the_dgrad_under_peft() -> None:
                             tp_comm_overlap_rs_dgrad=True)
     T, h, f, t = 4096, LLAMA.hidden_size, LLAMA.ffn, 2
     sms = sm_count_of(cluster)
-    fc1 = float(gemm_s(cluster, "fp8", T, 2 * f / t, h))
-    fc2 = float(gemm_s(cluster, "fp8", T, h, f / t))
-    fc2_dgrad = float(gemm_s(cluster, "fp8", T, f / t, h))
+    fc1, fc2, fc2_dgrad = _fp8_mlp_gemms_s(cluster, T, h, f, t)
     ag8, rs8 = _coll(cluster, lay, 1.0 * T * h), _coll(cluster, lay, 1.0 * T * h, rs=True)
     m = 1 / (1 - 1 / sms)  # set_sm_margin on 1 SM (ring exchange)
     reduce = (t * 1.0 + 2.0) * T / t * h / hbm_rate(cluster)  # fc2 fprop ring exchange, fp8_buf: FP8 chunks
@@ -176,9 +178,7 @@ def test_lora_config_without_rs_dgrad_runs_the_bulk_pair(peft: bool) -> None:
     training = TrainingSpec(seq_len=4096, global_batch_size=16, precision="fp8", peft=peft, tp_comm_overlap_cfg=LORA)
     T, h, f, t = 4096, LLAMA.hidden_size, LLAMA.ffn, 2
     sms = sm_count_of(cluster)
-    fc1 = float(gemm_s(cluster, "fp8", T, 2 * f / t, h))
-    fc2 = float(gemm_s(cluster, "fp8", T, h, f / t))
-    fc2_dgrad = float(gemm_s(cluster, "fp8", T, f / t, h))
+    fc1, fc2, fc2_dgrad = _fp8_mlp_gemms_s(cluster, T, h, f, t)
     ag8, rs8 = _coll(cluster, lay, 1.0 * T * h), _coll(cluster, lay, 1.0 * T * h, rs=True)
     rs16 = _coll(cluster, lay, 2.0 * T * h, rs=True)
     m = 1 / (1 - 1 / sms)
