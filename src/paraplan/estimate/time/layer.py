@@ -362,8 +362,7 @@ def recompute_s(lt: LayerTime, layout: LayerLayout, modules: tuple[str, ...], ef
     key-value up-projection GEMMs (multi_latent_attention.py ``recompute_up_proj``). Full and ``core_attn``
     recompute re-run the CP attention forward with its exposed exchange (``cp_fwd_exposed_s``: TE's CP attention
     function is what core_attn checkpoints)."""
-    full = (np.maximum(lt.gemm_fwd_s + lt.attn_fwd_s + lt.elementwise_s / ELEMENTWISE_FWD_BWD_RATIO,
-                       lt.overhead_s / FWD_BWD_HALVES)
+    full = (np.maximum(lt.gpu_fwd_s, lt.overhead_s / FWD_BWD_HALVES)
             + lt.host_sync_s + lt.host_bound_fwd_s)
     full = (full + lt.tp_fwd_exposed_s
             + lt.ep_link_s / FWD_BWD_HALVES + lt.cp_fwd_exposed_s)
