@@ -4,8 +4,9 @@ cites the Megatron-LM d98e8a6 function it reads) and the formula of ``time.layer
 - ops per MoE layer and micro-batch, (forward, backward): attention (16, 20), router (21, 10), alltoall (34, 10)
   with permute fusion or (51, 16) without, DeepEP (26, 8), HybridEP (19, 4), experts (10, 10), shared expert (6, 8),
   TP > 1 with SP adds (2, 2); combined 1F1B adds 4 schedule nodes of (9, 7);
-- the GPU waits only after a sync: plain schedules pay max(0, f x op - GPU forward), paired ones
-  max(0, (f + b) x op - GPU forward + backward); a sync-free layer pays nothing.
+- the GPU waits only after a sync: first for the post-sync ops (alltoall 2, HybridEP 1) on a drained GPU
+  (``host_sync_s``), then plain schedules pay max(0, f x op - GPU forward - that wait), paired ones
+  max(0, (f + b) x op - GPU forward + backward - that wait); a sync-free layer pays nothing.
 """
 
 from __future__ import annotations
@@ -205,7 +206,47 @@ def test_explain_prints_the_host_bound_term_and_its_fixes() -> None:
     found = {f.code: f for f in time_findings(est, None)}
     per = float(est.time.host_bound_per_layer_s)
     assert f"host-bound: {1e3 * per:.2f} ms per MoE layer" in found["HOST_BOUND"].text
-    assert "--moe-expert-rank-capacity-factor" in found["HOST_BOUND"].text
+    # alltoall: drop-and-pad is its fix; HybridEP's rank budget is not offered (Megatron refuses it without HybridEP)
+    assert "--moe-pad-expert-input-to-capacity" in found["HOST_BOUND"].text
+    assert "--moe-expert-rank-capacity-factor" not in found["HOST_BOUND"].text
     assert found["HOST_BOUND"].numbers["host_bound_per_layer_s"] == per
     sync_free = estimate(QWEN, cl, _t(**DROP_PAD), lay)
     assert "HOST_BOUND" not in {f.code for f in time_findings(sync_free, None)}
+
+
+@pytest.mark.parametrize(("kw", "present", "absent"), [
+    ({}, ["--moe-pad-expert-input-to-capacity", "--cuda-graph-modules moe"], ["--moe-expert-rank-capacity-factor"]),
+    (HYBRID, ["--moe-expert-rank-capacity-factor with --moe-use-grouped-tensor", "--moe-pad-expert-input-to-capacity"],
+     []),
+    # Megatron's budget rule is met already: the fix names no extra flag
+    ({**HYBRID, "moe_use_grouped_tensor": True}, ["(--moe-expert-rank-capacity-factor)"],
+     ["with --moe-use-grouped-tensor or"]),
+    # DeepEP: transformer_config.py refuses drop-and-pad with it, and its dispatch always waits
+    (DEEPEP, ["refuses drop-and-pad", "--moe-flex-dispatcher-backend hybridep"], ["--cuda-graph-modules moe"]),
+    ({"moe_token_dispatcher_type": "allgather"}, ["allgather", "alltoall with drop-and-pad"], []),
+])
+def test_host_bound_fixes_follow_the_dispatcher(kw: dict[str, object], present: list[str],
+                                                absent: list[str]) -> None:
+    from paraplan.explain import host_bound_fixes
+
+    text = "; ".join(host_bound_fixes(_t(**kw)))
+    for p in present:
+        assert p in text
+    for a in absent:
+        assert a not in text
+    if kw == DEEPEP:  # no fix offered that Megatron refuses: drop-and-pad only as part of switching to alltoall
+        assert text.count("drop-and-pad (--moe-expert-capacity-factor") == 1
+        assert "alltoall with drop-and-pad" in text
+
+
+def test_dominant_time_names_host_bound_time_apart_from_compute() -> None:
+    from paraplan.explain import time_findings
+
+    cl = _cluster()
+    est = estimate(QWEN, cl, _t(), replace(LAYOUT, schedule="combined_1f1b"))
+    hb = float(est.time.host_bound_s)
+    assert hb > 0.1 * float(est.time.step_s)  # large enough to rank among the top three terms
+    dom = next(f for f in time_findings(est, None) if f.code == "DOMINANT_TIME")
+    assert dom.numbers["host-bound (MoE)"] == pytest.approx(hb)
+    assert dom.numbers["compute"] == pytest.approx(float(est.time.compute_s) - hb)
+    assert "host-bound (MoE)" in dom.text
