@@ -217,3 +217,15 @@ def test_bridge_target_writes_the_budget_set() -> None:
     plain = _knob_spec(**HYBRID)  # cleared with the rest, so that a recipe's own budget is not run unestimated
     items = dict(overrides(plain, choose_recipe(plain)))
     assert (items["model.moe_expert_rank_capacity_factor"], items["model.moe_paged_stash"]) == (None, False)
+
+
+def test_retired_per_sync_constant_is_not_charged() -> None:
+    """``moe_layer_overhead_s`` charged the wait after a sync a second time beside the host-issue term (issue 18):
+    no time term reads it, and ``calibrate --params`` no longer offers it."""
+    from paraplan.calibrate import PARAM_BOUNDS
+
+    g = GB200.gpu
+    other = make_cluster(replace(g, efficiency=replace(g.efficiency, moe_layer_overhead_s=1e-3)), 8)
+    t = _t(**HYBRID)
+    assert estimate(QWEN, other, t, LAYOUT).time.step_s == estimate(QWEN, GB200, t, LAYOUT).time.step_s
+    assert "moe_layer_overhead_s" not in PARAM_BOUNDS and "host_op_issue_s" in PARAM_BOUNDS
