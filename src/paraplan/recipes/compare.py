@@ -318,6 +318,9 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[st
             f"{r.get('seq_length')}, GBS "
             f"{r.get('global_batch_size')}, {r.get('precision')}; the closest for this model and GPU)")
     nums: dict[str, Any] = {"source": r.source, "alias": r.alias, "at": cmp.at}
+    if r.derivation:
+        nums["derivation"] = r.derivation
+        head += f" [{r.derivation}]"
     if rec is None:
         return "RECIPE", f"{head}: its layout does not run here ({cmp.error})", nums
     pick_tps, rec_tps = float(pick.throughput.tokens_per_s_per_gpu), float(rec.throughput.tokens_per_s_per_gpu)
