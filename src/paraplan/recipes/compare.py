@@ -184,9 +184,15 @@ def _mechanism(term: str, rec: Estimate, pick: Estimate) -> str:
         axis = term[:-5].upper()
         return f"exposed {axis} communication: recipe {a.short()}, pick {b.short()}"
     if term == "compute":
-        return (f"compute of the slowest stage (GEMM efficiency at the per-GPU shapes, layers per stage): recipe TP "
+        text = (f"compute of the slowest stage (GEMM efficiency at the per-GPU shapes, layers per stage): recipe TP "
                 f"{a.tp} mbs {a.mbs} PP {a.pp} VP {a.vp} {_split(a)}, pick TP {b.tp} mbs {b.mbs} PP {b.pp} VP {b.vp} "
                 f"{_split(b)}")
+        host_rec, host_pick = float(rec.time.host_bound_s), float(pick.time.host_bound_s)
+        if host_rec > 0 or host_pick > 0:  # inside compute_s: the GPU waits for the host after an MoE dispatcher sync
+            text += (f", of which host-bound MoE layers (the GPU waits while the host issues a layer's ops after its "
+                     f"dispatcher syncs, per layer and micro-batch): recipe {host_rec:.3f} s over "
+                     f"{rec.num_microbatches} micro-batches, pick {host_pick:.3f} s over {pick.num_microbatches}")
+        return text
     if term == "optimizer":
         return (f"optimizer step over the local shard: recipe DP x CP {a.dp * a.cp}, pick {b.dp * b.cp}")
     if term == "overhead":
