@@ -29,7 +29,12 @@ the layouts searched, ``knobs.recipe_memory_options``).
 Last line (issue 14 reads it):
 
     recipes: N compared (S skipped); fit F/N; top tier T/N; within 10% W/N; top tier or within 10% U/N (P%);
-    fit and top tier or within 10% B/N[; not fit: D whose coded layout does not fit, the docstring's does]
+    fit and top tier or within 10% B/N[; not fit: N - F, of them G derived by NVIDIA by weak scaling, no published
+    run, D whose coded layout does not fit, the docstring's does]
+
+Recipes NVIDIA derived by weak scaling with no published run (``Recipe.derivation``, paraplan.recipes.provenance:
+"legacy-scaled GBS" docstrings and the Llama-3.1-405B 128-GPU recipes that code the former harness's 256-GPU V2
+layout at GBS 768) stay in the counts; two lines before the last count them apart: the derived ones, and the rest.
 
 (top tier and within 10% compare layouts and speed whether or not the recipe fits; the last count asks both.)
 
