@@ -29,7 +29,12 @@ the layouts searched, ``knobs.recipe_memory_options``).
 Last line (issue 14 reads it):
 
     recipes: N compared (S skipped); fit F/N; top tier T/N; within 10% W/N; top tier or within 10% U/N (P%);
-    fit and top tier or within 10% B/N[; not fit: D whose coded layout does not fit, the docstring's does]
+    fit and top tier or within 10% B/N[; not fit: N - F, of them G derived by NVIDIA by weak scaling, no published
+    run, D whose coded layout does not fit, the docstring's does]
+
+Recipes NVIDIA derived by weak scaling with no published run (``Recipe.derivation``, paraplan.recipes.provenance:
+"legacy-scaled GBS" docstrings and the Llama-3.1-405B 128-GPU recipes that code the former harness's 256-GPU V2
+layout at GBS 768) stay in the counts; two lines before the last count them apart: the derived ones, and the rest.
 
 (top tier and within 10% compare layouts and speed whether or not the recipe fits; the last count asks both.)
 
@@ -76,6 +81,9 @@ class Row:
     docstring_fits: bool = False
     """It does not fit, the reference CSV notes say its docstring names another layout, and that layout fits with the
     recipe's knobs (``CODED_LAYOUT_OOM``): counted as not fitting, and named on the last line."""
+    derivation: str = ""
+    """``Recipe.derivation``: NVIDIA derived the recipe by weak scaling and published no run of it
+    (``paraplan.recipes.provenance``); counted, and counted apart (``DERIVED``)."""
 
     @property
     def within(self) -> bool:
@@ -85,6 +93,10 @@ class Row:
 DOCSTRING_LAYOUT = re.compile(r"docstring says (TP|PP|CP|VP|EP)=(\d+)")
 """A reference-CSV note naming the layout a recipe's docstring gives where the code differs (bridge_perf_recipes.md)."""
 CODED_LAYOUT_OOM = "coded layout does not fit, the docstring's does"
+DERIVED = "derived by NVIDIA by weak scaling, no published run"
+"""What the recipes with a ``Recipe.derivation`` share (each reason starts with it; ``paraplan recipes`` prints them
+in full): the same per-GPU settings as another GPU count's recipe, its model state sharded over fewer data-parallel
+ranks, and no row of NVIDIA's published summary measured them."""
 
 
 def docstring_layout(r: Recipe) -> dict[str, int]:
@@ -195,7 +207,7 @@ def compare(r: Recipe) -> Row | str:
     return Row(alias=r.alias, fits=est.fits, top_tier=bool(how),
                ratio=float(est.throughput.tokens_per_s_per_gpu) / float(top.throughput.tokens_per_s_per_gpu),
                pick=top.layout.short(), tier_how=how, physics="" if est.fits else oom_physics(r, est),
-               docstring_fits=doc_fits)
+               docstring_fits=doc_fits, derivation=r.derivation)
 
 
 def model_key(alias: str) -> str:
@@ -212,9 +224,12 @@ def summary(rows: list[Row], skipped: Counter[str]) -> str:
     both = sum(r.fits and (r.top_tier or r.within) for r in rows)
     share = 100.0 * either / n if n else 0.0
     doc = sum(r.docstring_fits for r in rows)
+    derived = sum(bool(r.derivation) for r in rows if not r.fits)
+    apart = [f"{derived} {DERIVED}"] if derived else []
+    apart += [f"{doc} whose {CODED_LAYOUT_OOM}"] if doc else []
     return (f"recipes: {n} compared ({sum(skipped.values())} skipped); fit {fit}/{n}; top tier {top}/{n}; "
             f"within 10% {within}/{n}; top tier or within 10% {either}/{n} ({share:.0f}%); fit and top tier or "
-            f"within 10% {both}/{n}" + (f"; not fit: {doc} whose {CODED_LAYOUT_OOM}" if doc else ""))
+            f"within 10% {both}/{n}" + (f"; not fit: {n - fit}, of them " + ", ".join(apart) if apart else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<16} " + summary(group, skipped_of.get(name, Counter())).removeprefix("recipes: "))
     for reason, count in skipped.most_common():
         print(f"  skipped {count}: {reason}")
+    derived = [r for r in rows if r.derivation]
+    if derived:
+        print(f"  {DERIVED} (paraplan recipes prints each reason): "
+              + summary(derived, Counter()).removeprefix("recipes: "))
+        print("  the others (not derived by weak scaling): "
+              + summary([r for r in rows if not r.derivation], skipped).removeprefix("recipes: "))
     hows = Counter(r.tier_how for r in rows if r.top_tier)
     print("  top tier: " + ", ".join(f"{hows[h]} {h}" for h in ("same layout", "in the band", "faster"))
           + " (faster: predicted faster than every layout of the default search, its knobs are outside it)")

@@ -48,7 +48,9 @@ def test_a_coded_layout_that_cannot_fit_counts_as_not_fitting_and_names_the_docs
     row = bench.compare(r)
     assert isinstance(row, bench.Row) and not row.fits and row.docstring_fits
     line = bench.summary([row], bench.Counter())
-    assert "fit 0/1" in line and line.endswith(f"not fit: 1 whose {bench.CODED_LAYOUT_OOM}")
+    assert "fit 0/1" in line
+    assert line.endswith(f"not fit: 1, of them 1 {bench.DERIVED}, 1 whose {bench.CODED_LAYOUT_OOM}")
+    assert row.derivation.startswith(bench.DERIVED) and "docstring says TP=4 PP=8 CP=2" in row.derivation
     physics = bench.oom_physics(r, est)
     assert physics.startswith("stage 1: 141 chunk micro-batches in flight x ")
     assert "tp4 pp8 vp8 cp2 dp2 mbs1 none" in physics and physics.endswith("fits")
@@ -111,3 +113,13 @@ def test_a_recipe_at_another_scale_is_named_with_its_model_state() -> None:
                   r"against ([\d.]+) here", text)
     assert m is not None
     assert float(m.group(1)) == pytest.approx(float(m.group(2)) / 2, abs=0.1)
+
+
+def test_derived_recipes_are_counted_apart_and_the_rest_are_not() -> None:
+    """A recipe NVIDIA derived by weak scaling is named on the last line when it does not fit; a fitting one, or one
+    without a derivation, adds nothing there (the count is of the recipes that do not fit)."""
+    derived = bench.Row("a", False, True, 1.1, "x", derivation=bench.DERIVED + ": why")
+    plain = bench.Row("b", False, True, 1.1, "x")
+    fitting = bench.Row("c", True, True, 1.1, "x", derivation=bench.DERIVED + ": why")
+    assert bench.summary([derived, plain, fitting], Counter()).endswith(f"not fit: 2, of them 1 {bench.DERIVED}")
+    assert "not fit" not in bench.summary([plain, fitting], Counter())

@@ -339,3 +339,24 @@ def test_plans_recipe_line_drops_the_named_config_for_another_seq_length() -> No
         assert cmp is not None and cmp.recipe.alias == UB_RECIPE and cmp.at == "this job" and cmp.estimate
         assert (cmp.estimate.training.tp_comm_overlap_cfg == "") is dropped
         assert any("seq length 4096" in n for n in cmp.estimate.notes) is dropped
+
+
+def test_the_compute_mechanism_names_the_host_bound_share_of_moe_layers() -> None:
+    """Qwen3-235B on 256 B200 (alltoall with its host-device syncs, no CUDA graphs): the same layout at mbs 1 and
+    mbs 2. Halving the micro-batch doubles the MoE layer-micro-batches whose ops the host issues after each sync, so
+    RECIPE's compute mechanism gives each side's host-bound seconds (inside compute), not only GEMM efficiency."""
+    from paraplan.recipes.catalogue import bridge_recipes, find_recipe
+    from paraplan.recipes.compare import _mechanism
+    from paraplan.recipes.knobs import estimate_recipe
+
+    r = find_recipe("qwen3-235b-a22b-b200-nvfp4-256", bridge_recipes())
+    rec = estimate_recipe(r)
+    pick = estimate_recipe(r, layout_overrides={"mbs": 2})
+    assert float(rec.time.host_bound_s) > float(pick.time.host_bound_s) > 0
+    text = _mechanism("compute", rec, pick)
+    assert text.startswith("compute of the slowest stage")
+    assert (f"host-bound MoE layers (the GPU waits while the host issues a layer's ops after its dispatcher syncs, "
+            f"per layer and micro-batch): recipe {float(rec.time.host_bound_s):.3f} s over {rec.num_microbatches} "
+            f"micro-batches, pick {float(pick.time.host_bound_s):.3f} s over {pick.num_microbatches}") in text
+    dense = find_recipe("llama3-8b-h100-bf16-8", bridge_recipes())
+    assert "host-bound" not in _mechanism("compute", estimate_recipe(dense), estimate_recipe(dense))

@@ -93,8 +93,8 @@ def test_prefetch_holds_the_layers_up_to_500m_elements_by_hand() -> None:
     st0 = est.stages[0]
     per_layer = float(st0.params.layers_dense) / model.num_layers
     assert per_layer == pytest.approx(unit)
-    # 4 gathered bf16 layers + 2 layers of fp32 gradients
-    assert float(st0.other.fsdp_buffers_bytes) == pytest.approx((4 * 2 + 2 * 4) * unit)
+    # 4 gathered bf16 layers + 2 layers of fp32 gradients + the non-unit modules kept gathered in bf16
+    assert float(st0.other.fsdp_buffers_bytes) == pytest.approx((4 * 2 + 2 * 4) * unit + NON_UNIT_8B)
 
 
 @pytest.mark.parametrize(("tp", "pp", "cp", "arch", "ok"), [
@@ -174,8 +174,31 @@ def _8b_fsdp(**knobs: object) -> float:
 
 def test_double_buffer_holds_two_layers_by_hand() -> None:
     unit = 218_112_000  # a Llama-3-8B layer at TP 1 (test_prefetch_holds_the_layers_up_to_500m_elements_by_hand)
-    assert _8b_fsdp(fsdp_double_buffer=True) == pytest.approx((2 * 2 + 2 * 4) * unit)  # 2 bf16 + 2 fp32 grad layers
-    assert _8b_fsdp() == pytest.approx((4 * 2 + 2 * 4) * unit)
+    # 2 bf16 + 2 fp32 grad layers, and the non-unit modules (not double-buffered)
+    assert _8b_fsdp(fsdp_double_buffer=True) == pytest.approx((2 * 2 + 2 * 4) * unit + NON_UNIT_8B)
+    assert _8b_fsdp() == pytest.approx((4 * 2 + 2 * 4) * unit + NON_UNIT_8B)
+
+
+NON_UNIT_8B = 2 * (128256 * 4096 + 4096 * 128256 + 4096)
+"""Llama-3-8B's modules outside Megatron-FSDP's units at TP 1, gathered in bf16 and kept
+(``fsdp_non_unit_weight_bytes``): the word embedding V x h, the untied output layer h x V and the final RMSNorm h
+(V = 128256, already a multiple of 128)."""
+
+
+def test_fsdp_keeps_the_non_unit_modules_gathered_by_hand() -> None:
+    """Megatron-FSDP releases only its units (transformer layers) after their forward; the embedding, output layer and
+    final norm stay gathered across the step (``AllGatherPipeline.reset(preserve_non_fsdp_units=True)``): 2 B x their
+    parameters on the GPU beside the shard, under FP8 parameter gather too (they are not FP8), and 0 without FSDP."""
+    from paraplan.estimate.memory import fsdp_non_unit_weight_bytes
+
+    model = load_model("llama3-8b")
+    cluster = make_cluster(load_gpu("h100-80gb"), 8)
+    for knobs in ({}, {"precision": "fp8", "fp8_param_gather": True, "fp8_recipe": "tensorwise"}):
+        tr = TrainingSpec(seq_len=4096, global_batch_size=64, **knobs)  # type: ignore[arg-type]
+        st0 = estimate(model, cluster, tr, layout_for_world(8, fsdp=True, distributed_optimizer=False)).stages[0]
+        assert float(fsdp_non_unit_weight_bytes(st0.params)) == pytest.approx(NON_UNIT_8B)
+        ddp = estimate(model, cluster, tr, layout_for_world(8)).stages[0]
+        assert float(ddp.other.fsdp_buffers_bytes) == 0.0
 
 
 @pytest.mark.parametrize("num_gpus", [8, 16, 64])

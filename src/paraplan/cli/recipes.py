@@ -142,6 +142,13 @@ def recipes_cmd(
 
         for reason, n in Counter(r.reason for r in chosen if not r.runnable).most_common():
             con.print(f"{n} cannot run: {safe(reason)}")
+    derived = [r for r in chosen if r.derivation]
+    if derived:
+        from collections import Counter
+
+        for reason, n in Counter(r.derivation for r in derived).most_common():
+            aliases = ", ".join(r.alias for r in derived if r.derivation == reason)
+            con.print(f"{n} {safe(reason)}: {safe(aliases)}")
     if hidden:
         con.print(f"{hidden} more have no paraplan model or GPU preset: `paraplan recipes --all` lists them with "
                   "the reason")

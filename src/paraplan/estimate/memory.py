@@ -65,6 +65,31 @@ unit: ``suggested_AG_prefetch_size = max(1e9, 2 x mean unit) // 2`` (megatron_fs
 --fsdp-double-buffer (``TrainingSpec.fsdp_double_buffer``) ``need_skip_prefetch`` stops at two units."""
 
 
+FSDP_NON_UNIT_BYTES_PER_PARAM = PARAM_BYTES
+"""Bytes per parameter of Megatron-FSDP's gathered copy of the modules outside its FSDP units: the word embedding,
+the output layer and the final norm are neither Transformer Engine linears nor FP8 parameters, so bf16 (2 B) under
+every precision."""
+
+
+def fsdp_non_unit_weight_bytes(params: StageParams) -> Num:
+    """Bytes of the unsharded weights Megatron-FSDP keeps of the modules that are not FSDP units (with
+    optim_grads_params), per GPU of a stage:
+
+        FSDP_NON_UNIT_BYTES_PER_PARAM x (P_embedding + P_output layer and final norm)
+
+    The units are ``TransformerLayer``, ``MoETransformerLayer`` and ``MambaLayer``
+    (megatron/core/distributed/fsdp/mcore_fsdp_adapter.py ``fsdp_unit_modules``); any other module gathers its own
+    parameters in a pre-forward hook, and only units get the post-forward release hook
+    (megatron_fsdp.py ``_register_fsdp_hooks``: "_post_forward hook should only be registered on FSDP unit
+    modules"); the all-gather pipeline keeps the non-unit buckets across steps
+    (param_and_grad_buffer.py ``AllGatherPipeline.reset(preserve_non_fsdp_units=True)``: "Non-FSDP-unit buckets are
+    preserved by default because their params may be read across module boundaries"). The gathered bucket is a
+    buffer beside the rank's shard (counted in the weights). Their unsharded gradients are transient, one module
+    at a time as the units' (``FSDP_LAYERS_IN_FLIGHT``). The MTP blocks' norms and projection are neglected."""
+    out: Num = FSDP_NON_UNIT_BYTES_PER_PARAM * (params.embedding + params.output_layer)
+    return out
+
+
 def fsdp_weight_units_in_flight(unit_params: Num, units_per_chunk: Num) -> Num:
     """Units whose gathered weights Megatron-FSDP holds at once: the one computing plus the prefetched ones,
     ``1 + min(ceil(max(FSDP_AG_PREFETCH_PARAMS, u) / u), units_per_chunk - 1)`` (``u``: one unit's parameters
@@ -442,7 +467,8 @@ def stage_other_bytes(
     weight_units = (FSDP_LAYERS_IN_FLIGHT if training.fsdp_double_buffer else
                     fsdp_weight_units_in_flight(per_layer_params, layers_on_stage / np.maximum(layout.vp, 1)))
     fsdp_buffers = np.where(layout.fsdp, (weight_units * weight_bytes_per_param(training)
-                                          + FSDP_LAYERS_IN_FLIGHT * grad_b) * per_layer_params, 0.0)
+                                          + FSDP_LAYERS_IN_FLIGHT * grad_b) * per_layer_params
+                            + fsdp_non_unit_weight_bytes(params), 0.0)
     # FP8 copies exist for the weights a rank holds whole; under Megatron-FSDP a layer's weights are
     # gathered for its GEMMs and released, so only the layers in flight carry FP8 copies
     fp8_held = np.where(layout.fsdp, weight_units * per_layer_params, params.total)

@@ -122,15 +122,25 @@ class Recipe:
         """Model and GPU both have paraplan presets."""
         return self.model_preset is not None and self.gpu_preset is not None
 
+    @property
+    def derivation(self) -> str:
+        """Why this NVIDIA recipe is not a run NVIDIA published: derived by weak scaling from another GPU count
+        (``paraplan.recipes.provenance``); "" for the rest and for user recipes."""
+        if self.origin != "bridge":
+            return ""
+        from paraplan.recipes.provenance import derivation_of
+
+        return derivation_of(self.source.rsplit(":", 1)[-1])
+
     def get(self, column: str) -> Cell:
         """The field, or the Bridge default when the row leaves the column out (user rows)."""
         return self.fields.get(column, DEFAULTS.get(column, ""))
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON: identifier, alias, presets, reason, then every field under its column name."""
+        """JSON: identifier, alias, presets, reason, derivation, then every field under its column name."""
         return {"source": self.source, "alias": self.alias, "paraplan_model": self.model_preset,
                 "paraplan_gpu": self.gpu_preset, "runnable": self.runnable, "reason": self.reason,
-                "origin": self.origin, "fields": {c: self.get(c) for c in columns()}}
+                "derivation": self.derivation, "origin": self.origin, "fields": {c: self.get(c) for c in columns()}}
 
 
 DEFAULTS: Final[dict[str, Cell]] = {

@@ -184,9 +184,15 @@ def _mechanism(term: str, rec: Estimate, pick: Estimate) -> str:
         axis = term[:-5].upper()
         return f"exposed {axis} communication: recipe {a.short()}, pick {b.short()}"
     if term == "compute":
-        return (f"compute of the slowest stage (GEMM efficiency at the per-GPU shapes, layers per stage): recipe TP "
+        text = (f"compute of the slowest stage (GEMM efficiency at the per-GPU shapes, layers per stage): recipe TP "
                 f"{a.tp} mbs {a.mbs} PP {a.pp} VP {a.vp} {_split(a)}, pick TP {b.tp} mbs {b.mbs} PP {b.pp} VP {b.vp} "
                 f"{_split(b)}")
+        host_rec, host_pick = float(rec.time.host_bound_s), float(pick.time.host_bound_s)
+        if host_rec > 0 or host_pick > 0:  # inside compute_s: the GPU waits for the host after an MoE dispatcher sync
+            text += (f", of which host-bound MoE layers (the GPU waits while the host issues a layer's ops after its "
+                     f"dispatcher syncs, per layer and micro-batch): recipe {host_rec:.3f} s over "
+                     f"{rec.num_microbatches} micro-batches, pick {host_pick:.3f} s over {pick.num_microbatches}")
+        return text
     if term == "optimizer":
         return (f"optimizer step over the local shard: recipe DP x CP {a.dp * a.cp}, pick {b.dp * b.cp}")
     if term == "overhead":
@@ -318,6 +324,9 @@ def recipe_finding(cmp: RecipeComparison, plan: Plan) -> tuple[str, str, dict[st
             f"{r.get('seq_length')}, GBS "
             f"{r.get('global_batch_size')}, {r.get('precision')}; the closest for this model and GPU)")
     nums: dict[str, Any] = {"source": r.source, "alias": r.alias, "at": cmp.at}
+    if r.derivation:
+        nums["derivation"] = r.derivation
+        head += f" [{r.derivation}]"
     if rec is None:
         return "RECIPE", f"{head}: its layout does not run here ({cmp.error})", nums
     pick_tps, rec_tps = float(pick.throughput.tokens_per_s_per_gpu), float(rec.throughput.tokens_per_s_per_gpu)
