@@ -42,7 +42,6 @@ PARAMS = {
     "collective_latency_s": (5e-6, 1e-4),
     "elementwise_bytes_per_token_hidden": (10.0, 200.0),
     "moe_overhead_frac": (0.0, 3.0),
-    "moe_layer_overhead_s": (0.0, 5e-3),
     "dp_overlap_frac": (0.3, 0.9),
     "host_op_issue_s": (0.0, 2e-4),
 }

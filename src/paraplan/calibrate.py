@@ -47,7 +47,7 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {  # physical bounds of every fit
     "layer_overhead_s": (0.0, 1e-3), "step_overhead_s": (0.0, 5.0), "tp_overlap_frac": (0.0, 0.9),
     "dp_overlap_frac": (0.0, 0.95), "cp_overlap_frac": (0.0, 0.95),
     "pp_overlap_frac": (0.0, 0.95), "ep_overlap_frac": (0.0, 0.9), "moe_overhead_frac": (0.0, 3.0),
-    "moe_layer_overhead_s": (0.0, 5e-3), "host_op_issue_s": (0.0, 2e-4),  # as benchmarks/fit_efficiency.py PARAMS
+    "host_op_issue_s": (0.0, 2e-4),  # as benchmarks/fit_efficiency.py PARAMS
 }
 DEFAULT_PARAMS = ("gemm_max_frac", "attention_frac", "nvlink_bus_frac", "network_bus_frac", "dp_overlap_frac",
                   "step_overhead_s")

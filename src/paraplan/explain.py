@@ -20,6 +20,7 @@ from paraplan.estimator import Estimate
 from paraplan.goodput import FailureSpec
 from paraplan.schedules import schedule_label
 from paraplan.search import Plan
+from paraplan.specs.training import TrainingSpec
 from paraplan.units import GB, GIB
 
 LONG_SEQUENCE_TOKENS = 8192
@@ -39,11 +40,40 @@ class Finding:
 
 
 def _time_terms(est: Estimate) -> dict[str, float]:
+    """The step's terms; the host-bound part of compute (the GPU waits for the CPU after an MoE sync:
+    ``StepTime.host_bound_s``) is its own term, not GPU compute."""
     t = est.time
-    terms = {"compute": float(t.compute_s), "recompute": float(t.recompute_s), "bubble": float(t.bubble_s),
-             "optimizer": float(t.optimizer_s), "overhead": float(t.overhead_s)}
+    hb = float(t.host_bound_s)
+    terms = {"compute": float(t.compute_s) - hb, "host-bound (MoE)": hb, "recompute": float(t.recompute_s),
+             "bubble": float(t.bubble_s), "optimizer": float(t.optimizer_s), "overhead": float(t.overhead_s)}
     terms.update({f"{k} comm": float(v) for k, v in t.exposed_comm_s.items()})
     return terms
+
+
+def host_bound_fixes(training: TrainingSpec) -> list[str]:
+    """The settings that make this dispatcher's MoE layer sync-free (``estimate.time.moe_sync.dispatcher_host_syncs``
+    0, or a CUDA graph over the dispatch), only those Megatron-LM d98e8a6 accepts with it (transformer_config.py
+    ``__post_init__``): drop-and-pad for alltoall and HybridEP, not DeepEP ("Flex token dispatcher with deepep backend
+    does not support moe_pad_expert_input_to_capacity"), whose ``buffer.dispatch`` always waits, nor allgather, whose
+    ``.cpu()`` runs at any capacity; HybridEP's rank budget, which needs ``--use-transformer-engine-op-fuser`` or
+    ``--moe-use-grouped-tensor`` ("moe_expert_rank_capacity_factor with the 'hybridep' backend requires ...");
+    the ``moe`` graph scope only with drop-and-pad ("moe cuda graph is only supported with drop-padding MoE");
+    ``full_iteration`` only with a sync-free dispatcher."""
+    drop_pad = "drop-and-pad (--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity)"
+    dispatcher = training.moe_token_dispatcher_type
+    if dispatcher == "flex" and training.moe_flex_dispatcher_backend == "hybridep":
+        needs = "" if (training.use_transformer_engine_op_fuser or training.moe_use_grouped_tensor) else \
+            " with --moe-use-grouped-tensor or --use-transformer-engine-op-fuser"
+        return [f"HybridEP's rank budget (--moe-expert-rank-capacity-factor{needs})", drop_pad,
+                "then a CUDA graph over the dispatch (--cuda-graph-impl full_iteration, or the moe scope with "
+                "drop-and-pad)"]
+    if dispatcher == "alltoall":
+        return [drop_pad, "then a CUDA graph over the dispatch (--cuda-graph-modules moe, or --cuda-graph-impl "
+                "full_iteration)"]
+    current = "DeepEP, which waits for the counts in every dispatch and refuses drop-and-pad" \
+        if dispatcher == "flex" else "allgather, whose .cpu() of the counts runs at any capacity"
+    return [f"another dispatcher ({current}): HybridEP (--moe-flex-dispatcher-backend hybridep) with its rank "
+            "budget (--moe-expert-rank-capacity-factor with --moe-use-grouped-tensor), or alltoall with " + drop_pad]
 
 
 def memory_findings(plan: Plan, best: Estimate) -> list[Finding]:
@@ -234,9 +264,7 @@ def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") ->
             "HOST_BOUND",
             f"host-bound: {1e3 * per:.2f} ms per MoE layer and micro-batch ({hb:.2f} s, {100 * hb / step:.0f}% of the "
             "step): after the dispatcher's host sync the GPU waits while the CPU issues the layer's ops "
-            "(host_op_issue_s); removed by a CUDA graph over the dispatch (--cuda-graph-impl full_iteration with a "
-            "sync-free dispatcher, or the moe scope with drop-and-pad), drop-and-pad (--moe-expert-capacity-factor "
-            "with --moe-pad-expert-input-to-capacity) or HybridEP's rank budget (--moe-expert-rank-capacity-factor)",
+            "(host_op_issue_s); removed by " + "; ".join(host_bound_fixes(best.training)),
             {"host_bound_s": hb, "host_bound_per_layer_s": per}))
     return out
 

@@ -85,9 +85,19 @@ def test_graphs_remove_the_syncs_they_capture(kw: dict[str, object], syncs: int)
     assert moe_sync.host_syncs_per_moe_layer(_t(**kw)) == syncs
 
 
+@pytest.mark.parametrize(("kw", "ops"), [
+    ({"moe_token_dispatcher_type": "allgather"}, 2), ({}, 2), ({"moe_token_dispatcher_type": "flex"}, 1),
+    (HYBRID, 1)])
+def test_post_sync_ops(kw: dict[str, object], ops: int) -> None:
+    """Ops from the sync's return to the token exchange: alltoall's tokens ``all_to_all`` (2), allgather's
+    ``.item()`` + permute (2), DeepEP's dispatch kernel in the same C++ call (1), HybridEP's dispatch call after
+    ``cudaStreamSynchronize`` in ``metadata_preprocessing`` (1)."""
+    assert moe_sync.post_sync_ops(_t(**kw)) == ops
+
+
 def test_host_sync_time_is_count_times_the_per_sync_cost() -> None:
-    per_sync = GB200.gpu.efficiency.moe_layer_overhead_s
-    assert per_sync > 0.0  # Blackwell's fitted value
+    per_sync = moe_sync.post_sync_ops(_t(**HYBRID)) * GB200.gpu.efficiency.host_op_issue_s
+    assert per_sync > 0.0  # the Grace host's per-op cost
     eager = moe_mlp_time(QWEN, GB200, _t(**HYBRID), LAYOUT)
     assert float(eager.host_sync_s) == pytest.approx(per_sync, rel=1e-15)
     for kw in ({**BUDGET, "cuda_graph_impl": "full_iteration"}, BUDGET):
@@ -140,7 +150,7 @@ def test_full_iteration_step_is_faster_by_the_syncs() -> None:
     assert QWEN.num_layers == 48 and sum(QWEN.moe_layer_pattern()) == 48
     micro = 256 // (8 * 4)
     saved = eager.time.step_s - graphed.time.step_s
-    assert saved == pytest.approx(48 * micro * GB200.gpu.efficiency.moe_layer_overhead_s, rel=1e-6)
+    assert saved == pytest.approx(48 * micro * GB200.gpu.efficiency.host_op_issue_s, rel=1e-6)  # 1 op per sync
 
 
 MOE_FLAGS = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
@@ -207,3 +217,15 @@ def test_bridge_target_writes_the_budget_set() -> None:
     plain = _knob_spec(**HYBRID)  # cleared with the rest, so that a recipe's own budget is not run unestimated
     items = dict(overrides(plain, choose_recipe(plain)))
     assert (items["model.moe_expert_rank_capacity_factor"], items["model.moe_paged_stash"]) == (None, False)
+
+
+def test_retired_per_sync_constant_is_not_charged() -> None:
+    """``moe_layer_overhead_s`` charged the wait after a sync a second time beside the host-issue term (issue 18):
+    no time term reads it, and ``calibrate --params`` no longer offers it."""
+    from paraplan.calibrate import PARAM_BOUNDS
+
+    g = GB200.gpu
+    other = make_cluster(replace(g, efficiency=replace(g.efficiency, moe_layer_overhead_s=1e-3)), 8)
+    t = _t(**HYBRID)
+    assert estimate(QWEN, other, t, LAYOUT).time.step_s == estimate(QWEN, GB200, t, LAYOUT).time.step_s
+    assert "moe_layer_overhead_s" not in PARAM_BOUNDS and "host_op_issue_s" in PARAM_BOUNDS

@@ -81,14 +81,11 @@ class EfficiencySpec:
     architecture. The dispatcher's row copies (permute / unpermute, alltoall's sort by local expert, the experts'
     quantization padding) are not in it: ``estimate.time.permute`` counts their bytes per dispatcher."""
     moe_layer_overhead_s: float = 0.0
-    """Time of one host-device synchronisation of an MoE layer's token dispatcher (the host waits for the token
-    counts per expert, so the GPU drains its queue and idles until the host issues the next kernels), charged per
-    sync: ``estimate.time.moe_sync.host_syncs_per_moe_layer`` syncs per MoE layer and micro-batch (1 for every
-    dropless dispatcher and for allgather; 0 under a CUDA graph that captures the dispatch, for alltoall or
-    HybridEP with drop-and-pad, or HybridEP with its rank budget). Fitted per
-    architecture (Blackwell 1.206 ms, when it was a per-layer constant; every dispatcher the fit saw makes one sync,
-    and refitting it per sync, 1.838 ms, did not improve the cross-validated error, so it was kept); the name is
-    kept so that presets and cluster profiles load."""
+    """Retired (issue 18, session 10): no time term reads it. It was a per-sync constant of an MoE dispatcher's host
+    sync (Blackwell 1.206 ms, fitted as a per-layer constant before the host-bound term existed), and it charged the
+    GPU's wait after the sync a second time beside ``host_op_issue_s``. The wait is now one mechanism: the ops the
+    host issues after the sync on the drained GPU (``estimate.time.moe_sync.post_sync_ops`` and
+    ``host_bound_ops``) at ``host_op_issue_s`` each. The field stays so that presets and cluster profiles load."""
     host_op_issue_s: float = 0.0
     """Host (CPU) time to issue one op of an MoE layer's code path (a PyTorch operator, a Transformer Engine call, a
     collective, a stream or event call: ``estimate.time.moe_sync.host_issue_ops``) where the host cannot run ahead of

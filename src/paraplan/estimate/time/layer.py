@@ -60,7 +60,8 @@ class LayerTime:
     host_sync_s: Num = 0.0
     """Host-device synchronisations, forward + backward: the GPU drains its queue and then waits
     for the host, so this adds to the GPU's time (MoE token counts before the all-to-all:
-    ``moe_sync.host_syncs_per_moe_layer`` x ``moe_layer_overhead_s``; all of them in the forward)."""
+    ``moe_sync.host_syncs_per_moe_layer`` x ``moe_sync.post_sync_ops`` x ``host_op_issue_s``; all of them in the
+    forward)."""
     cp_exposed_s: Num = 0.0
     """The part of ``cp_link_s`` attention does not hide (``time.cp``: per ring step for p2p)."""
     cp_fwd_exposed_s: Num = 0.0
@@ -294,9 +295,12 @@ def routed_probs_bytes(model: ModelSpec, training: TrainingSpec) -> float:
 
 def moe_host_sync_s(eff: EfficiencySpec, training: TrainingSpec) -> float:
     """Host-device sync time of one MoE layer per micro-batch, forward + backward: the dispatcher's syncs less
-    what a CUDA graph captures (``moe_sync.host_syncs_per_moe_layer``) x the cost of one sync
-    (``EfficiencySpec.moe_layer_overhead_s``, fitted per architecture)."""
-    return moe_sync.host_syncs_per_moe_layer(training) * eff.moe_layer_overhead_s
+    what a CUDA graph captures (``moe_sync.host_syncs_per_moe_layer``) x the GPU's idle time after one sync. The
+    sync drains the GPU's queue, so the GPU idles while the host issues the ops up to the next token exchange
+    (``moe_sync.post_sync_ops``) at ``EfficiencySpec.host_op_issue_s`` each (the host's wake-up from the spin wait is
+    microseconds, left out). ``EfficiencySpec.moe_layer_overhead_s`` is no longer charged: it was fitted as a
+    per-sync constant before ``moe_host_bound_s`` existed and charged the same wait twice (issue 18)."""
+    return moe_sync.host_syncs_per_moe_layer(training) * moe_sync.post_sync_ops(training) * eff.host_op_issue_s
 
 
 def _add(a: LayerTime, b: LayerTime, *, elementwise_extra: Num = 0.0) -> LayerTime:
@@ -314,28 +318,32 @@ def layer_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, l
     lt = LayerTime(**{f.name: getattr(att, f.name) + getattr(mlp, f.name) for f in fields(att)})
     if not moe:
         return lt
-    total, fwd = moe_host_bound_s(cluster.gpu.efficiency, training, layout, lt, shared_expert=bool(model.shared_ffn))
+    total, fwd = moe_host_bound_s(cluster.gpu.efficiency, training, layout, lt, shared_expert=bool(model.shared_ffn),
+                                  aux_loss=model.moe_router_load_balancing_type != "none")
     return replace(lt, host_bound_s=total, host_bound_fwd_s=fwd)
 
 
 def moe_host_bound_s(eff: EfficiencySpec, training: TrainingSpec, layout: LayerLayout, lt: LayerTime, *,
-                     shared_expert: bool) -> tuple[Num, Num]:
+                     shared_expert: bool, aux_loss: bool = True) -> tuple[Num, Num]:
     """(forward + backward, forward) host-bound time of one MoE layer per micro-batch: after the dispatcher's sync
     the GPU waits while the host issues ``moe_sync.host_bound_ops`` ops at ``EfficiencySpec.host_op_issue_s``
     each, so the layer takes max(GPU time, host time) over what the host issues between two syncs; this is the
     excess over the GPU's time. Plain schedules: one layer's forward, max(0, f x op - GPU forward) (its backward
     has no sync and the host runs ahead). Paired schedules (combined 1F1B): the forward and the paired backward
     layer, max(0, (f + b) x op - GPU forward + backward). 0 where a CUDA graph makes the layer sync-free
-    (``moe_sync.host_syncs_per_moe_layer``)."""
+    (``moe_sync.host_syncs_per_moe_layer``). The wait right after the sync (``lt.host_sync_s``, the first ops
+    after it, on an idle GPU) is part of the same host issue: the excess is net of it, so the GPU's idle time
+    between two syncs is max(sync wait, issue - GPU time), the largest prefix of host issue ahead of the GPU, not
+    their sum."""
     from paraplan.schedules import schedule_of
 
     f_ops, b_ops = moe_sync.host_bound_ops(training, tp=layout.tp, shared_expert=shared_expert,
-                                           schedule=schedule_of(layout).name)
+                                           schedule=schedule_of(layout).name, aux_loss=aux_loss)
     per_op = eff.host_op_issue_s
-    fwd: Num = np.maximum(f_ops * per_op - lt.gpu_fwd_s, 0.0)
+    fwd: Num = np.maximum(f_ops * per_op - lt.gpu_fwd_s - lt.host_sync_s, 0.0)
     if np.all(np.asarray(b_ops) == 0):
         return fwd, fwd
-    total: Num = np.maximum((f_ops + b_ops) * per_op - lt.gpu_s, 0.0)
+    total: Num = np.maximum((f_ops + b_ops) * per_op - lt.gpu_s - lt.host_sync_s, 0.0)
     return total, fwd
 
 

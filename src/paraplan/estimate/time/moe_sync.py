@@ -2,8 +2,9 @@
 waits for the GPU's token counts before it can size and issue the next kernels), and which a CUDA graph removes.
 
 Every count mirrors Megatron-LM d98e8a6, megatron/core/transformer/moe/ (token_dispatcher.py, fused_a2a.py) and
-megatron/core/transformer/transformer_config.py; ``layer.moe_mlp_time`` multiplies it by the per-sync cost
-``EfficiencySpec.moe_layer_overhead_s``."""
+megatron/core/transformer/transformer_config.py. What a sync costs is the GPU's wait for the host after it
+(``layer.moe_host_sync_s``: ``post_sync_ops`` x ``EfficiencySpec.host_op_issue_s``; ``layer.moe_host_bound_s``: the
+rest of the layer's issue beyond its GPU time), one mechanism with one fitted per-op host cost."""
 
 from __future__ import annotations
 
@@ -90,6 +91,32 @@ def dispatcher_host_syncs(training: TrainingSpec) -> int:
     return syncing
 
 
+POST_SYNC_OPS: Final = {"allgather": 2, "alltoall": 2, "deepep": 1, "hybridep": 1}
+"""Host ops each dispatcher issues from the moment its sync returns to the first kernel that gives the drained GPU
+work again (the token exchange): the GPU is idle for exactly these ops' issue time, whatever the layer's GPU time.
+Megatron-LM d98e8a6 (token_dispatcher.py, fused_a2a.py) and DeepEP's hybrid-ep branch (csrc/hybrid_ep):
+
+* ``alltoall`` (EP > 1: ``cuda_sync_point`` "before_ep_alltoall"): after ``self.d2h_event.synchronize()`` in
+  ``token_dispatch`` the next call is the tokens' ``all_to_all`` (mappings.py ``_AllToAll.forward``: the output
+  allocation and ``all_to_all_single``, 2 ops as ``ALLTOALL_OPS`` counts it); the permutation before it was queued
+  before the wait.
+* ``allgather``: after ``.cpu()`` in ``dispatch_postprocess`` the ``.item()`` on the host tensor and the permute
+  call: 2.
+* ``deepep``: ``buffer.dispatch`` waits on the host for the notify kernel's counts and launches the dispatch kernel
+  in the same C++ call: 1.
+* ``hybridep``: ``Executor::metadata_preprocessing`` ends in ``cudaStreamSynchronize(stream)`` (the whole stream
+  drains, then the host sums the pinned ``padded_tokens_per_expert``); ``dispatch_with_permute``'s next call is
+  ``runtime.dispatch_with_permute``, which launches the dispatch kernel: 1."""
+
+
+def post_sync_ops(training: TrainingSpec) -> int:
+    """``POST_SYNC_OPS`` of the training's dispatcher (flex: by ``moe_flex_dispatcher_backend``)."""
+    dispatcher = training.moe_token_dispatcher_type
+    if dispatcher == "flex":
+        return POST_SYNC_OPS["hybridep" if training.moe_flex_dispatcher_backend == "hybridep" else "deepep"]
+    return POST_SYNC_OPS[dispatcher]
+
+
 def host_syncs_per_moe_layer(training: TrainingSpec) -> int:
     """Host syncs one MoE layer pays per micro-batch, forward + backward: 0 when a CUDA graph captures the
     dispatch (``sync_free_capture``), else ``dispatcher_host_syncs``. All of them are in the forward: full
@@ -152,6 +179,23 @@ GroupedLinear's gradient quantize, dgrad, wgrad and bookkeeping 2 x 4, the activ
 SHARED_EXPERT_OPS: Final = (6, 8)
 """Shared expert (shared_experts.py ``SharedExpertMLP``, an ``MLP``): fc1 (quantize, GEMM) 2, activation 1, fc2 2,
 the add into the routed output 1; backward = 2 x (gradient quantize, dgrad, wgrad) + activation 1 + add 1 = 8."""
+AUX_LOSS_OPS: Final = (12, 5)
+"""The part of ``ROUTER_OPS`` that computes and attaches the load-balancing loss (router.py ``TopKRouter.routing``:
+``if self.training and torch.is_grad_enabled() and self.is_aux_loss_enabled()``), which
+``--moe-router-load-balancing-type none`` skips (gpt-oss)."""
+PRE_MLP_NORM_OPS: Final = (1, 1)
+"""``pre_mlp_layernorm`` (one TE norm call forward, its gradient backward), counted in ``ATTENTION_OPS``; the
+``moe_router`` graph scope replays it (transformer_layer.py ``_get_submodules_under_cudagraphs``:
+``self.pre_mlp_layernorm, self.mlp.router``)."""
+DISPATCHER_PREPROCESS_OPS: Final = {("alltoall", True): (15, 1), ("alltoall", False): (25, 2),
+                                    "deepep": (13, 2), "hybridep": (11, 0)}
+"""The part of ``dispatcher_ops`` in ``MoELayer.preprocess`` (``token_dispatcher.dispatch_preprocess``), which the
+``moe_preprocess`` graph scope replays (moe_layer.py: ``preprocess`` is wrapped by
+``maybe_skip_or_early_return_by_cudagraph("preprocess")``), (forward, backward): alltoall ``preprocess`` 14 and the
+first permutation (fused 1, its gradient 1; unfused 11, ``index_select`` and probs-index gradients 2) (the D2H
+copies move to "before_ep_alltoall", outside the graph: ``MoEAlltoAllTokenDispatcher.__init__``); DeepEP
+``_initialize_metadata`` 8 + ``setup_metadata`` 5, the probs views' gradients 2; HybridEP ``_initialize_metadata`` 8
++ ``setup_metadata`` 3 (no gradient ops: the dispatch's own backward covers the probs)."""
 COMBINED_NODE_OPS: Final = (9, 7)
 """Host calls of one combined-1F1B schedule node (pipeline_parallel/utils.py ``ScheduleNode._forward`` /
 ``_backward`` and ``stream_acquire_context``): forward = event wait, stream enter and exit 2, detach and
@@ -169,21 +213,42 @@ backward ahead while it waits at the forward's sync, so both halves' ops are iss
 
 
 def _captured(training: TrainingSpec) -> frozenset[str]:
-    """Which of an MoE layer's parts ("attn", "router", "moe") a CUDA graph replays: as
-    ``layer.graph_captured_frac`` reads the graph scope (``full_iteration`` or a per-layer graph of the whole
-    layer: all; ``attn``; ``moe_router`` / ``moe_preprocess``: the router and the dispatcher's preprocess; ``moe``:
-    the whole MoE block)."""
+    """Which of an MoE layer's parts a CUDA graph replays ("attn", "pre_mlp_norm", "router", "shared",
+    "preprocess", "moe"), from Megatron-LM d98e8a6 transformer_layer.py ``_get_submodules_under_cudagraphs`` and
+    moe_layer.py ``MoELayer.forward``: ``full_iteration`` or a per-layer graph of the whole layer: all; ``attn``: the
+    attention block; ``moe_router``: ``pre_mlp_layernorm``, the router and the shared expert unless
+    ``--moe-shared-expert-overlap`` runs it beside the dispatch (``shared_experts_compute`` is skipped then);
+    ``moe_preprocess`` (only with ``moe_router``; ``local`` takes both together, rules.py): also the dispatcher's
+    preprocess; ``moe``: the norm and the whole MoE block."""
     impl, mods = training.cuda_graph_impl, training.cuda_graph_modules
+    every = frozenset({"attn", "pre_mlp_norm", "router", "shared", "preprocess", "moe"})
     if impl == "none":
         return frozenset()
     if impl == "full_iteration" or not mods:
-        return frozenset({"attn", "router", "moe"})
+        return every
     out = {"attn"} if "attn" in mods else set()
-    if "moe_router" in mods or "moe_preprocess" in mods:
-        out.add("router")
     if "moe" in mods:
-        out |= {"router", "moe"}
+        return frozenset(out | (every - {"attn"}))
+    if "moe_router" in mods or "moe_preprocess" in mods:
+        out |= {"pre_mlp_norm", "router"}
+        out |= set() if training.moe_shared_expert_overlap else {"shared"}
+    if "moe_preprocess" in mods:
+        out.add("preprocess")
     return frozenset(out)
+
+
+def dispatcher_preprocess_ops(training: TrainingSpec) -> tuple[int, int]:
+    """``DISPATCHER_PREPROCESS_OPS`` of the training's dispatcher (alltoall by ``moe_permute_fusion``; allgather,
+    which the recipes do not run, as alltoall)."""
+    if training.moe_token_dispatcher_type == "flex":
+        return DISPATCHER_PREPROCESS_OPS["hybridep" if training.moe_flex_dispatcher_backend == "hybridep"
+                                         else "deepep"]
+    return DISPATCHER_PREPROCESS_OPS[("alltoall", bool(training.moe_permute_fusion))]
+
+
+def router_ops(aux_loss: bool) -> tuple[int, int]:
+    """``ROUTER_OPS``, less ``AUX_LOSS_OPS`` without a load-balancing loss."""
+    return ROUTER_OPS if aux_loss else (ROUTER_OPS[0] - AUX_LOSS_OPS[0], ROUTER_OPS[1] - AUX_LOSS_OPS[1])
 
 
 def dispatcher_ops(training: TrainingSpec) -> tuple[int, int]:
@@ -194,29 +259,37 @@ def dispatcher_ops(training: TrainingSpec) -> tuple[int, int]:
     return ALLTOALL_OPS[bool(training.moe_permute_fusion)]
 
 
-def host_issue_ops(training: TrainingSpec, *, tp: Int, shared_expert: bool) -> tuple[Int, Int]:
+def host_issue_ops(training: TrainingSpec, *, tp: Int, shared_expert: bool,
+                   aux_loss: bool = True) -> tuple[Int, Int]:
     """(forward, backward) host ops of one MoE layer (attention + MoE block) per micro-batch that run outside a CUDA
-    graph: the sum of ``ATTENTION_OPS`` (+ ``TP_SP_COLLECTIVE_OPS`` with TP > 1), ``ROUTER_OPS``,
-    ``dispatcher_ops``, ``EXPERTS_OPS`` and ``SHARED_EXPERT_OPS`` (with a shared expert), less the parts a graph
-    replays (``_captured``: "attn" the attention block; "router" ``ROUTER_OPS``; "moe" the whole MoE block). ``tp``
-    may be an array (a layout table)."""
+    graph: the sum of ``ATTENTION_OPS`` (+ ``TP_SP_COLLECTIVE_OPS`` with TP > 1), ``router_ops`` (``aux_loss``:
+    whether the model's load balancing computes a loss), ``dispatcher_ops``, ``EXPERTS_OPS`` and
+    ``SHARED_EXPERT_OPS`` (with a shared expert), less the parts a graph replays (``_captured``: "attn" the attention
+    block less its ``PRE_MLP_NORM_OPS``, "pre_mlp_norm" those, "router", "shared", "preprocess"
+    ``dispatcher_preprocess_ops``, "moe" the whole MoE block). ``tp`` may be an array (a layout table)."""
     cap = _captured(training)
     parts: list[tuple[int, int]] = []
     if "attn" not in cap:
-        parts.append(ATTENTION_OPS)
+        parts.append((ATTENTION_OPS[0] - PRE_MLP_NORM_OPS[0], ATTENTION_OPS[1] - PRE_MLP_NORM_OPS[1]))
+    if "pre_mlp_norm" not in cap:
+        parts.append(PRE_MLP_NORM_OPS)
     if "router" not in cap:
-        parts.append(ROUTER_OPS)
+        parts.append(router_ops(aux_loss))
+    if shared_expert and "shared" not in cap:
+        parts.append(SHARED_EXPERT_OPS)
     if "moe" not in cap:
-        parts += [dispatcher_ops(training), EXPERTS_OPS]
-        if shared_expert:
-            parts.append(SHARED_EXPERT_OPS)
+        disp, pre = dispatcher_ops(training), dispatcher_preprocess_ops(training)
+        if "preprocess" in cap:
+            disp = (disp[0] - pre[0], disp[1] - pre[1])
+        parts += [disp, EXPERTS_OPS]
     tp_on = (np.asarray(tp) > 1) * ("attn" not in cap)
     fwd: Int = sum(p[0] for p in parts) + TP_SP_COLLECTIVE_OPS[0] * tp_on
     bwd: Int = sum(p[1] for p in parts) + TP_SP_COLLECTIVE_OPS[1] * tp_on
     return fwd, bwd
 
 
-def host_bound_ops(training: TrainingSpec, *, tp: Int, shared_expert: bool, schedule: str) -> tuple[Int, Int]:
+def host_bound_ops(training: TrainingSpec, *, tp: Int, shared_expert: bool, schedule: str,
+                   aux_loss: bool = True) -> tuple[Int, Int]:
     """(forward, backward) host ops of one MoE layer per micro-batch that the host issues while the GPU waits:
     none without a host sync (``host_syncs_per_moe_layer`` 0: the host runs ahead of the GPU); else the forward's
     ``host_issue_ops`` (the host waits for the counts once per layer, so from one sync to the next it issues one
@@ -225,7 +298,7 @@ def host_bound_ops(training: TrainingSpec, *, tp: Int, shared_expert: bool, sche
     the same two syncs. A plain schedule's backward has no sync: its host runs ahead, as for a dense layer."""
     if host_syncs_per_moe_layer(training) == 0:
         return 0, 0
-    fwd, bwd = host_issue_ops(training, tp=tp, shared_expert=shared_expert)
+    fwd, bwd = host_issue_ops(training, tp=tp, shared_expert=shared_expert, aux_loss=aux_loss)
     if schedule not in PAIRED_SCHEDULES:
         return fwd, 0
     n = COMBINED_NODES_PER_MOE_LAYER
