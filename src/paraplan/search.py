@@ -498,6 +498,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     this job, for the ranking's ``nvidia_recipe`` rule (``recipes.compare.job_recipe_layouts``)."""
     space = space or SearchSpace()
     headroom = (headroom if headroom is not None else DEFAULT_HEADROOM).for_model(model.is_moe)
+    headroom.check_range(cluster.gpu.usable_bytes, cluster.gpu.name)
     cluster.gpu.peak_flops_per_s(training.precision)
     if (training.precision == "fp8" and training.fp8_recipe == "delayed" and "selective" in space.recompute
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE

@@ -274,8 +274,9 @@ PipelineSplitOpt = typer.Option(
 ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")
 HeadroomOpt = typer.Option(
     None, "--headroom",
-    help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none); "
-         "default: the upper end of the memory model's measured error band for the model's family (paraplan.bands).")
+    help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none), at most "
+         "90% of the GPU's usable memory; default: the upper end of the memory model's measured error band for the "
+         "model's family (paraplan.bands).")
 KnobOpt = typer.Option(
     None, "--knob",
     help="A knob (memory or time) as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "
