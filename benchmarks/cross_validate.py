@@ -4,9 +4,6 @@ Each fold's held-out rows are predicted by the model with its fitted efficiency 
 architecture on the other rows only (benchmarks/fit_efficiency.py's ``fit_arch``: soft-L1 least squares on
 log tokens/s, physical bounds, started from the preset's values, the parameters the presets were fitted with:
 ``FIX`` kept at the preset's value; A100 also with ``VTRAIN_ROWS`` vTrain rows, as the A100 presets were fitted).
-Hopper and Blackwell are refitted in one fit (``fit_shared``, ``fit_joint``): each keeps its own GPU parameters, and
-the host parameters (``host_op_issue_s``, one per host kind) are one value shared by both, as the presets ship one
-x86 value for H100, H200, B200 and B300; A100 keeps its preset's host value (no A100 row has a host-bound layer).
 vTrain rows are never held out (they are not scored by calibration.py).
 
 Two schemes:
@@ -28,16 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from calibration import case_inputs
-from fit_efficiency import (
-    ARCH_GPUS,
-    HOST_SHARED_ARCHS,
-    arch_values,
-    efficiency_values,
-    fit_arch,
-    fit_joint,
-    fitted_names,
-    joint_names,
-)
+from fit_efficiency import ARCH_GPUS, efficiency_values, fit_arch, fitted_names
 from paraplan.errors import SpecError
 from paraplan.estimate.step_time import step_time
 from paraplan.layout import ParallelLayout
@@ -119,26 +107,10 @@ def vtrain_sample(n: int) -> list[Case]:
 
 def fit_for(train: list[Case], arch: str,
             fit: Callable[..., tuple[dict[str, float], Any, Any]] = fit_arch) -> dict[str, float]:
-    """Efficiency values of ``arch`` fitted on ``train`` (its rows of that architecture, plus vTrain rows). The host
-    parameters are not fitted here (``fit_shared`` fits them once over ``HOST_SHARED_ARCHS``): ``arch`` keeps its
-    preset's."""
+    """Efficiency values of ``arch`` fitted on ``train`` (its rows of that architecture, plus vTrain rows)."""
     rows = [c for c in train if ARCH_OF.get(c.gpu) == arch] + vtrain_sample(VTRAIN_ROWS.get(arch, 0))
-    names = [n for n in fitted_names(arch, FIX) if "@" not in n]
-    values, _, _ = fit(rows, arch, names, predictor=fast_predict, max_nfev=MAX_NFEV, ftol=FTOL)
+    values, _, _ = fit(rows, arch, fitted_names(arch, FIX), predictor=fast_predict, max_nfev=MAX_NFEV, ftol=FTOL)
     return values
-
-
-def fit_shared(train: list[Case]) -> dict[str, dict[str, float] | None]:
-    """Efficiency values of each architecture of ``HOST_SHARED_ARCHS`` fitted on ``train`` in one fit
-    (``fit_joint``): each its own parameters, one value per host kind shared by all (as the presets ship one x86
-    value); an architecture without a training row is None (uncalibrated)."""
-    archs = tuple(a for a in HOST_SHARED_ARCHS if any(ARCH_OF.get(c.gpu) == a for c in train))
-    rows = [c for c in train if ARCH_OF.get(c.gpu) in archs]
-    fitted: dict[str, float] = {}
-    if archs:
-        fitted, _, _ = fit_joint(rows, archs, joint_names(archs, FIX), predictor=fast_predict, max_nfev=MAX_NFEV,
-                                 ftol=FTOL)
-    return {a: arch_values(a, fitted) if a in archs else None for a in HOST_SHARED_ARCHS}
 
 
 def predict_with(case: Case, values: dict[str, float] | None) -> float | str:
@@ -172,15 +144,9 @@ def groups_of(cases: list[Case], scheme: str, folds: int = FOLDS, seed: int = SE
 _TASK_CASES: list[Case] = []
 
 
-SHARED_TASK = "+".join(HOST_SHARED_ARCHS)
-"""The task that fits ``HOST_SHARED_ARCHS`` together (``fit_shared``)."""
-
-
-def _fit_task(task: tuple[str, str, list[int]]) -> dict[str, dict[str, float] | None]:
+def _fit_task(task: tuple[str, str, list[int]]) -> dict[str, float] | None:
     _, arch, train = task
-    if arch == SHARED_TASK:
-        return fit_shared([_TASK_CASES[i] for i in train])
-    return {arch: fit_for([_TASK_CASES[i] for i in train], arch) if train else None}
+    return fit_for([_TASK_CASES[i] for i in train], arch) if train else None
 
 
 def held_out(cases: list[Case], scheme: str, folds: int = FOLDS, seed: int = SEED,
@@ -191,12 +157,8 @@ def held_out(cases: list[Case], scheme: str, folds: int = FOLDS, seed: int = SEE
     tasks: list[tuple[str, str, list[int]]] = []
     for name, idx in groups.items():
         held = set(idx)
-        archs = {ARCH_OF[cases[i].gpu] for i in idx}
-        for arch in sorted(archs - set(HOST_SHARED_ARCHS)):
+        for arch in sorted({ARCH_OF[cases[i].gpu] for i in idx}):
             tasks.append((name, arch, [i for i, c in enumerate(cases) if i not in held and ARCH_OF[c.gpu] == arch]))
-        if archs & set(HOST_SHARED_ARCHS):  # one fit of them all: the host parameters are shared
-            tasks.append((name, SHARED_TASK, [i for i, c in enumerate(cases)
-                                              if i not in held and ARCH_OF[c.gpu] in HOST_SHARED_ARCHS]))
     _TASK_CASES[:] = cases
     if jobs == 1:
         results = []
@@ -209,7 +171,7 @@ def held_out(cases: list[Case], scheme: str, folds: int = FOLDS, seed: int = SEE
 
         with multiprocessing.get_context("fork").Pool(jobs or None) as pool:
             results = pool.map(_fit_task, tasks, chunksize=1)
-    fitted = {(t[0], arch): v for t, r in zip(tasks, results, strict=True) for arch, v in r.items()}
+    fitted = {(t[0], t[1]): v for t, v in zip(tasks, results, strict=True)}
     out: dict[int, Held] = {}
     for name, idx in groups.items():
         for i in idx:

@@ -8,9 +8,7 @@ the vTrain A100 runs. Only physically meaningful, architecture-wide parameters a
 MoE overhead, overlap shares), each within physical bounds; nothing is per row. Prints the
 values to put under ``efficiency:`` in the GPU presets. Needs scipy (dev only).
 
-Usage: python benchmarks/fit_efficiency.py ampere|hopper|blackwell|joint [--vtrain 300]
-(``joint``: Hopper and Blackwell in one fit with one value per host kind, as cross_validate.py refits them; with
-``--fix`` naming every other parameter it gives the host value the x86 presets ship)
+Usage: python benchmarks/fit_efficiency.py ampere|hopper|blackwell [--vtrain 300]
 """
 
 from __future__ import annotations
@@ -49,12 +47,8 @@ PARAMS = {
     "host_op_issue_s": (0.0, 2e-4),
 }
 HOST_KIND_PARAMS = ("host_op_issue_s",)
-"""Parameters of the host CPU, not the GPU: fitted once per host kind (``cluster.host_kind``: Grace or x86), as
-``NAME@KIND`` (``efficiency_values``), shared by every GPU with that host: ``fit_joint`` fits them once over the
-architectures of ``HOST_SHARED_ARCHS`` (one x86 value for H100, H200, B200 and B300, as the presets ship it)."""
-HOST_SHARED_ARCHS = ("hopper", "blackwell")
-"""The architectures whose rows constrain the host parameters (the MoE rows with host-device syncs; no A100 row runs
-an MoE model): fitted together by ``fit_joint``, their own parameters as ``ARCH:NAME``, the host ones shared."""
+"""Parameters of the host CPU, not the GPU: fitted once per host kind (``cluster.host_kind``: Grace or x86) among an
+architecture's GPUs, as ``NAME@KIND`` (``efficiency_values``)."""
 
 
 def efficiency_values(gpu_name: str, values: dict[str, float]) -> dict[str, float]:
@@ -69,62 +63,8 @@ def efficiency_values(gpu_name: str, values: dict[str, float]) -> dict[str, floa
 
 
 def _field(name: str) -> str:
-    """The EfficiencySpec field of a fitted name (``NAME@KIND`` or ``ARCH:NAME`` -> ``NAME``)."""
-    return name.split("@")[0].split(":")[-1]
-
-
-def arch_values(arch: str, values: dict[str, float]) -> dict[str, float]:
-    """The values of ``arch`` among ``fit_joint``'s: its ``ARCH:NAME`` ones as ``NAME``, and the shared host ones."""
-    out = {n.split(":", 1)[1]: v for n, v in values.items() if n.startswith(f"{arch}:")}
-    out.update({n: v for n, v in values.items() if ":" not in n})
-    return out
-
-
-def joint_names(archs: tuple[str, ...], fix: str) -> list[str]:
-    """``fit_joint``'s parameters: each architecture's ``fitted_names`` but the host ones as ``ARCH:NAME``, then the
-    host ones (``NAME@KIND``) of every host kind among them, once."""
-    own = [f"{a}:{n}" for a in archs for n in fitted_names(a, fix) if "@" not in n]
-    return own + list(dict.fromkeys(n for a in archs for n in fitted_names(a, fix) if "@" in n))
-
-
-def fit_joint(cases: list[Any], archs: tuple[str, ...], names: list[str],
-              predictor: Callable[[Any, Any], float | str] = predict,
-              max_nfev: int = 200, ftol: float = 1e-8) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
-    """``fit_arch`` over the rows of several architectures at once (``joint_names``): ``ARCH:NAME`` moves only that
-    architecture's rows, a host parameter ``NAME@KIND`` every row whose GPU has that host. Starts from the presets'
-    values (a host one: the first GPU with that host), within ``PARAMS``' bounds."""
-    from scipy.optimize import least_squares
-
-    from paraplan.specs.cluster import host_kind
-
-    arch_of = {g: a for a in archs for g in ARCH_GPUS[a]}
-    base = {g: load_gpu(g) for g in arch_of}
-
-    def start(n: str) -> float:
-        if ":" in n:
-            return float(getattr(base[ARCH_GPUS[n.split(":")[0]][0]].efficiency, _field(n)))
-        first = next(g for g in arch_of if host_kind(g) == n.split("@")[1])
-        return float(getattr(base[first].efficiency, _field(n)))
-
-    x0 = np.array([start(n) for n in names])
-    scale = np.array([PARAMS[_field(n)][1] for n in names])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        vals = dict(zip(names, x * scale, strict=True))
-        out = []
-        for c in cases:
-            gpu = base[c.gpu]
-            own = efficiency_values(c.gpu, arch_values(arch_of[c.gpu], vals))
-            p = predictor(c, replace(gpu, efficiency=replace(gpu.efficiency, **own)))
-            out.append(math.log(p / c.target_tokens_per_s_per_gpu) if isinstance(p, float) and p > 0 else 0.0)
-        return np.array(out)
-
-    lo = np.array([PARAMS[_field(n)][0] for n in names]) / scale
-    hi = np.array([PARAMS[_field(n)][1] for n in names]) / scale
-    r0 = residuals(x0 / scale)
-    fit = least_squares(residuals, np.clip(x0 / scale, lo, hi), bounds=(lo, hi), loss="soft_l1",
-                        f_scale=0.1, max_nfev=max_nfev, diff_step=0.02, ftol=ftol)
-    return dict(zip(names, (float(v) for v in fit.x * scale), strict=True)), r0, fit.fun
+    """The EfficiencySpec field of a fitted name (``NAME@KIND`` -> ``NAME``)."""
+    return name.split("@")[0]
 
 
 def fit_arch(cases: list[Any], arch: str, names: list[str],
@@ -179,23 +119,19 @@ def fitted_names(arch: str, fix: str) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("arch", choices=[*sorted(ARCH_GPUS), "joint"],
-                    help="joint: HOST_SHARED_ARCHS in one fit, the host parameters shared (as cross_validate.py)")
+    ap.add_argument("arch", choices=sorted(ARCH_GPUS))
     ap.add_argument("--vtrain", type=int, default=0, help="add N evenly spaced vTrain rows (ampere)")
     ap.add_argument("--fix", default="layer_overhead_s,elementwise_bytes_per_token_hidden",
                     help="comma-separated parameters to keep at the preset's value")
     args = ap.parse_args()
     cases, _ = load_cases("published")
-    archs = HOST_SHARED_ARCHS if args.arch == "joint" else (args.arch,)
-    cases = [c for c in cases if any(c.gpu in ARCH_GPUS[a] for a in archs)]
+    cases = [c for c in cases if c.gpu in ARCH_GPUS[args.arch]]
     if args.vtrain:
         vt, _ = load_cases("vtrain")
         step = max(1, len(vt) // args.vtrain)
         cases += vt[::step]
-    if args.arch == "joint":
-        fitted, r0, r1 = fit_joint(cases, archs, joint_names(archs, args.fix))
-    else:
-        fitted, r0, r1 = fit_arch(cases, args.arch, fitted_names(args.arch, args.fix))
+    names = fitted_names(args.arch, args.fix)
+    fitted, r0, r1 = fit_arch(cases, args.arch, names)
     med = lambda r: float(np.median(np.abs(np.expm1(r))))  # noqa: E731
     print(f"{args.arch}: {len(cases)} rows; median APE before {100 * med(r0):.1f}% after {100 * med(r1):.1f}%")
     print("efficiency:")
