@@ -158,7 +158,7 @@ def attention_kernel_knob(value: str | None) -> str:
 def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> GpuSpec:
     """The GPU preset or file, with a calibrated profile's efficiencies, then --gpu-set overrides."""
     gpu_spec = load_gpu(gpu)
-    if profile:
+    if profile is not None:  # an empty name is refused by the reader, not taken as no profile
         from paraplan.api import profile_overrides
 
         gpu_spec = override_gpu(gpu_spec, profile_overrides(profile, gpu_spec.name))

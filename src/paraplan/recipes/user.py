@@ -328,8 +328,10 @@ def catalogue(user_file: str | None = None) -> tuple[Recipe, ...]:
     """The NVIDIA recipes followed by those of ``user_file`` (validated; an identifier or alias already in the
     library is an error naming the row)."""
     base = bridge_recipes()
-    if not user_file:
+    if user_file is None:
         return base
+    if not user_file:  # an unset shell variable: not "no file"
+        raise SpecError("--recipes: an empty file name (give a CSV or YAML file)")
     taken = {r.source for r in base} | {r.alias for r in base}
     out = list(base)
     for r in read_user_recipes(user_file):
