@@ -52,6 +52,8 @@ class Headroom:
     """Margin in bytes (added to ``frac`` x usable)."""
     source: str = "--headroom"
     is_default: bool = False
+    from_band: bool = False
+    """The memory band's margin of a family (``band_headroom``): not a user's value, never range-checked."""
 
     def for_model(self, is_moe: bool) -> Headroom:
         """The margin for a dense or MoE model: the family's band margin when this is the default, else itself."""
@@ -79,8 +81,9 @@ class Headroom:
 
     def check_range(self, usable_bytes: float, gpu_name: str) -> None:
         """SpecError (one line, the allowed range in GiB and % for this GPU) when the margin is over
-        ``MAX_HEADROOM_FRAC`` of usable memory: nothing could fit in what is left (the default never is)."""
-        if self.is_default:
+        ``MAX_HEADROOM_FRAC`` of usable memory: nothing could fit in what is left. The memory band's margin is not
+        checked (it is not the user's: on a GPU with almost no usable memory nothing fits, and the search says so)."""
+        if self.is_default or self.from_band:
             return
         limit = MAX_HEADROOM_FRAC * usable_bytes
         if self.frac < 0 or self.bytes_ < 0 or not math.isfinite(self.frac + self.bytes_) \
@@ -108,7 +111,7 @@ def band_headroom(family: str) -> Headroom:
     return Headroom(frac=1 - 1 / hi, bytes_=b.hi_offset / hi,
                     source=f"{b.family} memory error band: measured peak <= predicted x {b.hi_ratio:.3f} + "
                            f"{b.hi_offset / GIB:.2f} GiB for {100 * b.coverage:.0f}% of {b.rows} held-out rows, "
-                           "paraplan.bands")
+                           "paraplan.bands", from_band=True)
 
 
 DEFAULT_HEADROOM = Headroom(source=DEFAULT_SOURCE, is_default=True)

@@ -63,3 +63,14 @@ def test_the_help_states_the_range() -> None:
     from paraplan.cli.options import HeadroomOpt
 
     assert f"at most {100 * MAX_HEADROOM_FRAC:.0f}% of the GPU's usable memory" in str(HeadroomOpt.help)
+
+
+def test_the_default_band_margin_is_never_refused_as_a_headroom(capsys: pytest.CaptureFixture[str]) -> None:
+    """On a GPU with almost no usable memory the memory band's own margin is over 90% of it: that is not a --headroom
+    the user gave, so the search runs and says nothing fits (exit 3) instead of blaming --headroom."""
+    from paraplan.headroom import band_headroom
+
+    band_headroom("dense").check_range(0.1 * GIB, "tiny")  # no error
+    code = main(["plan", *JOB, "--gpu-set", "hbm_gib=1.6"])
+    err = capsys.readouterr().err
+    assert code == 3 and err.startswith("no layout of llama3-8b fits") and "--headroom:" not in err

@@ -95,3 +95,12 @@ def test_an_empty_check_script_name_is_not_the_current_folder(tmp_path: Path, ca
     code, _, err = _run(["check", "", "-g", "h100-80gb"], capsys)
     assert code == 1 and err.strip() == "error: script: an empty file name (give a file)"
     assert _run(["check", "train.sh", "-g", "b200"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("override", ["hbm_gib=1", "reserved_gib=100", "hbm_gib=1.5"])
+def test_a_gpu_with_no_usable_memory_is_refused(override: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """HBM at or below the reserved memory leaves nothing to the allocator: one line naming both keys (it was a
+    search against -0.5 GiB usable)."""
+    code, _, err = _run([*PLAN, "--gpu-set", override], capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert "reserved_gib (" in err and ") must be less than hbm_gib (" in err and "no usable memory" in err
