@@ -259,6 +259,9 @@ class GpuSpec:
             lo, hi, unit = GPU_RANGES[fname]
             if not lo <= value <= hi:
                 raise SpecError(f"gpu.{fname} must be in [{lo:g}, {hi:g}] {unit}, got {brief(value)}")
+        if self.reserved_bytes >= self.hbm_bytes:  # nothing left for the allocator: every layout would be "over"
+            raise SpecError(f"reserved_gib ({self.reserved_bytes / GIB:g}) must be less than hbm_gib "
+                            f"({self.hbm_bytes / GIB:g}): no usable memory would be left")
         sms = self.sm_count
         if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SM_COUNT):
             raise SpecError(f"gpu.sm_count must be an integer from 1 to {MAX_SM_COUNT} or unset, got {brief(sms)}")
