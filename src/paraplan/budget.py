@@ -323,7 +323,7 @@ def _evaluate_count(s: _Sweep, gpu: GpuSpec, per_node: int, n: int) -> BudgetRow
     for gbs in s.gbs_options:
         training = TrainingSpec(seq_len=s.seq_len, global_batch_size=gbs, precision=s.precision)  # type: ignore[arg-type]
         try:
-            p = plan(s.model, cluster, training, space=s.space, top_k=1, headroom=s.headroom)
+            p = plan(s.model, cluster, training, space=s.space, top_k=1, headroom=s.headroom, advise_gpu_counts=False)
         except NoFeasiblePlanError as err:
             evaluated += sum(err.rejections.values())
             last_err = err  # the largest GBS tried: the most room for DP

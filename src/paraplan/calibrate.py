@@ -315,7 +315,7 @@ def _row_run(where: str, row: dict[str, str | None], base: Path, gpu: GpuSpec | 
 def read_runs_csv(path: str | Path, gpu: GpuSpec | None = None) -> list[Run]:
     """Runs from a CSV file (columns in the module docstring); SpecError naming the line and column."""
     p = Path(path)
-    text = read_input_text(p, "runs")  # strict UTF-8; a byte-order mark (Excel's "CSV UTF-8") is dropped
+    text = read_input_text(path, "runs")  # strict UTF-8 (a byte-order mark dropped); "" refused, not read as '.'
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     reader = csv.DictReader(lines)
     try:

@@ -62,8 +62,10 @@ class NoFeasiblePlanError(PlannerError):
 
     def __init__(self, message: str, *, rejections: Mapping[str, int], summary: str | None = None,
                  advice: tuple[object, ...] = (), examples: Mapping[str, str] | None = None,
-                 num_evaluated: int = 0) -> None:
+                 num_evaluated: int = 0, smallest: tuple[str, float] | None = None) -> None:
         super().__init__(message)
+        self.smallest = smallest
+        """The smallest-footprint layout that broke no rule (its short text) and its peak bytes; None: none."""
         self.rejections = dict(rejections)
         self.summary = message if summary is None else summary
         """The message without its advice (what was searched and rejected)."""

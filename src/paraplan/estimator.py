@@ -297,6 +297,8 @@ def estimate(
 ) -> Estimate:
     """Validate ``layout`` (LayoutError on the first broken rule) and estimate it (``headroom``: the
     margin ``fits_with_margin`` keeps; None = the memory model's error band)."""
+    if headroom is not None:
+        headroom.check_range(cluster.gpu.usable_bytes, cluster.gpu.name)
     check_layout(model, training, cluster, layout)
     cluster.gpu.peak_flops_per_s(training.precision)  # fp8 on a GPU without FP8 -> SpecError
     max_positions, notes = max_positions_for(model, training)

@@ -349,7 +349,8 @@ def _what_if(plan: Plan, **change: Any) -> tuple[Estimate, float] | None:
         return None
     try:
         alt = search(plan.model, plan.cluster, plan.training, space=replace(plan.space, **change),
-                     objective=plan.objective, top_k=1, headroom=plan.headroom)  # type: ignore[arg-type]
+                     objective=plan.objective, top_k=1, headroom=plan.headroom,  # type: ignore[arg-type]
+                     advise_gpu_counts=False)
     except NoFeasiblePlanError:
         return None
     ev, alt_ev = plan.feasible, alt.feasible

@@ -76,6 +76,7 @@ def read_input_text(path: str | Path, what: str, *, max_bytes: int = MAX_INPUT_B
     """The text of an input file; SpecError in one line (``what``: the option or field it is for)
     when it is missing, a directory or other non-regular file, unreadable, too long a name, larger
     than ``max_bytes`` or not UTF-8 (a UTF-8 byte-order mark is dropped)."""
+    _refuse_empty(path, what)
     shown = _shown(path)
     try:
         mode = os.stat(path).st_mode
@@ -94,6 +95,12 @@ def read_input_text(path: str | Path, what: str, *, max_bytes: int = MAX_INPUT_B
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise SpecError(f"{what}: '{shown}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+
+
+def _refuse_empty(path: str | Path, what: str, error: type[PlannerError] = SpecError) -> None:
+    """An empty name (an unset shell variable) is refused as one, not read as the current folder ``Path("")``."""
+    if isinstance(path, str) and not path:
+        raise error(f"{what}: an empty file name (give a file)")
 
 
 def path_exists(path: str | Path) -> bool:
@@ -415,6 +422,7 @@ def _move_into_place(tmp: str, target: Path, path: str | Path, option: str, forc
 def check_regular_file(path: str | Path, what: str, *, error: type[PlannerError] = SpecError) -> os.stat_result:
     """``os.stat`` of ``path`` when it is a regular file (symlinks followed); ``error`` in one line otherwise, before
     anything opens it: a FIFO would block, ``/dev/zero`` never ends, a directory or socket cannot be read."""
+    _refuse_empty(path, what, error)
     try:
         info = os.stat(path)
     except OSError as err:

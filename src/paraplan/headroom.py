@@ -35,8 +35,6 @@ DEFAULT_SOURCE = "memory error band, paraplan.bands"
 
 MAX_HEADROOM_FRAC = 0.9
 """Largest margin as a fraction of usable memory (1.0 or more would leave nothing to fit in)."""
-MAX_HEADROOM_GIB = 1024.0
-"""Largest margin in GiB (more than any GPU's memory)."""
 
 _SPEC = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(gib|%)?\s*$", re.IGNORECASE)
 
@@ -54,6 +52,8 @@ class Headroom:
     """Margin in bytes (added to ``frac`` x usable)."""
     source: str = "--headroom"
     is_default: bool = False
+    from_band: bool = False
+    """The memory band's margin of a family (``band_headroom``): not a user's value, never range-checked."""
 
     def for_model(self, is_moe: bool) -> Headroom:
         """The margin for a dense or MoE model: the family's band margin when this is the default, else itself."""
@@ -79,6 +79,20 @@ class Headroom:
         share = f" = {' + '.join(parts)}" if parts else ""
         return f"margin {margin / GIB:.1f} GiB{share} ({self.source})"
 
+    def check_range(self, usable_bytes: float, gpu_name: str) -> None:
+        """SpecError (one line, the allowed range in GiB and % for this GPU) when the margin is over
+        ``MAX_HEADROOM_FRAC`` of usable memory: nothing could fit in what is left. The memory band's margin is not
+        checked (it is not the user's: on a GPU with almost no usable memory nothing fits, and the search says so)."""
+        if self.is_default or self.from_band:
+            return
+        limit = MAX_HEADROOM_FRAC * usable_bytes
+        if self.frac < 0 or self.bytes_ < 0 or not math.isfinite(self.frac + self.bytes_) \
+                or self.margin_bytes(usable_bytes) > limit:
+            given = self.source.removeprefix("--headroom").strip() or self.describe(usable_bytes)
+            raise SpecError(f"--headroom: allowed 0-{100 * MAX_HEADROOM_FRAC:.0f}% or 0-{limit / GIB:.1f} GiB on "
+                            f"{gpu_name} ({100 * MAX_HEADROOM_FRAC:.0f}% of its {usable_bytes / GIB:.1f} GiB usable "
+                            f"memory), got {given}")
+
     def as_dict(self, usable_bytes: float) -> dict[str, float | str]:
         """JSON: the margin in bytes, as a fraction of usable memory, and where it comes from."""
         margin = self.margin_bytes(usable_bytes)
@@ -97,7 +111,7 @@ def band_headroom(family: str) -> Headroom:
     return Headroom(frac=1 - 1 / hi, bytes_=b.hi_offset / hi,
                     source=f"{b.family} memory error band: measured peak <= predicted x {b.hi_ratio:.3f} + "
                            f"{b.hi_offset / GIB:.2f} GiB for {100 * b.coverage:.0f}% of {b.rows} held-out rows, "
-                           "paraplan.bands")
+                           "paraplan.bands", from_band=True)
 
 
 DEFAULT_HEADROOM = Headroom(source=DEFAULT_SOURCE, is_default=True)
@@ -105,7 +119,9 @@ NO_HEADROOM = Headroom(source="--headroom 0")
 
 
 def parse_headroom(text: str | None) -> Headroom:
-    """``--headroom``: ``5GiB``, ``10%`` or ``0``; None is the default (the memory model's error band)."""
+    """``--headroom``: ``5GiB``, ``10%`` or ``0``; None is the default (the memory model's error band). The range
+    (at most ``MAX_HEADROOM_FRAC`` of usable memory) depends on the GPU: ``Headroom.check_range``, which ``plan`` and
+    ``estimate`` call, checks it."""
     if text is None:
         return DEFAULT_HEADROOM
     m = _SPEC.match(text)
@@ -117,13 +133,9 @@ def parse_headroom(text: str | None) -> Headroom:
     if value == 0:
         return NO_HEADROOM
     if unit == "%":
-        if value / 100 > MAX_HEADROOM_FRAC:
-            raise SpecError(f"--headroom: at most {100 * MAX_HEADROOM_FRAC:.0f}% of usable memory, got {text.strip()}")
         return Headroom(frac=value / 100, source=f"--headroom {value:g}%")
     if unit != "gib":
         raise SpecError(f"--headroom: give a unit, GiB or % (e.g. 5GiB or 10%), or 0; got {text!r}")
-    if value > MAX_HEADROOM_GIB:
-        raise SpecError(f"--headroom: at most {MAX_HEADROOM_GIB:.0f} GiB, got {text.strip()}")
     return Headroom(bytes_=value * GIB, source=f"--headroom {value:g}GiB")
 
 

@@ -489,8 +489,11 @@ def rank_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, space: SearchSpace | None = None,
          objective: Objective = "throughput", top_k: int = 5, options: MemoryOptions | None = None,
-         headroom: Headroom | None = None, recipes: RecipeLayouts = ((), ())) -> Plan:
+         headroom: Headroom | None = None, recipes: RecipeLayouts = ((), ()), advise_gpu_counts: bool = True) -> Plan:
     """Search the layout space; raise NoFeasiblePlanError (with rejection counts) if nothing fits.
+
+    When nothing fits for memory, the advice's GPU count is the smallest count that fits by searching larger
+    counts the same way (``gpus_that_fit``); ``advise_gpu_counts=False`` leaves that search out (its own calls).
 
     A layout fits when its peak plus the ``headroom`` margin (default: the memory model's error band,
     ``paraplan.headroom``) stays within usable memory; those that fit only inside the margin are
@@ -498,6 +501,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
     this job, for the ranking's ``nvidia_recipe`` rule (``recipes.compare.job_recipe_layouts``)."""
     space = space or SearchSpace()
     headroom = (headroom if headroom is not None else DEFAULT_HEADROOM).for_model(model.is_moe)
+    headroom.check_range(cluster.gpu.usable_bytes, cluster.gpu.name)
     cluster.gpu.peak_flops_per_s(training.precision)
     if (training.precision == "fp8" and training.fp8_recipe == "delayed" and "selective" in space.recompute
             and {"moe_act", "layernorm"} & set(space.recompute_modules)):  # launch_violations FP8_DELAYED_RECOMPUTE
@@ -556,9 +560,12 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, spac
         hint = "OOM" if smallest is None or smallest[1] > usable else "OOM_MARGIN"
         summary = _no_fit_message(model, cluster, training, rejections, examples, hint=hint)
         advice = knob_rule_tip(model, training, cluster.gpu.arch, table, masks, {c for c, _, _ in knob_rules},
-                               rejections, examples, valid=len(valid)) or fit_advice(cluster, space, smallest, headroom)
+                               rejections, examples, valid=len(valid)) or fit_advice(
+            cluster, space, smallest, headroom, gpus_that_fit(model, cluster, training, space, options, headroom)
+            if advise_gpu_counts and smallest is not None else None)
         raise NoFeasiblePlanError(f"{summary}; {advice_text(advice)}", rejections=rejections, summary=summary,
-                                  advice=advice, examples=examples, num_evaluated=n_total)
+                                  advice=advice, examples=examples, num_evaluated=n_total,
+                                  smallest=None if smallest is None else (smallest[0].short(), smallest[1]))
     fit_idx = np.nonzero(ev.fits)[0]
     feasible = Evaluated(table=valid.take(fit_idx), peak_bytes=ev.peak_bytes[fit_idx], step_s=ev.step_s[fit_idx],
                          tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu[fit_idx], fits=ev.fits[fit_idx])
@@ -840,7 +847,68 @@ def first_rule(p: Plan, a: RankKeys, b: RankKeys) -> str:
     return decided_by(p.ranking, a.coarse, b.coarse, a.step, b.step, a.simpler, b.simpler)
 
 
-FitKnob = Literal["search_space", "headroom", "num_gpus", "recompute", "pipeline", "mbs", "gpu_memory", "knob_rule"]
+FitKnob = Literal["search_space", "headroom", "num_gpus", "no_gpu_count", "recompute", "pipeline", "mbs", "gpu_memory",
+                  "knob_rule"]
+
+ADVICE_MAX_GPUS: Final = 65_536
+"""The largest GPU count the no-fit advice searches (``gpus_that_fit``; budget's default ``--max-gpus``), or twice
+the count given when that is larger."""
+
+
+@dataclass(frozen=True, slots=True)
+class CountFit:
+    """Larger GPU counts searched for the no-fit advice (``gpus_that_fit``): the smallest that fits, or none."""
+
+    num_gpus: int | None
+    """The smallest count tried at which a layout fits (peak + margin <= usable); None: none up to ``max_gpus``."""
+    max_gpus: int
+    """The largest count tried."""
+    layout: str
+    """The smallest-footprint layout at ``num_gpus``, or (none fits) the smallest over every count tried."""
+    peak_bytes: float
+    """Its peak memory per GPU."""
+    at_gpus: int
+    """The count ``layout`` is at."""
+
+
+def _advice_counts(cluster: ClusterSpec) -> list[int]:
+    """The counts the advice tries: doubling from the count given, in whole nodes past one node."""
+    per_node, n = cluster.gpus_per_node, cluster.num_gpus
+    counts: list[int] = []
+    top = min(max(ADVICE_MAX_GPUS, 2 * cluster.num_gpus), MAX_NUM_GPUS)
+    while True:
+        n *= 2
+        if n > per_node:
+            n = -(-n // per_node) * per_node
+        if n > top:
+            return counts
+        counts.append(n)
+
+
+def gpus_that_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: SearchSpace,
+                  options: MemoryOptions | None, headroom: Headroom) -> CountFit | None:
+    """The smallest larger GPU count (doubling, ``_advice_counts``) at which the same search finds a layout that fits,
+    by the memory model itself: more GPUs shrink memory per GPU only as far as the layout rules let TP/PP/CP/EP grow
+    and DP shard the optimizer (the batch, the layers, the heads, the NVLink domain bound them). None when no larger
+    count has a layout to search."""
+    best: tuple[str, float, int] | None = None
+    counts = _advice_counts(cluster)
+    for n in counts:
+        try:
+            p = plan(model, replace(cluster, num_gpus=n), training, space=space, top_k=1, options=options,
+                     headroom=headroom, advise_gpu_counts=False)
+        except NoFeasiblePlanError as err:
+            if err.smallest is not None and (best is None or err.smallest[1] < best[1]):
+                best = (err.smallest[0], err.smallest[1], n)
+            continue
+        except SpecError:  # the search space given does not apply at this count (e.g. too many layouts)
+            continue
+        c = p.candidates[0]
+        return CountFit(n, n, c.layout.short(), float(c.peak_bytes), n)
+    if best is None:
+        return None
+    return CountFit(None, counts[-1], best[0], best[1], best[2])
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -865,14 +933,21 @@ class FitTip:
     rule_knobs: tuple[tuple[str, ...], ...] = ()
     """``knob_rule`` with several ``rules``: the ``knobs`` that lift each (every rule rejects every layout left, so
     each must be lifted); empty with one rule."""
+    layout: str = ""
+    """``num_gpus``: the smallest-footprint layout at ``value`` GPUs; ``no_gpu_count``: the smallest found."""
+    peak_bytes: float = 0.0
+    """That layout's peak memory per GPU."""
+    at_gpus: int = 0
+    """``no_gpu_count``: the count that layout is at."""
 
     def describe(self) -> str:
         """The tip in the library's terms (``SearchSpace`` fields and ``plan`` arguments)."""
         if self.knob == "search_space":
             return "relax the search space (SearchSpace tp/pp/cp/mbs/max_pp) or change global_batch_size"
         if self.knob == "num_gpus":
-            return (f"about {self.value:.0f}+ GPUs (num_gpus; it needs {self.ratio:.1f}x the usable memory"
-                    f"{' less the margin' if self.less_margin else ''})")
+            return f"{self.value:,.0f} GPUs (num_gpus; {self.count_text()})"
+        if self.knob == "no_gpu_count":
+            return self.count_text()
         if self.knob == "headroom":
             return (f"a smaller memory margin (headroom; the smallest layout fits only inside the "
                     f"{(self.value or 0.0) / GIB:.1f} GiB margin, NO_HEADROOM accepts it at the memory model's risk)")
@@ -887,6 +962,18 @@ class FitTip:
                     "the rule asks for (NoFeasiblePlanError.examples has its words)")
         return f"a GPU with more than {(self.value or 0.0) / GIB:.0f} GiB usable"
 
+
+    def count_text(self, count: str = "GPU count") -> str:
+        """``num_gpus``: the pick at that count and its peak; ``no_gpu_count``: that no ``count`` (the CLI: its flag)
+        up to ``value`` fits, with the smallest footprint found."""
+        limit = f"usable memory{' less the margin' if self.less_margin else ''}"
+        if self.knob == "num_gpus":
+            return (f"the first count that fits, doubling from this one; its pick {self.layout} peaks at "
+                    f"{self.peak_bytes / GIB:.1f} GiB")
+        return (f"no {count} up to {self.value:,.0f} fits: the smallest footprint found, {self.layout} on "
+                f"{self.at_gpus:,} GPUs, needs {self.peak_bytes / GIB:.1f} GiB, {self.ratio:.1f}x the {limit} (more "
+                "GPUs shrink memory per GPU only as far as the model's layers, heads, experts, sequence and the batch "
+                "let TP/PP/CP/EP/DP grow)")
 
     def change_text(self, name: Callable[[str], str]) -> str:
         """``knob_rule``: the knobs to change, each worded by ``name``: "A or B" for one rule, "A (RULE1) and B or C
@@ -905,22 +992,26 @@ class FitTip:
 
 
 def fit_advice(cluster: ClusterSpec, space: SearchSpace, smallest: tuple[Any, float] | None,
-               headroom: Headroom = NO_HEADROOM) -> tuple[FitTip, ...]:
-    """What would make the smallest-footprint layout fit, from its numbers."""
+               headroom: Headroom = NO_HEADROOM, more: CountFit | None = None) -> tuple[FitTip, ...]:
+    """What would make the smallest-footprint layout fit, from its numbers; ``more``: the larger GPU counts searched
+    (``gpus_that_fit``; None: no count is advised)."""
     if smallest is None:
         return (FitTip("search_space"),)
     layout, need = smallest
     usable = cluster.gpu.usable_bytes
     margin = headroom.margin_bytes(usable)
-    if need <= usable:  # it fits only inside the margin (more GPUs help only while the margin leaves memory)
-        return (FitTip("headroom", margin), *([FitTip("num_gpus", cluster.num_gpus * 2, need / (usable - margin), True)]
-                                               if margin < usable else []))
-    tips = []
-    if margin < usable:  # a margin of all usable memory leaves no GPU count that fits
+    count_tips = []
+    if more is not None and margin < usable:  # a margin of all usable memory leaves no GPU count that fits
         ratio = need / (usable - margin)
-        per_node = cluster.gpus_per_node
-        more = max(cluster.num_gpus * 2, -(-int(np.ceil(cluster.num_gpus * ratio)) // per_node) * per_node)
-        tips.append(FitTip("num_gpus", more, ratio, margin > 0))
+        if more.num_gpus is not None:
+            count_tips.append(FitTip("num_gpus", more.num_gpus, ratio, margin > 0, layout=more.layout,
+                                     peak_bytes=more.peak_bytes))
+        else:
+            count_tips.append(FitTip("no_gpu_count", more.max_gpus, more.peak_bytes / (usable - margin), margin > 0,
+                                     layout=more.layout, peak_bytes=more.peak_bytes, at_gpus=more.at_gpus))
+    if need <= usable:  # it fits only inside the margin (more GPUs help only while the margin leaves memory)
+        return (FitTip("headroom", margin), *count_tips)
+    tips = count_tips
     if layout.recompute != "full" and "full" not in space.recompute:
         tips.append(FitTip("recompute"))
     if space.max_pp is not None or space.pp is not None:

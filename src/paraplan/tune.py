@@ -380,7 +380,7 @@ def neighbourhood(cmp: Comparison) -> Plan | None:
                         allow_cross_node=True,
                         tp_comm_overlap=lay.tp_comm_overlap)
     try:
-        return plan(est.model, cl, est.training, space=space, top_k=12)
+        return plan(est.model, cl, est.training, space=space, top_k=12, advise_gpu_counts=False)
     except NoFeasiblePlanError:
         return None
 

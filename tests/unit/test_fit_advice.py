@@ -9,11 +9,11 @@ import pytest
 import paraplan
 from paraplan.cli import main
 from paraplan.cli.render import fit_tip_flags, no_fit_line
-from paraplan.errors import NoFeasiblePlanError
+from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.headroom import parse_headroom
-from paraplan.search import FitTip, SearchSpace, candidate_table, knob_rule_tip
+from paraplan.search import ADVICE_MAX_GPUS, FitTip, SearchSpace, candidate_table, knob_rule_tip
 from paraplan.specs.cluster import make_cluster
-from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.load import load_gpu, load_model, model_from_megatron_args
 from paraplan.specs.training import TrainingSpec
 from paraplan.units import GIB
 
@@ -29,13 +29,13 @@ def _no_fit(**kwargs: object) -> NoFeasiblePlanError:
 def test_advice_is_data_and_the_library_names_no_flag() -> None:
     err = _no_fit(space={"recompute": ("none", "selective"), "max_pp": 2, "mbs": (2, 4)})
     tips = err.advice
-    assert [t.knob for t in tips] == ["num_gpus", "recompute", "pipeline", "mbs", "gpu_memory"]  # type: ignore[attr-defined]
-    more = tips[0]
-    assert isinstance(more, FitTip) and more.value is not None and more.ratio is not None
-    assert more.value >= 32 and more.value % 8 == 0 and more.value >= 16 * more.ratio  # whole nodes, enough memory
+    # PP 2 at most: more GPUs add only DP and CP, and no count fits; the other tips lift the search's limits
+    assert [t.knob for t in tips] == ["no_gpu_count", "recompute", "pipeline", "mbs", "gpu_memory"]  # type: ignore[attr-defined]
+    none = tips[0]
+    assert isinstance(none, FitTip) and none.value == ADVICE_MAX_GPUS and none.ratio is not None and none.ratio > 1
     assert tips[3] == FitTip("mbs", 1)
     assert "--" not in str(err)
-    assert str(err).startswith(err.summary + "; what would make it fit: about ")
+    assert str(err).startswith(err.summary + f"; what would make it fit: no GPU count up to {ADVICE_MAX_GPUS:,} fits")
     assert "SearchSpace.max_pp/pp" in str(err)
 
 
@@ -43,15 +43,64 @@ def test_the_cli_words_the_same_tips_with_flags(capsys: pytest.CaptureFixture[st
     err = _no_fit(space={"recompute": ("none", "selective"), "max_pp": 2, "mbs": (2, 4)})
     line = no_fit_line(err)
     assert line.startswith(err.summary + "; what would make it fit: ")
-    assert f"about {err.advice[0].value:.0f}+ GPUs (--num-gpus;" in line  # type: ignore[attr-defined]
+    assert f"no --num-gpus up to {ADVICE_MAX_GPUS:,} fits: the smallest footprint found, " in line
     assert "(--recompute none,selective,full)" in line and "(--max-pp/--pp)" in line and "(--mbs 1)" in line
     code = main(["plan", "-m", "llama3.1-405b", "-g", "h100-80gb", "-n", "16", "-s", "4096", "--gbs", "64",
                  "--recompute", "none,selective", "--max-pp", "2", "--mbs", "2,4"])
     assert code == 3
     assert capsys.readouterr().err.strip() == line
+    code = main(["plan", "-m", "llama3.1-405b", "-g", "h100-80gb", "-n", "16", "-s", "4096", "--gbs", "64"])
+    (tip, *_) = _no_fit().advice
+    assert code == 3 and isinstance(tip, FitTip) and tip.knob == "num_gpus"
+    assert (f"what would make it fit: --num-gpus {tip.value:.0f} (the first count that fits, doubling from this one; "
+            f"its pick {tip.layout} peaks at {tip.peak_bytes / GIB:.1f} GiB)") in capsys.readouterr().err
+
+
+# --- the advised GPU count is the model's own: the first doubling that fits, not a linear shortfall ---------------
+
+@pytest.mark.parametrize(("model", "gpu", "n", "seq", "gbs"), [
+    ("llama3-70b", "h100-80gb", 8, 4096, 64),  # about 2x short
+    ("llama3.1-405b", "h100-80gb", 16, 4096, 64),  # about 6x short
+    ("llama3.1-405b", "a100-40gb", 1, 8192, 64),  # about 180x short, one GPU
+    ("deepseek-v3", "h100-80gb", 8, 4096, 64),  # MoE, MLA
+])
+def test_the_advised_count_fits_and_half_of_it_does_not(model: str, gpu: str, n: int, seq: int, gbs: int) -> None:
+    training = {"seq_len": seq, "global_batch_size": gbs}
+    with pytest.raises(NoFeasiblePlanError) as info:
+        paraplan.plan(model, gpu, n, training=training)
+    tip = info.value.advice[0]
+    assert isinstance(tip, FitTip) and tip.knob == "num_gpus" and tip.value is not None and tip.ratio is not None
+    count = int(tip.value)
+    p = paraplan.plan(model, gpu, count, training=training, top_k=1)
+    assert p.candidates[0].layout.short() == tip.layout and p.candidates[0].peak_bytes == pytest.approx(tip.peak_bytes)
+    if count // 2 > n:
+        with pytest.raises(NoFeasiblePlanError):
+            paraplan.plan(model, gpu, count // 2, training=training, top_k=1)
+    smallest = info.value.smallest
+    assert smallest is not None and smallest[1] > load_gpu(gpu).usable_bytes
+
+
+def test_when_model_state_cannot_shrink_enough_no_count_is_advised() -> None:
+    """Four layers of a 131072-wide model: PP stops at 4 and TP at the NVLink domain, so memory per GPU stops
+    shrinking far above an A100's 40 GB (a linear estimate would have said a few hundred GPUs)."""
+    model = {"num_layers": 4, "hidden_size": 131072, "num_attention_heads": 128, "ffn_hidden_size": 524288,
+             "vocab_size": 128256, "max_position_embeddings": 8192, "swiglu": True, "normalization": "RMSNorm",
+             "position_embedding_type": "rope", "untie_embeddings_and_output_weights": True}
+    with pytest.raises(NoFeasiblePlanError) as info:
+        paraplan.plan(model_from_megatron_args(model), "a100-40gb", 1, training=TRAINING)  # type: ignore[arg-type]
+    tip = info.value.advice[0]
+    assert isinstance(tip, FitTip) and tip.knob == "no_gpu_count" and tip.value == ADVICE_MAX_GPUS
+    usable = load_gpu("a100-40gb").usable_bytes
+    assert tip.peak_bytes > usable and tip.layout.startswith("tp8 pp4")
+    with pytest.raises(NoFeasiblePlanError) as at:  # the footprint named is the one the search finds at that count
+        paraplan.plan(model_from_megatron_args(model), "a100-40gb", tip.at_gpus, training=TRAINING)  # type: ignore[arg-type]
+    assert at.value.smallest is not None and at.value.smallest[1] == pytest.approx(tip.peak_bytes)
+    assert "no --num-gpus up to 65,536 fits" in no_fit_line(info.value)
+    assert "no GPU count up to 65,536 fits" in str(info.value)
 
 
 @pytest.mark.parametrize("tip", [FitTip("search_space"), FitTip("num_gpus", 64, 3.5), FitTip("recompute"),
+                                 FitTip("no_gpu_count", 65536, 2.0, layout="tp8 pp4", peak_bytes=90 * GIB, at_gpus=64),
                                  FitTip("pipeline"), FitTip("mbs", 1), FitTip("gpu_memory", 200 * GIB),
                                  FitTip("knob_rule", 12, rules=("CUDA_GRAPH_FULL_RECOMPUTE",),
                                         knobs=("cuda_graph_impl",), reason="full recompute is only supported ...")])
@@ -127,14 +176,9 @@ def test_a_knob_rule_that_leaves_layouts_keeps_the_memory_advice() -> None:
     assert err.advice[0].knob == "num_gpus"  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("model", "margin", "knobs"), [
-    ("llama3-8b", "79GiB", ["headroom"]),  # fits in usable memory, only inside a margin of more than all of it
-    ("llama3.1-405b", "100GiB", ["recompute", "gpu_memory"]),  # over usable memory too
-])
-def test_a_margin_of_all_usable_memory_advises_no_gpu_count(model: str, margin: str, knobs: list[str]) -> None:
-    """More GPUs cannot help when the margin alone is more than usable memory (no "-20x the usable memory")."""
-    with pytest.raises(NoFeasiblePlanError) as info:
+@pytest.mark.parametrize(("model", "margin"), [("llama3-8b", "79GiB"), ("llama3.1-405b", "100GiB")])
+def test_a_margin_of_all_usable_memory_is_refused_before_the_search(model: str, margin: str) -> None:
+    """More GPUs cannot help when the margin alone is most of usable memory: --headroom's range refuses it."""
+    with pytest.raises(SpecError, match=r"^--headroom: allowed 0-90% or 0-70.3 GiB on h100-80gb"):
         paraplan.plan(model, "h100-80gb", 8, training=TRAINING, headroom=parse_headroom(margin),
                       space={"recompute": ("none", "selective")})  # type: ignore[arg-type]
-    assert [t.knob for t in info.value.advice] == knobs  # type: ignore[attr-defined]
-    assert "x the usable memory" not in no_fit_line(info.value)

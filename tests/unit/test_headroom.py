@@ -17,6 +17,7 @@ from paraplan.cli import main
 from paraplan.errors import NoFeasiblePlanError, SpecError
 from paraplan.headroom import (
     DEFAULT_HEADROOM,
+    MAX_HEADROOM_FRAC,
     MEMORY_UNDER_PREDICTION_P80,
     NO_HEADROOM,
     Headroom,
@@ -79,11 +80,27 @@ def test_zero_is_no_margin_and_none_is_the_measured_band() -> None:
     assert DEFAULT_HEADROOM.for_model(True) == band_headroom("moe")
 
 
-@pytest.mark.parametrize("text", ["5", "5x", "-1GiB", "95%", "inf", "nan", "", "GiB", "5GB", "1e3GiB", "2000GiB"])
+@pytest.mark.parametrize("text", ["5", "5x", "-1GiB", "inf", "nan", "", "GiB", "5GB", "1e3GiB", "9" * 400 + "GiB"])
 def test_bad_headroom_is_one_line_naming_the_flag(text: str) -> None:
     with pytest.raises(SpecError, match=r"^--headroom: ") as info:
         parse_headroom(text)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("gpu", ["h100-80gb", "a100-40gb", "b200"])
+def test_the_range_is_the_same_share_of_usable_memory_in_gib_and_percent(gpu: str) -> None:
+    """A margin over 90% of the GPU's usable memory is refused the same way whether given in GiB or %."""
+    usable = load_gpu(gpu).usable_bytes
+    limit_gib = MAX_HEADROOM_FRAC * usable / GIB
+    for ok in (f"{100 * MAX_HEADROOM_FRAC:g}%", f"{limit_gib - 0.01:.2f}GiB", "0", "1%", "1GiB"):
+        parse_headroom(ok).check_range(usable, gpu)
+    for bad in (f"{100 * MAX_HEADROOM_FRAC + 0.5:g}%", f"{round(limit_gib + 0.05, 1):g}GiB", "99%", "150%", "2000GiB"):
+        with pytest.raises(SpecError) as info:
+            parse_headroom(bad).check_range(usable, gpu)
+        msg = str(info.value)
+        assert msg == (f"--headroom: allowed 0-90% or 0-{limit_gib:.1f} GiB on {gpu} (90% of its "
+                       f"{usable / GIB:.1f} GiB usable memory), got {bad}")
+    DEFAULT_HEADROOM.check_range(usable, gpu)  # the band's margin is always in range
 
 
 def test_fit_text_says_free_memory_and_the_margin() -> None:

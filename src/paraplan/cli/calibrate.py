@@ -112,20 +112,20 @@ def calibrate(
 
     Example: paraplan calibrate --runs runs.csv --gpu h100-80gb --out cluster-profile.yaml
     """
-    if not runs and not pair:
+    if runs is None and not pair:  # an empty --runs "" is read (and refused) as a file name
         raise SpecError("calibrate: give --runs runs.csv or at least one --pair manifest.json:log.txt")
     from paraplan.api import check_output_file
 
     check_output_file(out, "--out", force=force)
     names = _params(params)
     spec = load_gpu(gpu)
-    measured: list[Run] = read_runs_csv(runs, spec) if runs else []
+    measured: list[Run] = read_runs_csv(runs, spec) if runs is not None else []
     for text in pair or []:
         man, logs = split_pair(text)
         measured.append(read_pair(man, logs, skip_warmup=skip_warmup, gpu=spec))
     res = fit_profile(measured, spec, names)
+    loo = leave_one_out(measured, spec, names) if cross_validate else None  # its errors before the profile is written
     write_profile(out, res, source or "", option="--out", force=force)
-    loo = leave_one_out(measured, spec, names) if cross_validate else None
     if fmt == OutputFormat.json:
         doc = profile_document(res, source or "")
         doc["runs"] = [{"label": lb, "measured_s": m, "before_s": b, "after_s": a} for lb, m, b, a in res.per_run]

@@ -294,6 +294,8 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
 
     if text.startswith("@"):
         text = read_input_text(text[1:], "--megatron-args")
+    elif not text.strip():  # an empty shell variable
+        raise SpecError("--megatron-args: empty (give a pretrain_gpt.py command line, or @FILE)")
     gpu_spec = resolve_gpu(gpu, gpu_set, profile)
     result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                           headroom=headroom)

@@ -8,7 +8,6 @@ import math
 import sys
 from collections.abc import Iterator
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -209,7 +208,7 @@ _SKIP = typer.Option(1, "--skip-warmup", min=0,
 
 
 @app.command("ingest")
-def ingest(logs: list[Path] = _LOGS, fmt: IngestFormat = _FORMAT, skip_warmup: int = _SKIP) -> None:
+def ingest(logs: list[str] = _LOGS, fmt: IngestFormat = _FORMAT, skip_warmup: int = _SKIP) -> None:
     r"""Read Megatron-LM training output: step time, TFLOP/s/GPU, memory per rank, timers.
 
     Text logs of Megatron-LM (2020-2026), Megatron-Bridge, Megatron-DeepSpeed and NeMo.

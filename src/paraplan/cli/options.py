@@ -158,7 +158,7 @@ def attention_kernel_knob(value: str | None) -> str:
 def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> GpuSpec:
     """The GPU preset or file, with a calibrated profile's efficiencies, then --gpu-set overrides."""
     gpu_spec = load_gpu(gpu)
-    if profile:
+    if profile is not None:  # an empty name is refused by the reader, not taken as no profile
         from paraplan.api import profile_overrides
 
         gpu_spec = override_gpu(gpu_spec, profile_overrides(profile, gpu_spec.name))
@@ -274,8 +274,9 @@ PipelineSplitOpt = typer.Option(
 ProfileOpt = typer.Option(None, "--profile", help="Cluster profile YAML from `paraplan calibrate`.")
 HeadroomOpt = typer.Option(
     None, "--headroom",
-    help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none); "
-         "default: the upper end of the memory model's measured error band for the model's family (paraplan.bands).")
+    help="Memory a layout must leave free to count as fitting: GIB (5GiB), PCT of usable (10%) or 0 (none), at most "
+         "90% of the GPU's usable memory; default: the upper end of the memory model's measured error band for the "
+         "model's family (paraplan.bands).")
 KnobOpt = typer.Option(
     None, "--knob",
     help="A knob (memory or time) as its Megatron-LM flag, repeat: grad-reduce-in-bf16, use-precision-aware-optimizer, "

@@ -25,6 +25,7 @@ from paraplan.api import (
     SearchSpace,
     SiteProfile,
     advise,
+    brief,
     dumps_json,
     format_decimal_bytes,
     load_site,
@@ -88,15 +89,29 @@ class ObjectiveChoice(StrEnum):
 
 
 def _ints(name: str, text: str | None) -> tuple[int, ...] | None:
-    if not text:
+    if text is None:
         return None
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+    if not text.strip():  # an empty shell variable (--tp "$TP") must not silently search every value
+        raise SpecError(f"--{name}: empty (give comma-separated positive integers, e.g. 1,2,4; leave the flag out to "
+                        "search every value)")
+    try:  # every item given: "1,,2" is a slip, not "1,2"
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise SpecError(f"--{name}: expected comma-separated positive integers, got '{text}'") from None
-    if not values or min(values) < 1:
-        raise SpecError(f"--{name}: expected comma-separated positive integers, got '{text}'")
+        raise SpecError(f"--{name}: expected comma-separated positive integers, got {brief(text)}") from None
+    if min(values) < 1:
+        raise SpecError(f"--{name}: expected comma-separated positive integers, got {brief(text)}")
     return values
+
+
+MAX_TOP = 100
+"""Most layouts ``--top`` lists: each is a full estimate (memory per stage, step time), so a huge count would run for
+minutes on a large search."""
+
+
+def check_top(top: int) -> None:
+    """``--top`` within 1 to ``MAX_TOP`` (plan, explain, report)."""
+    if not 1 <= top <= MAX_TOP:
+        raise SpecError(f"--top must be in [1, {MAX_TOP}], got {top:,}")
 
 
 def _strs(name: str, text: str | None, allowed: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
@@ -188,8 +203,7 @@ def run_plan(req: PlanRequest, options: MemoryOptions | None = None) -> Plan:
     inputs = resolve_inputs(model=req.model, gpu=req.gpu, num_gpus=req.num_gpus, gpus_per_node=req.gpus_per_node,
                             seq_len=req.seq_len, gbs=req.gbs, precision=req.precision, gpu_set=req.gpu_set,
                             profile=req.profile, attention_backend=req.attention_backend, knobs=req.knob)
-    if req.top < 1:
-        raise SpecError(f"--top must be a positive integer, got {req.top}")
+    check_top(req.top)
     if req.pp and req.max_pp is not None:
         raise SpecError("--pp and --max-pp contradict: --pp lists the PP sizes to search, --max-pp caps the "
                         "default list (give one)")

@@ -28,8 +28,9 @@ def fit_tip_flags(tip: FitTip) -> str:
     if tip.knob == "search_space":
         return "relax the search flags (--tp/--pp/--cp/--mbs/--max-pp) or change GBS"
     if tip.knob == "num_gpus":
-        return (f"about {tip.value:.0f}+ GPUs (--num-gpus; it needs {tip.ratio:.1f}x the usable memory"
-                f"{' less the margin' if tip.less_margin else ''})")
+        return f"--num-gpus {tip.value:.0f} ({tip.count_text()})"
+    if tip.knob == "no_gpu_count":
+        return tip.count_text("--num-gpus")
     if tip.knob == "headroom":
         return (f"a smaller margin (--headroom; the smallest layout fits only inside the "
                 f"{(tip.value or 0.0) / GIB:.1f} GiB margin, --headroom 0 accepts it at the memory model's own risk)")

@@ -30,6 +30,7 @@ from paraplan.cli.plan import (
     TpOpt,
     TpOvOpt,
     VpOpt,
+    check_top,
     run_plan,
     search_space,
 )
@@ -78,7 +79,7 @@ def progress(total: int, delay_s: float = PROGRESS_DELAY_S) -> Iterator[Callable
         bar.stop()
 
 
-def plan_from_file(path: Path, top: int, objective: str | None, space: SearchSpace,
+def plan_from_file(path: str | Path, top: int, objective: str | None, space: SearchSpace,
                    headroom: Headroom | None = None) -> Plan:
     """Re-run the search from plan.json's resolved inputs and its search space (unless search flags are
     given here; plan.json keeps only the top layouts) and put plan.json's own layouts, re-estimated,
@@ -112,7 +113,7 @@ _SKIP = typer.Option(1, "--skip-warmup", min=0, help="Iteration records to drop 
 
 @app.command("report")
 def report_cmd(
-    output: Path = _OUT, plan_file: Path | None = _PLAN,
+    output: str = _OUT, plan_file: str | None = _PLAN,
     model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     gpu: str | None = typer.Option(None, "--gpu", "-g", help=GPU_HELP),
     num_gpus: int | None = typer.Option(None, "--num-gpus", "-n", help="World size (GPUs)."),
@@ -127,7 +128,7 @@ def report_cmd(
     ep: str | None = EpOpt, mbs: str | None = MbsOpt, max_pp: int | None = MaxPpOpt, recompute: str | None = RecOpt,
     dp_variant: str | None = DpOpt, allow_cross_node: bool = CrossOpt, tp_comm_overlap: bool = TpOvOpt,
     recompute_modules: str | None = RecModOpt, gpu_set: list[str] | None = GpuSetOpt, profile: str | None = ProfileOpt,
-    log: list[Path] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP, force: bool = ForceOpt,
+    log: list[str] | None = _LOG, compare: int = _COMPARE, skip_warmup: int = _SKIP, force: bool = ForceOpt,
     headroom: str | None = HeadroomOpt,
 ) -> None:
     """Write an HTML report: candidate landscape, memory per stage, step time, pipeline schedule.
@@ -151,8 +152,7 @@ def report_cmd(
     from paraplan.cli.tune import _refs
 
     check_output_file(output, "--output", force=force)
-    if top < 1:
-        raise SpecError(f"--top must be a positive integer, got {top}")
+    check_top(top)
     flags = {"--model": model, "--gpu": gpu, "--num-gpus": num_gpus, "--seq-len": seq_len, "--gbs": gbs}
     if plan_file is None and any(v is None for v in flags.values()):
         missing = ", ".join(k for k, v in flags.items() if v is None)

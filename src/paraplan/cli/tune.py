@@ -59,7 +59,7 @@ def _from_plan(path: str, rank: int) -> RunInputs:
 
 
 def _with_profile(inp: RunInputs, profile: str | None) -> RunInputs:
-    if not profile:
+    if profile is None:  # an empty name is refused by the reader, not taken as no profile
         return inp
     from paraplan.api import profile_overrides
 

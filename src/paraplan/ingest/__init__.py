@@ -40,6 +40,8 @@ def is_tensorboard(path: Path) -> bool:
 def read_log(path: str | Path, *, max_records: int = MAX_RECORDS) -> RunLog:
     """Read one text log (plain or gzip, streamed line by line: ``source.log_lines`` has the limits) or a
     TensorBoard event file/directory; ``IngestError`` in one line if unreadable or over a limit."""
+    if isinstance(path, str) and not path:  # Path("") is the current folder
+        raise IngestError("an empty log file name (give a log file or a TensorBoard directory)")
     path = Path(path)
     if not path.exists():
         raise IngestError(f"{path}: no such file or directory")

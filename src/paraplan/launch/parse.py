@@ -242,6 +242,8 @@ def parse_script(text: str, *, name: str = "custom", source: str = "",
 def parse_file(path: str | Path) -> ParsedScript:
     """Parse a script, an arguments file, or a Kubeflow TrainJob / PyTorchJob manifest (``.yaml``/``.yml``, or a
     file that is one: ``parse_manifest``); SpecError when it cannot be read."""
+    if isinstance(path, str) and not path:  # Path("") is the current folder
+        raise SpecError("script: an empty file name (give a file)")
     p = Path(path)
     text = read_input_text(p, "script")
     if p.suffix.lower() in (".yaml", ".yml"):

@@ -620,10 +620,11 @@ def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: 
 
     job = run.job
     cluster = make_cluster(gpu_spec if gpu_spec is not None else load_gpu(job.gpu), job.num_gpus, gpus_per_node)
+    knobs = knobs if knobs is not None else training_knobs(run.recipe, job.precision)  # its errors name the row
     try:
         training = TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
                                 attention_backend=job.attention_backend,  # type: ignore[arg-type]
-                                **(knobs if knobs is not None else training_knobs(run.recipe, job.precision)))
+                                **knobs)
     except SpecError as err:
         raise SpecError(f"{_where(run.recipe)}: {err}") from None
     notes = [f"recipe {run.recipe.alias} ({run.recipe.source})", *run.notes]

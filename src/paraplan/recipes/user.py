@@ -8,7 +8,11 @@ from __future__ import annotations
 import csv
 import difflib
 import io
-from typing import Any
+import math
+import re
+from collections.abc import Callable
+from functools import cache
+from typing import Any, Final
 
 from paraplan.errors import SpecError
 from paraplan.recipes.catalogue import (
@@ -20,6 +24,7 @@ from paraplan.recipes.catalogue import (
     Cell,
     Recipe,
     bridge_recipes,
+    cell_text,
     columns,
     make_recipe,
     parse_cell,
@@ -108,8 +113,153 @@ def _yaml_rows(path: str, text: str) -> list[dict[str, Cell]]:
     return rows
 
 
+MEGATRON_RECOMPUTE_MODULES: Final = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+                                     "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
+"""The selective recompute modules Megatron-Core accepts (transformer_config.py ``__post_init__``, allowed_modules,
+d98e8a6); paraplan recomputes those of ``layout.RECOMPUTE_MODULES`` and notes the others."""
+MEGATRON_OPTIMIZERS: Final = ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon")
+"""``--optimizer`` choices (megatron_lm_flags_main_d98e8a6.tsv); paraplan models Adam and lists the others."""
+_ENV_PAIR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^;]*")
+_TRUE_FALSE = "True or False"
+_MOE_UNSET = ("", "?")
+"""A MoE cell not set (the model's own setting) or not statically resolvable (bridge_perf_recipes.md)."""
+
+Rule = tuple[Callable[[Cell], bool], str]
+"""A column's check of a cell, and the allowed values in words."""
+
+
+def _int_at_least(low: int, *unset: Cell) -> Rule:
+    words = f"an integer >= {low}" + "".join(f" or {cell_text(u) if u != '' else 'empty'}" for u in unset)
+    return (lambda v: v in unset if not isinstance(v, int) or isinstance(v, bool) else v >= low), words
+
+
+def _number(low: float, high: float | None, *unset: Cell, above: bool = False) -> Rule:
+    def ok(v: Cell) -> bool:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return v in unset
+        return math.isfinite(v) and (v > low if above else v >= low) and (high is None or v <= high)
+    span = f"above {low:g}" if above else f"from {low:g} to {high:g}" if high is not None else f">= {low:g}"
+    return ok, f"a number {span}" + "".join(f" or {cell_text(u) if u != '' else 'empty'}" for u in unset)
+
+
+def _one_of(*allowed: Cell) -> Rule:
+    return (lambda v: not isinstance(v, list) and any(v == a and type(v) is type(a) for a in allowed),
+            "one of " + ", ".join(cell_text(a) if a != "" else "empty" for a in allowed))
+
+
+def _bools(*unset: Cell) -> Rule:
+    return (lambda v: isinstance(v, bool) or (not isinstance(v, list) and v in unset and not isinstance(v, int)),
+            _TRUE_FALSE + "".join(f" or {cell_text(u) if u != '' else 'empty'}" for u in unset))
+
+
+def _names(allowed: tuple[str, ...]) -> Rule:
+    return (lambda v: v in (None, "") or (isinstance(v, list) and all(x in allowed for x in v)),
+            f"None or a list of {', '.join(allowed)} (e.g. [{allowed[0]}])")
+
+
+def _text(v: Cell) -> bool:
+    return not isinstance(v, list)
+
+
+def _state_dtypes(v: Cell) -> bool:
+    from paraplan.specs.training import DTYPE_CHOICES
+
+    fields = {"main_grads": "main_grads_dtype", "main_params": "main_params_dtype", "exp_avg": "exp_avg_dtype",
+              "exp_avg_sq": "exp_avg_sq_dtype"}
+    pairs = [p.partition("=") for p in v.split(";")] if isinstance(v, str) else []
+    return (sorted(k for k, _, _ in pairs) == sorted(fields)
+            and all(eq and x in DTYPE_CHOICES[fields[k]] for k, eq, x in pairs))
+
+
+@cache
+def column_rules() -> dict[str, Rule]:
+    """What each column of a user row may hold (every column but those ``_check_row`` checks against the presets):
+    the values paraplan reads (``recipes.knobs``), Megatron-LM's choices where paraplan only lists a column, and
+    the table's own empty / ``?`` cells where bridge_perf_recipes.md allows them."""
+    from paraplan.recipes.knobs import ATTENTION, PRECISIONS, RECOMPUTE, TASKS
+    from paraplan.specs.training import CUDA_GRAPH_IMPLS, CUDA_GRAPH_MODULES, DTYPE_CHOICES, OFFLOAD_MODULES
+
+    rules: dict[str, Rule] = {c: (_text, "text") for c in ("family", "config_variant", "notes", "peft",
+                                                           "tp_comm_overlap_cfg")}
+    rules.update({c: _int_at_least(1) for c in ("num_gpus", "seq_length", "global_batch_size", "micro_batch_size",
+                                                "tp", "pp", "cp")})
+    rules.update({c: _int_at_least(1, None, "") for c in ("vp", "ep", "etp", "dp", "recompute_num_layers",
+                                                          "num_distributed_optimizer_instances",
+                                                          "CUDA_DEVICE_MAX_CONNECTIONS")})
+    rules.update({c: _int_at_least(0) for c in ("cpu_offloading_num_layers", "manual_gc_interval")})
+    rules["mtp_num_layers"] = _int_at_least(0, None, "")
+    rules["wgrad_deferral_limit"] = _int_at_least(-1)
+    rules["moe_hybridep_num_sms"] = _int_at_least(1, None, *_MOE_UNSET)
+    rules["optimizer_offload_fraction"] = _number(0.0, 1.0)
+    rules["moe_expert_capacity_factor"] = _number(0.0, None, None, *_MOE_UNSET, above=True)
+    rules.update({c: _bools() for c in (
+        "sequence_parallel", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+        "cpu_offloading", "cpu_offloading_activations", "cpu_offloading_weights", "optimizer_cpu_offload",
+        "fine_grained_activation_offloading", "fp8_param_gather", "fp4_param_gather", "grad_reduce_in_fp32",
+        "use_distributed_optimizer", "use_megatron_fsdp", "overlap_grad_reduce", "overlap_param_gather",
+        "overlap_param_gather_with_optimizer_step", "tp_comm_overlap", "manual_gc", "use_precision_aware_optimizer",
+        "nccl_ub", "fsdp_double_buffer", "defer_embedding_wgrad_compute", "fp8_dot_product_attention",
+        "reuse_grad_buf_for_mxfp8_param_ag", "use_transformer_engine_op_fuser", "gradient_accumulation_fusion")})
+    rules.update({c: _bools(*_MOE_UNSET) for c in ("moe_a2a_overlap", "delay_wgrad_compute", "moe_permute_fusion",
+                                                   "moe_shared_expert_overlap", "moe_paged_stash")})
+    rules.update({c: _bools("") for c in ("moe_grouped_gemm", "moe_router_force_load_balancing", "moe_router_fusion")})
+    rules["task"] = _one_of(*TASKS)
+    rules["precision"] = _one_of(*PRECISIONS)
+    rules["recompute_granularity"] = _one_of(*RECOMPUTE)
+    rules["recompute_method"] = _one_of(None, "uniform", "block")
+    rules["cuda_graph_impl"] = _one_of(*CUDA_GRAPH_IMPLS)
+    rules["moe_token_dispatcher_type"] = _one_of(*_MOE_UNSET, "alltoall", "allgather", "flex")
+    rules["moe_flex_dispatcher_backend"] = _one_of(*_MOE_UNSET, None, "deepep", "hybridep")
+    rules["moe_router_dtype"] = _one_of("", None, "fp32", "fp64", "bf16")
+    rules["attention_backend"] = _one_of(*ATTENTION)
+    rules["cross_entropy_fusion_impl"] = _one_of("native", "te")
+    rules["data_parallel_sharding_strategy"] = _one_of("no_shard", "optim", "optim_grads", "optim_grads_params")
+    rules["outer_dp_sharding_strategy"] = _one_of("no_shard", "optim")
+    rules["optimizer"] = _one_of(*MEGATRON_OPTIMIZERS)
+    rules["recompute_modules"] = _names(MEGATRON_RECOMPUTE_MODULES)
+    rules["offload_modules"] = _names(OFFLOAD_MODULES)
+    rules["cuda_graph_scope"] = _names((*CUDA_GRAPH_MODULES, "full", "full_iteration"))
+    rules["optimizer_state_dtypes"] = (_state_dtypes, "main_grads=X;main_params=X;exp_avg=X;exp_avg_sq=X with "
+                                       + "; ".join(f"{k.removesuffix('_dtype')} one of {', '.join(DTYPE_CHOICES[k])}"
+                                                   for k in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
+                                                             "exp_avg_sq_dtype")))
+    rules["other_env"] = (lambda v: v in ("", None) or (isinstance(v, str) and all(
+        _ENV_PAIR.fullmatch(p) for p in v.split(";"))), "empty or NAME=VALUE pairs separated by ;")
+    rules["PYTORCH_CUDA_ALLOC_CONF"] = (lambda v: v is None or isinstance(v, str),
+                                        "PyTorch allocator settings, e.g. expandable_segments:True")
+    rules["first_last_layers_bf16"] = (lambda v: isinstance(v, bool) or (isinstance(v, str) and _BF16.fullmatch(v)
+                                                                         is not None),
+                                       "False, True or True(start=N,end=M)")
+    rules["pipeline_model_parallel_layout"] = (lambda v: v is None or isinstance(v, str),
+                                               "None or MCore layout notation (E, t, m, L, |, x*n, (...)*n)")
+    return rules
+
+
+_BF16 = re.compile(r"True\(start=\d{1,4},end=\d{1,4}\)")
+
+
+def _check_cells(r: Recipe) -> None:
+    """Every cell the row gives against its column's rule (``column_rules``)."""
+    from paraplan.recipes.knobs import bad
+
+    rules = column_rules()
+    for column, value in r.fields.items():
+        rule = rules.get(column)
+        if rule is not None and not rule[0](value):
+            raise bad(r, column, rule[1])
+
+
 def _check_row(path: str, r: Recipe) -> None:
-    from paraplan.recipes.knobs import layout_fields, not_modelled, recipe_job
+    from paraplan.recipes.knobs import (
+        _where,
+        layout_fields,
+        not_modelled,
+        recipe_job,
+        recipe_memory_options,
+        training_knobs,
+    )
+    from paraplan.specs.cluster import MAX_NUM_GPUS
+    from paraplan.specs.training import TrainingSpec
 
     if not isinstance(r.fields.get("source"), str) or not r.fields["source"]:
         raise SpecError(f"--recipes {path}: row {r.row}: column source: expected a name (path:function or any "
@@ -126,8 +276,28 @@ def _check_row(path: str, r: Recipe) -> None:
         known = sorted(set(GPU_PRESETS) | _preset_names("gpus"))
         raise SpecError(f"--recipes {path}: row {r.row}: column gpu: {r.fields.get('gpu')!r} has no paraplan preset "
                         f"(allowed: {', '.join(known)})")
-    recipe_job(r)
-    layout_fields(r)
+    _check_cells(r)
+    job = recipe_job(r)
+    fields, _ = layout_fields(r)
+    model_size = fields["tp"] * fields["pp"] * fields["cp"]
+    if job.num_gpus > MAX_NUM_GPUS or job.num_gpus % model_size:
+        from paraplan.recipes.knobs import bad
+
+        raise bad(r, "num_gpus", f"a multiple of TP x PP x CP = {fields['tp']} x {fields['pp']} x {fields['cp']}, "
+                                 f"at most {MAX_NUM_GPUS:,}")
+    dp = r.get("dp")
+    if isinstance(dp, int) and dp * fields["tp"] * fields["pp"] * fields["cp"] != job.num_gpus:
+        from paraplan.recipes.knobs import bad
+
+        raise bad(r, "dp", f"num_gpus / (TP x PP x CP) = {job.num_gpus} / ({fields['tp']} x {fields['pp']} x "
+                           f"{fields['cp']}), or empty")
+    recipe_memory_options(r)
+    knobs = training_knobs(r, job.precision)
+    try:  # the knobs together, as estimate --recipe builds them (e.g. a state dtype the optimizer cannot hold)
+        TrainingSpec(seq_len=job.seq_len, global_batch_size=job.gbs, precision=job.precision,  # type: ignore[arg-type]
+                     attention_backend=job.attention_backend, **knobs)  # type: ignore[arg-type]
+    except SpecError as err:
+        raise SpecError(f"{_where(r)}: {err}") from None
     not_modelled(r)
 
 
@@ -158,8 +328,10 @@ def catalogue(user_file: str | None = None) -> tuple[Recipe, ...]:
     """The NVIDIA recipes followed by those of ``user_file`` (validated; an identifier or alias already in the
     library is an error naming the row)."""
     base = bridge_recipes()
-    if not user_file:
+    if user_file is None:
         return base
+    if not user_file:  # an unset shell variable: not "no file"
+        raise SpecError("--recipes: an empty file name (give a CSV or YAML file)")
     taken = {r.source for r in base} | {r.alias for r in base}
     out = list(base)
     for r in read_user_recipes(user_file):

@@ -127,6 +127,7 @@ GPU_RANGES: dict[str, tuple[float, float, str]] = {
                                                  "host_link_bytes_per_s")},
     **{name: (1e3, 1e18, "FLOP/s") for name in ("peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
                                                  "peak_fp32_simt_flops_per_s", "peak_fp4_flops_per_s")},
+    "sfu_exp_per_s": (1e3, 1e18, "exponentials/s"),
 }
 """(lowest, highest, unit) of GpuSpec's capacities, bandwidths and peaks: physical bounds, far around
 any real GPU (H100: 80 GB, 3.35e12 bytes/s, 9.9e14 FLOP/s), so that times stay finite and readable."""
@@ -219,6 +220,11 @@ class GpuSpec:
     132): what a communication kernel holding some of them leaves to the compute it overlaps
     (``estimate.time.ep.compute_share_beside``); None where no primary figure was read for this repo (Blackwell,
     MI300X): that slowdown is then not modelled."""
+    sfu_exp_per_s: float | None = None
+    """Peak rate of the special-function units' base-2 exponential (``MUFU.EX2``, the exponential of flash
+    attention's softmax), exponentials per second per GPU: SMs x exponentials per clock per SM (CUDA C++ Programming
+    Guide, arithmetic-instruction throughput table) x clock. None where no primary figure was read for this repo:
+    attention is then bound by its MMA rate only (``estimate.time.compute.flash_attention_bounds_s``)."""
     efficiency: EfficiencySpec = field(default_factory=EfficiencySpec)
     """Calibrated efficiency parameters of the performance model."""
     efficiency_calibrated: bool = True
@@ -249,7 +255,7 @@ class GpuSpec:
     def __post_init__(self) -> None:
         for fname in ("hbm_bytes", "hbm_bytes_per_s", "peak_bf16_flops_per_s", "peak_fp8_flops_per_s",
                       "peak_fp32_simt_flops_per_s", "nvlink_bytes_per_s", "network_bytes_per_s", "reserved_bytes",
-                      "host_link_bytes_per_s", "peak_fp4_flops_per_s"):
+                      "host_link_bytes_per_s", "peak_fp4_flops_per_s", "sfu_exp_per_s"):
             value = getattr(self, fname)
             if value is None:
                 continue
@@ -259,6 +265,9 @@ class GpuSpec:
             lo, hi, unit = GPU_RANGES[fname]
             if not lo <= value <= hi:
                 raise SpecError(f"gpu.{fname} must be in [{lo:g}, {hi:g}] {unit}, got {brief(value)}")
+        if self.reserved_bytes >= self.hbm_bytes:  # nothing left for the allocator: every layout would be "over"
+            raise SpecError(f"reserved_gib ({self.reserved_bytes / GIB:g}) must be less than hbm_gib "
+                            f"({self.hbm_bytes / GIB:g}): no usable memory would be left")
         sms = self.sm_count
         if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= MAX_SM_COUNT):
             raise SpecError(f"gpu.sm_count must be an integer from 1 to {MAX_SM_COUNT} or unset, got {brief(sms)}")

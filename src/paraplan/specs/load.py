@@ -94,6 +94,8 @@ def _model_from_log(path: Path) -> ModelSpec:
 def load_model(ref: str) -> ModelSpec:
     """A preset name, a Hugging Face config.json, a Megatron-args JSON/YAML file, or a Megatron log
     with its argument dump (.log/.txt/.out, gzipped or not)."""
+    if not ref:  # Path("") is the current folder: an empty name is a slip (an unset shell variable)
+        raise SpecError("model: empty (give a preset, e.g. llama3-8b, or a file)")
     path = Path(ref)
     if not path_exists(path) and (ref in model_preset_names() or not any(c in ref for c in "/\\.")):
         return load_model_preset(ref)
@@ -126,6 +128,7 @@ _HUMAN_GPU_KEYS = {
     "fp8_tflops": ("peak_fp8_flops_per_s", TFLOP),
     "fp32_tflops": ("peak_fp32_simt_flops_per_s", TFLOP),
     "fp4_tflops": ("peak_fp4_flops_per_s", TFLOP),
+    "sfu_texp_per_s": ("sfu_exp_per_s", 1e12),
     "nvlink_gbyte_per_s": ("nvlink_bytes_per_s", 1e9),
     "network_gbit_per_s": ("network_bytes_per_s", GBIT),
     "host_link_gbyte_per_s": ("host_link_bytes_per_s", 1e9),
@@ -232,6 +235,8 @@ def load_gpu(ref: str, *, _chain: tuple[str, ...] = ()) -> GpuSpec:
     names = gpu_preset_names()
     if ref in names:
         return gpu_from_dict(_read_yaml_resource("gpus", ref), name=ref)
+    if not ref:  # Path("") is the current folder: an empty name is a slip (an unset shell variable)
+        raise SpecError("gpu: empty (give a preset, e.g. h100-80gb, or a file)")
     path = Path(ref)
     if path_exists(path) or len(ref) >= 256:
         key = str(path.resolve()) if path_exists(path) else ref

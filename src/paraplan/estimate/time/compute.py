@@ -275,8 +275,49 @@ def fa2_peak_fraction(cluster: ClusterSpec) -> float:
     return rate / peak
 
 
+EXP_PER_SCORE_FWD: Final = 1.0
+"""Exponentials per score element in flash attention's forward: the softmax's exp(s - running max), once per
+element (Dao 2023, FlashAttention-2, Algorithm 1; the open Blackwell kernel flash_attn/cute/flash_fwd_sm100.py
+issues it as ``ex2`` on the special-function unit, partly emulated on the FMA pipe on sm_100)."""
+EXP_PER_SCORE_BWD: Final = 1.0
+"""Exponentials per score element in flash attention's backward: P = exp(S - logsumexp) recomputed once per
+element (FlashAttention-2, Algorithm 2); its 5 score-sized GEMMs are ``ATTENTION_BWD_FACTOR`` x the forward's."""
+
+
+def flops_per_score(head_dims: tuple[int, int]) -> float:
+    """MMA FLOPs per score element of the forward, (q/k head dim dq, v head dim dv): QK^T (2 dq) + PV (2 dv) =
+    ``FLOPS_PER_MAC`` x (dq + dv); 4 d = 512 at head dim 128 (``flops.attention_head_dims``)."""
+    dq, dv = head_dims
+    return FLOPS_PER_MAC * (dq + dv)
+
+
+def flash_attention_bounds_s(score_flops: Num, flops_per_score_elem: float, mma_fwd_flops_per_s: float,
+                             mma_bwd_flops_per_s: float, exp_per_s: float, frac: float) -> tuple[Num, Num]:
+    """(forward, backward) flash-attention time bound by both its MMA rate and its exponential rate, each at the
+    fraction ``frac`` the kernel reaches of the unit that binds:
+
+        n = F / f                      score elements (f = ``flops_per_score``, 512 at head dim 128)
+        t_fwd = max(F / R_fwd, n x e_f / X) / frac
+        t_bwd = max(b x F / R_bwd, n x e_b / X) / frac
+
+    F: the forward score FLOPs (causal half counted, ``attention_score_flops``), R: the dense tensor-core peak of
+    the forward / backward MMAs, X: the special-function units' exponential rate (``GpuSpec.sfu_exp_per_s``),
+    e_f = ``EXP_PER_SCORE_FWD``, e_b = ``EXP_PER_SCORE_BWD``, b = ``ATTENTION_BWD_FACTOR``. The kernel overlaps the
+    softmax of one tile with the MMAs of the next (FlashAttention-3/4 ping-pong, flash_attn/cute/flash_fwd_sm100.py:
+    softmax warps beside the MMA warp), so the slower unit binds. At head dim 128 on B200 the forward's two rates
+    are about equal (2.25e15 / 512 = 4.4e12 score elements/s vs ~5e12 exponentials/s); sm_103 (B300, GB300) doubles
+    the exponential rate (flash_fwd_sm100.py: "SM103 has fast native exp2", its ex2 emulation off there; "FP8 fwd is
+    MUFU/ex2-bound" on sm_100), so there the MMAs bind; at head dim 64 (gpt-oss) sm_100's forward is
+    exponential-bound. The backward (10 d MMA FLOPs per exponential) is MMA-bound on every GPU here."""
+    scores = score_flops / flops_per_score_elem
+    fwd = np.maximum(score_flops / mma_fwd_flops_per_s, scores * EXP_PER_SCORE_FWD / exp_per_s) / frac
+    bwd = np.maximum(ATTENTION_BWD_FACTOR * score_flops / mma_bwd_flops_per_s,
+                     scores * EXP_PER_SCORE_BWD / exp_per_s) / frac
+    return fwd, bwd
+
+
 def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num, *, fp8: bool = False,
-                          kernel: str = "current") -> Num:
+                          kernel: str = "current", model: ModelSpec | None = None) -> Num:
     """Flash-attention forward: its score FLOPs at ``attention_frac`` of the dense BF16 peak (``kernel``
     'current': today's fused kernels, the preset's fitted fraction), or under ``kernel`` 'fa2' (the 2023-24
     generation: flash-attn 2 and the cuDNN FusedAttention of Transformer Engine 1.x) at ``fa2_peak_fraction``:
@@ -288,12 +329,23 @@ def flash_attention_fwd_s(cluster: ClusterSpec, score_flops: Num, *, fp8: bool =
     a reason: the forward computes one exponential per score element against 4 x head-dim MMA FLOPs (512 at head
     dim 128), and on Blackwell the special-function units (16 per clock per SM, CUDA Programming Guide's
     throughput table; not re-read for this repo) already issue them at about the BF16 MMA rate per element, so
-    FP8 MMAs do not shorten it; the backward (5 score-sized GEMMs, one exponential) is MMA-bound."""
+    FP8 MMAs do not shorten it; the backward (5 score-sized GEMMs, one exponential) is MMA-bound.
+
+    Where the GPU has an exponential rate (``GpuSpec.sfu_exp_per_s``) and ``model`` is given (its q/k and v
+    head dims, ``flops.attention_head_dims``), that bound is explicit: forward and backward are
+    ``flash_attention_bounds_s`` (under ``fp8`` the forward MMAs too at the FP8 peak, the exponentials bounding
+    them), returned as the same forward-equivalent time (t_fwd + t_bwd) / (1 + ``ATTENTION_BWD_FACTOR``)."""
     frac = fa2_peak_fraction(cluster) if kernel == "fa2" else cluster.gpu.efficiency.attention_frac
-    t = score_flops / (cluster.gpu.peak_bf16_flops_per_s * frac)
+    gpu = cluster.gpu
+    if gpu.sfu_exp_per_s is not None and model is not None:
+        mma = gpu.peak_flops_per_s("fp8") if fp8 else gpu.peak_bf16_flops_per_s
+        fwd, bwd = flash_attention_bounds_s(score_flops, flops_per_score(attention_head_dims(model)), mma, mma,
+                                            gpu.sfu_exp_per_s, frac)
+        return (fwd + bwd) / (1.0 + ATTENTION_BWD_FACTOR)
+    t = score_flops / (gpu.peak_bf16_flops_per_s * frac)
     if not fp8:
         return t
-    ratio = cluster.gpu.peak_flops_per_s("fp8") / cluster.gpu.peak_bf16_flops_per_s
+    ratio = gpu.peak_flops_per_s("fp8") / gpu.peak_bf16_flops_per_s
     return t * (1.0 + ATTENTION_BWD_FACTOR / ratio) / (1.0 + ATTENTION_BWD_FACTOR)
 
 

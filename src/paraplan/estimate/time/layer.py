@@ -188,7 +188,8 @@ def attention_layer_time(model: ModelSpec, cluster: ClusterSpec, training: Train
         # fused kernels skip the tiles outside a sliding window; the unfused path scores the full s x s and masks
         attn = compute.flash_attention_fwd_s(cluster, score_flops * attention_score_fraction(model, training.seq_len),
                                              fp8=training.fp8_dot_product_attention,
-                                             kernel=training.attention_kernel)
+                                             kernel=training.attention_kernel,
+                                             model=model)
     else:
         attn = compute.unfused_attention_fwd_s(model, cluster, training.seq_len, layout.mbs, layout.cp, t,
                                                score_flops, aligned=aligned)
