@@ -114,6 +114,8 @@ def recipes_cmd(
                                         ("--gpu", gpu, "gpu", "gpu_preset")):
         names = {str(r.get(column)).lower() for r in everyone} | {str(getattr(r, preset)).lower() for r in everyone
                                                                   if getattr(r, preset)}
+        if value is not None and not value.strip():
+            raise SpecError(f"{flag}: empty (give one of {', '.join(sorted(names))})")
         if value is not None and value.lower() not in names:
             raise SpecError(f"{flag}: no recipe for '{value}' (recipes exist for: {', '.join(sorted(names))})")
     chosen = select(everyone, model, gpu, everything)
