@@ -107,9 +107,12 @@ def vtrain_sample(n: int) -> list[Case]:
 
 def fit_for(train: list[Case], arch: str,
             fit: Callable[..., tuple[dict[str, float], Any, Any]] = fit_arch) -> dict[str, float]:
-    """Efficiency values of ``arch`` fitted on ``train`` (its rows of that architecture, plus vTrain rows)."""
+    """Efficiency values of ``arch`` fitted on ``train`` (its rows of that architecture, plus vTrain rows). A parameter
+    no training row measures takes the uncalibrated ``EfficiencySpec`` default, not the preset's value (which was
+    fitted with the held-out rows in): ``fit_arch(unmeasured="default")``."""
     rows = [c for c in train if ARCH_OF.get(c.gpu) == arch] + vtrain_sample(VTRAIN_ROWS.get(arch, 0))
-    values, _, _ = fit(rows, arch, fitted_names(arch, FIX), predictor=fast_predict, max_nfev=MAX_NFEV, ftol=FTOL)
+    values, _, _ = fit(rows, arch, fitted_names(arch, FIX), predictor=fast_predict, max_nfev=MAX_NFEV, ftol=FTOL,
+                       unmeasured="default")
     return values
 
 

@@ -83,13 +83,19 @@ def _field(name: str) -> str:
 
 def fit_arch(cases: list[Any], arch: str, names: list[str],
              predictor: Callable[[Any, Any], float | str] = predict,
-             max_nfev: int = 200, ftol: float = 1e-8) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+             max_nfev: int = 200, ftol: float = 1e-8,
+             unmeasured: str = "start") -> tuple[dict[str, float], np.ndarray, np.ndarray]:
     """The fit: soft-L1 least squares on log(predicted / measured tokens/s/GPU) over ``cases``, from the
     preset's values of ``names`` (those of the architecture's first GPU), within ``PARAMS``' bounds.
     ``predictor(case, gpu)`` is ``calibration.predict`` (or a faster equivalent). Returns the fitted values and
     the log residuals before and after. ``ftol``: least_squares' relative cost tolerance (its default). A parameter
-    the rows do not measure keeps its start value (``identified``, ``MIN_EFFECT``)."""
+    the rows do not measure keeps its start value (``identified``, ``MIN_EFFECT``), or with ``unmeasured="default"``
+    the uncalibrated ``EfficiencySpec`` default: cross-validation's choice, because the preset's value was fitted
+    with the held-out rows in (with Megatron-Bridge held out no other Hopper row measures ``moe_overhead_frac`` or
+    the x86 ``host_op_issue_s``, and their preset values would carry the held-out rows into their own score)."""
     from scipy.optimize import least_squares
+
+    from paraplan.specs.cluster import EfficiencySpec
 
     from paraplan.specs.cluster import host_kind
 
@@ -119,6 +125,11 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     start = np.clip(x0 / scale, lo, hi)
     r0 = residuals(start)
     free = identified(residuals, start, lo, hi, r0)
+    if unmeasured == "default":
+        uncalibrated = np.array([float(getattr(EfficiencySpec(), _field(n))) for n in names]) / scale
+        start = np.where(free, start, np.clip(uncalibrated, lo, hi))
+    elif unmeasured != "start":
+        raise ValueError(f"unmeasured must be start or default, got {unmeasured!r}")
 
     def residuals_free(x: np.ndarray) -> np.ndarray:
         """The residuals with the parameters the rows do not measure at their start values: their Jacobian columns

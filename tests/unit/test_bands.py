@@ -318,6 +318,31 @@ def test_fit_keeps_a_parameter_the_rows_do_not_measure_at_its_start() -> None:
     assert abs(after).max() < 1e-6
 
 
+def test_cross_validation_gives_an_unmeasured_parameter_the_uncalibrated_default() -> None:
+    """In cross-validation a parameter no training row measures must not keep the preset's value, which was fitted
+    with the held-out rows in (expert review, session 10: with Megatron-Bridge held out no other Hopper row measures
+    moe_overhead_frac or the x86 host_op_issue_s): fit_arch(unmeasured="default") gives it EfficiencySpec's
+    default; the measured parameter is fitted as before."""
+    _bands_module()
+    pytest.importorskip("scipy")
+    fe = pytest.importorskip("fit_efficiency")
+    from paraplan.specs.cluster import EfficiencySpec
+    from paraplan.specs.load import load_gpu
+
+    assert load_gpu("h100-80gb").efficiency.moe_overhead_frac != EfficiencySpec().moe_overhead_frac
+
+    def predictor(case: _Row, gpu) -> float:  # type: ignore[no-untyped-def]
+        return 1000.0 * gpu.efficiency.gemm_max_frac
+
+    rows = [_Row("h100-80gb", 700.0), _Row("h200-141gb", 700.0)]
+    names = ["gemm_max_frac", "moe_overhead_frac"]
+    values, _, _ = fe.fit_arch(rows, "hopper", names, predictor=predictor, unmeasured="default")
+    assert values["moe_overhead_frac"] == pytest.approx(EfficiencySpec().moe_overhead_frac)
+    assert values["gemm_max_frac"] == pytest.approx(0.7, rel=1e-4)
+    with pytest.raises(ValueError, match="unmeasured"):
+        fe.fit_arch(rows, "hopper", names, predictor=predictor, unmeasured="preset")
+
+
 def test_fit_moves_a_parameter_the_rows_measure() -> None:
     """The same fit with dp_overlap_frac's effect well above MIN_EFFECT: it is fitted to what the rows ask."""
     _bands_module()
