@@ -623,10 +623,114 @@ def yaml_config_comm_overlap(table: dict[str, dict[str, Any]], model: str, gpu: 
     return _resolve_tp(state, tp)
 
 
+# --- moe_permute_fusion where the perf config leaves it: the base recipe's, else the model provider's ---------------
+PROVIDER_CLASSES = {"qwen3_30b_a3b": ("Qwen3MoEModelProvider30B_A3B", "Qwen3MoEModelProvider"),
+                    "qwen3_235b_a22b": ("Qwen3MoEModelProvider235B_A22B", "Qwen3MoEModelProvider"),
+                    "gpt_oss_120b": ("GPTOSSProvider120B", "GPTOSSProvider"),
+                    "deepseek_v3": ("DeepSeekV3ModelProvider", "DeepSeekV3Provider"),
+                    "kimi_k2": ("KimiK2Provider",)}
+"""The provider class a model's base recipe builds (the first the tag defines): v0.1.0rc3 recipes/qwen/
+qwen3_235b_a22b.py ``Qwen3MoEModelProvider235B_A22B(...)``; v0.2.0-v0.3.0 the recipes' ``AutoBridge`` providers,
+models/qwen/qwen3_moe_bridge.py ``Qwen3MoEModelProvider(``, models/gpt_oss/gpt_oss_bridge.py ``GPTOSSProvider(``,
+models/deepseek/deepseek_v3_bridge.py ``DeepSeekV3ModelProvider(``; v0.3.0 recipes/kimi/kimi_k2.py
+``KimiK2Provider(``."""
+TE_MIN_VERSION_TRUE = 'is_te_min_version("2.1.0") if HAVE_TE else False'
+"""A provider default that is on in every container here: docs/releases/software-versions.md (@067f987) lists
+Transformer Engine 2.7.0 in the oldest container (25.09) and newer ones after it (models/deepseek/deepseek_provider.py
+``DeepSeekProvider``, models/kimi/kimi_provider.py ``KimiK2Provider``: ``moe_permute_fusion``)."""
+
+
+def _permute_literal(node: ast.expr) -> Any:
+    if ast.unparse(node) == ast.unparse(ast.parse(TE_MIN_VERSION_TRUE, mode="eval").body):
+        return True
+    value = _literal(node)
+    return value if isinstance(value, bool) else "?"
+
+
+def recipe_permute_fusion(text: str, func: str) -> Any:
+    """``moe_permute_fusion`` as the base recipe function ``func`` of a recipe file sets it: its unconditional
+    ``<x>.moe_permute_fusion = <literal>`` statements and those of the same-file functions it calls (v0.3.1-v0.5.1
+    recipes/qwen/qwen3_moe.py, recipes/gpt_oss/gpt_oss.py, recipes/kimi/kimi_k2.py: ``cfg.model.moe_permute_fusion =
+    True``; v0.1.0rc3-v0.5.1 recipes/deepseek/deepseek_v3.py ``model_cfg`` / ``cfg.model``), the last one set; None
+    when none sets it."""
+    funcs = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+    found: list[Any] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen or name not in funcs:
+            return
+        seen.add(name)
+        for stmt in funcs[name].body:
+            for call in ast.walk(stmt):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+                    visit(call.func.id)
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                    and isinstance(stmt.targets[0], ast.Attribute) and stmt.targets[0].attr == "moe_permute_fusion":
+                found.append(_permute_literal(stmt.value))
+
+    visit(func)
+    return found[-1] if found else None
+
+
+def provider_permute_fusion(classes: dict[str, ast.ClassDef], names: tuple[str, ...]) -> Any:
+    """The ``moe_permute_fusion`` class default of the first of ``names`` defined, through its base classes
+    (``moe_permute_fusion: bool = True`` in models/qwen/qwen_provider.py ``Qwen3MoEModelProvider``,
+    models/gpt_oss/gpt_oss_provider.py ``GPTOSSProvider``); None when neither it nor a base sets one (Megatron's
+    ``TransformerConfig`` default, off)."""
+    todo = [next((n for n in names if n in classes), "")]
+    while todo:
+        cls = classes.get(todo.pop(0))
+        if cls is None:
+            continue
+        for stmt in cls.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
+                    and stmt.target.id == "moe_permute_fusion" and stmt.value is not None:
+                return _permute_literal(stmt.value)
+        todo.extend(b.id for b in cls.bases if isinstance(b, ast.Name))
+    return None
+
+
+def model_permute_fusion(git: Git, tag: str) -> dict[str, Any]:
+    """Model -> the ``moe_permute_fusion`` its base recipe runs with at the tag: the recipe's own
+    (``recipe_permute_fusion``: ``<model>_pretrain_config``, at v0.1.0rc3 ``pretrain_config`` of
+    recipes/<family>/<model>.py), else its provider's class default (``provider_permute_fusion``). What a perf config
+    leaves unset runs this, not Megatron's default (off)."""
+    classes: dict[str, ast.ClassDef] = {}
+    for path in git.files(tag, "src/megatron/bridge/models/"):
+        if path.endswith(".py") and "provider" in path.rsplit("/", 1)[-1]:
+            try:
+                tree = ast.parse(git.show(tag, path) or "")
+            except SyntaxError:
+                continue
+            classes.update({n.name: n for n in tree.body if isinstance(n, ast.ClassDef)})
+    texts = {p: git.show(tag, p) or "" for p in git.files(tag, "src/megatron/bridge/recipes/") if p.endswith(".py")}
+    out: dict[str, Any] = {}
+    for model, names in PROVIDER_CLASSES.items():
+        value = None
+        for path, text in texts.items():
+            stem = path.rsplit("/", 1)[-1].removesuffix(".py")
+            func = "pretrain_config" if stem == model and "def pretrain_config(" in text else f"{model}_pretrain_config"
+            if f"def {func}(" in text:
+                value = recipe_permute_fusion(text, func)
+                break
+        out[model] = value if value is not None else provider_permute_fusion(classes, names)
+    return out
+
+
+def with_permute_default(settings: dict[str, Any], model: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with ``moe_permute_fusion`` from the model's recipe / provider (``model_permute_fusion``) where
+    the config does not set it."""
+    if "moe_permute_fusion" in settings or defaults.get(model) is None:
+        return settings
+    return {**settings, "moe_permute_fusion": defaults[model]}
+
+
 def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]:
     """Every WorkloadBaseConfig of a v0.2.0-v0.5.1 tag."""
     defaults, harness, presets = _workload_defaults(git, tag), harness_text(git, tag), preset_flags(git, tag)
     recipes = recipe_functions(git, tag)
+    permute = model_permute_fusion(git, tag)
     out = []
     for path in git.files(tag, "scripts/performance/configs/"):
         if not path.endswith("workload_base_configs.py"):
@@ -656,6 +760,7 @@ def release_workload(git: Git, container: str, tag: str) -> list[dict[str, Any]]
                  **harness_overrides(func)}
             if moe:
                 s.update(full_iteration_paged_stash(texts, prec, s))
+                s = with_permute_default(s, model, permute)
             layout = {LAYOUT[k]: f.get(k) for k in LAYOUT}
             out.append(_record(container, tag, path, name, m["model"].lower(), "pretrain", gpu, prec,
                                variant, layout, s))
@@ -668,6 +773,7 @@ def release_yaml(git: Git, container: str, tag: str) -> list[dict[str, Any]]:
 
     harness, presets = harness_text(git, tag), preset_flags(git, tag)
     ub_table = yaml_comm_overlap(git, tag)
+    permute = model_permute_fusion(git, tag)
     out = []
     for path in git.files(tag, "scripts/performance/configs/"):
         if not path.endswith("_llm_pretrain.yaml"):
@@ -699,6 +805,7 @@ def release_yaml(git: Git, container: str, tag: str) -> list[dict[str, Any]]:
                     s.update(apply_workload(wl, gpu, family in MOE_FAMILIES, harness, container))
                     if "tp_comm_overlap" not in s:
                         s.update(yaml_config_comm_overlap(ub_table, model, gpu, prec, f.get("tp")))
+                    s = with_permute_default(s, model, permute)  # MoE models only (v0.1.0rc3's family is qwen3)
                     layout = {YAML_LAYOUT[k]: f.get(k) for k in YAML_LAYOUT}
                     layout["num_gpus"] = int(nkey.removeprefix("num_gpus_"))
                     out.append(_record(container, tag, path, f"{model}:{gpu}:{nkey}:{prec}", model, "pretrain",

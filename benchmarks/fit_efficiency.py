@@ -95,9 +95,7 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     the x86 ``host_op_issue_s``, and their preset values would carry the held-out rows into their own score)."""
     from scipy.optimize import least_squares
 
-    from paraplan.specs.cluster import EfficiencySpec
-
-    from paraplan.specs.cluster import host_kind
+    from paraplan.specs.cluster import EfficiencySpec, host_kind
 
     base = {g: load_gpu(g) for g in ARCH_GPUS[arch]}
 

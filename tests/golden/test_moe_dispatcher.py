@@ -338,7 +338,12 @@ def test_recipe_moe_knobs_go_into_the_estimate() -> None:
     assert "moe_flex_dispatcher_backend" not in moe_knobs(unknown)
     assert any(x.startswith("moe_flex_dispatcher_backend=?") for x in not_modelled(unknown))
     dense = find_recipe("llama3-70b-h100-fp8cs-64", bridge_recipes())
-    assert moe_knobs(dense) == {}
+    assert moe_knobs(dense) == {"delay_wgrad_compute": False}  # the one MoE column it sets, at Megatron's default
+    # an unset dispatcher keeps Megatron's, and only it: the other knobs the recipe sets stay
+    nodisp = replace(h100, fields={**h100.fields, "moe_token_dispatcher_type": "", "delay_wgrad_compute": True})
+    knobs = moe_knobs(nodisp)
+    assert "moe_token_dispatcher_type" not in knobs and "moe_flex_dispatcher_backend" not in knobs
+    assert knobs["delay_wgrad_compute"] is True and knobs["moe_permute_fusion"] is True
 
 
 def test_explain_says_why_the_smaller_ep_wins() -> None:

@@ -91,7 +91,7 @@ def test_same_inputs_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (["-o", "x.html"], "give --plan plan.json, or the plan flags (missing --model"),
     (["--plan", "p.json", "-m", "llama3-8b", "-o", "x.html"], "--plan already holds the resolved inputs"),
     (["--plan", "missing.json", "-o", "x.html"], "not found"),
-    ([*FLAGS, "--top", "0", "-o", "x.html"], "--top must be a positive integer"),
+    ([*FLAGS, "--top", "0", "-o", "x.html"], "--top must be in [1, 100], got 0"),
     ([*FLAGS, "--log", "missing.log", "-o", "x.html"], "missing.log"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args: list[str], message: str, tmp_path: Path,

@@ -329,3 +329,69 @@ def test_qwen3_235b_h100_ran_alltoall_in_26_02_01() -> None:
     common = brk.common_assignments(text, "deepseek_v3", brk.called_common_functions(func))
     assert "cross_entropy_fusion_impl" not in common and "fp8_param_gather" not in common  # V4-Pro's
     assert "native" in str(brk.common_assignments(text))  # what merging every function gave
+
+
+RECIPE = '''
+def qwen3_30b_a3b_pretrain_config(**kw):
+    return _common(**kw)
+def _common(**kw):
+    cfg = make()
+    cfg.model.moe_permute_fusion = False
+    _tune(cfg)
+    return cfg
+def _tune(cfg):
+    cfg.model.moe_permute_fusion = True
+def other_pretrain_config():
+    cfg.model.moe_permute_fusion = False
+'''
+PROVIDERS = '''
+class GPTModelProvider:
+    moe_permute_fusion: bool = False
+class Base(GPTModelProvider):
+    moe_permute_fusion: bool = is_te_min_version("2.1.0") if HAVE_TE else False
+class Sized(Base):
+    num_layers: int = 48
+class Plain(GPTModelProvider):
+    num_layers: int = 2
+class Unset:
+    num_layers: int = 2
+'''
+
+
+def test_recipe_permute_fusion_follows_the_functions_the_recipe_calls() -> None:
+    assert brk.recipe_permute_fusion(RECIPE, "qwen3_30b_a3b_pretrain_config") is True  # the last one set
+    assert brk.recipe_permute_fusion(RECIPE, "other_pretrain_config") is False
+    assert brk.recipe_permute_fusion("def f():\n    cfg.model.seq_length = 4\n", "f") is None
+
+
+def test_provider_permute_fusion_through_the_base_classes() -> None:
+    classes = {n.name: n for n in ast.parse(PROVIDERS).body if isinstance(n, ast.ClassDef)}
+    assert brk.provider_permute_fusion(classes, ("Missing", "Sized")) is True  # TE >= 2.1 in every container
+    assert brk.provider_permute_fusion(classes, ("Plain",)) is False
+    assert brk.provider_permute_fusion(classes, ("Unset",)) is None
+    assert brk.provider_permute_fusion(classes, ("Missing",)) is None
+
+
+def test_permute_default_only_where_the_config_leaves_it() -> None:
+    defaults = {"qwen3_30b_a3b": True}
+    assert brk.with_permute_default({"moe_permute_fusion": False}, "qwen3_30b_a3b", defaults) == {
+        "moe_permute_fusion": False}
+    assert brk.with_permute_default({}, "qwen3_30b_a3b", defaults) == {"moe_permute_fusion": True}
+    assert brk.with_permute_default({}, "llama3_70b", defaults) == {}
+
+
+@NEEDS_MIRROR
+def test_models_run_their_provider_s_permute_fusion_per_release() -> None:
+    git = brk.Git(MIRROR)
+    # v0.1.0rc3: Qwen3MoEModelProvider (models/qwen/qwen_provider.py) True, DeepSeek's recipe True; no gpt-oss yet
+    rc3 = brk.model_permute_fusion(git, "v0.1.0rc3")
+    assert rc3["qwen3_235b_a22b"] is True and rc3["deepseek_v3"] is True and rc3["gpt_oss_120b"] is None
+    # v0.2.0: the AutoBridge providers, GPTOSSProvider (models/gpt_oss/gpt_oss_provider.py) True
+    assert brk.model_permute_fusion(git, "v0.2.0")["gpt_oss_120b"] is True
+    # v0.5.1: the recipes set it (recipes/gpt_oss/gpt_oss.py, recipes/kimi/kimi_k2.py)
+    assert set(brk.model_permute_fusion(git, "v0.5.1").values()) == {True}
+    data = brk.load()
+    qwen = [c for c in data["configs"] if c["container"] == "25.09" and c["model"].startswith("qwen3")]
+    assert qwen and all(c["settings"]["moe_permute_fusion"] is True for c in qwen)
+    dense = [c for c in data["configs"] if c["model"].startswith("llama")]
+    assert dense and all("moe_permute_fusion" not in c["settings"] for c in dense)

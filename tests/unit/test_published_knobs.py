@@ -169,3 +169,27 @@ def test_qwen3_235b_h100_runs_alltoall_in_26_02_01() -> None:
     c = next(c for c in cases if c.id == "published:0104")
     assert (c.label, c.gpu, c.layout["ep"]) == ("Qwen3-235B-A22B", "h100-80gb", 32)
     assert c.knobs["moe_token_dispatcher_type"] == "alltoall"
+
+
+@NEEDS_SHARED
+def test_a_config_that_leaves_the_dispatcher_keeps_its_other_moe_knobs() -> None:
+    # row 0123: Qwen3-30B-A3B H100 x16 pp2 vp12 ep8; its release config sets moe_a2a_overlap with delay_wgrad_compute
+    # but not the dispatcher: the dispatcher stays Megatron's, delay-wgrad and the provider's permute fusion stay on
+    cases, _ = published_cases.load_cases("published")
+    c = next(c for c in cases if c.id == "published:0123")
+    assert (c.label, c.gpu, c.layout["ep"], c.layout["pp"]) == ("Qwen3-30B-A3B", "h100-80gb", 8, 2)
+    assert "moe_token_dispatcher_type" not in c.knobs
+    assert c.knobs["delay_wgrad_compute"] is True and c.knobs["moe_permute_fusion"] is True
+
+
+@NEEDS_SHARED
+def test_moe_rows_of_every_release_run_their_provider_s_permute_fusion() -> None:
+    # Bridge's Qwen3 / gpt-oss providers and the DeepSeek / Kimi recipes turn it on (bridge_release_knobs
+    # .model_permute_fusion); no matched MoE row of these models runs Megatron's default (off)
+    cases, _ = published_cases.load_cases("published")
+    matched = {m.row for m in published_cases.release_config_matches() if m.config is not None}
+    moe = [c for c in cases if c.knobs and int(c.id.split(":")[1]) in matched
+           and c.label.startswith(("Qwen3-30B", "Qwen3-235B", "GPT-OSS", "gpt-oss", "DeepSeek-V3", "Kimi"))]
+    assert len(moe) >= 20
+    assert all(c.knobs.get("moe_permute_fusion") is True for c in moe), [c.id for c in moe
+                                                                          if not c.knobs.get("moe_permute_fusion")]

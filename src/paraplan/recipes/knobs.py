@@ -271,12 +271,12 @@ def _offload_knobs(r: Recipe) -> dict[str, Any]:
 
 
 def moe_knobs(r: Recipe) -> dict[str, Any]:
-    """The MoE knobs of ``r`` (``MOE_COLUMNS``): empty for dense recipes; ``?`` and empty cells keep the
-    defaults; the flex backend and its SMs only with the flex dispatcher (Megatron ignores them otherwise)."""
+    """The MoE knobs of ``r`` (``MOE_COLUMNS``): ``?`` and empty cells keep the defaults; an unset dispatcher
+    keeps Megatron's and only it (the other knobs the recipe sets stay: a release config that leaves the dispatcher
+    alone but sets ``delay_wgrad_compute``); the flex backend and its SMs only with the flex dispatcher (Megatron
+    ignores them otherwise)."""
     out: dict[str, Any] = {}
     kind = r.get("moe_token_dispatcher_type")
-    if kind in (None, ""):
-        return out
     for column, fname in MOE_COLUMNS.items():
         value = r.get(column)
         if value in ("?", "", None):
