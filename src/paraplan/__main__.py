@@ -16,9 +16,23 @@ import sys
 def run() -> int:
     """Run the CLI in this process; returns the exit code (the caller exits with it)."""
     code: int | None = None
-    try:
-        from paraplan.cli import main
+    swallowed: list[bool] = []
+    previous_hook = sys.unraisablehook
 
+    def _hook(unraisable: object) -> None:  # a Ctrl-C Python drops in an import's gc/weakref callback
+        if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
+            swallowed.append(True)  # said as "interrupted" below, not as "Exception ignored in ..." and exit 0
+            return
+        previous_hook(unraisable)  # type: ignore[arg-type]
+
+    try:
+        sys.unraisablehook = _hook
+        try:
+            from paraplan.cli import main
+        finally:
+            sys.unraisablehook = previous_hook
+        if swallowed:
+            raise KeyboardInterrupt
         code = main()
         # The run is over and main() flushed its output: a Ctrl-C from here to the exit (interpreter shutdown,
         # where Python would print a traceback from whatever it lands in) changes nothing. Inside the ``try``: one

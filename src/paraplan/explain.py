@@ -72,7 +72,8 @@ def host_bound_fixes(training: TrainingSpec) -> list[str]:
                 "full_iteration)"]
     current = "DeepEP, which waits for the counts in every dispatch and refuses drop-and-pad" \
         if dispatcher == "flex" else "allgather, whose .cpu() of the counts runs at any capacity"
-    return [f"another dispatcher ({current}): HybridEP (--moe-flex-dispatcher-backend hybridep) with its rank "
+    flex = "" if dispatcher == "flex" else "--moe-token-dispatcher-type flex "
+    return [f"another dispatcher ({current}): HybridEP ({flex}--moe-flex-dispatcher-backend hybridep) with its rank "
             "budget (--moe-expert-rank-capacity-factor with --moe-use-grouped-tensor), or alltoall with " + drop_pad]
 
 
@@ -230,12 +231,15 @@ def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") ->
     terms = _time_terms(best)
     step = float(best.time.step_s)
     top = sorted(terms.items(), key=lambda kv: -kv[1])[:3]
+    # "compute" here leaves the host-bound time out (its own term), unlike estimate's and the RECIPE breakdown's
+    label = {"compute": "compute excl. host-bound (MoE)"} if terms["host-bound (MoE)"] > 0.0 else {}
     out = [Finding("DOMINANT_TIME", "step " + f"{step:.2f} s: " + ", ".join(
-        f"{k} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in top), {"step_s": step, **dict(top)})]
+        f"{label.get(k, k)} {v:.2f} s ({100 * v / step:.0f}%)" for k, v in top), {"step_s": step, **dict(top)})]
     if runner_up is not None:
         other = _time_terms(runner_up)
         diffs = {k: other[k] - terms[k] for k in terms}
-        big = sorted(diffs.items(), key=lambda kv: -abs(kv[1]))[:3]
+        # the largest differences, those that show at the printed precision (1 ms): a zero term says nothing
+        big = [kv for kv in sorted(diffs.items(), key=lambda kv: -abs(kv[1])) if abs(kv[1]) >= 5e-4][:3]
         gap = float(runner_up.time.step_s) - step
         if abs(gap) <= 1e-9 * step:
             mem = (runner_up.peak_bytes - best.peak_bytes) / GIB
@@ -246,8 +250,9 @@ def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") ->
                     "the simpler layout (fewer parallel axes, then smaller TP, PP, VP, CP, EP, larger micro-batch, "
                     "lighter recompute, no FSDP)"))
         else:
-            text = (f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%): "
-                    + ", ".join(f"{k} {v:+.3f} s" for k, v in big))
+            text = (f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%)"
+                    + "".join(": " * (i == 0) + ", " * (i > 0) + f"{label.get(k, k)} {v:+.3f} s"
+                              for i, (k, v) in enumerate(big)))
         out.append(Finding("RUNNER_UP_GAP", text, {"gap_s": gap, **{k: v for k, v in big}}))
     gpu_s, issue_s = launch_bound_layer(best.model, best.cluster, best.training, best.layout)
     if gpu_s < issue_s:

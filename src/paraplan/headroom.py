@@ -36,7 +36,7 @@ DEFAULT_SOURCE = "memory error band, paraplan.bands"
 MAX_HEADROOM_FRAC = 0.9
 """Largest margin as a fraction of usable memory (1.0 or more would leave nothing to fit in)."""
 
-_SPEC = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(gib|%)?\s*$", re.IGNORECASE)
+_SPEC = re.compile(r"^\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*(gib|%)?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +89,9 @@ class Headroom:
         if self.frac < 0 or self.bytes_ < 0 or not math.isfinite(self.frac + self.bytes_) \
                 or self.margin_bytes(usable_bytes) > limit:
             given = self.source.removeprefix("--headroom").strip() or self.describe(usable_bytes)
-            raise SpecError(f"--headroom: allowed 0-{100 * MAX_HEADROOM_FRAC:.0f}% or 0-{limit / GIB:.1f} GiB on "
-                            f"{gpu_name} ({100 * MAX_HEADROOM_FRAC:.0f}% of its {usable_bytes / GIB:.1f} GiB usable "
+            limit_gib = math.floor(100 * limit / GIB) / 100  # rounded down: a value up to the one shown is accepted
+            raise SpecError(f"--headroom: allowed 0-{100 * MAX_HEADROOM_FRAC:.0f}% or 0-{limit_gib:.2f} GiB on "
+                            f"{gpu_name} ({100 * MAX_HEADROOM_FRAC:.0f}% of its {usable_bytes / GIB:.2f} GiB usable "
                             f"memory), got {given}")
 
     def as_dict(self, usable_bytes: float) -> dict[str, float | str]:

@@ -3,6 +3,7 @@ alike, by every command that takes the option, with one line that names the opti
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ JOB = ["-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "
 
 def _expected(gpu: str, given: str) -> str:
     usable = load_gpu(gpu).usable_bytes
-    return (f"error: --headroom: allowed 0-90% or 0-{MAX_HEADROOM_FRAC * usable / GIB:.1f} GiB on {gpu} "
-            f"(90% of its {usable / GIB:.1f} GiB usable memory), got {given}")
+    return (f"error: --headroom: allowed 0-90% or 0-{math.floor(100 * MAX_HEADROOM_FRAC * usable / GIB) / 100:.2f} GiB "
+            f"on {gpu} (90% of its {usable / GIB:.2f} GiB usable memory), got {given}")
 
 
 def _commands(tmp_path: Path) -> dict[str, list[str]]:
@@ -74,3 +75,30 @@ def test_the_default_band_margin_is_never_refused_as_a_headroom(capsys: pytest.C
     code = main(["plan", *JOB, "--gpu-set", "hbm_gib=1.6"])
     err = capsys.readouterr().err
     assert code == 3 and err.startswith("no layout of llama3-8b fits") and "--headroom:" not in err
+
+
+def test_the_limit_shown_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    """The limit in the refusal is rounded down, so the value it shows is accepted; 70.3GiB (over 90% of the H100's
+    78.1 GiB usable, 70.29 GiB) is refused naming 70.28."""
+    assert main(["estimate", *JOB, "--tp", "1", "--headroom", "70.3GiB"]) == 1
+    err = capsys.readouterr().err
+    shown = err.split("0-90% or 0-")[1].split(" GiB")[0]
+    assert shown == "70.28"
+    assert main(["estimate", *JOB, "--tp", "1", "--headroom", f"{shown}GiB", "--format", "json"]) in (0, 4)
+    assert "--headroom" not in capsys.readouterr().err
+
+
+def test_a_tiny_gpu_shows_two_decimals(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", *JOB, "--tp", "1", "--gpu-set", "hbm_gib=2", "--headroom", "95%"]) == 1
+    err = capsys.readouterr().err.strip()
+    usable = float(err.split("of its ")[1].split(" GiB")[0])
+    limit = float(err.split("0-90% or 0-")[1].split(" GiB")[0])
+    assert limit <= 0.9 * usable + 0.005 and limit > 0.9 * usable - 0.02 and usable < 1  # not "0-0.5 (90% of 0.5)"
+
+
+@pytest.mark.parametrize("given", ["1e9GiB", "1E3%", "2.5e2GiB"])
+def test_an_exponent_is_a_number_refused_by_range(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused by its range (the value as read, e.g. 1e+09GiB), not as a malformed size."""
+    assert main(["estimate", *JOB, "--tp", "1", "--headroom", given]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(_expected("h100-80gb", "").removesuffix("got ")) and "expected" not in err

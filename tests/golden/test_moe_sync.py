@@ -229,3 +229,18 @@ def test_retired_per_sync_constant_is_not_charged() -> None:
     t = _t(**HYBRID)
     assert estimate(QWEN, other, t, LAYOUT).time.step_s == estimate(QWEN, GB200, t, LAYOUT).time.step_s
     assert "moe_layer_overhead_s" not in PARAM_BOUNDS and "host_op_issue_s" in PARAM_BOUNDS
+
+
+def test_rank_budget_rule_is_megatrons_backend_check() -> None:
+    """Megatron checks the backend only (transformer_config.py: 'hybridep' or 'ncclep'): the hybridep backend under the
+    alltoall dispatcher is accepted, and the budget, HybridEP's (the flex dispatcher's), changes nothing there."""
+    with pytest.raises(SpecError, match=r"to be 'hybridep' or 'ncclep'\."):
+        _t(moe_expert_rank_capacity_factor=1.5, use_transformer_engine_op_fuser=True)
+    cluster = make_cluster(load_gpu("h100-80gb"), 8)
+    plain = _t(moe_flex_dispatcher_backend="hybridep", use_transformer_engine_op_fuser=True)
+    budget = replace(plain, moe_expert_rank_capacity_factor=0.5)
+    assert plain.moe_token_dispatcher_type == budget.moe_token_dispatcher_type == "alltoall"
+    assert estimate(QWEN, cluster, budget, LAYOUT).peak_bytes == estimate(QWEN, cluster, plain, LAYOUT).peak_bytes
+    flex = [estimate(QWEN, cluster, replace(t, moe_token_dispatcher_type="flex"), LAYOUT).peak_bytes
+            for t in (plain, budget)]
+    assert flex[0] != flex[1]  # under flex the budget acts

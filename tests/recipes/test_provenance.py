@@ -54,3 +54,72 @@ def test_recipes_lists_the_derivation_and_json_carries_it() -> None:
     assert table.exit_code == 0
     line = next(x for x in table.output.splitlines() if "legacy-scaled GBS" in x)
     assert "llama3-70b-gb300-bf16-32" in line and "llama3-70b-gb300-bf16-64" not in line
+
+
+def test_each_legacy_scaled_recipe_names_the_direction_it_was_scaled() -> None:
+    """Each legacy-scaled function starts from a library recipe of LEGACY_BASE_GPUS' count (its name with that
+    count); the reason says "scaled up" exactly where that count is below the recipe's own (20 of 27)."""
+    from paraplan.recipes.provenance import LEGACY_BASE_GPUS
+
+    by_fn = {r.source.rsplit(":", 1)[-1]: r for r in bridge_recipes()}
+    assert set(LEGACY_BASE_GPUS) == LEGACY_SCALED_GBS
+    ups = 0
+    for fn, base in LEGACY_BASE_GPUS.items():
+        gpus = by_fn[fn].get("num_gpus")
+        assert f"_{gpus}gpu_" in fn and fn.replace(f"_{gpus}gpu_", f"_{base}gpu_") in by_fn
+        up = base < gpus  # type: ignore[operator]
+        ups += up
+        assert (f"scaled up from the {base}-GPU recipe" in derivation_of(fn)) is up
+        assert (f"scaled down from the {base}-GPU recipe" in derivation_of(fn)) is not up
+    assert ups == 20
+
+
+def test_the_cited_harness_code_is_the_one_at_aad7d9ce2_parent() -> None:
+    """At aad7d9ce2^ set_post_overrides scales the GBS as gbs_scaling_factor * num_gpus; the helper
+    _weak_scaled_global_batch_size came later: no reason cites it as the harness's."""
+    reasons = {derivation_of(fn) for fn in [*LEGACY_SCALED_GBS, *WEAK_SCALED_V2]}
+    assert not any("_weak_scaled_global_batch_size" in reason for reason in reasons)
+    assert all("gbs_scaling_factor" in derivation_of(fn) for fn in WEAK_SCALED_V2)
+
+
+def test_the_64_gpu_deepseek_v3_h100_recipes_are_said_not_to_run() -> None:
+    """Their coded layout (EP64 x PP8 with ETP 1: 512 GPUs a replica of the experts) cannot run on 64 GPUs: estimate
+    refuses it, and the derivation and `paraplan recipes` say so."""
+    from paraplan.cli import app, main
+
+    runner = CliRunner()
+    for alias in ("deepseek-v3-h100-bf16-64", "deepseek-v3-h100-fp8cs-64"):
+        r = find_recipe(alias, bridge_recipes())
+        ep, pp = r.get("ep"), r.get("pp")
+        assert isinstance(ep, int) and isinstance(pp, int) and r.get("num_gpus") == 64 and 64 % (ep * pp)
+        assert r.derivation.startswith("the coded layout cannot run: ")
+        assert main(["estimate", "--recipe", alias]) == 1
+    table = runner.invoke(app, ["recipes", "--model", "deepseek-v3", "--gpu", "h100"], env={"COLUMNS": "400"})
+    assert table.exit_code == 0, table.output
+    line = next(x for x in table.output.splitlines() if "cannot run" in x)
+    assert "deepseek-v3-h100-bf16-64" in line
+
+
+def test_recipes_csv_and_plan_json_carry_the_derivation() -> None:
+    import csv
+    import io
+
+    from paraplan.cli import app
+
+    runner = CliRunner()
+    out = runner.invoke(app, ["recipes", "--model", "llama3-70b", "--gpu", "gb300", "--format", "csv"])
+    assert out.exit_code == 0, out.output
+    rows = {r["alias"]: r for r in csv.DictReader(io.StringIO(out.output))}
+    assert rows["llama3-70b-gb300-bf16-32"]["derivation"] == derivation_of(
+        "llama3_70b_pretrain_32gpu_gb300_bf16_config") != ""
+    assert rows["llama3-70b-gb300-bf16-64"]["derivation"] == ""
+
+
+def test_plan_recipe_block_and_line_flag_a_derived_recipe() -> None:
+    from paraplan.cli.plan import recipe_line
+    from paraplan.recipes.compare import RecipeComparison
+
+    for alias, derived in (("llama3-70b-gb300-bf16-32", True), ("llama3-70b-gb300-bf16-64", False)):
+        cmp = RecipeComparison(recipe=find_recipe(alias, bridge_recipes()), at="its own job", error="x")
+        assert cmp.as_dict()["derivation"] == cmp.recipe.derivation and bool(cmp.recipe.derivation) is derived
+        assert ("derived by NVIDIA, no published run" in recipe_line(cmp, None)) is derived  # type: ignore[arg-type]

@@ -144,11 +144,11 @@ def test_duplicate_and_library_names_are_refused(tmp_path: Path, capsys: pytest.
     row = "x:dup,llama3_8b,h100,8,bf16,4096,32,1,1,1\n"
     path = write(tmp_path, "dup.csv", ",".join(REQUIRED) + "\n" + row + row)
     code, _, err = run(["recipes", "--recipes", path], capsys)
-    assert code == 1 and "row 2: 'x:dup' names an earlier row too" in err
+    assert code == 1 and "row 2: source 'x:dup' names row 1 too" in err
     same_job = ["x:a,llama3_8b,h100,8,bf16,4096,32,1,1,1\n", "x:b,llama3_8b,h100,8,bf16,4096,32,1,1,1\n"]
     path = write(tmp_path, "job.csv", ",".join(REQUIRED) + "\n" + "".join(same_job))
     code, _, err = run(["recipes", "--recipes", path], capsys)
-    assert code == 1 and "row 2: 'llama3-8b-h100-bf16-8-user' names an earlier row too" in err
+    assert code == 1 and "row 2 (source 'x:b') is the same job as row 1 (source 'x:a')" in err
     source = "src/megatron/bridge/perf_recipes/llama/h100/llama3.py:llama3_70b_pretrain_64gpu_h100_fp8cs_config"
     clash = f"{source},llama3_70b,h100,64,fp8_cs,8192,256,1,4,8\n"
     path = write(tmp_path, "clash.csv", ",".join(REQUIRED) + "\n" + clash)

@@ -179,6 +179,6 @@ def test_a_knob_rule_that_leaves_layouts_keeps_the_memory_advice() -> None:
 @pytest.mark.parametrize(("model", "margin"), [("llama3-8b", "79GiB"), ("llama3.1-405b", "100GiB")])
 def test_a_margin_of_all_usable_memory_is_refused_before_the_search(model: str, margin: str) -> None:
     """More GPUs cannot help when the margin alone is most of usable memory: --headroom's range refuses it."""
-    with pytest.raises(SpecError, match=r"^--headroom: allowed 0-90% or 0-70.3 GiB on h100-80gb"):
+    with pytest.raises(SpecError, match=r"^--headroom: allowed 0-90% or 0-70.28 GiB on h100-80gb"):
         paraplan.plan(model, "h100-80gb", 8, training=TRAINING, headroom=parse_headroom(margin),
                       space={"recompute": ("none", "selective")})  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ The default margin is the upper end of the memory model's measured error band fo
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def test_zero_is_no_margin_and_none_is_the_measured_band() -> None:
     assert DEFAULT_HEADROOM.for_model(True) == band_headroom("moe")
 
 
-@pytest.mark.parametrize("text", ["5", "5x", "-1GiB", "inf", "nan", "", "GiB", "5GB", "1e3GiB", "9" * 400 + "GiB"])
+@pytest.mark.parametrize("text", ["5", "5x", "-1GiB", "inf", "nan", "", "GiB", "5GB", "9" * 400 + "GiB"])
 def test_bad_headroom_is_one_line_naming_the_flag(text: str) -> None:
     with pytest.raises(SpecError, match=r"^--headroom: ") as info:
         parse_headroom(text)
@@ -98,8 +99,8 @@ def test_the_range_is_the_same_share_of_usable_memory_in_gib_and_percent(gpu: st
         with pytest.raises(SpecError) as info:
             parse_headroom(bad).check_range(usable, gpu)
         msg = str(info.value)
-        assert msg == (f"--headroom: allowed 0-90% or 0-{limit_gib:.1f} GiB on {gpu} (90% of its "
-                       f"{usable / GIB:.1f} GiB usable memory), got {bad}")
+        assert msg == (f"--headroom: allowed 0-90% or 0-{math.floor(100 * limit_gib) / 100:.2f} GiB on {gpu} (90% of "
+                       f"its {usable / GIB:.2f} GiB usable memory), got {bad}")
     DEFAULT_HEADROOM.check_range(usable, gpu)  # the band's margin is always in range
 
 

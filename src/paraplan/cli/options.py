@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,7 +142,11 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
             own["attention_kernel"] = attention_kernel_knob(value.strip() if eq else None)
             continue
         words += [f"--{name.strip().lstrip('-')}", *([v.strip() for v in value.split(",")] if eq else [])]
-    return {**(memory_knobs_from_words(words, precision) if words else {}), **own}
+    notes: list[str] = []
+    fields = memory_knobs_from_words(words, precision, notes) if words else {}
+    for note in notes:  # Megatron ignores such a flag; say so rather than silently
+        print(f"note: --knob {note.lstrip('-')}", file=sys.stderr)
+    return {**fields, **own}
 
 
 def attention_kernel_knob(value: str | None) -> str:

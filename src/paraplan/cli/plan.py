@@ -301,7 +301,7 @@ def recipe_line(cmp: RecipeComparison, pick: Estimate) -> str:
     whose = "closest NVIDIA recipe" if r.origin == "bridge" else "closest recipe, yours,"
     head = (f"[cyan]recipe[/] {safe(r.alias)} ({r.get('num_gpus')} GPUs, seq {r.get('seq_length')}, GBS "
             f"{r.get('global_batch_size')}; {whose} for this model and GPU): {safe(layout_text(r))}, "
-            f"{safe(knobs_summary(r))}")
+            f"{safe(knobs_summary(r))}" + (" [yellow](derived by NVIDIA, no published run)[/]" if r.derivation else ""))
     e = cmp.estimate
     if e is None:
         return f"{head}; does not run here: {safe(cmp.error)}"

@@ -67,7 +67,7 @@ def layout_text(r: Recipe) -> str:
 
 
 _CSV_COLUMNS = ("alias", "source", "model", "gpu", "num_gpus", "precision", "task", "seq_length", "global_batch_size",
-                "layout", "knobs", "paraplan_model", "paraplan_gpu", "reason")
+                "layout", "knobs", "paraplan_model", "paraplan_gpu", "reason", "derivation")
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
@@ -87,7 +87,7 @@ def _row(r: Recipe) -> dict[str, Any]:
             "num_gpus": r.get("num_gpus"), "precision": r.get("precision"), "task": r.get("task"),
             "seq_length": r.get("seq_length"), "global_batch_size": r.get("global_batch_size"),
             "layout": layout_text(r), "knobs": knobs_summary(r), "paraplan_model": r.model_preset or "",
-            "paraplan_gpu": r.gpu_preset or "", "reason": r.reason}
+            "paraplan_gpu": r.gpu_preset or "", "reason": r.reason, "derivation": r.derivation}
 
 
 @app.command("recipes")
@@ -114,6 +114,8 @@ def recipes_cmd(
                                         ("--gpu", gpu, "gpu", "gpu_preset")):
         names = {str(r.get(column)).lower() for r in everyone} | {str(getattr(r, preset)).lower() for r in everyone
                                                                   if getattr(r, preset)}
+        if value is not None and not value.strip():
+            raise SpecError(f"{flag}: empty (give one of {', '.join(sorted(names))})")
         if value is not None and value.lower() not in names:
             raise SpecError(f"{flag}: no recipe for '{value}' (recipes exist for: {', '.join(sorted(names))})")
     chosen = select(everyone, model, gpu, everything)
@@ -148,7 +150,7 @@ def recipes_cmd(
 
         for reason, n in Counter(r.derivation for r in derived).most_common():
             aliases = ", ".join(r.alias for r in derived if r.derivation == reason)
-            con.print(f"{n} {safe(reason)}: {safe(aliases)}")
+            con.print(f"{n} ({safe(aliases)}) {safe(reason)}")  # the aliases first: a long reason wraps
     if hidden:
         con.print(f"{hidden} more have no paraplan model or GPU preset: `paraplan recipes --all` lists them with "
                   "the reason")

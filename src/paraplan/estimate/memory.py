@@ -308,7 +308,9 @@ def activation_context(
         # the block method checkpoints its layers one by one (megatron/core/recompute.py): one input each
         recompute_num_layers=1 if layout.recompute_method == "block" else int(layout.recompute_num_layers),
         fp8=training.precision == "fp8", flash=flash,
-        routed_load=act.saved_routed_load(routed_load_factor(training), training.moe_expert_rank_capacity_factor,
+        # the rank budget is HybridEP's, the flex dispatcher's (token_dispatcher.py _HybridEPManager): unused otherwise
+        routed_load=act.saved_routed_load(routed_load_factor(training), training.moe_expert_rank_capacity_factor
+                                          if training.moe_token_dispatcher_type == "flex" else None,
                                           training.moe_paged_stash, training.moe_paged_stash_buffer_size_factor_cuda),
         offload_modules=training.offloaded_modules,
         fp4=training.precision == "fp4",

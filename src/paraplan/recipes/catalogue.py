@@ -235,6 +235,8 @@ def bridge_recipes() -> tuple[Recipe, ...]:
 
 def find_recipe(name: str, recipes: tuple[Recipe, ...]) -> Recipe:
     """The recipe whose source, function name or alias is ``name``; one line with the nearest names if none."""
+    if not name.strip():
+        raise SpecError("--recipe: empty (give a source, function name or alias from `paraplan recipes --all`)")
     for r in recipes:
         if name in (r.source, r.alias, r.source.rsplit(":", 1)[-1]):
             return r

@@ -45,7 +45,7 @@ class RecipeComparison:
         """The ``recipe`` block of plan/explain JSON."""
         r = self.recipe
         out: dict[str, Any] = {
-            "source": r.source, "alias": r.alias, "origin": r.origin, "at": self.at,
+            "source": r.source, "alias": r.alias, "origin": r.origin, "at": self.at, "derivation": r.derivation,
             "recipe_job": {"num_gpus": r.get("num_gpus"), "seq_length": r.get("seq_length"),
                            "global_batch_size": r.get("global_batch_size"), "precision": r.get("precision")},
             "not_modelled": list(self.run.not_modelled) if self.run else [], "error": self.error,

@@ -280,17 +280,32 @@ def _check_row(path: str, r: Recipe) -> None:
     job = recipe_job(r)
     fields, _ = layout_fields(r)
     model_size = fields["tp"] * fields["pp"] * fields["cp"]
-    if job.num_gpus > MAX_NUM_GPUS or job.num_gpus % model_size:
+    if job.num_gpus > MAX_NUM_GPUS:
         from paraplan.recipes.knobs import bad
 
-        raise bad(r, "num_gpus", f"a multiple of TP x PP x CP = {fields['tp']} x {fields['pp']} x {fields['cp']}, "
-                                 f"at most {MAX_NUM_GPUS:,}")
+        raise bad(r, "num_gpus", f"at most {MAX_NUM_GPUS:,}")
+    if job.num_gpus % model_size:  # the layout's columns do not divide the GPU count: name the first that does not
+        from paraplan.recipes.knobs import _where
+
+        left, column = job.num_gpus, "tp"
+        for column in ("tp", "pp", "cp"):
+            if left % fields[column]:
+                break
+            left //= fields[column]
+        raise SpecError(f"{_where(r)}: column {column}: expected TP x PP x CP ({fields['tp']} x {fields['pp']} x "
+                        f"{fields['cp']}) to divide num_gpus {job.num_gpus}, got {fields[column]}")
     dp = r.get("dp")
     if isinstance(dp, int) and dp * fields["tp"] * fields["pp"] * fields["cp"] != job.num_gpus:
         from paraplan.recipes.knobs import bad
 
         raise bad(r, "dp", f"num_gpus / (TP x PP x CP) = {job.num_gpus} / ({fields['tp']} x {fields['pp']} x "
                            f"{fields['cp']}), or empty")
+    dp_size = job.num_gpus // model_size
+    if job.gbs % (dp_size * fields["mbs"]):  # Megatron's check (num microbatches calculator), here at read time
+        from paraplan.recipes.knobs import bad
+
+        raise bad(r, "global_batch_size", f"a multiple of micro_batch_size x DP = {fields['mbs']} x {dp_size} "
+                                          f"(DP = num_gpus / (TP x PP x CP))")
     recipe_memory_options(r)
     knobs = training_knobs(r, job.precision)
     try:  # the knobs together, as estimate --recipe builds them (e.g. a state dtype the optimizer cannot hold)
@@ -309,15 +324,19 @@ def read_user_recipes(path: str) -> list[Recipe]:
     is_csv = path.lower().endswith(".csv")
     rows = _csv_rows(path, text) if is_csv else _yaml_rows(path, text)
     out: list[Recipe] = []
-    seen: set[str] = set()
+    seen: dict[str, Recipe] = {}
     for i, fields in enumerate(rows, start=1):
         r = make_recipe(fields, origin=path, row=i)
         _check_row(path, r)
         for name in dict.fromkeys((r.source, r.alias)):
-            if name in seen:
-                raise SpecError(f"--recipes {path}: row {i}: '{name}' names an earlier row too (sources and aliases "
-                                "are unique; a config_variant tells two rows of one job apart)")
-            seen.add(name)
+            if name in seen and name == r.source:
+                raise SpecError(f"--recipes {path}: row {i}: source '{name}' names row {seen[name].row} too (sources "
+                                "are unique)")
+            if name in seen:  # the alias paraplan makes: the user wrote the sources, name those
+                raise SpecError(f"--recipes {path}: row {i} (source '{r.source}') is the same job as row "
+                                f"{seen[name].row} (source '{seen[name].source}'): model, gpu, precision, num_gpus and "
+                                "task alike; a config_variant tells two rows of one job apart")
+            seen[name] = r
         out.append(r)
     if not out:
         raise SpecError(f"--recipes {path}: no recipes in the file")

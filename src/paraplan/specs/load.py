@@ -94,7 +94,7 @@ def _model_from_log(path: Path) -> ModelSpec:
 def load_model(ref: str) -> ModelSpec:
     """A preset name, a Hugging Face config.json, a Megatron-args JSON/YAML file, or a Megatron log
     with its argument dump (.log/.txt/.out, gzipped or not)."""
-    if not ref:  # Path("") is the current folder: an empty name is a slip (an unset shell variable)
+    if not ref.strip():  # Path("") is the current folder: an empty (or blank) name is a slip (an unset variable)
         raise SpecError("model: empty (give a preset, e.g. llama3-8b, or a file)")
     path = Path(ref)
     if not path_exists(path) and (ref in model_preset_names() or not any(c in ref for c in "/\\.")):
@@ -235,7 +235,7 @@ def load_gpu(ref: str, *, _chain: tuple[str, ...] = ()) -> GpuSpec:
     names = gpu_preset_names()
     if ref in names:
         return gpu_from_dict(_read_yaml_resource("gpus", ref), name=ref)
-    if not ref:  # Path("") is the current folder: an empty name is a slip (an unset shell variable)
+    if not ref.strip():  # Path("") is the current folder: an empty (or blank) name is a slip (an unset variable)
         raise SpecError("gpu: empty (give a preset, e.g. h100-80gb, or a file)")
     path = Path(ref)
     if path_exists(path) or len(ref) >= 256:

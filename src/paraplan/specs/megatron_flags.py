@@ -841,12 +841,13 @@ OPTION_FLAGS: Final = {
 """Megatron-LM flags that are not ``--knob`` items: paraplan's own option (of estimate and plan) sets them."""
 
 
-def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
+def memory_knobs_from_words(words: list[str], precision: str, notes: list[str] | None = None) -> dict[str, Any]:
     """TrainingSpec knob fields from Megatron flag words (the CLI's ``--knob``), refusing in one line what
     Megatron rejects (its assert's words) and FP8 knobs without FP8. A value may be a comma list (``attn,mlp``),
     as ``--knob`` takes it; in a Megatron command line (``read_flags``) it is one word each, as argparse reads it."""
     words = [w for word in words for w in ([word] if word.startswith("--") else word.split(",")) if w]
     values, unknown, _ = split_flags(words)
+    _one_value_each(values)
     off = _switch_values(values)
     allowed = set(KNOB_FLAGS.values()) | {flag for aliases in KNOB_FLAG_ALIASES.values() for flag in aliases}
     for flag in [*unknown, *values]:
@@ -872,6 +873,7 @@ def memory_knobs_from_words(words: list[str], precision: str) -> dict[str, Any]:
     r = _Reader({**values, "--use-distributed-optimizer": (), "--tp-comm-overlap": ()})
     out = _memory_knobs(r, precision)
     _knob_ub_found(r, out)
+    (notes if notes is not None else []).extend(note for note in r.notes if "has no effect" in note)
     # Megatron-LM's refusal of TE's cross-entropy fusion applies where its launch files are written
     # (launch.megatron.megatron_args) and to its scripts (check); Megatron-Core and -Bridge run it
     problems = [(code, message) for code, message in r.problems if code != "TE_CROSS_ENTROPY_FUSION"]
@@ -888,6 +890,16 @@ def _knob_ub_found(r: _Reader, out: dict[str, Any]) -> None:
         raise SpecError(f"--knob tp-comm-overlap-cfg {_got(r.text('--tp-comm-overlap-cfg'))}: no such file (nor one "
                         f"of Megatron-Bridge's {len(packaged())} named userbuffers configs, e.g. "
                         f"{next(iter(packaged()))})")
+
+
+def _one_value_each(values: Values) -> None:
+    """``--knob a=x,y`` refused in one line unless Megatron's argparse takes a list for ``--a`` (nargs + or *,
+    ``MULTI_VALUE_FLAGS``): ``moe-token-dispatcher-type=flex,moe-flex-dispatcher-backend=hybridep`` would otherwise
+    apply flex alone (switches' words are ``_switch_values``')."""
+    for flag, vals in values.items():
+        if len(vals) > 1 and flag not in MULTI_VALUE_FLAGS and flag not in switch_flags():
+            raise SpecError(f"--knob {flag[2:]} takes one value, got {len(vals)} ({brief(','.join(vals))}); "
+                            "give each knob its own --knob")
 
 
 def _switch_values(values: Values) -> dict[str, Any]:

@@ -587,10 +587,12 @@ class TrainingSpec:
                                 or not 0.0 < rcf <= MAX_CAPACITY_FACTOR):
             raise SpecError("moe_expert_rank_capacity_factor must be a number above 0 and at most "
                             f"{MAX_CAPACITY_FACTOR:g} or unset, got {brief(rcf)}")
-        if rcf is not None and (self.moe_token_dispatcher_type != "flex" or self.moe_flex_dispatcher_backend
-                                != "hybridep"):
+        # Megatron checks the backend only (hybridep or ncclep; ncclep is refused apart, NCCLEP_MESSAGE): under
+        # another dispatcher type the budget is unused (HybridEP's manager is the flex dispatcher's; memory.py)
+        if rcf is not None and self.moe_flex_dispatcher_backend not in ("hybridep", "ncclep"):
             raise SpecError("moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend to be 'hybridep' "
-                            "(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep)")
+                            "or 'ncclep'. (--moe-flex-dispatcher-backend hybridep, with --moe-token-dispatcher-type "
+                            "flex for it to act)")
         if rcf is not None and not (self.use_transformer_engine_op_fuser or self.moe_use_grouped_tensor):
             raise SpecError("moe_expert_rank_capacity_factor with the 'hybridep' backend requires "
                             "use_transformer_engine_op_fuser=True or moe_use_grouped_tensor=True "
