@@ -58,8 +58,10 @@ def test_fa2_in_the_attention_layer() -> None:
     fa2 = attention_layer_time(LLAMA8, cluster, _t(attention_kernel="fa2"), layout)
     assert float(fa2.attn_fwd_s) == pytest.approx(_score_flops(tp=2, cp=1) / 329e12, rel=1e-12)
     cur = attention_layer_time(LLAMA8, cluster, _t(), layout)
-    # today's preset (attention_frac 0.6495 of 989 TFLOP/s) is faster; the GEMMs do not change
-    assert float(cur.attn_fwd_s) == pytest.approx(_score_flops(tp=2, cp=1) / (989e12 * 0.6495), rel=1e-12)
+    # today's preset (its fitted attention_frac of 989 TFLOP/s) is faster; the GEMMs do not change
+    frac = load_gpu("h100-80gb").efficiency.attention_frac
+    assert float(cur.attn_fwd_s) == pytest.approx(_score_flops(tp=2, cp=1) / (989e12 * frac), rel=1e-12)
+    assert float(cur.attn_fwd_s) < float(fa2.attn_fwd_s)
     assert float(fa2.gemm_fwd_s) == float(cur.gemm_fwd_s)
 
 
