@@ -250,9 +250,9 @@ def time_findings(best: Estimate, runner_up: Estimate | None, rule: str = "") ->
                     "the simpler layout (fewer parallel axes, then smaller TP, PP, VP, CP, EP, larger micro-batch, "
                     "lighter recompute, no FSDP)"))
         else:
+            parts = ", ".join(f"{label.get(k, k)} {v:+.3f} s" for k, v in big)
             text = (f"runner-up {runner_up.layout.short()} is {gap:+.3f} s/step ({100 * gap / step:+.1f}%)"
-                    + "".join(": " * (i == 0) + ", " * (i > 0) + f"{label.get(k, k)} {v:+.3f} s"
-                              for i, (k, v) in enumerate(big)))
+                    + (f": {parts}" if parts else ""))
         out.append(Finding("RUNNER_UP_GAP", text, {"gap_s": gap, **{k: v for k, v in big}}))
     gpu_s, issue_s = launch_bound_layer(best.model, best.cluster, best.training, best.layout)
     if gpu_s < issue_s:
