@@ -70,6 +70,8 @@ def case_training(case: Case, backend: str) -> TrainingSpec:
     base: dict[str, Any] = dict(seq_len=case.seq_len, global_batch_size=case.gbs, precision=case.precision,
                                 attention_backend=backend, fp8_recipe=case.fp8_recipe,
                                 attention_kernel=case.attention_kernel, cross_entropy_loss_fusion=bridge,
+                                nvfp4_quantize_kernel=(case.nvfp4_quantize_kernel if case.precision == "fp4"
+                                                       else "fused"),
                                 cross_entropy_fusion_impl="te" if bridge else "native")
     return TrainingSpec(**{**base, **case.knobs})
 

@@ -110,6 +110,9 @@ class Case:
     """``--fp8-recipe`` of an FP8 row (``FP8_RECIPE``)."""
     attention_kernel: str = "current"
     """The flash-attention kernel generation the source ran (``SOURCES`` ``kernel``; TrainingSpec.attention_kernel)."""
+    nvfp4_quantize_kernel: str = "fused"
+    """How the row's Transformer Engine casts NVFP4 operands (``nvfp4_quantize_kernel_of``;
+    TrainingSpec.nvfp4_quantize_kernel)."""
     knobs: dict[str, Any] = field(default_factory=dict)
     """TrainingSpec knobs the row ran with (``attach_recipe_knobs``); empty: Megatron's defaults."""
     excluded: str = ""
@@ -294,7 +297,27 @@ def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - 
                 gpus_per_node=per_node, seq_len=seq, gbs=gbs, layout=layout, precision=precision,
                 target_tokens_per_s_per_gpu=target, moe=moe, attention_backend=d.get("attn", "flash"),
                 fp8_recipe=FP8_RECIPE.get(prec_raw, "delayed"), attention_kernel=d.get("kernel", "current"),
-                fold_key=row_fold_key(r))
+                nvfp4_quantize_kernel=nvfp4_quantize_kernel_of(row_container(r["notes"])), fold_key=row_fold_key(r))
+
+
+CONTAINER_TE_RELEASE: dict[str, tuple[int, int]] = {"25.09": (2, 7), "25.11": (2, 9), "26.02": (2, 12),
+                                                    "26.02.01": (2, 12), "26.04": (2, 14), "26.04.01": (2, 14),
+                                                    "26.06": (2, 16), "26.06.01": (2, 16)}
+"""NeMo container -> its Transformer Engine release (major, minor), from Megatron-Bridge docs/releases/
+software-versions.md (25.09: 2.7.0, 25.11: 2.9, 26.02: 2.12, 26.04: 2.14+71bbefb, 26.06: 2.16). The patch
+containers (26.02.01, 26.04.01, 26.06.01) are not listed there and are ASSUMED to keep their base release's TE;
+26.08 is not listed (taken as current, >= 2.14)."""
+NVFP4_FUSED_ROW_COL_TE: tuple[int, int] = (2, 14)
+"""The first TE release that casts an NVFP4 operand's rowwise and RHT columnwise copies in one kernel
+(csrc/quantizer.cpp ``nvte_quantize_with_hadamard_transform``; v2.13 still calls
+``nvte_hadamard_transform_cast_fusion_columnwise`` after ``nvte_quantize_v2``)."""
+
+
+def nvfp4_quantize_kernel_of(container: str | None) -> str:
+    """TrainingSpec.nvfp4_quantize_kernel of a row measured in NeMo ``container``: ``split`` where its TE release
+    (``CONTAINER_TE_RELEASE``) is older than ``NVFP4_FUSED_ROW_COL_TE``, else ``fused`` (no container: fused)."""
+    te = CONTAINER_TE_RELEASE.get(container or "")
+    return "split" if te is not None and te < NVFP4_FUSED_ROW_COL_TE else "fused"
 
 
 FOLD_KEY_COLUMNS = ("source", "source_detail", "model", "gpu", "num_gpus", "tp", "pp", "vp", "cp", "ep", "dp", "mbs",

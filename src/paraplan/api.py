@@ -128,6 +128,7 @@ if TYPE_CHECKING:
     from paraplan.specs.training import KNOB_FLAG_ALIASES as KNOB_FLAG_ALIASES
     from paraplan.specs.training import KNOB_FLAGS as KNOB_FLAGS
     from paraplan.specs.training import KNOB_REFINEMENTS as KNOB_REFINEMENTS
+    from paraplan.specs.training import NVFP4_QUANTIZE_KERNELS as NVFP4_QUANTIZE_KERNELS
     from paraplan.specs.training import TIME_ONLY_KNOBS as TIME_ONLY_KNOBS
     from paraplan.specs.training import TrainingSpec as TrainingSpec
     from paraplan.specs.userbuffers import ub_configs as ub_configs
@@ -159,6 +160,8 @@ REEXPORTS: dict[str, tuple[str, str]] = {
     "KNOB_FLAG_ALIASES": ("paraplan.specs.training", "A memory knob -> its deprecated Megatron flags."),
     "TIME_ONLY_KNOBS": ("paraplan.specs.training", "The TrainingSpec knobs that move step time only."),
     "ATTENTION_KERNELS": ("paraplan.specs.training", "TrainingSpec.attention_kernel choices (paraplan's knob)."),
+    "NVFP4_QUANTIZE_KERNELS": ("paraplan.specs.training",
+                               "TrainingSpec.nvfp4_quantize_kernel choices (paraplan's knob)."),
     # layouts, estimates and plans
     "ParallelLayout": ("paraplan.layout", "Parallel sizes, micro-batch and memory/overlap switches of one run."),
     "RECOMPUTE_MODULES": ("paraplan.layout", "The module names Megatron's ``--recompute-modules`` accepts."),

@@ -112,8 +112,9 @@ def test_a_time_only_knob_leaves_every_stage_memory_unchanged(key: str) -> None:
         base = {k: v for k, v in on.items() if k != key}
     elif key in KNOB_SAMPLES:
         precision, on = KNOB_SAMPLES[key][1], {**_ancestors_on(key), key: KNOB_SAMPLES[key][2]}
-    else:  # no Megatron-LM flag: fp8_dot_product_attention, attention_kernel
-        precision, on = "fp8", {key: {"attention_kernel": "fa2"}.get(key, True)}
+    else:  # no Megatron-LM flag: fp8_dot_product_attention, attention_kernel, nvfp4_quantize_kernel (FP4 only)
+        precision = "fp4" if key == "nvfp4_quantize_kernel" else "fp8"
+        on = {key: {"attention_kernel": "fa2", "nvfp4_quantize_kernel": "split"}.get(key, True)}
     assert all(k in TIME_ONLY_KNOBS for k in on if k not in base), on  # the others it needs move time only too
     ran = 0
     for model, layout in CASES:

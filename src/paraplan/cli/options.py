@@ -141,6 +141,9 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
         if name.strip().lstrip("-") == "attention-kernel":  # paraplan's own knob, not a Megatron flag
             own["attention_kernel"] = attention_kernel_knob(value.strip() if eq else None)
             continue
+        if name.strip().lstrip("-") == "nvfp4-quantize-kernel":  # paraplan's own knob, not a Megatron flag
+            own["nvfp4_quantize_kernel"] = nvfp4_quantize_kernel_knob(value.strip() if eq else None)
+            continue
         words += [f"--{name.strip().lstrip('-')}", *([v.strip() for v in value.split(",")] if eq else [])]
     notes: list[str] = []
     fields = memory_knobs_from_words(words, precision, notes) if words else {}
@@ -157,6 +160,18 @@ def attention_kernel_knob(value: str | None) -> str:
     if value not in ATTENTION_KERNELS:
         got = "no value" if value is None else brief(value)
         raise SpecError(f"--knob attention-kernel must be one of {', '.join(ATTENTION_KERNELS)}, got {got}")
+    return value
+
+
+def nvfp4_quantize_kernel_knob(value: str | None) -> str:
+    """``--knob nvfp4-quantize-kernel=fused|split`` -> ``TrainingSpec.nvfp4_quantize_kernel`` (paraplan's knob: the
+    container's Transformer Engine release, no Megatron flag, never written into launch files), refused in one line
+    otherwise."""
+    from paraplan.api import NVFP4_QUANTIZE_KERNELS, brief
+
+    if value not in NVFP4_QUANTIZE_KERNELS:
+        got = "no value" if value is None else brief(value)
+        raise SpecError(f"--knob nvfp4-quantize-kernel must be one of {', '.join(NVFP4_QUANTIZE_KERNELS)}, got {got}")
     return value
 
 

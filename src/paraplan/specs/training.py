@@ -40,6 +40,9 @@ CpCommType = Literal["p2p", "a2a", "all_gather"]
 AttentionKernel = Literal["current", "fa2"]
 ATTENTION_KERNELS: Final = ("current", "fa2")
 """``TrainingSpec.attention_kernel`` choices (paraplan's, not a Megatron-LM flag)."""
+Nvfp4QuantizeKernel = Literal["fused", "split"]
+NVFP4_QUANTIZE_KERNELS: Final = ("fused", "split")
+"""``TrainingSpec.nvfp4_quantize_kernel`` choices (paraplan's, not a Megatron-LM flag)."""
 DTYPE_CHOICES: Final = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
                         "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"), "fp8_recipe": FP8_RECIPES,
@@ -144,7 +147,7 @@ TIME_ONLY_KNOBS: Final = frozenset({
     "delay_wgrad_compute", "moe_permute_fusion", "moe_permute_fusion_into_hybridep", "moe_shared_expert_overlap",
     "overlap_param_gather_with_optimizer_step",
     "gradient_accumulation_fusion", "manual_gc", "manual_gc_interval", "tp_comm_overlap_ag", "tp_comm_overlap_rs",
-    "attention_kernel", "fp8_dot_product_attention", "fp4_recipe",
+    "attention_kernel", "fp8_dot_product_attention", "fp4_recipe", "nvfp4_quantize_kernel",
     "use_transformer_engine_op_fuser", "tp_comm_overlap_cfg",
     "moe_use_grouped_tensor", "moe_paged_stash_buffer_size_factor_cpu",
     "tp_comm_overlap_rs_dgrad",
@@ -434,6 +437,16 @@ class TrainingSpec:
     kernels at the preset's fitted ``attention_frac``; ``fa2``: the 2023-24 generation (flash-attn 2, and the cuDNN
     FusedAttention that Transformer Engine 1.x picks on sm90) at the measured FlashAttention-2 rate of the GPU's
     architecture (``estimate.time.compute.fa2_peak_fraction``). Only the flash backend is affected."""
+    nvfp4_quantize_kernel: Nvfp4QuantizeKernel = "fused"
+    """How Transformer Engine quantizes a linear layer's NVFP4 operands that need both copies with the random
+    Hadamard transform (forward inputs, backward output gradients; paraplan's own knob, ``--knob
+    nvfp4-quantize-kernel=split``; NOT a Megatron-LM flag: it is the container's Transformer Engine release, so launch
+    files never write it). ``fused`` (default; TE >= 2.14, csrc/quantizer.cpp ``NVFP4Quantizer::quantize_impl``:
+    ``nvte_quantize_with_hadamard_transform`` writes the rowwise copy and the RHT columnwise copy from one read of
+    the bf16 tensor); ``split`` (TE <= 2.13, e.g. 2.12 in NeMo 26.02: ``nvte_quantize_v2`` for the rowwise copy, then
+    ``nvte_hadamard_transform_cast_fusion_columnwise`` reading the tensor again): one more bf16 read per element
+    (``estimate.time.compute.nvfp4_quant_bytes_per_element``). FP4 only; grouped (MoE expert) linears are fused in
+    both (TE 2.12 extensions/cast.cpp ``nvte_group_hadamard_transform_cast_fusion``)."""
 
     def __post_init__(self) -> None:
         for fname in ("seq_len", "global_batch_size"):
@@ -451,6 +464,12 @@ class TrainingSpec:
             raise SpecError(f"precision must be one of {', '.join(PRECISIONS)}, got {brief(self.precision)}")
         self._check_knobs()
         self._check_attention_kernel()
+        if self.nvfp4_quantize_kernel not in NVFP4_QUANTIZE_KERNELS:
+            raise SpecError(f"nvfp4_quantize_kernel must be one of {', '.join(NVFP4_QUANTIZE_KERNELS)}, "
+                            f"got {brief(self.nvfp4_quantize_kernel)}")
+        if self.nvfp4_quantize_kernel != "fused" and self.precision != "fp4":
+            raise SpecError(f"nvfp4_quantize_kernel {self.nvfp4_quantize_kernel} needs precision fp4 (it is how "
+                            f"Transformer Engine casts NVFP4 operands), got precision {self.precision}")
 
     def _check_attention_kernel(self) -> None:
         if self.attention_kernel not in ATTENTION_KERNELS:
@@ -645,7 +664,7 @@ def training_dict(training: TrainingSpec) -> dict[str, Any]:
 
 
 _KNOB_FIELDS: Final = frozenset(KNOB_FLAGS) | {"store_param_remainders", "fp8_dot_product_attention", "peft",
-                                               "attention_kernel"}
+                                               "attention_kernel", "nvfp4_quantize_kernel"}
 
 
 def cuda_graph_scope(impl: str, scope: list[str] | tuple[str, ...], where: str) -> tuple[str, tuple[str, ...]]:

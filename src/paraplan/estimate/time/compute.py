@@ -213,13 +213,34 @@ def gemm_precision(training: TrainingSpec) -> str:
     return training.precision if training.precision in ("fp8", "fp4") else "bf16"
 
 
-def quantize_bytes(training: TrainingSpec, m: Num, n: Num, k: Num, count: Num = 1) -> Num:
+NVFP4_SPLIT_EXTRA_BYTES_PER_ELEMENT: Final = {"fused": 0.0, "split": BF16_BYTES_PER_ELEMENT}
+"""HBM bytes per RHT-quantized NVFP4 operand element beyond ``NVFP4_QUANT_BYTES_PER_ELEMENT``, by
+``TrainingSpec.nvfp4_quantize_kernel``: Transformer Engine <= 2.13 (csrc/quantizer.cpp ``NVFP4Quantizer::quantize_impl``
+at v2.12) runs the rowwise cast (``nvte_quantize_v2``) and the RHT columnwise cast
+(``nvte_hadamard_transform_cast_fusion_columnwise``) as two kernels, each reading the bf16 tensor (2 B); TE >= 2.14
+runs them as one (``nvte_quantize_with_hadamard_transform``, hadamard_transform/
+row_cast_col_hadamard_transform_cast_fusion.cu). The amax pass (``nvte_hadamard_transform_amax``) and the writes are
+the same in both."""
+
+
+def nvfp4_quant_bytes_per_element(training: TrainingSpec, *, grouped: bool = False) -> float:
+    """HBM bytes per NVFP4 GEMM operand element quantized per micro-batch (forward input, backward output
+    gradient): ``NVFP4_QUANT_BYTES_PER_ELEMENT`` (amax 2 + read 2 + two 0.5625 B copies = 5.125) plus
+    ``NVFP4_SPLIT_EXTRA_BYTES_PER_ELEMENT`` of the training's ``nvfp4_quantize_kernel`` (split: 7.125) for a
+    non-grouped linear; a grouped (MoE expert) linear's operands are cast by the fused grouped kernel in every
+    release with it (TE 2.12 extensions/cast.cpp ``nvte_group_hadamard_transform_cast_fusion``): 5.125."""
+    extra = 0.0 if grouped else NVFP4_SPLIT_EXTRA_BYTES_PER_ELEMENT[training.nvfp4_quantize_kernel]
+    return NVFP4_QUANT_BYTES_PER_ELEMENT + extra
+
+
+def quantize_bytes(training: TrainingSpec, m: Num, n: Num, k: Num, count: Num = 1, *, grouped: bool = False) -> Num:
     """HBM bytes of quantizing one GEMM's operands per micro-batch, forward + backward: the input (m x k,
-    forward) and the output gradient (m x n, backward) at ``NVFP4_QUANT_BYTES_PER_ELEMENT`` under FP4, at the
-    FP8 recipe's ``FP8_QUANT_EXTRA_BYTES_PER_ELEMENT`` under FP8, none in bf16. Weights are quantized once per
-    step (Megatron's ``set_is_first_microbatch``: TE caches them), not counted."""
+    forward) and the output gradient (m x n, backward) at ``nvfp4_quant_bytes_per_element`` under FP4
+    (``grouped``: a grouped MoE expert GEMM), at the FP8 recipe's ``FP8_QUANT_EXTRA_BYTES_PER_ELEMENT`` under FP8,
+    none in bf16. Weights are quantized once per step (Megatron's ``set_is_first_microbatch``: TE caches them), not
+    counted."""
     if training.precision == "fp4":
-        per = NVFP4_QUANT_BYTES_PER_ELEMENT
+        per = nvfp4_quant_bytes_per_element(training, grouped=grouped)
     elif training.precision == "fp8":
         per = FP8_QUANT_EXTRA_BYTES_PER_ELEMENT[training.fp8_recipe]
     else:

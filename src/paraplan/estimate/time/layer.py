@@ -261,8 +261,8 @@ def moe_mlp_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     elem = (compute.block_elementwise_bytes(eff, T, h, sh)
             + ACT_FN_BYTES_PER_ELEMENT * te * fe * gate / layout.etp
             + permute.permute_bytes(training, te * h, local)
-            + compute.quantize_bytes(training, m_e, fe * gate / layout.etp, h, local)
-            + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local)
+            + compute.quantize_bytes(training, m_e, fe * gate / layout.etp, h, local, grouped=True)
+            + compute.quantize_bytes(training, m_e, h, fe / layout.etp, local, grouped=True)
             + compute.quick_geglu_clamp_bytes_per_element(model, training) * te * fe * gate / layout.etp
             + compute.expert_bias_bytes_per_element(model, training, routed_probs_bytes(model, training)) * te * h
             ) / hbm

@@ -1,0 +1,102 @@
+"""How Transformer Engine casts NVFP4 operands (``TrainingSpec.nvfp4_quantize_kernel``, ``--knob
+nvfp4-quantize-kernel=split``): goldens by hand from TE's csrc/quantizer.cpp ``NVFP4Quantizer::quantize_impl``.
+
+A forward input or backward output gradient of an NVFP4 linear needs a rowwise copy and a random-Hadamard-transformed
+columnwise copy (recipe/__init__.py ``NVFP4BlockScaling``: RHT on the inputs and gradients, "both versions are
+computed from the high precision input"). Both releases first run ``nvte_hadamard_transform_amax`` (read the bf16
+tensor, 2 B per element) and write two NVFP4 copies (0.5 B + one E4M3 scale per 16 = 0.5625 B each):
+- TE >= 2.14 (``fused``): ``nvte_quantize_with_hadamard_transform`` casts both from one more read: 2 + 2 + 1.125
+  = 5.125 B per element;
+- TE 2.12 / 2.13 (``split``): ``nvte_quantize_v2`` (rowwise) and ``nvte_hadamard_transform_cast_fusion_columnwise``
+  each read the tensor: 2 + 2 + 2 + 1.125 = 7.125 B per element.
+Grouped (MoE expert) linears use TE 2.12's fused grouped kernel (extensions/cast.cpp
+``nvte_group_hadamard_transform_cast_fusion``) in both: 5.125 B.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from paraplan.cli.options import knob_fields
+from paraplan.errors import SpecError
+from paraplan.estimate.time import compute
+from paraplan.estimate.time.layer import dense_mlp_time
+from paraplan.launch.megatron import megatron_args
+from paraplan.layout import ParallelLayout
+from paraplan.specs.cluster import make_cluster
+from paraplan.specs.load import load_gpu, load_model
+from paraplan.specs.training import TrainingSpec, training_dict
+
+LLAMA8 = load_model("llama3-8b")
+GB200 = load_gpu("gb200")
+
+
+def _t(**kw: object) -> TrainingSpec:
+    return TrainingSpec(seq_len=8192, global_batch_size=256, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kernel", "grouped", "per_element"), [
+    ("fused", False, 2 + 2 + 2 * 0.5625), ("split", False, 2 + 2 + 2 + 2 * 0.5625),
+    ("fused", True, 2 + 2 + 2 * 0.5625), ("split", True, 2 + 2 + 2 * 0.5625),
+])
+def test_quantize_bytes_per_release(kernel: str, grouped: bool, per_element: float) -> None:
+    m, n, k = 8192, 4096, 1024
+    training = _t(precision="fp4", nvfp4_quantize_kernel=kernel)
+    assert compute.nvfp4_quant_bytes_per_element(training, grouped=grouped) == pytest.approx(per_element)
+    assert compute.quantize_bytes(training, m, n, k, grouped=grouped) == pytest.approx(per_element * m * (k + n))
+
+
+def test_split_adds_one_bf16_read_per_operand_element_to_the_mlp() -> None:
+    cluster = make_cluster(GB200, 8)
+    layout = ParallelLayout(mbs=1, recompute="none")
+    h, f, T = 4096, 14336, 8192
+    fused = dense_mlp_time(LLAMA8, cluster, _t(precision="fp4"), layout, ffn=f)
+    split = dense_mlp_time(LLAMA8, cluster, _t(precision="fp4", nvfp4_quantize_kernel="split"), layout, ffn=f)
+    # fc1 (T x h)(h x 2f): input T x h, gradient T x 2f; fc2 (T x f)(f x h): input T x f, gradient T x h
+    operands = T * (h + 2 * f) + T * (f + h)
+    assert float(split.elementwise_s - fused.elementwise_s) == pytest.approx(
+        2.0 * operands / compute.hbm_rate(cluster))
+    assert float(split.gemm_fwd_s) == float(fused.gemm_fwd_s)
+
+
+def test_default_and_validation() -> None:
+    assert _t().nvfp4_quantize_kernel == "fused"
+    assert "nvfp4_quantize_kernel" not in training_dict(_t(precision="fp4"))  # ids made from the spec stay the same
+    with pytest.raises(SpecError, match=r"nvfp4_quantize_kernel must be one of fused, split, got 'te2\.12'"):
+        _t(precision="fp4", nvfp4_quantize_kernel="te2.12")
+    with pytest.raises(SpecError, match="nvfp4_quantize_kernel split needs precision fp4"):
+        _t(precision="fp8", nvfp4_quantize_kernel="split")
+
+
+def test_knob_parses_and_is_not_written_into_launch_files() -> None:
+    assert knob_fields(["nvfp4-quantize-kernel=split"], "fp4") == {"nvfp4_quantize_kernel": "split"}
+    for bad, got in (("nvfp4-quantize-kernel", "no value"), ("nvfp4-quantize-kernel=2.12", "'2.12'")):
+        with pytest.raises(SpecError, match=f"--knob nvfp4-quantize-kernel must be one of fused, split, got {got}"):
+            knob_fields([bad], "fp4")
+    layout = ParallelLayout(tp=2, dp=4, mbs=1, recompute="none")
+    split = megatron_args(LLAMA8, layout, _t(precision="fp4", nvfp4_quantize_kernel="split"), arch="blackwell")
+    assert split == megatron_args(LLAMA8, layout, _t(precision="fp4"), arch="blackwell")
+
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "calibration"
+
+
+@pytest.mark.skipif(not (SHARED / "published_runs.csv").exists(), reason="needs ../shared/calibration")
+def test_calibration_rows_run_their_containers_te_release() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from calibration import case_training
+    from published_cases import load_cases, nvfp4_quantize_kernel_of
+
+    assert nvfp4_quantize_kernel_of("26.02") == "split"  # TE 2.12 (Bridge docs/releases/software-versions.md)
+    assert nvfp4_quantize_kernel_of("26.02.01") == "split"
+    assert nvfp4_quantize_kernel_of("26.04") == "fused"  # TE 2.14
+    assert nvfp4_quantize_kernel_of("26.08") == nvfp4_quantize_kernel_of(None) == "fused"
+    cases, _ = load_cases("published")
+    fp4 = [c for c in cases if c.precision == "fp4"]
+    assert {c.nvfp4_quantize_kernel for c in fp4} == {"fused", "split"}
+    for c in cases:
+        want = c.nvfp4_quantize_kernel if c.precision == "fp4" else "fused"
+        assert case_training(c, "flash").nvfp4_quantize_kernel == want
