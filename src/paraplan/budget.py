@@ -384,6 +384,14 @@ def _eff_days(row: BudgetRow) -> float:
     return math.inf if row.effective_days is None else row.effective_days
 
 
+def _nothing_fits(rows: Sequence[BudgetRow]) -> str:
+    """"nothing fits" with the first rows' reasons (GPU x count: why), so the cause (memory, or a batch that cannot
+    be split) is on the recommendation line even where a narrow table hides its notes column."""
+    reasons = [f"{r.gpu} x {r.num_gpus:,}: {r.reason}" for r in rows if not r.feasible and r.reason]
+    return "nothing fits" + (f": {'; '.join(reasons[:3])}" if reasons else "") + (
+        f" (+{len(reasons) - 3} more reasons)" if len(reasons) > 3 else "")
+
+
 def _recommend(rows: Sequence[BudgetRow], gpu_names: Sequence[str], days: float | None) -> dict[str, Any]:
     per_gpu: dict[str, BudgetRow | None] = {}
     for name in gpu_names:
@@ -410,7 +418,7 @@ def _recommend(rows: Sequence[BudgetRow], gpu_names: Sequence[str], days: float 
         overall = min(feas_all, key=lambda r: (_eff_days(r), r.num_gpus)) if feas_all else None
         basis = "fastest"
         note = ("no count meets the deadline; the fastest configuration is shown" if feas_all and days is not None
-                else "" if feas_all else "nothing fits")
+                else "" if feas_all else _nothing_fits(rows))
     return {"per_gpu": {k: (v.to_dict() if v else None) for k, v in per_gpu.items()}, "per_gpu_rule": rule,
             "overall": overall.to_dict() if overall else None, "basis": basis, "note": note}
 

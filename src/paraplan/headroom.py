@@ -134,10 +134,10 @@ def parse_headroom(text: str | None) -> Headroom:
     if value == 0:
         return NO_HEADROOM
     if unit == "%":
-        return Headroom(frac=value / 100, source=f"--headroom {value:g}%")
+        return Headroom(frac=value / 100, source=f"--headroom {text.strip()}")  # as given (it matched _SPEC)
     if unit != "gib":
         raise SpecError(f"--headroom: give a unit, GiB or % (e.g. 5GiB or 10%), or 0; got {text!r}")
-    return Headroom(bytes_=value * GIB, source=f"--headroom {value:g}GiB")
+    return Headroom(bytes_=value * GIB, source=f"--headroom {text.strip()}")
 
 
 def fit_text(peak_bytes: float, usable_bytes: float, headroom: Headroom) -> str:

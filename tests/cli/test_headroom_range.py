@@ -102,3 +102,12 @@ def test_an_exponent_is_a_number_refused_by_range(given: str, capsys: pytest.Cap
     assert main(["estimate", *JOB, "--tp", "1", "--headroom", given]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith(_expected("h100-80gb", "").removesuffix("got ")) and "expected" not in err
+
+
+def test_headroom_is_echoed_as_the_user_wrote_it() -> None:
+    """The error names the value as typed (1e9GiB), not a normalised float (1e+09GiB)."""
+    from paraplan.errors import SpecError
+    from paraplan.headroom import parse_headroom
+
+    with pytest.raises(SpecError, match=r"got 1e9GiB$"):
+        parse_headroom("1e9GiB").check_range(78.1 * 2**30, "h100-80gb")
