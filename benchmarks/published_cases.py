@@ -650,10 +650,10 @@ def attach_recipe_knobs(cases: list[Case]) -> None:
             if key in fields:
                 case.layout[key] = fields[key]
         counts = fields.get("pipeline_layout")
-        if counts is None and m.config["model"] == "deepseek_v3":
+        if counts is None and m.config.get("model") == "deepseek_v3":
             counts = deepseek_v3_bridge_layout(case.layout["pp"], case.layout["vp"])
         if counts is not None and len(counts) == case.layout["pp"] * case.layout["vp"] \
-                and sum(counts) == case.model["num_layers"]:
+                and sum(counts) == case.model.get("num_layers"):
             case.layout["pipeline_layout"] = tuple(counts)
         if fields["fsdp"]:
             case.layout.update(fsdp=True, distributed_optimizer=False, overlap_param_gather=True)
