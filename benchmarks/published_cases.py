@@ -627,6 +627,24 @@ def row_container(notes: str) -> str | None:
     return found.group(1) if found else None
 
 
+def deepseek_v3_bridge_layout(pp: int, vp: int) -> tuple[int, ...] | None:
+    """Decoder layers per virtual stage of the pipeline layout Megatron-Bridge gives DeepSeek-V3 at (PP, VP), or None
+    where it sets none. Mirrors ``set_deepseek_v3_pipeline_model_parallel_layout`` (the same ``layout_map`` in
+    recipes/deepseek/deepseek_v3.py from v0.2.0 to 067f987 ``_get_deepseek_v3_pipeline_layout``), which every
+    DeepSeek-V3 performance config calls: the embedding with 4, 8 or 16 decoder layers on the first virtual stage,
+    the MTP layer and the loss with the remaining 1, 5 or 13 on the last (61 layers): 16 virtual stages
+    (PP x VP = 16 x 1, 8 x 2, 4 x 4) ``E t*4 | (t*4 |)*14 t m L``; 8 (8 x 1, 4 x 2) ``E t*8 | (t*8 |)*6 t*5 m L``;
+    4 x 1 ``E t*16 | t*16 | t*16 | t*13 m L``. A release config that names its own layout (``pp_layout``) wins
+    (``attach_recipe_knobs``); the releases' JSON leaves the function's value unresolved."""
+    per = {16: 4, 8: 8}.get(pp * vp) if (pp, vp) in ((16, 1), (8, 2), (4, 4), (8, 1), (4, 2)) else None
+    if (pp, vp) == (4, 1):
+        return (16, 16, 16, 13)
+    if per is None:
+        return None
+    stages = pp * vp
+    return (per,) * (stages - 1) + (61 - per * (stages - 1),)
+
+
 def attach_recipe_knobs(cases: list[Case]) -> None:
     """Give each Bridge row the settings of its container's release config (``release_config_matches``), as the
     library's ``estimate --recipe`` applies a recipe: the TrainingSpec knobs (``knobs.training_knobs`` at the row's
@@ -634,7 +652,9 @@ def attach_recipe_knobs(cases: list[Case]) -> None:
     FP8 attention, first/last layers in bf16, the MoE dispatcher, flex backend and SMs, delay-wgrad, shared-expert
     overlap, the named userbuffers config ``tp_comm_overlap_cfg``), ``tp_comm_overlap`` where the config sets it,
     the combined_1f1b schedule where it sets ``moe_a2a_overlap``, Megatron-FSDP and the recompute it sets
-    (``knobs.layout_fields``). The row's own layout is kept (it matched the config's). Rows without a match keep
+    (``knobs.layout_fields``), and its pipeline layout (the config's ``pp_layout``, else for DeepSeek-V3 the one
+    Bridge's model recipe sets, ``deepseek_v3_bridge_layout``; without one the row keeps paraplan's balanced
+    ``--pipeline-split auto``). The row's own layout is kept (it matched the config's). Rows without a match keep
     Megatron's defaults (``Case.knobs`` empty)."""
     from paraplan.recipes.knobs import layout_fields, training_knobs
 
@@ -652,6 +672,12 @@ def attach_recipe_knobs(cases: list[Case]) -> None:
         for key in ("recompute", "recompute_modules", "recompute_method", "recompute_num_layers", "schedule"):
             if key in fields:
                 case.layout[key] = fields[key]
+        counts = fields.get("pipeline_layout")
+        if counts is None and m.config.get("model") == "deepseek_v3":
+            counts = deepseek_v3_bridge_layout(case.layout["pp"], case.layout["vp"])
+        if counts is not None and len(counts) == case.layout["pp"] * case.layout["vp"] \
+                and sum(counts) == case.model.get("num_layers"):
+            case.layout["pipeline_layout"] = tuple(counts)
         if fields["fsdp"]:
             case.layout.update(fsdp=True, distributed_optimizer=False, overlap_param_gather=True)
 

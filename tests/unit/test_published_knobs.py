@@ -193,3 +193,51 @@ def test_moe_rows_of_every_release_run_their_provider_s_permute_fusion() -> None
     assert len(moe) >= 20
     assert all(c.knobs.get("moe_permute_fusion") is True for c in moe), [c.id for c in moe
                                                                           if not c.knobs.get("moe_permute_fusion")]
+
+
+def test_deepseek_v3_bridge_layout_is_bridge_s_layout_map() -> None:
+    # Megatron-Bridge recipes/deepseek/deepseek_v3.py layout_map (v0.2.0 .. 067f987), decoder layers per virtual stage
+    layout = published_cases.deepseek_v3_bridge_layout
+    sixteen = (4,) * 15 + (1,)  # [E + 4 t] + [4 t] * 14 + [t + mtp + loss]
+    eight = (8,) * 7 + (5,)  # [E + 8 t] + [8 t] * 6 + [5 t + mtp + loss]
+    assert layout(16, 1) == layout(8, 2) == layout(4, 4) == sixteen
+    assert layout(8, 1) == layout(4, 2) == eight
+    assert layout(4, 1) == (16, 16, 16, 13)
+    assert layout(2, 4) is None and layout(1, 1) is None and layout(2, 8) is None  # not in Bridge's map
+    for pp, vp in ((16, 1), (8, 2), (4, 4), (8, 1), (4, 2), (4, 1)):
+        counts = layout(pp, vp)
+        assert counts is not None and sum(counts) == 61 and len(counts) == pp * vp
+
+
+def test_deepseek_v3_bridge_layout_agrees_with_the_packaged_recipes() -> None:
+    # the recipe library's DeepSeek-V3 recipes carry the layout string the 067f987 perf_recipes produce
+    from paraplan.recipes.catalogue import bridge_recipes
+    from paraplan.recipes.knobs import pipeline_counts
+
+    checked = 0
+    for r in bridge_recipes():
+        if r.get("model") != "deepseek_v3" or r.get("pipeline_model_parallel_layout") in (None, ""):
+            continue
+        pp, vp = int(r.get("pp")), int(r.get("vp") or 1)
+        expected = published_cases.deepseek_v3_bridge_layout(pp, vp)
+        counts = pipeline_counts(r)
+        if expected is None or counts is None or len(counts) != pp * vp:  # partial_cg_dev: 16 stages at PP*VP 8
+            continue
+        assert counts == expected, r.get("source")
+        checked += 1
+    assert checked >= 10
+
+
+@NEEDS_SHARED
+def test_deepseek_v3_rows_run_bridge_s_pipeline_layout() -> None:
+    # row 73: DeepSeek-V3 B200 x256 pp16 vp1 (NeMo 26.04): the release JSON leaves the layout to Bridge's model recipe,
+    # E t*4 | (t*4 |)*14 t m L, not paraplan's balanced split (2 first, 3 last); row 0: GB300 pp2 vp8 names its own
+    cases = {c.id: c for c in published_cases.load_cases("published")[0]}
+    b200 = cases["published:0073"]
+    assert (b200.label, b200.gpu, b200.layout["pp"], b200.layout["vp"]) == ("DeepSeek-V3", "b200", 16, 1)
+    assert b200.layout["pipeline_layout"] == (4,) * 15 + (1,)
+    assert cases["published:0000"].layout["pipeline_layout"] == (4,) * 15 + (1,)
+    b300 = cases["published:0026"]  # B300 pp8 vp1 mbs2
+    assert (b300.layout["pp"], b300.layout["vp"], b300.layout["pipeline_layout"]) == (8, 1, (8,) * 7 + (5,))
+    assert all("pipeline_layout" not in c.layout for c in cases.values() if c.label != "DeepSeek-V3" and c.knobs
+               and c.label != "Kimi-K2")
