@@ -291,4 +291,4 @@ def test_budget_keeps_the_margin_and_names_it_when_nothing_fits() -> None:
     bare = budget(model, gpus, tokens=1e12, seq_len=8192, gbs=64, num_gpus=8, headroom=NO_HEADROOM).rows[0]
     wide = budget(model, gpus, tokens=1e12, seq_len=8192, gbs=64, num_gpus=8, headroom=parse_headroom("60GiB")).rows[0]
     assert bare.feasible and not wide.feasible
-    assert wide.reason_code == "OOM" and wide.reason is not None and "fit only inside it" in wide.reason
+    assert wide.reason_code == "OOM" and wide.reason is not None and "fit only inside that margin" in wide.reason
