@@ -74,7 +74,8 @@ def test_headroom_is_gib_or_a_share_of_usable(text: str, frac: float, gib: float
 
 
 def test_zero_is_no_margin_and_none_is_the_measured_band() -> None:
-    assert parse_headroom("0").margin_bytes(80 * GIB) == 0 and parse_headroom("0%") == NO_HEADROOM
+    assert parse_headroom("0").margin_bytes(80 * GIB) == 0 and parse_headroom("0%").margin_bytes(80 * GIB) == 0
+    assert parse_headroom("0%").source == "--headroom 0%" and parse_headroom("0GiB").source == "--headroom 0GiB"
     assert parse_headroom(None) == DEFAULT_HEADROOM and DEFAULT_HEADROOM.is_default
     assert "memory error band" in DEFAULT_HEADROOM.describe(80 * GIB)
     assert DEFAULT_HEADROOM.for_model(False) == band_headroom("dense")
