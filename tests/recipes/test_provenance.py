@@ -123,3 +123,21 @@ def test_plan_recipe_block_and_line_flag_a_derived_recipe() -> None:
         cmp = RecipeComparison(recipe=find_recipe(alias, bridge_recipes()), at="its own job", error="x")
         assert cmp.as_dict()["derivation"] == cmp.recipe.derivation and bool(cmp.recipe.derivation) is derived
         assert ("derived by NVIDIA, no published run" in recipe_line(cmp, None)) is derived  # type: ignore[arg-type]
+
+
+
+def test_every_recipe_whose_pipeline_layout_conflicts_with_its_vp_is_marked_cannot_run() -> None:
+    """A layout whose stage count is not PP x VP is refused by Megatron-Core's TransformerConfig (VP conflict):
+    every such packaged recipe's derivation says it cannot run (the two DeepSeek-V3 partial_cg_dev at 067f987)."""
+    from paraplan.recipes.catalogue import bridge_recipes
+    from paraplan.specs.megatron_flags import layout_stage_counts
+
+    conflicting = []
+    for r in bridge_recipes():
+        layout = r.fields.get("pipeline_model_parallel_layout")
+        stages = layout_stage_counts(str(layout)) if isinstance(layout, str) and layout else None
+        if stages is not None and len(stages) != int(r.fields["pp"] or 1) * int(r.fields.get("vp") or 1):
+            conflicting.append(r.alias)
+            assert r.derivation.startswith("the coded layout cannot run"), r.alias
+    assert sorted(conflicting) == ["deepseek-v3-gb200-fp8mx-256-partial-cg-dev",
+                                   "deepseek-v3-gb300-fp8mx-256-partial-cg-dev"]

@@ -64,12 +64,17 @@ LEGACY_BASE_GPUS: Final[dict[str, int]] = {
 ``_with_global_batch_size``, or, for DeepSeek-V3, the 1024-GPU config it calls before setting the GBS)."""
 
 CANNOT_RUN: Final[dict[str, str]] = {
-    f"deepseek_v3_pretrain_64gpu_h100_{p}_config": "TP=2 PP=8 EP=64 ETP=1 needs a multiple of 512 GPUs (ETP x EP x PP)"
-    for p in ("bf16", "fp8cs")
+    **{f"deepseek_v3_pretrain_64gpu_h100_{p}_config": "TP=2 PP=8 EP=64 ETP=1 needs a multiple of 512 GPUs "
+       "(ETP x EP x PP)" for p in ("bf16", "fp8cs")},
+    **{f"deepseek_v3_pretrain_256gpu_{g}_fp8mx_partial_cg_dev_config": "its pipeline layout Et*4|(tttt|)*14tmL has 16 "
+       "stages, PP=4 x VP=2 is 8 (Megatron-Core's TransformerConfig asserts that VP equals the layout's stages / PP)"
+       for g in ("gb200", "gb300")},
 }
-"""Recipe functions at 067f987 whose coded layout cannot run at their own GPU count (deepseek/h100/deepseek_v3.py:
-the 64-GPU configs keep the 1024-GPU layout, TP2 PP8 EP64, and Megatron-LM needs world size divisible by
-ETP x EP x PP: 512); value: why."""
+"""Recipe functions at 067f987 whose coded layout cannot run (deepseek/h100/deepseek_v3.py: the 64-GPU configs keep
+the 1024-GPU layout, TP2 PP8 EP64, and Megatron-LM needs world size divisible by ETP x EP x PP: 512;
+deepseek/gb200|gb300/deepseek_v3.py partial_cg_dev: a 16-stage layout at PP4 VP2, refused by
+transformer_config.py __post_init__'s "virtual_pipeline_model_parallel_size conflicts with
+pipeline_model_parallel_layout"); value: why."""
 
 WEAK_SCALED_V2: Final[dict[str, tuple[str, bool]]] = {
     "llama31_405b_pretrain_128gpu_b200_bf16_config": ("TP=4 PP=8 CP=2", True),
