@@ -100,3 +100,25 @@ def test_calibration_rows_run_their_containers_te_release() -> None:
     for c in cases:
         want = c.nvfp4_quantize_kernel if c.precision == "fp4" else "fused"
         assert case_training(c, "flash").nvfp4_quantize_kernel == want
+
+
+@pytest.mark.parametrize("job", [
+    ["--recipe", "gpt-oss-20b-gb200-nvfp4-8"],
+    ["-m", "llama3-8b", "-g", "gb200", "-n", "8", "-s", "8192", "--gbs", "64", "--precision", "fp4",
+     "--knob", "first-last-layers-bf16"],
+])
+def test_estimate_runs_split_with_bf16_layers_and_split_is_slower(job: list[str],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The first/last BF16 layers' copy of the training drops the FP4-only knob (step_time.bf16_layers_extra_s):
+    estimate with both knobs runs, and the split casts' extra bf16 read makes the step longer."""
+    import json
+
+    from paraplan.cli import main
+
+    steps = []
+    for kernel in ("fused", "split"):
+        code = main(["estimate", *job, "--knob", f"nvfp4-quantize-kernel={kernel}", "--format", "json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        steps.append(json.loads(out)["time"]["step_s"])
+    assert steps[1] > steps[0]
