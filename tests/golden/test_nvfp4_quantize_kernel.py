@@ -67,7 +67,7 @@ def test_default_and_validation() -> None:
     assert "nvfp4_quantize_kernel" not in training_dict(_t(precision="fp4"))  # ids made from the spec stay the same
     with pytest.raises(SpecError, match=r"nvfp4_quantize_kernel must be one of fused, split, got 'te2\.12'"):
         _t(precision="fp4", nvfp4_quantize_kernel="te2.12")
-    with pytest.raises(SpecError, match="nvfp4_quantize_kernel split needs precision fp4"):
+    with pytest.raises(SpecError, match="--knob nvfp4-quantize-kernel=split needs --precision fp4"):
         _t(precision="fp8", nvfp4_quantize_kernel="split")
 
 
@@ -122,3 +122,16 @@ def test_estimate_runs_split_with_bf16_layers_and_split_is_slower(job: list[str]
         assert code == 0, err
         steps.append(json.loads(out)["time"]["step_s"])
     assert steps[1] > steps[0]
+
+
+def test_knob_errors_use_the_users_spellings(capsys: pytest.CaptureFixture[str]) -> None:
+    from paraplan.cli import main
+
+    job = ["estimate", "-m", "llama3-8b", "-g", "gb200", "-n", "8", "-s", "8192", "--gbs", "64"]
+    assert main([*job, "--precision", "bf16", "--knob", "nvfp4-quantize-kernel=split"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --knob nvfp4-quantize-kernel=split needs --precision fp4") and err.count("\n") == 1
+    assert "got --precision bf16" in err
+    assert main([*job, "--knob", "nvfp4-kernel=split"]) == 1
+    err = capsys.readouterr().err
+    assert "not a knob; one of" in err and "nvfp4-quantize-kernel=fused|split" in err and "attention-kernel" in err
