@@ -135,3 +135,21 @@ def test_knob_errors_use_the_users_spellings(capsys: pytest.CaptureFixture[str])
     assert main([*job, "--knob", "nvfp4-kernel=split"]) == 1
     err = capsys.readouterr().err
     assert "not a knob; one of" in err and "nvfp4-quantize-kernel=fused|split" in err and "attention-kernel" in err
+
+
+def test_an_fp4_estimate_says_which_cast_it_assumed(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from paraplan.cli import main
+
+    job = ["estimate", "-m", "llama3-8b", "-g", "gb200", "-n", "8", "-s", "8192", "--gbs", "64", "--format", "json"]
+    notes = {}
+    for extra in ([], ["--knob", "nvfp4-quantize-kernel=split"], ["--precision", "fp8"]):
+        prec = [] if "--precision" in extra else ["--precision", "fp4"]
+        assert main([*job, *prec, *extra]) == 0
+        notes[len(extra) and extra[1]] = [n for n in json.loads(capsys.readouterr().out)["notes"] if "NVFP4" in n]
+    assert notes[0] == ["NVFP4 casts: one kernel (TE >= 2.14); --knob nvfp4-quantize-kernel=split for TE <= 2.13"]
+    assert len(notes["nvfp4-quantize-kernel=split"]) == 1 and "two kernels" in notes["nvfp4-quantize-kernel=split"][0]
+    assert notes["fp8"] == []
+    assert main([*job[:-2], "--precision", "fp4"]) == 0  # the table prints it too
+    assert "NVFP4 casts: one kernel" in capsys.readouterr().out
