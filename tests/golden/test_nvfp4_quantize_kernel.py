@@ -94,6 +94,9 @@ def test_calibration_rows_run_their_containers_te_release() -> None:
     assert nvfp4_quantize_kernel_of("26.02.01") == "split"
     assert nvfp4_quantize_kernel_of("26.04") == "fused"  # TE 2.14
     assert nvfp4_quantize_kernel_of("26.08") == nvfp4_quantize_kernel_of(None) == "fused"
+    from published_cases import CONTAINER_TE_RELEASE  # Bridge uv.lock at v0.3.1, v0.4.2, v0.5.1, v0.6.0
+    assert [CONTAINER_TE_RELEASE[c] for c in ("26.02.01", "26.04.01", "26.06.01", "26.08")] == [
+        (2, 12), (2, 14), (2, 16), (2, 17)]
     cases, _ = load_cases("published")
     fp4 = [c for c in cases if c.precision == "fp4"]
     assert {c.nvfp4_quantize_kernel for c in fp4} == {"fused", "split"}
