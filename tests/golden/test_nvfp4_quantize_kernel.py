@@ -9,8 +9,10 @@ tensor, 2 B per element) and write two NVFP4 copies (0.5 B + one E4M3 scale per 
   = 5.125 B per element;
 - TE 2.12 / 2.13 (``split``): ``nvte_quantize_v2`` (rowwise) and ``nvte_hadamard_transform_cast_fusion_columnwise``
   each read the tensor: 2 + 2 + 2 + 1.125 = 7.125 B per element.
-Grouped (MoE expert) linears use TE 2.12's fused grouped kernel (extensions/cast.cpp
-``nvte_group_hadamard_transform_cast_fusion``) in both: 5.125 B.
+Grouped (MoE expert) linears use TE >= 2.12's one-kernel grouped cast (extensions/cast.cpp
+``split_quantize_nvfp4_impl_with_rht_helper``, ``nvte_group_hadamard_transform_cast_fusion``) in both: it needs every
+expert's token count a multiple of 128, which Megatron-LM's FP4 padding gives (router padding, the flex dispatchers'
+``pad_multiple``, or ``TEGroupedMLP``'s ``Fp8Padding`` fallback at TE's NVFP4 alignment, 128): 5.125 B.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import pytest
 
 from paraplan.cli.options import knob_fields
 from paraplan.errors import SpecError
-from paraplan.estimate.time import compute
-from paraplan.estimate.time.layer import dense_mlp_time
+from paraplan.estimate.time import compute, permute
+from paraplan.estimate.time.layer import dense_mlp_time, moe_mlp_time
 from paraplan.launch.megatron import megatron_args
 from paraplan.layout import ParallelLayout
 from paraplan.specs.cluster import make_cluster
@@ -40,7 +42,8 @@ def _t(**kw: object) -> TrainingSpec:
 
 @pytest.mark.parametrize(("kernel", "grouped", "per_element"), [
     ("fused", False, 2 + 2 + 2 * 0.5625), ("split", False, 2 + 2 + 2 + 2 * 0.5625),
-    ("fused", True, 2 + 2 + 2 * 0.5625), ("split", True, 2 + 2 + 2 * 0.5625),
+    ("fused", True, 2 + 2 + 2 * 0.5625),
+    ("split", True, 2 + 2 + 2 * 0.5625),  # TE 2.12 / 2.13: grouped one-kernel cast of 128-aligned expert segments
 ])
 def test_quantize_bytes_per_release(kernel: str, grouped: bool, per_element: float) -> None:
     m, n, k = 8192, 4096, 1024
@@ -156,3 +159,29 @@ def test_an_fp4_estimate_says_which_cast_it_assumed(capsys: pytest.CaptureFixtur
     assert notes["fp8"] == []
     assert main([*job[:-2], "--precision", "fp4"]) == 0  # the table prints it too
     assert "NVFP4 casts: one kernel" in capsys.readouterr().out
+
+
+def test_routed_experts_cast_in_one_grouped_kernel_in_both_releases() -> None:
+    """Through ``moe_mlp_time``: the routed experts' operands cost 5.125 B per element under fused and split (their
+    token segments are 128-aligned, so TE >= 2.12's grouped one-kernel cast runs); only the shared expert's (a plain
+    linear) pays split's extra bf16 read."""
+    cluster = make_cluster(GB200, 8)
+    layout = ParallelLayout(ep=8, etp=1, mbs=1, recompute="none")
+    qwen, dsv3 = load_model("qwen3-30b-a3b"), load_model("deepseek-v3")
+    fp4, split, bf16 = _t(precision="fp4"), _t(precision="fp4", nvfp4_quantize_kernel="split"), _t()
+    assert qwen.shared_ffn in (None, 0) and dsv3.shared_ffn
+    assert float(moe_mlp_time(qwen, cluster, split, layout).elementwise_s) == pytest.approx(
+        float(moe_mlp_time(qwen, cluster, fp4, layout).elementwise_s), rel=1e-12)
+    # the routed operands: fc1 input (te x h) + gradient (te x 2 fe), fc2 input (te x fe) + gradient (te x h)
+    h, fe, te = qwen.hidden_size, qwen.moe_ffn, 8192 * qwen.moe_router_topk
+    local = qwen.num_experts / layout.ep
+    operands = te * (2 * h + 3 * fe)
+    pads = permute.permute_bytes(fp4, te * h, local) - permute.permute_bytes(bf16, te * h, local)
+    extra = (moe_mlp_time(qwen, cluster, fp4, layout).elementwise_s
+             - moe_mlp_time(qwen, cluster, bf16, layout).elementwise_s)
+    assert float(extra) == pytest.approx((5.125 * operands + pads) / compute.hbm_rate(cluster))
+    shared = (dense_mlp_time(dsv3, cluster, split, layout, ffn=dsv3.shared_ffn).elementwise_s
+              - dense_mlp_time(dsv3, cluster, fp4, layout, ffn=dsv3.shared_ffn).elementwise_s)
+    assert float(shared) > 0
+    assert float(moe_mlp_time(dsv3, cluster, split, layout).elementwise_s
+                 - moe_mlp_time(dsv3, cluster, fp4, layout).elementwise_s) == pytest.approx(float(shared))
