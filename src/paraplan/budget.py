@@ -37,7 +37,7 @@ from paraplan.estimate.params import model_param_counts
 from paraplan.estimator import Estimate, config_dict, max_positions_for
 from paraplan.fileio import brief
 from paraplan.goodput import DEFAULT_FAILURE_RATE_PER_GPU_HOUR, FailureSpec
-from paraplan.headroom import Headroom
+from paraplan.headroom import DEFAULT_HEADROOM, Headroom
 from paraplan.search import SearchSpace, plan
 from paraplan.specs.cluster import GpuSpec, make_cluster
 from paraplan.specs.model import ModelSpec
@@ -244,14 +244,16 @@ def sweep_counts(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
     return counts
 
 
-def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec) -> tuple[str, str]:
+def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec,
+                       headroom: Headroom | None = None) -> tuple[str, str]:
     rej = err.rejections
     if rej.get("OOM") or rej.get("OOM_MARGIN"):
         usable = gpu.usable_bytes / GIB
         inside = rej.get("OOM_MARGIN", 0)
-        margin = f" less the memory margin ({inside} fit only inside it)" if inside else ""
+        margin = (f" less the {(headroom or DEFAULT_HEADROOM).describe(gpu.usable_bytes)}; {inside} fit only inside "
+                  "that margin") if inside else ""
         return "OOM", (f"out of memory: none of the {rej.get('OOM', 0) + inside} valid layouts fits in {usable:.1f} "
-                       f"GiB usable{margin} on {n} x {gpu.name}")
+                       f"GiB usable on {n} x {gpu.name}{margin}")
     if rej.get("GBS_NOT_DIVISIBLE"):
         return "GBS_NOT_DIVISIBLE", (f"GBS {gbs} cannot be split over the data-parallel ranks of any layout on "
                                      f"{n} GPUs (batch too small per DP rank): raise gbs/max_gbs")
@@ -332,7 +334,8 @@ def _evaluate_count(s: _Sweep, gpu: GpuSpec, per_node: int, n: int) -> BudgetRow
         found.append((gbs, p.candidates[0]))
     if not found:
         assert last_err is not None
-        code, reason = _infeasible_reason(last_err, s.gbs_options[-1], n, gpu)
+        code, reason = _infeasible_reason(last_err, s.gbs_options[-1], n, gpu,
+                                           (s.headroom or DEFAULT_HEADROOM).for_model(s.model.is_moe))
         return BudgetRow(gpu=gpu.name, num_gpus=n, gpus_per_node=per_node, gbs=s.gbs_options[-1], feasible=False,
                          reason=reason,
                          reason_code=code, layouts_evaluated=evaluated)
@@ -385,11 +388,17 @@ def _eff_days(row: BudgetRow) -> float:
 
 
 def _nothing_fits(rows: Sequence[BudgetRow]) -> str:
-    """"nothing fits" with the first rows' reasons (GPU x count: why), so the cause (memory, or a batch that cannot
-    be split) is on the recommendation line even where a narrow table hides its notes column."""
-    reasons = [f"{r.gpu} x {r.num_gpus:,}: {r.reason}" for r in rows if not r.feasible and r.reason]
-    return "nothing fits" + (f": {'; '.join(reasons[:3])}" if reasons else "") + (
-        f" (+{len(reasons) - 3} more reasons)" if len(reasons) > 3 else "")
+    """"nothing fits" with, per GPU type, the reason at its largest swept count (the count most likely to fit), so
+    the cause (memory, or a batch that cannot be split) is on the recommendation line even where a narrow table
+    hides its notes column; out of memory there means more GPUs may fit (``--max-gpus``)."""
+    largest: dict[str, BudgetRow] = {}
+    for r in rows:
+        if not r.feasible and r.reason and (r.gpu not in largest or r.num_gpus > largest[r.gpu].num_gpus):
+            largest[r.gpu] = r
+    reasons = [(r.reason or "") if r.gpu in (r.reason or "") else f"{r.gpu} at {r.num_gpus:,} GPUs: {r.reason}"
+               for r in largest.values()]
+    hint = "; more GPUs may fit (--max-gpus)" if any(r.reason_code == "OOM" for r in largest.values()) else ""
+    return "nothing fits" + (f": {'; '.join(reasons)}{hint}" if reasons else "")
 
 
 def _recommend(rows: Sequence[BudgetRow], gpu_names: Sequence[str], days: float | None) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def parse_headroom(text: str | None) -> Headroom:
     if not math.isfinite(value):
         raise SpecError(f"--headroom: expected a finite size, got {text!r}")
     if value == 0:
-        return NO_HEADROOM
+        return Headroom(source=f"--headroom {text.strip()}")  # no margin, named as typed (0, 0%, 0GiB)
     if unit == "%":
         return Headroom(frac=value / 100, source=f"--headroom {text.strip()}")  # as given (it matched _SPEC)
     if unit != "gib":

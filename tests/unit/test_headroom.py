@@ -74,7 +74,8 @@ def test_headroom_is_gib_or_a_share_of_usable(text: str, frac: float, gib: float
 
 
 def test_zero_is_no_margin_and_none_is_the_measured_band() -> None:
-    assert parse_headroom("0").margin_bytes(80 * GIB) == 0 and parse_headroom("0%") == NO_HEADROOM
+    assert parse_headroom("0").margin_bytes(80 * GIB) == 0 and parse_headroom("0%").margin_bytes(80 * GIB) == 0
+    assert parse_headroom("0%").source == "--headroom 0%" and parse_headroom("0GiB").source == "--headroom 0GiB"
     assert parse_headroom(None) == DEFAULT_HEADROOM and DEFAULT_HEADROOM.is_default
     assert "memory error band" in DEFAULT_HEADROOM.describe(80 * GIB)
     assert DEFAULT_HEADROOM.for_model(False) == band_headroom("dense")
@@ -291,4 +292,4 @@ def test_budget_keeps_the_margin_and_names_it_when_nothing_fits() -> None:
     bare = budget(model, gpus, tokens=1e12, seq_len=8192, gbs=64, num_gpus=8, headroom=NO_HEADROOM).rows[0]
     wide = budget(model, gpus, tokens=1e12, seq_len=8192, gbs=64, num_gpus=8, headroom=parse_headroom("60GiB")).rows[0]
     assert bare.feasible and not wide.feasible
-    assert wide.reason_code == "OOM" and wide.reason is not None and "fit only inside it" in wide.reason
+    assert wide.reason_code == "OOM" and wide.reason is not None and "fit only inside that margin" in wide.reason
