@@ -302,11 +302,13 @@ def row_to_case(split: str, i: int, r: dict[str, str]) -> Case:  # noqa: C901 - 
 
 CONTAINER_TE_RELEASE: dict[str, tuple[int, int]] = {"25.09": (2, 7), "25.11": (2, 9), "26.02": (2, 12),
                                                     "26.02.01": (2, 12), "26.04": (2, 14), "26.04.01": (2, 14),
-                                                    "26.06": (2, 16), "26.06.01": (2, 16)}
+                                                    "26.06": (2, 16), "26.06.01": (2, 16), "26.08": (2, 17)}
 """NeMo container -> its Transformer Engine release (major, minor), from Megatron-Bridge docs/releases/
 software-versions.md (25.09: 2.7.0, 25.11: 2.9, 26.02: 2.12, 26.04: 2.14+71bbefb, 26.06: 2.16). The patch
-containers (26.02.01, 26.04.01, 26.06.01) are not listed there and are ASSUMED to keep their base release's TE;
-26.08 is not listed (taken as current, >= 2.14)."""
+containers and 26.08 are not listed there; Bridge's uv.lock at the release tag pins their TE
+(``git show TAG:uv.lock``, package ``transformer-engine``): v0.3.1 (26.02.01) 2.12.0+5671fd3, v0.4.2 (26.04.01)
+2.14.1+366798e, v0.5.1 (26.06.01) 2.16.0+b9d690e, v0.6.0 (26.08) 2.17.1+4329ff8 (v0.4.0, 26.04: 2.14.0+71bbefb, as
+software-versions.md)."""
 NVFP4_FUSED_ROW_COL_TE: tuple[int, int] = (2, 14)
 """The first TE release that casts an NVFP4 operand's rowwise and RHT columnwise copies in one kernel
 (csrc/quantizer.cpp ``nvte_quantize_with_hadamard_transform``; v2.13 still calls

@@ -311,7 +311,19 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
                         headroom=headroom)
 
 
+NVFP4_CASTS_NOTE: dict[str, str] = {
+    "fused": "NVFP4 casts: one kernel (TE >= 2.14); --knob nvfp4-quantize-kernel=split for TE <= 2.13",
+    "split": "NVFP4 casts: two kernels (TE <= 2.13, --knob nvfp4-quantize-kernel=split); fused (the default) for "
+             "TE >= 2.14"}
+"""The note an FP4 estimate carries on how Transformer Engine casts its NVFP4 operands
+(``TrainingSpec.nvfp4_quantize_kernel``; the release is not in the spec, so say which one is assumed)."""
+
+
 def _emit(result: Estimate, fmt: OutputFormat, recipe: dict[str, Any] | None = None) -> None:
+    if result.training.precision == "fp4":
+        from dataclasses import replace
+
+        result = replace(result, notes=(*result.notes, NVFP4_CASTS_NOTE[result.training.nvfp4_quantize_kernel]))
     if fmt == OutputFormat.json:
         print(dumps_json(result.to_dict() | ({"recipe": recipe} if recipe is not None else {})))
     elif fmt == OutputFormat.csv:

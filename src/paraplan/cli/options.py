@@ -315,7 +315,7 @@ KnobOpt = typer.Option(
          "userbuffers (with --tp-comm-overlap): no-tp-comm-overlap-ag, no-tp-comm-overlap-rs, "
          "tp-comm-overlap-rs-dgrad, "
          "tp-comm-overlap-cfg=NAME|FILE.yaml (a Megatron-Bridge named config or a Megatron-LM YAML file); "
-         "paraplan's own (no Megatron flag): attention-kernel=current|fa2.")
+         "paraplan's own (no Megatron flag): attention-kernel=current|fa2, nvfp4-quantize-kernel=fused|split.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

@@ -144,7 +144,7 @@ def bf16_layers_extra_s(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if not (training.first_last_layers_bf16 and training.precision in ("fp8", "fp4")):
         return 0.0, 0.0
     bf16 = replace(training, precision="bf16", first_last_layers_bf16=False, fp8_param_gather=False,
-                   fp4_param_gather=False, fp8_dot_product_attention=False)
+                   fp4_param_gather=False, fp8_dot_product_attention=False, nvfp4_quantize_kernel="fused")
     modules, eff = tuple(layout.recompute_modules), cluster.gpu.efficiency
 
     def extra(moe: bool) -> Num:

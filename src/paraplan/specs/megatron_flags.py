@@ -856,7 +856,8 @@ def memory_knobs_from_words(words: list[str], precision: str, notes: list[str] |
                             "(estimate, plan)")
         if flag not in allowed:
             raise SpecError(f"--knob {flag[2:]}: not a knob; one of "
-                            f"{', '.join(sorted(f[2:] for f in allowed))}")
+                            f"{', '.join(sorted(f[2:] for f in allowed))}; "
+                            "paraplan's own: attention-kernel=current|fa2, nvfp4-quantize-kernel=fused|split")
     if precision != "fp8":
         for key in ("fp8_recipe", "fp8_param_gather"):
             if KNOB_FLAGS[key] in values:

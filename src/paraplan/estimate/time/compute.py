@@ -227,8 +227,17 @@ def nvfp4_quant_bytes_per_element(training: TrainingSpec, *, grouped: bool = Fal
     """HBM bytes per NVFP4 GEMM operand element quantized per micro-batch (forward input, backward output
     gradient): ``NVFP4_QUANT_BYTES_PER_ELEMENT`` (amax 2 + read 2 + two 0.5625 B copies = 5.125) plus
     ``NVFP4_SPLIT_EXTRA_BYTES_PER_ELEMENT`` of the training's ``nvfp4_quantize_kernel`` (split: 7.125) for a
-    non-grouped linear; a grouped (MoE expert) linear's operands are cast by the fused grouped kernel in every
-    release with it (TE 2.12 extensions/cast.cpp ``nvte_group_hadamard_transform_cast_fusion``): 5.125."""
+    non-grouped linear; a grouped (MoE expert) linear's operands: 5.125 in both. TE >= 2.12 casts them in one
+    grouped kernel when every expert's token count is a multiple of 128 (extensions/cast.cpp
+    ``split_quantize_nvfp4_impl_with_rht_helper``: ``all_aligned_token_dim`` -> ``nvte_group_hadamard_transform_
+    cast_fusion``, else ``nvte_group_nvfp4_quantize_with_amax`` + ``..._columnwise``, two reads), and under FP4
+    Megatron-LM d98e8a6 always hands it 128-aligned segments: ``--moe-router-padding-for-quantization``, HybridEP's
+    ``pad_multiple`` and DeepEP's fused permute pad to ``get_align_size_for_quantization`` (fp4_utils.py
+    ``get_fp4_align_size``: 128; 256 with the grouped tensor / op fuser), and otherwise ``TEGroupedMLP.forward``'s
+    ``Fp8Padding`` fallback pads to TE's ``get_align_size_for_quantization(NVFP4BlockScaling)``: 128
+    (experts.py, ``align_size=None``; the same fallback at Bridge v0.3.1's Megatron-LM 55ac708). ``split`` stands
+    for TE 2.12 / 2.13 (the NVFP4 calibration rows' oldest container, 26.02, runs 2.12); TE <= 2.11 has no grouped
+    one-kernel cast (per-expert ``nvte_quantize_v2`` + columnwise RHT cast: 7.125), not modelled."""
     extra = 0.0 if grouped else NVFP4_SPLIT_EXTRA_BYTES_PER_ELEMENT[training.nvfp4_quantize_kernel]
     return NVFP4_QUANT_BYTES_PER_ELEMENT + extra
 
