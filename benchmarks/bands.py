@@ -68,7 +68,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cross_validate import ARCH_GPUS, FIX, FOLDS, FTOL, MAX_NFEV, SEED, VTRAIN_ROWS, fast_predict, fold_ids, held_out  # noqa: E402
+from cross_validate import (  # noqa: E402
+    ARCH_GPUS,
+    FIX,
+    FOLDS,
+    FTOL,
+    MAX_NFEV,
+    SEED,
+    START_FROM,
+    VTRAIN_ROWS,
+    fast_predict,
+    fold_ids,
+    held_out,
+)
 from paraplan.bands import PACKAGED_NAME, REGENERATE  # noqa: E402
 from paraplan.errors import SpecError  # noqa: E402
 from paraplan.estimator import estimate  # noqa: E402
@@ -353,7 +365,8 @@ def fingerprint(cases: list[Case]) -> dict[str, str]:
     vt = vtrain_sample(max(VTRAIN_ROWS.values()))
     preds = [f"{c.id}:{fast_predict(c):.6g}" for c in cases + vt]  # type: ignore[str-format]
     settings = {"folds": FOLDS, "seed": SEED, "fix": FIX, "vtrain_rows": VTRAIN_ROWS, "max_nfev": MAX_NFEV,
-                "ftol": FTOL, "target": TARGET_COVERAGE, "level_step": LEVEL_STEP, "min_pair_jobs": MIN_PAIR_JOBS}
+                "ftol": FTOL, "start_from": START_FROM, "target": TARGET_COVERAGE, "level_step": LEVEL_STEP,
+                "min_pair_jobs": MIN_PAIR_JOBS}
     return {**files, "efficiency": h(json.dumps(eff, sort_keys=True)), "predictions": h("\n".join(preds)),
             "settings": h(json.dumps(settings, sort_keys=True))}
 

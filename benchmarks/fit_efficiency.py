@@ -84,7 +84,7 @@ def _field(name: str) -> str:
 def fit_arch(cases: list[Any], arch: str, names: list[str],
              predictor: Callable[[Any, Any], float | str] = predict,
              max_nfev: int = 200, ftol: float = 1e-8,
-             unmeasured: str = "start") -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+             unmeasured: str = "start", start_from: str = "preset") -> tuple[dict[str, float], np.ndarray, np.ndarray]:
     """The fit: soft-L1 least squares on log(predicted / measured tokens/s/GPU) over ``cases``, from the
     preset's values of ``names`` (those of the architecture's first GPU), within ``PARAMS``' bounds.
     ``predictor(case, gpu)`` is ``calibration.predict`` (or a faster equivalent). Returns the fitted values and
@@ -92,15 +92,23 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     the rows do not measure keeps its start value (``identified``, ``MIN_EFFECT``), or with ``unmeasured="default"``
     the uncalibrated ``EfficiencySpec`` default: cross-validation's choice, because the preset's value was fitted
     with the held-out rows in (with Megatron-Bridge held out no other Hopper row measures ``moe_overhead_frac`` or
-    the x86 ``host_op_issue_s``, and their preset values would carry the held-out rows into their own score)."""
+    the x86 ``host_op_issue_s``, and their preset values would carry the held-out rows into their own score).
+    ``start_from``: ``preset`` (the shipped values: a refit of the presets) or ``default`` (the uncalibrated
+    ``EfficiencySpec`` values, which no row has seen: cross-validation's start, so that a fold's fit does not begin
+    at values fitted with its held-out rows in; session 11)."""
     from scipy.optimize import least_squares
 
     from paraplan.specs.cluster import EfficiencySpec, host_kind
 
     base = {g: load_gpu(g) for g in ARCH_GPUS[arch]}
 
+    if start_from not in ("preset", "default"):
+        raise ValueError(f"start_from must be preset or default, got {start_from!r}")
+
     def start(n: str) -> float:
-        """The preset's value (a ``NAME@KIND``: of the architecture's first GPU with that host)."""
+        """The preset's value (a ``NAME@KIND``: of the architecture's first GPU with that host), or the default's."""
+        if start_from == "default":
+            return float(getattr(EfficiencySpec(), _field(n)))
         kind = n.split("@")[1] if "@" in n else None
         first = next(g for g in ARCH_GPUS[arch] if kind is None or host_kind(g) == kind)
         return float(getattr(base[first].efficiency, _field(n)))

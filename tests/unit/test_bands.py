@@ -343,6 +343,33 @@ def test_cross_validation_gives_an_unmeasured_parameter_the_uncalibrated_default
         fe.fit_arch(rows, "hopper", names, predictor=predictor, unmeasured="preset")
 
 
+def test_cross_validation_starts_every_fit_from_the_uncalibrated_defaults() -> None:
+    """A fold's fit must not start at the presets (fitted with its held-out rows in, session 10): with a predictor
+    that is flat in gemm_max_frac the fit stays where it starts, which is EfficiencySpec's value with
+    start_from="default" (cross_validate.START_FROM) and the preset's with start_from="preset"."""
+    _bands_module()
+    pytest.importorskip("scipy")
+    fe = pytest.importorskip("fit_efficiency")
+    cv = pytest.importorskip("cross_validate")
+    from paraplan.specs.cluster import EfficiencySpec
+    from paraplan.specs.load import load_gpu
+
+    assert cv.START_FROM == "default"
+    preset, default = load_gpu("h100-80gb").efficiency.gemm_max_frac, EfficiencySpec().gemm_max_frac
+    assert preset != default
+
+    def predictor(case: _Row, gpu) -> float:  # type: ignore[no-untyped-def]
+        return 1000.0 * (1 + 1e-3 * (gpu.efficiency.dp_overlap_frac - 0.5))  # gemm_max_frac has no effect
+
+    rows = [_Row("h100-80gb", 1000.0)]
+    for start, want in (("default", default), ("preset", preset)):
+        values, _, _ = fe.fit_arch(rows, "hopper", ["gemm_max_frac"], predictor=predictor, unmeasured="start",
+                                   start_from=start)
+        assert values["gemm_max_frac"] == pytest.approx(want)
+    with pytest.raises(ValueError, match="start_from"):
+        fe.fit_arch(rows, "hopper", ["gemm_max_frac"], predictor=predictor, start_from="presets")
+
+
 def test_fit_moves_a_parameter_the_rows_measure() -> None:
     """The same fit with dp_overlap_frac's effect well above MIN_EFFECT: it is fitted to what the rows ask."""
     _bands_module()
