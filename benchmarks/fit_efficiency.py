@@ -101,6 +101,7 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     from paraplan.specs.cluster import EfficiencySpec, host_kind
 
     base = {g: load_gpu(g) for g in ARCH_GPUS[arch]}
+    defaults = EfficiencySpec()
 
     if start_from not in ("preset", "default"):
         raise ValueError(f"start_from must be preset or default, got {start_from!r}")
@@ -108,7 +109,7 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     def start(n: str) -> float:
         """The preset's value (a ``NAME@KIND``: of the architecture's first GPU with that host), or the default's."""
         if start_from == "default":
-            return float(getattr(EfficiencySpec(), _field(n)))
+            return float(getattr(defaults, _field(n)))
         kind = n.split("@")[1] if "@" in n else None
         first = next(g for g in ARCH_GPUS[arch] if kind is None or host_kind(g) == kind)
         return float(getattr(base[first].efficiency, _field(n)))
@@ -132,7 +133,7 @@ def fit_arch(cases: list[Any], arch: str, names: list[str],
     r0 = residuals(start)
     free = identified(residuals, start, lo, hi, r0)
     if unmeasured == "default":
-        uncalibrated = np.array([float(getattr(EfficiencySpec(), _field(n))) for n in names]) / scale
+        uncalibrated = np.array([float(getattr(defaults, _field(n))) for n in names]) / scale
         start = np.where(free, start, np.clip(uncalibrated, lo, hi))
     elif unmeasured != "start":
         raise ValueError(f"unmeasured must be start or default, got {unmeasured!r}")

@@ -245,13 +245,13 @@ def sweep_counts(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
 
 
 def _infeasible_reason(err: NoFeasiblePlanError, gbs: int, n: int, gpu: GpuSpec,
-                       headroom: Headroom | None = None) -> tuple[str, str]:
+                       headroom: Headroom) -> tuple[str, str]:
     rej = err.rejections
     if rej.get("OOM") or rej.get("OOM_MARGIN"):
         usable = gpu.usable_bytes / GIB
         inside = rej.get("OOM_MARGIN", 0)
-        margin = (f" less the {(headroom or DEFAULT_HEADROOM).describe(gpu.usable_bytes)}; {inside} fit only inside "
-                  "that margin") if inside else ""
+        margin = (f" less the {headroom.describe(gpu.usable_bytes)}; {inside} fit only inside that margin"
+                  if inside else "")
         return "OOM", (f"out of memory: none of the {rej.get('OOM', 0) + inside} valid layouts fits in {usable:.1f} "
                        f"GiB usable on {n} x {gpu.name}{margin}")
     if rej.get("GBS_NOT_DIVISIBLE"):
