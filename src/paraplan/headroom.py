@@ -92,7 +92,7 @@ class Headroom:
             limit_gib = math.floor(100 * limit / GIB) / 100  # rounded down: a value up to the one shown is accepted
             raise SpecError(f"--headroom: allowed 0-{100 * MAX_HEADROOM_FRAC:.0f}% or 0-{limit_gib:.2f} GiB on "
                             f"{gpu_name} ({100 * MAX_HEADROOM_FRAC:.0f}% of its {usable_bytes / GIB:.2f} GiB usable "
-                            f"memory), got {given}")
+                            f"memory), got {given!r}")
 
     def as_dict(self, usable_bytes: float) -> dict[str, float | str]:
         """JSON: the margin in bytes, as a fraction of usable memory, and where it comes from."""

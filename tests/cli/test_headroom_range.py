@@ -20,7 +20,7 @@ JOB = ["-m", "llama3-8b", "-g", "h100-80gb", "-n", "8", "-s", "4096", "--gbs", "
 def _expected(gpu: str, given: str) -> str:
     usable = load_gpu(gpu).usable_bytes
     return (f"error: --headroom: allowed 0-90% or 0-{math.floor(100 * MAX_HEADROOM_FRAC * usable / GIB) / 100:.2f} GiB "
-            f"on {gpu} (90% of its {usable / GIB:.2f} GiB usable memory), got {given}")
+            f"on {gpu} (90% of its {usable / GIB:.2f} GiB usable memory), got {given!r}")
 
 
 def _commands(tmp_path: Path) -> dict[str, list[str]]:
@@ -51,7 +51,7 @@ def test_the_range_is_computed_for_the_gpu_given(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().err.strip() == _expected("h100-80gb", "80GiB")
     assert main([*base, "-g", "b200", "--format", "json"]) == 0
     assert main([*base, "-g", "a100-40gb"]) == 1
-    assert capsys.readouterr().err.strip().endswith("got 80GiB")
+    assert capsys.readouterr().err.strip().endswith("got '80GiB'")
 
 
 @pytest.mark.parametrize("given", ["90%", "70GiB"])
@@ -101,7 +101,7 @@ def test_an_exponent_is_a_number_refused_by_range(given: str, capsys: pytest.Cap
     """Refused by its range (the value as read, e.g. 1e+09GiB), not as a malformed size."""
     assert main(["estimate", *JOB, "--tp", "1", "--headroom", given]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(_expected("h100-80gb", "").removesuffix("got ")) and "expected" not in err
+    assert err.startswith(_expected("h100-80gb", "").removesuffix("got ''")) and "expected" not in err
 
 
 def test_headroom_is_echoed_as_the_user_wrote_it() -> None:
@@ -109,5 +109,5 @@ def test_headroom_is_echoed_as_the_user_wrote_it() -> None:
     from paraplan.errors import SpecError
     from paraplan.headroom import parse_headroom
 
-    with pytest.raises(SpecError, match=r"got 1e9GiB$"):
+    with pytest.raises(SpecError, match=r"got '1e9GiB'$"):
         parse_headroom("1e9GiB").check_range(78.1 * 2**30, "h100-80gb")

@@ -101,7 +101,7 @@ def test_the_range_is_the_same_share_of_usable_memory_in_gib_and_percent(gpu: st
             parse_headroom(bad).check_range(usable, gpu)
         msg = str(info.value)
         assert msg == (f"--headroom: allowed 0-90% or 0-{math.floor(100 * limit_gib) / 100:.2f} GiB on {gpu} (90% of "
-                       f"its {usable / GIB:.2f} GiB usable memory), got {bad}")
+                       f"its {usable / GIB:.2f} GiB usable memory), got {bad!r}")
     DEFAULT_HEADROOM.check_range(usable, gpu)  # the band's margin is always in range
 
 
