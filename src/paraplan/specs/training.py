@@ -468,8 +468,9 @@ class TrainingSpec:
             raise SpecError(f"nvfp4_quantize_kernel must be one of {', '.join(NVFP4_QUANTIZE_KERNELS)}, "
                             f"got {brief(self.nvfp4_quantize_kernel)}")
         if self.nvfp4_quantize_kernel != "fused" and self.precision != "fp4":
-            raise SpecError(f"--knob nvfp4-quantize-kernel={self.nvfp4_quantize_kernel} needs --precision fp4 (it is "
-                            f"how Transformer Engine casts NVFP4 operands), got --precision {self.precision}")
+            raise SpecError(f"nvfp4_quantize_kernel (--knob nvfp4-quantize-kernel) {self.nvfp4_quantize_kernel} needs "
+                            f"precision fp4 (it is how Transformer Engine casts NVFP4 operands), got precision "
+                            f"{self.precision}")
 
     def _check_attention_kernel(self) -> None:
         if self.attention_kernel not in ATTENTION_KERNELS:
