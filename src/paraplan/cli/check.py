@@ -16,7 +16,9 @@ from paraplan.cli.options import (
     GpusPerNodeOpt,
     HeadroomOpt,
     OutputFormat,
+    OwnKnobOpt,
     ProfileOpt,
+    own_knob_fields,
     resolve_gpu,
 )
 from paraplan.cli.render import console, render_estimate, safe
@@ -77,6 +79,7 @@ def check(
     gpu_set: list[str] | None = GpuSetOpt,
     profile: str | None = ProfileOpt,
     headroom: str | None = HeadroomOpt,
+    knob: list[str] | None = OwnKnobOpt,
     fmt: OutputFormat = FormatOpt,
 ) -> None:
     """Read a Megatron-LM launch script: broken rules (Megatron's wording), unknown flags,
@@ -88,9 +91,10 @@ def check(
     Example: paraplan check train_llama3_8b.sh --gpu h100-80gb
     """
     margin = parse_headroom(headroom)
+    own = own_knob_fields(knob, "bf16")
     parsed = parse_file(script)
     result = check_parsed(parsed, resolve_gpu(gpu, gpu_set, profile), num_gpus=num_gpus, gpus_per_node=gpus_per_node,
-                          headroom=margin)
+                          headroom=margin, own_knobs=own)
     if fmt == OutputFormat.json:
         print(dumps_json({"script": script, **result.to_dict()}))
     else:

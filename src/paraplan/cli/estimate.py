@@ -44,6 +44,7 @@ from paraplan.cli.options import (
     given_layout_flags,
     knob_notes,
     memory_options,
+    own_knob_fields,
     positive,
     resolve_gpu,
     resolve_inputs,
@@ -119,11 +120,11 @@ def estimate(
         given += given_layout_flags(flags)
         if precision != PrecisionChoice.bf16 or attention_backend != AttentionChoice.flash:
             given.append("--precision/--attention-backend")
-        given += ["--knob"] if knob else []
         if given:
             raise SpecError(f"--megatron-args describes the model, layout, batch and precision; drop "
                             f"{', '.join(given)} (or drop --megatron-args)")
-        result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile, margin)
+        result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile, margin,
+                                     own_knob_fields(knob, "bf16"))
         _emit(result, fmt)
         return
     for flag, value in (("model", model), ("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs)):
@@ -288,8 +289,10 @@ def merge_recipe_knobs(base: dict[str, Any], knob: list[str], precision: str) ->
 
 
 def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node: int | None,
-                        gpu_set: list[str] | None, profile: str | None, headroom: Headroom) -> Estimate:
-    """Estimate the layout a Megatron command line describes; its first broken rule is the error."""
+                        gpu_set: list[str] | None, profile: str | None, headroom: Headroom,
+                        own_knobs: dict[str, Any]) -> Estimate:
+    """Estimate the layout a Megatron command line describes (``own_knobs``: paraplan's own knobs, ``--knob``); its
+    first broken rule is the error."""
     from paraplan.api import MEGATRON_COMMIT, check_parsed, parse_script, read_input_text
 
     if text.startswith("@"):
@@ -298,7 +301,7 @@ def _from_megatron_args(text: str, gpu: str, num_gpus: int | None, gpus_per_node
         raise SpecError("--megatron-args: empty (give a pretrain_gpt.py command line, or @FILE)")
     gpu_spec = resolve_gpu(gpu, gpu_set, profile)
     result = check_parsed(parse_script(text), gpu_spec, num_gpus=num_gpus, gpus_per_node=gpus_per_node,
-                          headroom=headroom)
+                          headroom=headroom, own_knobs=own_knobs)
     # the environment a launcher sets is `paraplan check`'s business; the estimate needs the layout only
     blocking = [(c, m) for c, m in result.violations if c != "CUDA_DEVICE_MAX_CONNECTIONS"]
     if blocking:

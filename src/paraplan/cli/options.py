@@ -152,6 +152,23 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     return {**fields, **own}
 
 
+OWN_KNOBS = ("attention-kernel", "nvfp4-quantize-kernel")
+"""paraplan's own knobs (no Megatron-LM flag; never written into launch files)."""
+
+
+def own_knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
+    """``--knob`` items of ``check`` / ``estimate --megatron-args``: only paraplan's own knobs (``OWN_KNOBS``); a
+    Megatron flag belongs in the script, where Megatron reads it, and is refused in one line."""
+    for item in knobs or ():
+        name = item.partition("=")[0].strip().lstrip("-")
+        if name not in OWN_KNOBS:
+            from paraplan.api import brief
+
+            raise SpecError(f"--knob: beside a script only paraplan's own knobs are taken "
+                            f"({', '.join(OWN_KNOBS)}); {brief(name)} is a Megatron-LM setting: put it in the script")
+    return knob_fields(knobs, precision)
+
+
 def attention_kernel_knob(value: str | None) -> str:
     """``--knob attention-kernel=current|fa2`` -> ``TrainingSpec.attention_kernel`` (paraplan's knob: no Megatron
     flag, never written into launch files), refused in one line otherwise."""
@@ -316,6 +333,12 @@ KnobOpt = typer.Option(
          "tp-comm-overlap-rs-dgrad, "
          "tp-comm-overlap-cfg=NAME|FILE.yaml (a Megatron-Bridge named config or a Megatron-LM YAML file); "
          "paraplan's own (no Megatron flag): attention-kernel=current|fa2, nvfp4-quantize-kernel=fused|split.")
+
+
+OwnKnobOpt = typer.Option(
+    None, "--knob",
+    help="paraplan's own knob, which no Megatron-LM flag carries (the script's flags are read from the script), "
+         "repeat: attention-kernel=current|fa2, nvfp4-quantize-kernel=fused|split.")
 
 
 # Layout flags shared by estimate, launch and tune (one definition each) ------------------

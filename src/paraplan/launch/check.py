@@ -232,9 +232,12 @@ def script_memory_options(parsed: ParsedScript) -> tuple[MemoryOptions | None, s
 
 
 def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = None,
-                 gpus_per_node: int | None = None, headroom: Headroom | None = None) -> CheckResult:
+                 gpus_per_node: int | None = None, headroom: Headroom | None = None,
+                 own_knobs: dict[str, Any] | None = None) -> CheckResult:
     """Rules and, if none is broken, the estimate of a parsed script on ``gpu`` (``headroom``: the memory
-    margin of the estimate's fit verdict and of plan's alternative; None = the memory model's band)."""
+    margin of the estimate's fit verdict and of plan's alternative; None = the memory model's band;
+    ``own_knobs``: TrainingSpec fields of paraplan's own knobs, which no Megatron flag carries, e.g.
+    ``nvfp4_quantize_kernel``)."""
     world = parsed.resolve_world(num_gpus)
     per_node = gpus_per_node or parsed.gpus_per_node
     if per_node is not None and world > per_node and world % per_node:
@@ -242,7 +245,7 @@ def check_parsed(parsed: ParsedScript, gpu: GpuSpec, *, num_gpus: int | None = N
     cluster = make_cluster(gpu, world, per_node)
     model = parsed.flags.model
     layout = _layout(parsed, world)
-    fields = dict(parsed.flags.training_fields)
+    fields = {**parsed.flags.training_fields, **(own_knobs or {})}
     if fields.get("global_batch_size") is None:
         fields["global_batch_size"] = layout.mbs * layout.dp
     training, knob_rules = script_training(fields)
