@@ -67,3 +67,14 @@ def test_the_own_knob_is_validated_against_the_scripts_precision(capsys: pytest.
     assert out == "" and err.count("\n") == 1
     assert err.startswith("error: nvfp4_quantize_kernel (--knob nvfp4-quantize-kernel) split needs precision fp4")
     assert err.rstrip().endswith("got precision fp8")
+
+
+@pytest.mark.parametrize(("alias", "derived"), [("llama3.1-405b-b200-bf16-128", True),
+                                                ("llama3-70b-gb300-bf16-32", True),
+                                                ("llama3-70b-gb300-bf16-64", False)])
+def test_estimate_recipe_says_when_nvidia_derived_it_without_a_published_run(
+        alias: str, derived: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["estimate", "--recipe", alias, "--format", "json"])
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    said = [n for n in notes if n.startswith(f"recipe {alias} is derived by NVIDIA by weak scaling, no published run")]
+    assert len(said) == int(derived)

@@ -628,6 +628,8 @@ def estimate_run(run: RecipeRun, *, gpus_per_node: int | None = None, gpu_spec: 
     except SpecError as err:
         raise SpecError(f"{_where(run.recipe)}: {err}") from None
     notes = [f"recipe {run.recipe.alias} ({run.recipe.source})", *run.notes]
+    if run.recipe.derivation:  # a layout NVIDIA never published a run of: say so beside its numbers
+        notes.insert(1, f"recipe {run.recipe.alias} is {run.recipe.derivation}")
     if memory_options is None:
         memory_options = recipe_memory_options(run.recipe)
     if memory_options.expandable_segments:
