@@ -91,7 +91,7 @@ def check(
     Example: paraplan check train_llama3_8b.sh --gpu h100-80gb
     """
     margin = parse_headroom(headroom)
-    own = own_knob_fields(knob, "bf16")
+    own = own_knob_fields(knob)
     parsed = parse_file(script)
     result = check_parsed(parsed, resolve_gpu(gpu, gpu_set, profile), num_gpus=num_gpus, gpus_per_node=gpus_per_node,
                           headroom=margin, own_knobs=own)

@@ -124,7 +124,7 @@ def estimate(
             raise SpecError(f"--megatron-args describes the model, layout, batch and precision; drop "
                             f"{', '.join(given)} (or drop --megatron-args)")
         result = _from_megatron_args(megatron_args, gpu, num_gpus, gpus_per_node, gpu_set, profile, margin,
-                                     own_knob_fields(knob, "bf16"))
+                                     own_knob_fields(knob))
         _emit(result, fmt)
         return
     for flag, value in (("model", model), ("num-gpus", num_gpus), ("seq-len", seq_len), ("gbs", gbs)):

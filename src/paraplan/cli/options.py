@@ -138,11 +138,8 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     own: dict[str, Any] = {}
     for item in knobs or ():
         name, eq, value = item.partition("=")
-        if name.strip().lstrip("-") == "attention-kernel":  # paraplan's own knob, not a Megatron flag
-            own["attention_kernel"] = attention_kernel_knob(value.strip() if eq else None)
-            continue
-        if name.strip().lstrip("-") == "nvfp4-quantize-kernel":  # paraplan's own knob, not a Megatron flag
-            own["nvfp4_quantize_kernel"] = nvfp4_quantize_kernel_knob(value.strip() if eq else None)
+        if name.strip().lstrip("-") in OWN_KNOBS:  # paraplan's own knob, not a Megatron flag
+            own.update(own_knob_fields([item]))
             continue
         words += [f"--{name.strip().lstrip('-')}", *([v.strip() for v in value.split(",")] if eq else [])]
     notes: list[str] = []
@@ -152,21 +149,22 @@ def knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
     return {**fields, **own}
 
 
-OWN_KNOBS = ("attention-kernel", "nvfp4-quantize-kernel")
-"""paraplan's own knobs (no Megatron-LM flag; never written into launch files)."""
-
-
-def own_knob_fields(knobs: list[str] | None, precision: str) -> dict[str, Any]:
-    """``--knob`` items of ``check`` / ``estimate --megatron-args``: only paraplan's own knobs (``OWN_KNOBS``); a
-    Megatron flag belongs in the script, where Megatron reads it, and is refused in one line."""
+def own_knob_fields(knobs: list[str] | None) -> dict[str, Any]:
+    """``--knob`` items of paraplan's own knobs (``OWN_KNOBS``) -> TrainingSpec fields: what ``check`` and
+    ``estimate --megatron-args`` take beside a script. A Megatron flag belongs in the script, where Megatron reads it,
+    and is refused in one line."""
+    own: dict[str, Any] = {}
     for item in knobs or ():
-        name = item.partition("=")[0].strip().lstrip("-")
-        if name not in OWN_KNOBS:
+        name, eq, value = item.partition("=")
+        key = name.strip().lstrip("-")
+        if key not in OWN_KNOBS:
             from paraplan.api import brief
 
             raise SpecError(f"--knob: beside a script only paraplan's own knobs are taken "
-                            f"({', '.join(OWN_KNOBS)}); {brief(name)} is a Megatron-LM setting: put it in the script")
-    return knob_fields(knobs, precision)
+                            f"({', '.join(OWN_KNOBS)}); {brief(key)} is a Megatron-LM setting: put it in the script")
+        field, read = OWN_KNOBS[key]
+        own[field] = read(value.strip() if eq else None)
+    return own
 
 
 def attention_kernel_knob(value: str | None) -> str:
@@ -190,6 +188,14 @@ def nvfp4_quantize_kernel_knob(value: str | None) -> str:
         got = "no value" if value is None else brief(value)
         raise SpecError(f"--knob nvfp4-quantize-kernel must be one of {', '.join(NVFP4_QUANTIZE_KERNELS)}, got {got}")
     return value
+
+
+OWN_KNOBS: dict[str, tuple[str, Callable[[str | None], str]]] = {
+    "attention-kernel": ("attention_kernel", attention_kernel_knob),
+    "nvfp4-quantize-kernel": ("nvfp4_quantize_kernel", nvfp4_quantize_kernel_knob),
+}
+"""paraplan's own knobs (no Megatron-LM flag; never written into launch files): --knob name -> (TrainingSpec field,
+the reader of its value)."""
 
 
 def resolve_gpu(gpu: str, gpu_set: list[str] | None, profile: str | None) -> GpuSpec:
